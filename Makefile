@@ -1,0 +1,37 @@
+# Two commands from a fresh clone:  `make demo`  and  `make test`.
+PYTHON     ?= python3
+VENV       ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY         := $(VENV)/bin/python
+PIP        := $(PY) -m pip
+STAMP      := $(VENV)/.treadle-installed
+SOURCES    := $(shell find csrc triton_kernels python -name '*.py' -o -name '*.cpp' -o -name '*.cu' -o -name '*.h' 2>/dev/null) setup.py CMakeLists.txt requirements-dev.txt
+
+.PHONY: setup demo test bench check-cuda clean
+
+setup: $(STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(STAMP): $(PY) $(SOURCES)
+	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q -r requirements-dev.txt
+	$(PIP) install -q --no-build-isolation -e .
+	@touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/treadle demo
+
+test: setup
+	TRITON_INTERPRET=1 $(PY) -m pytest -q tests
+
+bench: setup
+	$(VENV)/bin/treadle bench
+
+check-cuda:
+	bash tests/build/nvcc_check.sh
+
+clean:
+	rm -rf build python/treadle/_C*.so $(STAMP)

@@ -1,0 +1,186 @@
+"""``treadle.ops.grpo_advantages``: batched group-relative advantages in one fused pass.
+
+Backends: ``reference`` (treadle.reference.grpo), ``cpp`` (csrc/cpu/grpo_advantages.cpp: hash
+grouping + two passes, OpenMP), ``triton`` (triton_kernels/grpo.py), ``cuda``
+(csrc/cuda/grpo_advantages.cu). All accumulate in float64. No host synchronisation on GPU (the
+finite check on CUDA tensors is opt-in, ``check_finite=True``, because it needs one).
+"""
+from __future__ import annotations
+
+import torch
+
+from treadle import dispatch
+from treadle.reference.grpo import ESTIMATORS, grpo_advantages_reference
+
+OP = "grpo_advantages"
+dispatch.register(OP, cpu=("cpp",), gpu=("cuda", "triton"))
+
+_SCALES = ("group", "batch", "none")
+_SINGLETONS = ("zero", "raw")
+_FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_INT = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+def _check_mask(name: str, mask: torch.Tensor | None, n: int, device: torch.device) -> None:
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of dtype bool, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{name} must have dtype torch.bool, got {mask.dtype}")
+    if mask.dim() != 1 or mask.numel() != n:
+        raise ValueError(f"{name} must have shape ({n},) like rewards, got {tuple(mask.shape)}")
+    if mask.device != device:
+        raise ValueError(f"{name} is on {mask.device} but rewards is on {device}; put them on one device")
+
+
+@torch.library.custom_op("treadle::grpo_advantages", mutates_args=())
+def _grpo_advantages_op(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    valid: torch.Tensor | None,
+    flags: torch.Tensor | None,
+    estimator: int,
+    unbiased: bool,
+    eps: float,
+    eps_in_sqrt: bool,
+    singleton_raw: bool,
+    scale: int,
+    skip_nonfinite: bool,
+    backend: str,
+) -> torch.Tensor:
+    out_dtype = torch.float64 if rewards.dtype == torch.float64 else torch.float32
+    if backend == "reference":
+        return grpo_advantages_reference(
+            rewards, group_ids, valid, flags, estimator=ESTIMATORS[estimator], unbiased=unbiased, eps=eps,
+            eps_in_sqrt=eps_in_sqrt, singleton="raw" if singleton_raw else "zero",
+            scale_rewards=_SCALES[scale], skip_nonfinite=skip_nonfinite,
+        ).to(device=rewards.device, dtype=out_dtype)
+    r = rewards.to(out_dtype).contiguous()
+    g = group_ids.to(torch.int64).contiguous()
+    v = None if valid is None else valid.contiguous()
+    f = None if flags is None else flags.contiguous()
+    if backend == "triton":
+        from treadle.triton_kernels.grpo import grpo_advantages_triton
+
+        return grpo_advantages_triton(r, g, v, f, estimator, unbiased, eps, eps_in_sqrt, singleton_raw, scale, skip_nonfinite)
+    from treadle import _extension
+
+    return _extension.op(OP)(r, g, v, f, estimator, unbiased, eps, eps_in_sqrt, singleton_raw, scale, skip_nonfinite)
+
+
+@_grpo_advantages_op.register_fake
+def _(rewards, group_ids, valid, flags, estimator, unbiased, eps, eps_in_sqrt, singleton_raw, scale, skip_nonfinite, backend):
+    return torch.empty(rewards.shape, dtype=torch.float64 if rewards.dtype == torch.float64 else torch.float32,
+                       device=rewards.device)
+
+
+def grpo_advantages(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    *,
+    valid: torch.Tensor | None = None,
+    flags: torch.Tensor | None = None,
+    estimator: str = "grpo",
+    std: str = "unbiased",
+    eps: float = 1e-6,
+    eps_placement: str = "std",
+    singleton: str = "zero",
+    scale_rewards: str | None = None,
+    nonfinite: str = "raise",
+    check_finite: bool | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Group-relative advantages for a batch of rows (responses or atomic turns).
+
+    Args:
+        rewards: ``(N,)`` float16/bfloat16/float32/float64, one scalar reward per row.
+        group_ids: ``(N,)`` integer tensor; rows with equal ids form a group. Any values, any order:
+            groups never come from positions.
+        valid: optional ``(N,)`` bool; False rows (rejected, fully masked) are left out of every
+            statistic and get advantage 0.
+        flags: optional ``(N,)`` bool; flagged rows (turns failing a deterministic check, WEFT sec.
+            4.1) get ``min(A, 0)`` after the statistics.
+        estimator: ``"grpo"`` | ``"dr_grpo"`` | ``"rloo"`` | ``"reinforce_baseline"`` (maths in
+            :mod:`treadle.reference.grpo`).
+        std: ``"unbiased"`` (divisor n - 1; TRL, verl, OpenRLHF) or ``"biased"`` (divisor n).
+        eps: added to the std (``eps_placement="std"``: ``/(std + eps)``, verl/TRL) or to the
+            variance (``"var"``: ``/sqrt(var + eps)``). verl uses 1e-6, TRL 1e-4. Must be >= 0.
+        singleton: a group with one considered row gets ``"zero"`` (default) or ``"raw"`` (verl's
+            loop: mean 0 and std 1, so ``grpo`` gives ``r / (1 + eps)``, the others ``r``).
+        scale_rewards: ``grpo`` only: ``"group"`` (default), ``"batch"`` (TRL's
+            ``scale_rewards="batch"``: std over the whole batch) or ``"none"`` (= ``dr_grpo``).
+        nonfinite: ``"raise"`` (NaN/inf rewards in considered rows raise ValueError) or ``"skip"``
+            (such rows are left out like ``valid=False`` ones, as TRL does for unscorable rows).
+        check_finite: run the NaN/inf check (default: True on CPU; False on CUDA, where the
+            check would synchronise with the host).
+        backend: force ``"reference"``, ``"cpp"``, ``"triton"`` or ``"cuda"`` (default: dispatch
+            rule, see :func:`treadle.backends`).
+
+    Returns:
+        ``(N,)`` advantages, float64 for float64 rewards, else float32, on the rewards' device.
+        Groups whose considered rewards are all equal give exactly 0. An empty batch gives an
+        empty tensor.
+
+    Raises:
+        TypeError: a non-tensor argument, non-float rewards, non-integer group ids, non-bool masks.
+        ValueError: wrong ranks or lengths, devices that differ, unknown estimator/option names,
+            negative or non-finite ``eps``, NaN/inf rewards with ``nonfinite="raise"``.
+        treadle.dispatch.BackendUnavailableError: ``backend`` cannot run here.
+    """
+    if not isinstance(rewards, torch.Tensor):
+        raise TypeError(f"rewards must be a torch.Tensor, got {type(rewards).__name__}")
+    if not isinstance(group_ids, torch.Tensor):
+        raise TypeError(f"group_ids must be a torch.Tensor of integers, got {type(group_ids).__name__}")
+    if rewards.dtype not in _FLOAT:
+        raise TypeError(f"rewards must be a floating tensor (one of {_FLOAT}), got {rewards.dtype}")
+    if group_ids.dtype not in _INT:
+        raise TypeError(f"group_ids must be an integer tensor (e.g. torch.int64), got {group_ids.dtype}")
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D (N,), got shape {tuple(rewards.shape)}")
+    n = rewards.numel()
+    if group_ids.dim() != 1 or group_ids.numel() != n:
+        raise ValueError(f"group_ids must have shape ({n},) like rewards, got {tuple(group_ids.shape)}")
+    if group_ids.device != rewards.device:
+        raise ValueError(f"group_ids is on {group_ids.device} but rewards is on {rewards.device}")
+    _check_mask("valid", valid, n, rewards.device)
+    _check_mask("flags", flags, n, rewards.device)
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+    if std not in ("unbiased", "biased"):
+        raise ValueError(f"std must be 'unbiased' or 'biased', got {std!r}")
+    if eps_placement not in ("std", "var"):
+        raise ValueError(f"eps_placement must be 'std' or 'var', got {eps_placement!r}")
+    if singleton not in _SINGLETONS:
+        raise ValueError(f"singleton must be one of {_SINGLETONS}, got {singleton!r}")
+    if scale_rewards is None:
+        scale_rewards = "group"
+    elif estimator != "grpo":
+        raise ValueError(f"scale_rewards applies to estimator='grpo' only, got estimator={estimator!r}")
+    if scale_rewards not in _SCALES:
+        raise ValueError(f"scale_rewards must be one of {_SCALES}, got {scale_rewards!r}")
+    if nonfinite not in ("raise", "skip"):
+        raise ValueError(f"nonfinite must be 'raise' or 'skip', got {nonfinite!r}")
+    eps = float(eps)
+    if not (eps >= 0.0 and eps != float("inf")):
+        raise ValueError(f"eps must be a finite number >= 0, got {eps}")
+    if check_finite is None:
+        check_finite = rewards.device.type != "cuda"
+    if nonfinite == "raise" and check_finite and n > 0:
+        bad = ~torch.isfinite(rewards)
+        if valid is not None:
+            bad &= valid
+        if bool(bad.any()):
+            idx = bad.nonzero().flatten()
+            raise ValueError(
+                f"rewards has {idx.numel()} NaN/inf value(s) in considered rows (first at index {int(idx[0])}: "
+                f"{rewards[idx[0]].item()}); pass nonfinite='skip' to leave such rows out, or valid=False for them"
+            )
+    out_dtype = torch.float64 if rewards.dtype == torch.float64 else torch.float32
+    if n == 0:
+        return torch.empty(0, dtype=out_dtype, device=rewards.device)
+    name = dispatch.resolve(OP, rewards.device, backend)
+    return _grpo_advantages_op(
+        rewards, group_ids, valid, flags, ESTIMATORS.index(estimator), std == "unbiased", eps,
+        eps_placement == "var", singleton == "raw", _SCALES.index(scale_rewards), nonfinite == "skip", name,
+    )
