@@ -122,6 +122,7 @@ def choose(op: str, device: torch.device | str, backend: str | None = None) -> t
     return "reference", f"no kernel for {device_type} tensors"
 
 
+@torch.compiler.assume_constant_result  # evaluated once at trace time: no graph break under torch.compile
 def resolve(op: str, device: torch.device | str, backend: str | None = None) -> str:
     """Like :func:`choose` but returns the backend only, warning once per op on a fallback."""
     name, reason = choose(op, device, backend)

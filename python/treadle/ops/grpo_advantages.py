@@ -113,7 +113,7 @@ def grpo_advantages(
         nonfinite: ``"raise"`` (NaN/inf rewards in considered rows raise ValueError) or ``"skip"``
             (such rows are left out like ``valid=False`` ones, as TRL does for unscorable rows).
         check_finite: run the NaN/inf check (default: True on CPU; False on CUDA, where the
-            check would synchronise with the host).
+            check would synchronise with the host, and inside ``torch.compile``).
         backend: force ``"reference"``, ``"cpp"``, ``"triton"`` or ``"cuda"`` (default: dispatch
             rule, see :func:`treadle.backends`).
 
@@ -164,8 +164,8 @@ def grpo_advantages(
     eps = float(eps)
     if not (eps >= 0.0 and eps != float("inf")):
         raise ValueError(f"eps must be a finite number >= 0, got {eps}")
-    if check_finite is None:
-        check_finite = rewards.device.type != "cuda"
+    if check_finite is None:  # the check is data-dependent: skipped on CUDA and inside torch.compile
+        check_finite = rewards.device.type != "cuda" and not torch.compiler.is_compiling()
     if nonfinite == "raise" and check_finite and n > 0:
         bad = ~torch.isfinite(rewards)
         if valid is not None:

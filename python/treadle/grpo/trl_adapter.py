@@ -1,0 +1,93 @@
+"""TRL drop-in: ``GRPOTrainer`` with treadle's advantages.
+
+Use :class:`TreadleGRPOTrainer` instead of ``trl.GRPOTrainer`` (same arguments, plus ``estimator`` and
+treadle options). TRL's own computation stays in place; after it, the advantages of the batch are
+recomputed from the same rewards with :func:`treadle.ops.grpo_advantages` and replace TRL's. Groups
+come from ids (TRL's sampler puts the ``num_generations`` completions of a prompt side by side, so the
+ids are ``row // num_generations``), never from a reshape.
+
+Configured like TRL (:func:`trl_options`: ``eps=1e-4``, unbiased std, unscorable (NaN) rows skipped,
+``scale_rewards`` "group"/"batch"/"none"), the numbers equal TRL's except one documented difference:
+groups of equal rewards get exactly 0 rather than TRL's ``(r - mean) / 1e-4`` rounding noise.
+"""
+from __future__ import annotations
+
+import torch
+
+from treadle.ops.grpo_advantages import grpo_advantages
+
+
+def trl_options(scale_rewards: str = "group") -> dict:
+    """Keyword arguments of :func:`grpo_advantages` that reproduce TRL's ``scale_rewards`` setting.
+
+    Raises:
+        ValueError: ``scale_rewards`` is not "group", "batch" or "none".
+    """
+    if scale_rewards not in ("group", "batch", "none"):
+        raise ValueError(f"scale_rewards must be 'group', 'batch' or 'none', got {scale_rewards!r}")
+    if scale_rewards == "none":
+        return {"estimator": "dr_grpo", "eps": 1e-4, "nonfinite": "skip", "std": "unbiased"}
+    return {"estimator": "grpo", "scale_rewards": scale_rewards, "eps": 1e-4, "nonfinite": "skip", "std": "unbiased"}
+
+
+def trl_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str = "group", **overrides) -> torch.Tensor:
+    """Advantages for TRL's layout: ``rewards (N,)`` with each prompt's ``num_generations`` completions
+    contiguous. ``overrides`` replace any of :func:`trl_options` (e.g. ``estimator="rloo"``).
+
+    Raises:
+        ValueError: ``N`` is not a multiple of ``num_generations``.
+    """
+    if num_generations < 1 or rewards.numel() % num_generations:
+        raise ValueError(f"rewards has {rewards.numel()} rows, not a multiple of num_generations={num_generations}")
+    ids = torch.arange(rewards.numel(), device=rewards.device) // num_generations
+    return grpo_advantages(rewards, ids, **{**trl_options(scale_rewards), **overrides})
+
+
+def _make_trainer_class():
+    from trl import GRPOTrainer
+
+    class TreadleGRPOTrainer(GRPOTrainer):
+        """``trl.GRPOTrainer`` whose advantages come from :func:`treadle.ops.grpo_advantages`.
+
+        Extra keyword arguments: ``treadle_options`` (dict of :func:`grpo_advantages` options that
+        override :func:`trl_options` of the trainer's ``scale_rewards``, e.g. ``{"estimator": "rloo"}``).
+        Only ``multi_objective_aggregation="sum_then_normalize"`` (TRL's default) is supported.
+        """
+
+        def __init__(self, *args, treadle_options: dict | None = None, **kwargs):
+            super().__init__(*args, **kwargs)
+            if getattr(self, "multi_objective_aggregation", "sum_then_normalize") != "sum_then_normalize":
+                raise ValueError("TreadleGRPOTrainer supports multi_objective_aggregation='sum_then_normalize' only")
+            self.treadle_options = dict(treadle_options or {})
+            self._treadle_rewards_per_func = None
+
+        def _calculate_rewards(self, *args, **kwargs):
+            out = super()._calculate_rewards(*args, **kwargs)
+            self._treadle_rewards_per_func = out
+            return out
+
+        def _generate_and_score_completions(self, inputs):
+            output = super()._generate_and_score_completions(inputs)
+            rpf = self._treadle_rewards_per_func
+            if rpf is None:
+                return output
+            unscorable = torch.isnan(rpf).all(dim=1)
+            rewards = (rpf * self.reward_weights.to(rpf.device).unsqueeze(0)).nansum(dim=1)
+            rewards[unscorable] = torch.nan
+            mode = "train" if self.model.training else "eval"
+            g = self.num_generations if mode == "train" else self.num_generations_eval
+            adv = trl_advantages(rewards, g, self.scale_rewards, **self.treadle_options)
+            local = output["advantages"].shape[0]
+            start = self.accelerator.process_index * local
+            output["advantages"] = adv[start:start + local].to(output["advantages"].dtype)
+            return output
+
+    return TreadleGRPOTrainer
+
+
+def __getattr__(name):
+    if name == "TreadleGRPOTrainer":
+        cls = _make_trainer_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(name)

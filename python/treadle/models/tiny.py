@@ -1,0 +1,465 @@
+"""The embedded default backbone: a tiny Qwen3-architecture LM trained locally on generated problems.
+
+:func:`train_tiny` builds a character-level tokenizer with the ``tokenizers`` library (wrapped as a
+``PreTrainedTokenizerFast`` with a ChatML chat template), trains a few-million-parameter
+``Qwen3ForCausalLM`` on :mod:`treadle.data` problems (supervised, loss on the answer tokens only),
+prints held-out greedy accuracy per difficulty level and saves a standard HF checkpoint
+(``save_pretrained``: loadable with ``AutoModelForCausalLM.from_pretrained`` /
+``AutoTokenizer.from_pretrained``).
+
+Checkpoints are written to ``<dest>.tmp-<pid>`` (which holds a ``.treadle-partial`` sentinel while
+being written), completed with a ``treadle_checkpoint.json`` marker (config, accuracy, SHA-256 of
+the weights) and only then renamed to ``<dest>``: a killed run never leaves a folder that loads
+as if it were complete. :func:`load_default_model` trains the default model if the cache is empty,
+or loads any local HF checkpoint instead.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+__all__ = ["TinyTrainConfig", "TrainResult", "CheckpointError", "CorruptCheckpointError", "NotACausalLMError",
+           "build_tokenizer", "cache_root", "default_checkpoint_dir", "train_tiny", "load_default_model",
+           "check_checkpoint", "MARKER", "PARTIAL"]
+
+MARKER = "treadle_checkpoint.json"
+PARTIAL = ".treadle-partial"
+DEFAULT_NAME = "tiny-qwen3"
+CHAT_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+                 "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+_SPECIALS = ["<|pad|>", "<|unk|>", "<|im_start|>", "<|im_end|>"]
+_ROLES = ["system", "user", "assistant"]
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint path cannot be used (base class of the specific errors below)."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A half-written or damaged checkpoint (killed run, truncated copy, edited weights)."""
+
+
+class NotACausalLMError(CheckpointError, ValueError):
+    """The folder holds a HF model that is not a causal LM (or no model config at all)."""
+
+
+@dataclass(frozen=True)
+class TinyTrainConfig:
+    """Everything that determines the trained tiny model (same config + seed -> same weights).
+
+    Attributes:
+        seed: seeds the problem stream and the initialisation.
+        steps: optimizer steps; batch_size: problems per step.
+        lr, warmup, weight_decay, grad_clip: AdamW with linear warm-up then cosine decay to lr/10.
+        hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size: Qwen3 shape (head_dim =
+            hidden_size / num_heads).
+        level_weights: training mixture, level -> relative weight (held-out prompts never trained on).
+        eval_per_level: held-out problems per level for the accuracy table.
+        max_new_tokens: decoding budget for evaluation.
+    """
+
+    seed: int = 0
+    steps: int = 600
+    batch_size: int = 64
+    lr: float = 2e-3
+    warmup: int = 30
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    hidden_size: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 768
+    level_weights: dict = field(default_factory=lambda: {1: 3.0, 2: 3.0, 3: 3.0, 4: 2.0, 5: 1.5, 6: 1.0})
+    eval_per_level: int = 100
+    max_new_tokens: int = 10
+
+    @classmethod
+    def quick(cls, **overrides) -> "TinyTrainConfig":
+        """A seconds-long setting for tests and ``--quick`` smoke runs (the model stays weak)."""
+        kw = dict(steps=8, batch_size=16, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
+                  intermediate_size=64, eval_per_level=4, warmup=2)
+        kw.update(overrides)
+        return cls(**kw)
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                     "intermediate_size", "max_new_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"TinyTrainConfig.{name} must be an int >= 1, got {v!r}")
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError(f"hidden_size ({self.hidden_size}) must divide by num_heads ({self.num_heads}) and "
+                             f"num_heads by num_kv_heads ({self.num_kv_heads})")
+        if not self.lr > 0:
+            raise ValueError(f"TinyTrainConfig.lr must be > 0, got {self.lr}")
+        from treadle.data.arithmetic import difficulty
+
+        for lv in self.level_weights:
+            difficulty(int(lv))
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train_tiny` did: ``path`` of the checkpoint, held-out ``accuracy`` per level,
+    ``seconds`` of wall time, ``params`` (parameter count), ``final_loss``."""
+
+    path: Path
+    accuracy: dict
+    seconds: float
+    params: int
+    final_loss: float
+
+
+# --------------------------------------------------------------------------------------------
+# tokenizer, cache
+# --------------------------------------------------------------------------------------------
+def build_tokenizer():
+    """A character-level ``PreTrainedTokenizerFast`` with a ChatML chat template, built locally.
+
+    Vocabulary: ``<|pad|> <|unk|> <|im_start|> <|im_end|>`` (special), the roles ``system user
+    assistant`` as single tokens, then printable ASCII and newline, one token per character.
+    ``eos_token`` is ``<|im_end|>``; padding is on the left (for batched generation).
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(i) for i in range(32, 127)] + ["\n"]
+    vocab = {t: i for i, t in enumerate(_SPECIALS + _ROLES + chars)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(_SPECIALS)
+    tok.add_tokens(_ROLES)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|pad|>", unk_token="<|unk|>",
+                                   eos_token="<|im_end|>", chat_template=CHAT_TEMPLATE, padding_side="left",
+                                   model_max_length=512)
+
+
+def cache_root() -> Path:
+    """``$TREADLE_CACHE`` if set, else ``~/.cache/treadle``."""
+    env = os.environ.get("TREADLE_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "treadle"
+
+
+def default_checkpoint_dir(name: str = DEFAULT_NAME) -> Path:
+    """Where the default tiny model lives: ``cache_root() / name`` (``tiny-qwen3``)."""
+    return cache_root() / name
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def check_checkpoint(path: str | os.PathLike, *, require_marker: bool = False) -> dict | None:
+    """Check a checkpoint folder before loading it.
+
+    Args:
+        path: the folder.
+        require_marker: True for treadle's own cache folders: a missing completion marker then
+            means a half-written checkpoint.
+
+    Returns:
+        The completion marker's content, or None for a foreign HF checkpoint (no marker).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        NotACausalLMError: not a folder, or no ``config.json`` (and no treadle marker).
+        CorruptCheckpointError: a ``.treadle-partial`` sentinel (killed while writing), a missing
+            marker where one is required, or weights whose size/SHA-256 differ from the marker's.
+    """
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"checkpoint path {str(p)!r} does not exist; give a local Hugging Face checkpoint "
+                                f"folder (config.json + weights), or omit it to use the default tiny model")
+    if not p.is_dir():
+        raise NotACausalLMError(f"checkpoint path {str(p)!r} is a file; expected a Hugging Face checkpoint folder")
+    marker = p / MARKER
+    if (p / PARTIAL).exists():
+        raise CorruptCheckpointError(f"{p} is a half-written checkpoint (a training run was killed while saving it); "
+                                     f"delete it, or run `treadle model train-tiny --force`")
+    if not marker.exists():
+        if require_marker:
+            raise CorruptCheckpointError(f"{p} has no completion marker ({MARKER}): a half-written or damaged "
+                                         f"checkpoint; delete it, or run `treadle model train-tiny --force`")
+        if not (p / "config.json").exists():
+            raise NotACausalLMError(f"{p} has no config.json: not a Hugging Face model checkpoint")
+        return None
+    try:
+        info = json.loads(marker.read_text())
+        files = info["files"]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise CorruptCheckpointError(f"{marker} is unreadable ({err}); delete {p} and retrain "
+                                     f"(`treadle model train-tiny --force`)") from None
+    for name, meta in files.items():
+        f = p / name
+        if not f.exists():
+            raise CorruptCheckpointError(f"{p} is missing {name}, listed in its completion marker; delete it and retrain "
+                                         f"(`treadle model train-tiny --force`)")
+        if f.stat().st_size != meta["size"] or _sha256(f) != meta["sha256"]:
+            raise CorruptCheckpointError(f"{f} does not match the size/SHA-256 recorded when it was saved (truncated or "
+                                         f"modified); delete {p} and retrain (`treadle model train-tiny --force`)")
+    return info
+
+
+@contextlib.contextmanager
+def _lock(dest: Path):
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / f".{dest.name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _clean_stale_tmp(dest: Path, console) -> None:
+    for stale in dest.parent.glob(f"{dest.name}.tmp-*"):
+        pid = stale.name.rsplit("-", 1)[-1]
+        alive = pid.isdigit() and int(pid) != os.getpid() and Path(f"/proc/{pid}").exists()
+        if not alive:
+            if console is not None:
+                console.print(f"[yellow]removing {stale}: a partial checkpoint left by a killed run[/yellow]")
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------
+# training
+# --------------------------------------------------------------------------------------------
+def _build_model(cfg: TinyTrainConfig, tokenizer):
+    from treadle.models.builders import build_tiny_model
+
+    model = build_tiny_model(
+        "qwen3", seed=cfg.seed, vocab_size=len(tokenizer), hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, bos_token_id=None, tie_word_embeddings=True)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = None
+    return model
+
+
+def sft_batch(tokenizer, problems) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Teacher-forcing batch: ``input_ids (B, T)``, ``attention_mask (B, T)``, ``labels (B, T)``
+    (right-padded; labels are -100 except on the answer and its ``<|im_end|>``)."""
+    rows, labels = [], []
+    for p in problems:
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": p.prompt}], tokenize=False,
+                                               add_generation_prompt=True)
+        pid = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        aid = tokenizer(p.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append(pid + aid)
+        labels.append([-100] * len(pid) + aid)
+    t = max(len(r) for r in rows)
+    ids = torch.full((len(rows), t), tokenizer.pad_token_id, dtype=torch.long)
+    lab = torch.full((len(rows), t), -100, dtype=torch.long)
+    mask = torch.zeros((len(rows), t), dtype=torch.long)
+    for i, (r, lb) in enumerate(zip(rows, labels)):
+        ids[i, :len(r)] = torch.tensor(r)
+        lab[i, :len(r)] = torch.tensor(lb)
+        mask[i, :len(r)] = 1
+    return ids, mask, lab
+
+
+def _heldout_sets(cfg: TinyTrainConfig) -> dict[int, list]:
+    from treadle.data.arithmetic import LEVELS, ProblemGenerator
+
+    gen = ProblemGenerator(cfg.seed + 10_007)
+    return {lv: gen.batch(lv, cfg.eval_per_level, split="heldout") for lv in range(1, len(LEVELS) + 1)}
+
+
+def train_tiny(config: TinyTrainConfig | None = None, out_dir: str | os.PathLike | None = None, *, force: bool = False,
+               progress: bool = True, console=None) -> TrainResult:
+    """Train the tiny Qwen3 LM and save it as a HF checkpoint (see the module docstring).
+
+    Args:
+        config: training settings (default :class:`TinyTrainConfig`: about 3.2M parameters,
+            600 steps of 64 problems, a few minutes on 2 CPU cores).
+        out_dir: destination folder (default :func:`default_checkpoint_dir`).
+        force: replace an existing checkpoint at ``out_dir`` (otherwise an existing complete one is
+            kept and returned without training).
+        progress: show a tqdm progress bar.
+        console: a rich Console for messages and the accuracy table (None: silent).
+
+    Returns:
+        :class:`TrainResult`.
+
+    Raises:
+        TypeError: ``config`` is not a TinyTrainConfig.
+        CorruptCheckpointError: ``out_dir`` holds a damaged checkpoint and ``force`` is False.
+    """
+    from tqdm.auto import tqdm
+
+    from treadle.data.arithmetic import ProblemGenerator
+    from treadle.models.generation import accuracy_by_level
+
+    cfg = TinyTrainConfig() if config is None else config
+    if not isinstance(cfg, TinyTrainConfig):
+        raise TypeError(f"config must be a TinyTrainConfig, got {type(cfg).__name__}")
+    dest = Path(out_dir).expanduser() if out_dir is not None else default_checkpoint_dir()
+    with _lock(dest):
+        if dest.exists() and not force:
+            info = check_checkpoint(dest, require_marker=True)
+            return TrainResult(dest, {int(k): v for k, v in info.get("accuracy", {}).items()}, 0.0,
+                               info.get("params", 0), info.get("final_loss", float("nan")))
+        _clean_stale_tmp(dest, console)
+        t0 = time.perf_counter()
+        torch.manual_seed(cfg.seed)
+        tokenizer = build_tokenizer()
+        model = _build_model(cfg, tokenizer)
+        n_params = sum(p.numel() for p in model.parameters())
+        if console is not None:
+            console.print(f"training tiny Qwen3 ({n_params / 1e6:.2f}M parameters, {cfg.steps} steps x "
+                          f"{cfg.batch_size} problems, seed {cfg.seed}) -> {dest}")
+        decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+        no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                 {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.98))
+
+        def lr_at(step: int) -> float:
+            if step < cfg.warmup:
+                return cfg.lr * (step + 1) / cfg.warmup
+            frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+            return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+        gen = ProblemGenerator(cfg.seed)
+        weights = {int(k): float(v) for k, v in cfg.level_weights.items()}
+        model.train()
+        ema = float("nan")
+        bar = tqdm(range(cfg.steps), desc="train-tiny", disable=not progress, dynamic_ncols=True)
+        for step in bar:
+            ids, mask, labels = sft_batch(tokenizer, gen.mixture(cfg.batch_size, weights, split="train"))
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step)
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            ema = loss.item() if math.isnan(ema) else 0.95 * ema + 0.05 * loss.item()
+            bar.set_postfix(loss=f"{ema:.3f}")
+        bar.close()
+        model.eval()
+        accuracy = accuracy_by_level(model, tokenizer, _heldout_sets(cfg), max_new_tokens=cfg.max_new_tokens)
+        seconds = time.perf_counter() - t0
+        _save(model, tokenizer, dest, cfg, accuracy, n_params, ema, seconds)
+    if console is not None:
+        console.print(accuracy_table(accuracy, title=f"held-out greedy accuracy ({cfg.eval_per_level} per level)"))
+        console.print(f"saved {dest} in {seconds:.0f} s")
+    return TrainResult(dest, accuracy, seconds, n_params, ema)
+
+
+def _save(model, tokenizer, dest: Path, cfg: TinyTrainConfig, accuracy: dict, n_params: int, loss: float,
+          seconds: float) -> None:
+    tmp = dest.parent / f"{dest.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    (tmp / PARTIAL).write_text("written by treadle.models.tiny; removed when the checkpoint is complete\n")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    files = {f.name: {"size": f.stat().st_size, "sha256": _sha256(f)}
+             for f in sorted(tmp.iterdir()) if f.is_file() and f.name not in (PARTIAL, MARKER)}
+    info = {"format": 1, "config": dataclasses.asdict(cfg), "accuracy": {str(k): v for k, v in accuracy.items()},
+            "params": n_params, "final_loss": loss, "train_seconds": seconds, "files": files,
+            "torch": torch.__version__}
+    (tmp / MARKER).write_text(json.dumps(info, indent=1))
+    (tmp / PARTIAL).unlink()
+    with contextlib.suppress(FileNotFoundError):
+        os.sync()
+    if dest.exists():  # force: move the old one aside first, so dest is never half-populated
+        old = dest.parent / f"{dest.name}.old-{os.getpid()}"
+        os.rename(dest, old)
+        os.rename(tmp, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, dest)
+
+
+def accuracy_table(accuracy: dict, *, title: str = "accuracy per difficulty level"):
+    """A rich Table of level -> accuracy, with each level's knobs."""
+    from rich.table import Table
+
+    from treadle.data.arithmetic import difficulty
+
+    t = Table(title=title)
+    for col in ("level", "kind", "digits", "ops", "depth", "distractors", "accuracy"):
+        t.add_column(col, justify="right")
+    for lv, acc in sorted(accuracy.items()):
+        d = difficulty(int(lv))
+        t.add_row(str(lv), d.kind, str(d.digits), str(d.ops), str(d.depth), str(d.distractors), f"{acc:.0%}")
+    return t
+
+
+# --------------------------------------------------------------------------------------------
+# loading
+# --------------------------------------------------------------------------------------------
+def load_default_model(path: str | os.PathLike | None = None, *, train_if_missing: bool = True,
+                       config: TinyTrainConfig | None = None, name: str = DEFAULT_NAME, console=None,
+                       progress: bool = True):
+    """The default backbone/policy: a local HF checkpoint, or the cached tiny model (trained on demand).
+
+    Args:
+        path: any local Hugging Face causal-LM checkpoint folder; None -> the tiny model in
+            ``cache_root() / name``.
+        train_if_missing: train the tiny model (:func:`train_tiny` with ``config``) when the cache
+            folder does not exist.
+        config: training settings used when training is needed.
+        name: cache folder name (the default model is ``tiny-qwen3``).
+
+    Returns:
+        ``(model, tokenizer)``: the model in eval mode on CPU, float32.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist; or the cache is empty and ``train_if_missing``
+            is False.
+        NotACausalLMError: ``path`` is not a causal-LM checkpoint.
+        CorruptCheckpointError: a half-written/damaged checkpoint (the message says how to fix it).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if path is None:
+        dest = cache_root() / name
+        if not dest.exists():
+            if not train_if_missing:
+                raise FileNotFoundError(f"no cached tiny model at {dest}; run `treadle model train-tiny` first")
+            train_tiny(config, dest, console=console, progress=progress)
+        check_checkpoint(dest, require_marker=True)
+        p = dest
+    else:
+        p = Path(path).expanduser()
+        check_checkpoint(p)
+    try:
+        cfg = AutoConfig.from_pretrained(p)
+    except (OSError, ValueError) as err:
+        raise NotACausalLMError(f"{p} is not a loadable Hugging Face model config: {err}") from None
+    if cfg.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise NotACausalLMError(f"{p} holds a {cfg.model_type!r} model ({type(cfg).__name__}), which is not a causal LM "
+                                f"(AutoModelForCausalLM cannot load it)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32)
+    except (OSError, ValueError, RuntimeError) as err:
+        raise CorruptCheckpointError(f"could not load the weights in {p}: {err}") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(p)
+    except (OSError, ValueError, TypeError) as err:
+        raise CheckpointError(f"could not load a tokenizer from {p}: {err}") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.eval(), tokenizer

@@ -1,0 +1,285 @@
+"""``treadle.ops.gated_lora``: per-token gated LoRA (SCALE sec. 3.3), fused shrink / epilogue / expand.
+
+Maths (spec: :mod:`treadle.reference.scale`). Over 2-D views ``x (N, d_in)``, ``base_out (N, d_out)``
+with ``A (r, d_in)``, ``B (d_out, r)``, gate ``w (d_in,)``, ``b``::
+
+    shrink:    z = x [A; w]^T            one GEMM over x: u = z[:, :r] = x A^T, and x . w = z[:, r]
+    epilogue:  g = x . w + b,  v = tanh(g / tau),
+               lambda = 1 + (1 - L) min(v, 0) + (U - 1) max(v, 0),  s = scaling * lambda   (per token)
+    expand:    y = base_out + (s * u) B^T
+
+Backward (chain rule; ``dy = dL/dy (N, d_out)``; A, B, W frozen; the gate reads ``sg(x)``)::
+
+    dL/d base_out = dy                                           (reaches x through base_out's own graph,
+                                                                  i.e. the ``dy W`` term of DESIGN.md)
+    y_n = base_n + s_n * B u_n,  so
+    dL/d s_n   = dy_n . (B u_n) = (dy_n B) . u_n = p_n . u_n      with p = dy B   (N, r): one thin GEMM,
+                                                                  no (N, d_out) delta is re-formed
+    dL/d lambda_n = scaling * (p_n . u_n)
+    d lambda/d v  = (1 - L) if v < 0, (U - 1) if v > 0, (U - L) / 2 at v = 0 (midpoint, as
+                    torch.minimum/maximum split a tie; zero-initialised gates sit exactly there)
+    d v/d g       = (1 - v^2) / tau
+    dg_n          = scaling * (p_n . u_n) * lambda'(v_n) * (1 - v_n^2) / tau
+    dL/dw = sum_n dg_n x_n = x^T dg      dL/db = sum_n dg_n
+    dL/dx (LoRA path) = s_n * (dy_n B) A = (s * p) A               (N, d_in)
+    no term through g: the gate's input is stop-gradient; no gradient for A and B.
+
+Saved for backward: x, A, B, ``z (N, r + 1)`` and ``v (N,)``: O(N r) beyond the inputs.
+
+Backends: ``reference`` (the same decomposition in plain PyTorch), ``cpp`` (csrc/cpu/gated_lora.cpp:
+stacked shrink GEMM, then for float32 one OpenMP pass that does the epilogue and the register-blocked
+rank-r expand into ``base_out``'s row, so ``base_out`` is read once and ``y`` written once),
+``triton`` (triton_kernels/scale.py: one kernel for shrink + epilogue + expand, one for the backward).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from treadle import dispatch
+
+OP = "gated_lora"
+dispatch.register(OP, cpu=("cpp",), gpu=("triton",))
+
+_FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _lambda(v: torch.Tensor, L: float, U: float) -> torch.Tensor:
+    return 1.0 + (1.0 - L) * v.clamp(max=0) + (U - 1.0) * v.clamp(min=0)
+
+
+def _lambda_slope(v: torch.Tensor, L: float, U: float) -> torch.Tensor:
+    return torch.where(v < 0, 1.0 - L, torch.where(v > 0, U - 1.0, 0.5 * (U - L))).to(v.dtype)
+
+
+# ---------------------------------------------------------------- plain-PyTorch backend ("reference")
+def _fwd_torch(x, base_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau):
+    acc = _acc_dtype(x.dtype)
+    stacked = torch.cat([lora_A, gate_weight.reshape(1, -1).to(lora_A.dtype)], 0)
+    z = x @ stacked.t()
+    v = torch.tanh((z[:, -1].to(acc) + gate_bias.reshape(()).to(acc)) / tau)
+    su = (z[:, :-1].to(acc) * (scaling * _lambda(v, L, U)).unsqueeze(1)).to(x.dtype)
+    y = torch.addmm(base_out, su, lora_B.t())
+    return y, z, v
+
+
+def _bwd_torch(dy, x, lora_A, lora_B, z, v, scaling, L, U, tau, need_dx, need_dgate):
+    acc = v.dtype
+    p = dy @ lora_B
+    ds = (p.to(acc) * z[:, :-1].to(acc)).sum(1)
+    dg = scaling * ds * _lambda_slope(v, L, U) * (1 - v * v) / tau
+    q = (p.to(acc) * (scaling * _lambda(v, L, U)).unsqueeze(1)).to(x.dtype)
+    dx = q @ lora_A if need_dx else torch.zeros_like(x)
+    if need_dgate:
+        dw, db = x.to(acc).t() @ dg, dg.sum().reshape(1)
+    else:
+        dw, db = x.new_zeros(x.shape[1], dtype=acc), x.new_zeros(1, dtype=acc)
+    return dx, dw, db
+
+
+# ---------------------------------------------------------------- custom ops
+@torch.library.custom_op("treadle::gated_lora_fwd", mutates_args=())
+def _gated_lora_fwd(x: torch.Tensor, base_out: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tensor,
+                    gate_weight: torch.Tensor, gate_bias: torch.Tensor, scaling: float, L: float, U: float,
+                    tau: float, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """2-D forward: returns ``y (N, d_out)``, ``z (N, r + 1)`` (x A^T and x . w), ``v (N,)``."""
+    if backend == "triton" and x.dtype != torch.float64:
+        from treadle.triton_kernels.scale import gated_lora_fwd_triton
+
+        return gated_lora_fwd_triton(x, base_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau)
+    if backend == "cpp":
+        from treadle import _extension
+
+        return _extension.op(OP)(x, base_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau)
+    return _fwd_torch(x, base_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau)
+
+
+@_gated_lora_fwd.register_fake
+def _(x, base_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau, backend):
+    n, r = x.shape[0], lora_A.shape[0]
+    return (torch.empty_like(base_out), x.new_empty((n, r + 1)), x.new_empty((n,), dtype=_acc_dtype(x.dtype)))
+
+
+@torch.library.custom_op("treadle::gated_lora_bwd", mutates_args=())
+def _gated_lora_bwd(grad_y: torch.Tensor, x: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tensor,
+                    z: torch.Tensor, v: torch.Tensor, scaling: float, L: float, U: float, tau: float,
+                    need_dx: bool, need_dgate: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """2-D backward: returns ``dx (N, d_in)`` (LoRA path only), ``dw (d_in,)``, ``db (1,)`` (fp32/fp64)."""
+    grad_y = grad_y.contiguous()
+    if backend == "triton" and x.dtype != torch.float64:
+        from treadle.triton_kernels.scale import gated_lora_bwd_triton
+
+        return gated_lora_bwd_triton(grad_y, x, lora_A, lora_B, z, v, scaling, L, U, tau, need_dx, need_dgate)
+    if backend == "cpp":
+        from treadle import _extension
+
+        return _extension.op("gated_lora_backward")(grad_y, x, lora_A, lora_B, z, v, scaling, L, U, tau,
+                                                     need_dx, need_dgate)
+    return _bwd_torch(grad_y, x, lora_A, lora_B, z, v, scaling, L, U, tau, need_dx, need_dgate)
+
+
+@_gated_lora_bwd.register_fake
+def _(grad_y, x, lora_A, lora_B, z, v, scaling, L, U, tau, need_dx, need_dgate, backend):
+    acc = _acc_dtype(x.dtype)
+    return torch.empty_like(x), x.new_empty((x.shape[1],), dtype=acc), x.new_empty((1,), dtype=acc)
+
+
+def _setup_context(ctx, inputs, output):
+    x, base_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau, backend = inputs
+    _, z, v = output
+    ctx.save_for_backward(x, lora_A, lora_B, z, v)
+    ctx.args = (scaling, L, U, tau, backend)
+    ctx.gate_meta = (gate_weight.dtype, gate_bias.dtype, gate_bias.shape)
+    ctx.mark_non_differentiable(z, v)
+
+
+def _backward(ctx, grad_y, grad_z, grad_v):
+    x, lora_A, lora_B, z, v = ctx.saved_tensors
+    scaling, L, U, tau, backend = ctx.args
+    need_dx = ctx.needs_input_grad[0]
+    need_dgate = ctx.needs_input_grad[4] or ctx.needs_input_grad[5]
+    dx = dw = db = None
+    if need_dx or need_dgate:
+        dx, dw, db = _gated_lora_bwd(grad_y, x, lora_A, lora_B, z, v, scaling, L, U, tau, need_dx, need_dgate,
+                                     backend)
+    w_dtype, b_dtype, b_shape = ctx.gate_meta
+    return (dx if need_dx else None,
+            grad_y if ctx.needs_input_grad[1] else None,
+            None, None,
+            dw.to(w_dtype) if ctx.needs_input_grad[4] else None,
+            db.to(b_dtype).reshape(b_shape) if ctx.needs_input_grad[5] else None,
+            None, None, None, None, None)
+
+
+_gated_lora_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------- public API
+def _check_tensor(name: str, t, dtypes=_FLOAT) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must have a floating dtype (one of {dtypes}), got {t.dtype}")
+
+
+def _check_scalar(name: str, value, cond, expected: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a Python float, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value) or not cond(value):
+        raise ValueError(f"{name} must be {expected}, got {value}")
+    return value
+
+
+def gated_lora(
+    x: torch.Tensor,
+    base_out: torch.Tensor,
+    lora_A: torch.Tensor,
+    lora_B: torch.Tensor,
+    gate_weight: torch.Tensor,
+    gate_bias: torch.Tensor,
+    *,
+    scaling: float,
+    L: float,
+    U: float,
+    tau: float,
+    return_lambda: bool = False,
+    backend: str | None = None,
+):
+    """Per-token gated LoRA: ``y = base_out + lambda * scaling * (x A^T) B^T`` (SCALE sec. 3.3).
+
+    ``lambda = 1 + (1 - L) min(v, 0) + (U - 1) max(v, 0)`` with ``v = tanh((x . w + b) / tau)``, one
+    value per token, in the open interval ``(L, U)``; ``lambda = 1`` exactly when ``w = 0, b = 0``.
+
+    Args:
+        x: ``(..., d_in)`` the LoRA module's input ``h`` (float16/bfloat16/float32/float64).
+        base_out: ``(..., d_out)`` the frozen base layer's output ``W h (+ bias)``, same dtype and
+            leading shape as ``x``. Its gradient is ``dy``, passed through unchanged, so ``x`` also
+            receives the base path's ``dy W`` through ``base_out``'s own graph.
+        lora_A: ``(r, d_in)`` PEFT's ``lora_A.weight``; frozen (must not require grad).
+        lora_B: ``(d_out, r)`` PEFT's ``lora_B.weight``; frozen.
+        gate_weight: ``(d_in,)`` gate vector ``w``, dtype of ``x`` or float32.
+        gate_bias: ``()`` or ``(1,)`` gate bias ``b``, dtype of ``x`` or float32.
+        scaling: PEFT's ``alpha / r`` (any finite float).
+        L: lower end of lambda's range, ``L < 0`` (lambda < 0 reverses the LoRA delta).
+        U: upper end, ``U > 1`` (lambda > 1 extrapolates it).
+        tau: gate temperature, ``tau > 0``.
+        return_lambda: also return ``lambda`` (shape ``x.shape[:-1]``, float32, or float64 for
+            float64 inputs), detached: for statistics (reverse / suppress / extrapolate shares).
+        backend: ``"reference"``, ``"cpp"`` or ``"triton"`` (default: the dispatch rule, see
+            :func:`treadle.backends`). float64 inputs on the Triton backend run the PyTorch path.
+
+    Returns:
+        ``y`` with ``base_out``'s shape and dtype, or ``(y, lambda)`` if ``return_lambda``.
+
+    Gradients: ``x`` (LoRA path ``(s * (dy B)) A``; none through the gate, whose input is
+    stop-gradient), ``base_out`` (``dy``), ``gate_weight``, ``gate_bias`` (in their own dtypes).
+    None for ``lora_A``, ``lora_B``. The derivation is in this module's docstring. At ``v = 0``
+    ``d lambda / d v = (U - L) / 2`` (midpoint of the kink).
+
+    Raises:
+        TypeError: a non-tensor, a non-float dtype, dtypes that differ (gates may be float32), or a
+            non-float scalar.
+        ValueError: ``L >= 0``, ``U <= 1``, ``tau <= 0``, non-finite scalars, inconsistent shapes,
+            tensors on different devices, ``lora_A``/``lora_B`` requiring grad while grad is enabled.
+        treadle.dispatch.BackendUnavailableError: ``backend`` cannot run here.
+    """
+    for name, t in (("x", x), ("base_out", base_out), ("lora_A", lora_A), ("lora_B", lora_B),
+                    ("gate_weight", gate_weight), ("gate_bias", gate_bias)):
+        _check_tensor(name, t)
+    for name, t in (("base_out", base_out), ("lora_A", lora_A), ("lora_B", lora_B)):
+        if t.dtype != x.dtype:
+            raise TypeError(f"{name} must have x's dtype {x.dtype}, got {t.dtype}")
+    for name, t in (("gate_weight", gate_weight), ("gate_bias", gate_bias)):
+        if t.dtype not in (x.dtype, torch.float32):
+            raise TypeError(f"{name} must have x's dtype {x.dtype} or torch.float32, got {t.dtype}")
+    scaling = _check_scalar("scaling", scaling, lambda s: True, "a finite number")
+    L = _check_scalar("L", L, lambda s: s < 0, "a finite number < 0 (lambda's lower end; L < 0 < 1 < U)")
+    U = _check_scalar("U", U, lambda s: s > 1, "a finite number > 1 (lambda's upper end; L < 0 < 1 < U)")
+    tau = _check_scalar("tau", tau, lambda s: s > 0, "a finite number > 0 (the gate temperature)")
+    if x.dim() < 1 or x.shape[-1] < 1:
+        raise ValueError(f"x must have shape (..., d_in) with d_in >= 1, got {tuple(x.shape)}")
+    d_in = x.shape[-1]
+    if lora_A.dim() != 2 or lora_A.shape[1] != d_in or lora_A.shape[0] < 1:
+        raise ValueError(f"lora_A must have shape (r, d_in={d_in}) with r >= 1, got {tuple(lora_A.shape)}")
+    r = lora_A.shape[0]
+    if base_out.dim() != x.dim() or base_out.shape[:-1] != x.shape[:-1] or base_out.shape[-1] < 1:
+        raise ValueError(f"base_out must have shape {tuple(x.shape[:-1])} + (d_out,) like x's leading dims, "
+                         f"got {tuple(base_out.shape)}")
+    d_out = base_out.shape[-1]
+    if lora_B.dim() != 2 or tuple(lora_B.shape) != (d_out, r):
+        raise ValueError(f"lora_B must have shape (d_out={d_out}, r={r}), got {tuple(lora_B.shape)}")
+    if gate_weight.dim() != 1 or gate_weight.shape[0] != d_in:
+        raise ValueError(f"gate_weight must have shape (d_in={d_in},), got {tuple(gate_weight.shape)}")
+    if gate_bias.numel() != 1 or gate_bias.dim() > 1:
+        raise ValueError(f"gate_bias must have shape () or (1,), got {tuple(gate_bias.shape)}")
+    for name, t in (("base_out", base_out), ("lora_A", lora_A), ("lora_B", lora_B),
+                    ("gate_weight", gate_weight), ("gate_bias", gate_bias)):
+        if t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}; put them on one device")
+    if torch.is_grad_enabled():
+        for name, t in (("lora_A", lora_A), ("lora_B", lora_B)):
+            if t.requires_grad:
+                raise ValueError(f"{name} requires grad, but gated_lora treats the LoRA weights as frozen (SCALE "
+                                 f"Stage II) and gives them no gradient; call {name}.requires_grad_(False) first")
+
+    lead = x.shape[:-1]
+    n = math.prod(lead)
+    if n == 0:
+        y = base_out.clone()
+        if return_lambda:
+            return y, x.new_empty(lead, dtype=_acc_dtype(x.dtype))
+        return y
+    name = dispatch.resolve(OP, x.device, backend)
+    y, _, v = _gated_lora_fwd(
+        x.reshape(n, d_in).contiguous(), base_out.reshape(n, d_out).contiguous(), lora_A.contiguous(),
+        lora_B.contiguous(), gate_weight.contiguous(), gate_bias.reshape(1), scaling, L, U, tau, name)
+    y = y.reshape(base_out.shape)
+    if return_lambda:
+        return y, _lambda(v, L, U).reshape(lead)
+    return y

@@ -1,0 +1,172 @@
+"""Python-object session state: environments written as classes (e.g. BFCL-style tool classes).
+
+The state is an instance of the environment's class; its *instance attributes* are the state. A
+snapshot stores them as pickle (protocol 5) of the attribute dict, so a snapshot never references a
+particular module's class object: the same snapshot can be materialised into the class of an
+independently imported copy of the server module (isolated sessions). Fork = ``copy.deepcopy`` of the
+attributes; diff = per attribute path (dicts are walked, other values compared with ``==``).
+Class attributes are *not* state: a server that mutates them is flagged by
+:mod:`treadle.weft.isolation` and runs isolated (one module import per session).
+
+Snapshots are unpickled: load only snapshots and checkpoints your own runtime wrote.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import pickle
+import typing
+from typing import Any
+
+from treadle.weft.errors import SnapshotSchemaError
+from treadle.weft.state import RowChange, Snapshot, StateBackend, StateDiff, TableDiff
+
+NAMESPACE = "attributes"
+_PROTOCOL = 5
+
+
+def _attrs(obj: Any) -> dict[str, Any]:
+    try:
+        return vars(obj)
+    except TypeError:
+        raise TypeError(f"object state needs instance attributes in __dict__; {type(obj).__name__} has none "
+                        f"(__slots__ classes are not supported)") from None
+
+
+def snapshot_from_object(obj: Any) -> Snapshot:
+    """Snapshot of ``obj``'s instance attributes (deep: later changes to ``obj`` do not affect it).
+
+    Raises:
+        TypeError: ``obj`` has no ``__dict__``, or an attribute cannot be pickled.
+    """
+    try:
+        data = pickle.dumps(dict(_attrs(obj)), protocol=_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError) as err:
+        raise TypeError(f"object state attributes of {type(obj).__name__} must be picklable plain data: {err}") from err
+    return Snapshot("object", data)
+
+
+def _load(snapshot: Snapshot) -> dict[str, Any]:
+    try:
+        attrs = pickle.loads(snapshot.data)
+    except Exception as err:  # noqa: BLE001  (any unpickling failure means "not an object snapshot")
+        raise SnapshotSchemaError(f"snapshot is not an object-state image: {err}") from err
+    if not isinstance(attrs, dict) or not all(isinstance(k, str) for k in attrs):
+        raise SnapshotSchemaError(f"object-state snapshot must hold a dict with str keys, got {type(attrs).__name__}")
+    return attrs
+
+
+def declared_attributes(cls: type) -> set[str] | None:
+    """Attribute names ``cls`` declares (dataclass fields, pydantic fields or annotations), else None."""
+    if dataclasses.is_dataclass(cls):
+        return {f.name for f in dataclasses.fields(cls)}
+    fields = getattr(cls, "model_fields", None)
+    if isinstance(fields, dict):
+        return set(fields)
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001
+        hints = dict(getattr(cls, "__annotations__", {}))
+    names = {k for k, v in hints.items() if typing.get_origin(v) is not typing.ClassVar and v is not typing.ClassVar}
+    return names or None
+
+
+def check_object_schema(snapshot: Snapshot, cls: type) -> None:
+    """Check that ``snapshot`` holds exactly the attributes ``cls`` declares.
+
+    Classes without declarations (no dataclass fields, pydantic fields or annotations) accept any
+    attribute dict. Pydantic models are also validated field by field.
+
+    Raises:
+        TypeError: ``snapshot`` is not a Snapshot or ``cls`` is not a class.
+        SnapshotSchemaError: wrong kind, not an object image, or attributes missing/unexpected/invalid.
+    """
+    if not isinstance(snapshot, Snapshot):
+        raise TypeError(f"snapshot must be a treadle.weft.state.Snapshot, got {type(snapshot).__name__}")
+    if not isinstance(cls, type):
+        raise TypeError(f"cls must be a class, got {type(cls).__name__}")
+    if snapshot.kind != "object":
+        raise SnapshotSchemaError(f"expected an 'object' snapshot, got kind {snapshot.kind!r}")
+    attrs = _load(snapshot)
+    want = declared_attributes(cls)
+    if want is not None:
+        missing, extra = sorted(want - attrs.keys()), sorted(attrs.keys() - want)
+        if missing or extra:
+            raise SnapshotSchemaError(f"snapshot attributes do not match {cls.__name__}: missing {missing}, "
+                                      f"unexpected {extra}")
+    validate = getattr(cls, "model_validate", None)
+    if validate is not None:
+        try:
+            validate(attrs)
+        except Exception as err:  # noqa: BLE001  (pydantic.ValidationError)
+            raise SnapshotSchemaError(f"snapshot fails {cls.__name__} validation: {err}") from err
+
+
+def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
+    if isinstance(value, dict) and value and all(isinstance(k, str) for k in value):
+        for k, v in value.items():
+            _flatten(v, f"{prefix}.{k}" if prefix else k, out)
+    else:
+        out[prefix] = value
+
+
+def diff_attributes(base: dict[str, Any], other: dict[str, Any]) -> StateDiff:
+    """Per-path differences ``base -> other`` (dicts with str keys are walked; paths are dotted)."""
+    a: dict[str, Any] = {}
+    b: dict[str, Any] = {}
+    _flatten(base, "", a)
+    _flatten(other, "", b)
+    td = TableDiff(
+        added={k: b[k] for k in b.keys() - a.keys()},
+        removed={k: a[k] for k in a.keys() - b.keys()},
+        changed={k: RowChange(before=a[k], after=b[k]) for k in a.keys() & b.keys() if a[k] != b[k]},
+    )
+    return StateDiff(tables={} if td.empty else {NAMESPACE: td})
+
+
+class ObjectState(StateBackend):
+    """Instance-attribute state of an object of class ``cls``, cloned from a snapshot.
+
+    Args:
+        snapshot: an ``"object"`` snapshot (see :func:`snapshot_from_object`).
+        cls: the environment class to instantiate (``cls.__new__``; ``__init__`` is not run).
+    """
+
+    kind = "object"
+
+    def __init__(self, snapshot: Snapshot, cls: type):
+        self._check_kind(snapshot)
+        if not isinstance(cls, type):
+            raise TypeError(f"cls must be a class, got {type(cls).__name__}")
+        self._cls = cls
+        self._obj = cls.__new__(cls)
+        _attrs(self._obj).update(_load(snapshot))
+
+    @property
+    def handle(self) -> Any:
+        return self._obj
+
+    def snapshot(self) -> Snapshot:
+        return snapshot_from_object(self._obj)
+
+    def restore(self, snapshot: Snapshot) -> None:
+        self._check_kind(snapshot)
+        attrs = _attrs(self._obj)
+        attrs.clear()
+        attrs.update(_load(snapshot))
+
+    def fork(self) -> ObjectState:
+        new = ObjectState.__new__(ObjectState)
+        new._cls = self._cls
+        new._obj = self._cls.__new__(self._cls)
+        _attrs(new._obj).update(copy.deepcopy(dict(_attrs(self._obj))))
+        return new
+
+    def diff(self, other: StateBackend | Snapshot) -> StateDiff:
+        if isinstance(other, Snapshot):
+            self._check_kind(other)
+            return diff_attributes(dict(_attrs(self._obj)), _load(other))
+        if not isinstance(other, ObjectState):
+            raise TypeError(f"can only diff an ObjectState against an ObjectState or object Snapshot, got "
+                            f"{type(other).__name__}")
+        return diff_attributes(dict(_attrs(self._obj)), dict(_attrs(other._obj)))

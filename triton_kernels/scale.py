@@ -1,0 +1,166 @@
+"""Triton kernels of SCALE's gated LoRA (spec: treadle/reference/scale.py; maths and backward
+derivation: treadle/ops/gated_lora.py).
+
+Forward, one program per block of ``BLOCK_M`` tokens:
+  shrink   ``u = x A^T`` and ``x . w`` in one sweep over ``d_in`` (each x tile is loaded once and
+           feeds both the rank-r ``tl.dot`` and the gate's row sum), fp32 accumulators;
+  epilogue ``v = tanh((x . w + b) / tau)``, ``lambda``, ``s = scaling * lambda`` in registers;
+  expand   sweep over ``d_out``: ``y = base_out + (s * u) B^T``, one read of base_out, one write of y.
+Backward, one program per block of tokens: ``p = dy B`` in one sweep over ``d_out``, then the per
+token ``dg`` and ``q = s * p`` in registers, then ``dx = q A`` in one sweep over ``d_in``. ``dw = x^T
+dg`` and ``db = sum dg`` are left to one GEMV in the launcher (a deterministic reduction over tokens).
+
+The rank dimension is padded to a power of two >= 16 (``tl.dot``'s minimum) with masked loads, so
+any ``r``, ``d_in`` and ``d_out`` work. fp32 inputs use IEEE fp32 dots (no TF32).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tanh(x):
+    # tanh(x) = 2 sigmoid(2x) - 1; exact 0 at x = 0 (so zero gates give lambda == 1 exactly)
+    return 2.0 / (1.0 + tl.exp(-2.0 * x)) - 1.0
+
+
+@triton.jit
+def _mm(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    # UPCAST: the CPU interpreter's tl.dot mishandles bfloat16 operands, so there they go in as fp32
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _gated_lora_fwd_kernel(
+    x_ptr, base_ptr, a_ptr, b_ptr, w_ptr, bias_ptr, y_ptr, z_ptr, v_ptr,
+    scaling, L, U, inv_tau,
+    N, D_IN, D_OUT, R,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows = pid.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < N
+    rr = tl.arange(0, BLOCK_R)
+    rrmask = rr < R
+    acc_u = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    acc_g = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in range(0, D_IN, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        kmask = kk < D_IN
+        xt = tl.load(x_ptr + rows[:, None] * D_IN + kk[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
+        at = tl.load(a_ptr + rr[None, :] * D_IN + kk[:, None], mask=rrmask[None, :] & kmask[:, None], other=0.0)
+        acc_u += _mm(xt, at, IEEE, UPCAST)
+        wt = tl.load(w_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
+        acc_g += tl.sum(xt.to(tl.float32) * wt[None, :], axis=1)
+    bias = tl.load(bias_ptr).to(tl.float32)
+    v = _tanh((acc_g + bias) * inv_tau)
+    lam = 1.0 + (1.0 - L) * tl.minimum(v, 0.0) + (U - 1.0) * tl.maximum(v, 0.0)
+    s = scaling * lam
+    tl.store(v_ptr + rows, v, mask=rmask)
+    zrow = z_ptr + rows[:, None] * (R + 1)
+    tl.store(zrow + rr[None, :], acc_u.to(z_ptr.dtype.element_ty), mask=rmask[:, None] & rrmask[None, :])
+    tl.store(z_ptr + rows * (R + 1) + R, acc_g.to(z_ptr.dtype.element_ty), mask=rmask)
+    su = (acc_u * s[:, None]).to(b_ptr.dtype.element_ty)
+    for n0 in range(0, D_OUT, BLOCK_N):
+        nn = n0 + tl.arange(0, BLOCK_N)
+        nmask = nn < D_OUT
+        bt = tl.load(b_ptr + nn[None, :] * R + rr[:, None], mask=rrmask[:, None] & nmask[None, :], other=0.0)
+        omask = rmask[:, None] & nmask[None, :]
+        base = tl.load(base_ptr + rows[:, None] * D_OUT + nn[None, :], mask=omask, other=0.0)
+        delta = _mm(su, bt, IEEE, UPCAST)
+        tl.store(y_ptr + rows[:, None] * D_OUT + nn[None, :], (base.to(tl.float32) + delta).to(y_ptr.dtype.element_ty),
+                 mask=omask)
+
+
+@triton.jit
+def _gated_lora_bwd_kernel(
+    dy_ptr, a_ptr, b_ptr, z_ptr, v_ptr, dx_ptr, dg_ptr,
+    scaling, L, U, inv_tau,
+    N, D_IN, D_OUT, R,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr, NEED_DX: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows = pid.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < N
+    rr = tl.arange(0, BLOCK_R)
+    rrmask = rr < R
+    p = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    for n0 in range(0, D_OUT, BLOCK_N):
+        nn = n0 + tl.arange(0, BLOCK_N)
+        nmask = nn < D_OUT
+        dyt = tl.load(dy_ptr + rows[:, None] * D_OUT + nn[None, :], mask=rmask[:, None] & nmask[None, :], other=0.0)
+        bt = tl.load(b_ptr + nn[:, None] * R + rr[None, :], mask=nmask[:, None] & rrmask[None, :], other=0.0)
+        p += _mm(dyt, bt, IEEE, UPCAST)
+    u = tl.load(z_ptr + rows[:, None] * (R + 1) + rr[None, :], mask=rmask[:, None] & rrmask[None, :],
+                other=0.0).to(tl.float32)
+    ds = tl.sum(p * u, axis=1)
+    v = tl.load(v_ptr + rows, mask=rmask, other=0.0)
+    lam = 1.0 + (1.0 - L) * tl.minimum(v, 0.0) + (U - 1.0) * tl.maximum(v, 0.0)
+    slope = tl.where(v < 0.0, 1.0 - L, tl.where(v > 0.0, U - 1.0, 0.5 * (U - L)))
+    dg = scaling * ds * slope * (1.0 - v * v) * inv_tau
+    tl.store(dg_ptr + rows, dg, mask=rmask)
+    if NEED_DX:
+        q = (p * (scaling * lam)[:, None]).to(a_ptr.dtype.element_ty)
+        for k0 in range(0, D_IN, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            kmask = kk < D_IN
+            at = tl.load(a_ptr + rr[:, None] * D_IN + kk[None, :], mask=rrmask[:, None] & kmask[None, :], other=0.0)
+            dxt = _mm(q, at, IEEE, UPCAST)
+            tl.store(dx_ptr + rows[:, None] * D_IN + kk[None, :], dxt.to(dx_ptr.dtype.element_ty),
+                     mask=rmask[:, None] & kmask[None, :])
+
+
+def _blocks(r: int) -> tuple[int, int, int, int]:
+    block_r = max(16, triton.next_power_of_2(r))
+    return 32, 64, 64, block_r
+
+
+def gated_lora_fwd_triton(x, base_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau):
+    """2-D forward on contiguous inputs: ``(y (N, d_out), z (N, r + 1), v (N,) fp32)``."""
+    n, d_in = x.shape
+    d_out, r = lora_B.shape
+    y = torch.empty_like(base_out)
+    z = torch.empty((n, r + 1), dtype=x.dtype, device=x.device)
+    v = torch.empty((n,), dtype=torch.float32, device=x.device)
+    bm, bk, bn, br = _blocks(r)
+    grid = (triton.cdiv(n, bm),)
+    _gated_lora_fwd_kernel[grid](
+        x, base_out, lora_A, lora_B, gate_weight, gate_bias, y, z, v,
+        float(scaling), float(L), float(U), float(1.0 / tau),
+        n, d_in, d_out, r,
+        BLOCK_M=bm, BLOCK_K=bk, BLOCK_N=bn, BLOCK_R=br, IEEE=x.dtype == torch.float32,
+        UPCAST=x.device.type == "cpu",
+    )
+    return y, z, v
+
+
+def gated_lora_bwd_triton(grad_y, x, lora_A, lora_B, z, v, scaling, L, U, tau, need_dx, need_dgate):
+    """2-D backward: ``(dx (N, d_in), dw (d_in,) fp32, db (1,) fp32)``."""
+    n, d_in = x.shape
+    d_out, r = lora_B.shape
+    dx = torch.empty_like(x) if need_dx else torch.zeros_like(x)
+    dg = torch.empty((n,), dtype=torch.float32, device=x.device)
+    bm, bk, bn, br = _blocks(r)
+    grid = (triton.cdiv(n, bm),)
+    _gated_lora_bwd_kernel[grid](
+        grad_y, lora_A, lora_B, z, v, dx, dg,
+        float(scaling), float(L), float(U), float(1.0 / tau),
+        n, d_in, d_out, r,
+        BLOCK_M=bm, BLOCK_K=bk, BLOCK_N=bn, BLOCK_R=br, IEEE=x.dtype == torch.float32,
+        UPCAST=x.device.type == "cpu", NEED_DX=bool(need_dx),
+    )
+    if need_dgate:
+        dw = x.t().float() @ dg if x.dtype != torch.float32 else x.t() @ dg
+        db = dg.sum().reshape(1)
+    else:
+        dw, db = x.new_zeros(d_in, dtype=torch.float32), x.new_zeros(1, dtype=torch.float32)
+    return dx, dw, db
