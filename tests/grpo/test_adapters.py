@@ -1,0 +1,90 @@
+"""verl and TRL adapters: the same numbers as the frameworks when configured like them."""
+import numpy as np
+import pytest
+import torch
+
+from treadle.grpo.trl_adapter import trl_advantages
+
+
+def _verl():
+    try:
+        from verl.trainer.ppo import core_algos
+    except Exception as err:  # noqa: BLE001 - verl's import chain may fail for many reasons
+        pytest.skip(f"verl core_algos not importable: {err}")
+    import treadle.grpo.verl_adapter  # noqa: F401 - registers on import
+
+    return core_algos
+
+
+def _verl_batch(seed=0, n_prompts=7):
+    gen = torch.Generator().manual_seed(seed)
+    sizes = [1, 2, 3, 4, 5, 8, 4][:n_prompts]
+    index = np.array([f"uid-{i}" for i, s in enumerate(sizes) for _ in range(s)], dtype=object)
+    perm = torch.randperm(len(index), generator=gen).numpy()
+    index = index[perm]
+    B, T = len(index), 6
+    mask = (torch.arange(T)[None, :] < torch.randint(1, T + 1, (B, 1), generator=gen)).float()
+    rewards = torch.zeros(B, T)
+    last = mask.sum(-1).long() - 1
+    rewards[torch.arange(B), last] = torch.randint(0, 3, (B,), generator=gen).float() + torch.rand(B, generator=gen)
+    return rewards, mask, index
+
+
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize("name,verl_name", [("treadle_grpo", "grpo"), ("treadle_rloo", "rloo")])
+def test_verl_registry_gives_verl_numbers(name, verl_name, norm):
+    core = _verl()
+    assert name in core.ADV_ESTIMATOR_REGISTRY
+    rewards, mask, index = _verl_batch()
+    ours, ret = core.get_adv_estimator_fn(name)(token_level_rewards=rewards, response_mask=mask, index=index,
+                                                norm_adv_by_std_in_grpo=norm)
+    theirs, _ = core.get_adv_estimator_fn(verl_name)(token_level_rewards=rewards.clone(), response_mask=mask,
+                                                     index=index, norm_adv_by_std_in_grpo=norm)
+    assert ours.shape == theirs.shape == (len(index), 6)
+    torch.testing.assert_close(ours, theirs, atol=2e-6, rtol=1e-5)
+    assert torch.equal(ours, ret)
+
+
+def test_verl_vectorized_matches_too():
+    core = _verl()
+    rewards, mask, index = _verl_batch(seed=3)
+    ours, _ = core.get_adv_estimator_fn("treadle_grpo")(rewards, mask, index)
+    theirs, _ = core.get_adv_estimator_fn("grpo_vectorized")(rewards.clone(), mask, index)
+    torch.testing.assert_close(ours, theirs, atol=2e-6, rtol=1e-5)
+
+
+def _trl_reference(rewards, g, scale_rewards):
+    """TRL 1.x GRPOTrainer's sum_then_normalize computation, with TRL's own nanstd."""
+    from trl.trainer.utils import nanstd
+
+    mean = torch.nanmean(rewards.view(-1, g), dim=1).repeat_interleave(g)
+    if scale_rewards == "batch":
+        std = nanstd(rewards).expand_as(rewards)
+    else:
+        std = nanstd(rewards.view(-1, g), dim=1).repeat_interleave(g)
+    adv = rewards - mean
+    if scale_rewards != "none":
+        adv = adv / (std + 1e-4)
+    return torch.nan_to_num(adv, nan=0.0)
+
+
+@pytest.mark.parametrize("scale_rewards", ["group", "batch", "none"])
+def test_trl_numbers(scale_rewards):
+    pytest.importorskip("trl")
+    gen = torch.Generator().manual_seed(0)
+    g = 4
+    rewards = torch.randint(0, 4, (8 * g,), generator=gen).float() / 3 + torch.rand(8 * g, generator=gen) * 0.1
+    rewards[5] = float("nan")  # an unscorable completion: left out of its group's statistics, advantage 0
+    ours = trl_advantages(rewards, g, scale_rewards)
+    theirs = _trl_reference(rewards, g, scale_rewards)
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    assert ours[5].item() == 0.0
+
+
+def test_trl_trainer_subclass_is_a_grpo_trainer():
+    trl = pytest.importorskip("trl")
+    from treadle.grpo.trl_adapter import TreadleGRPOTrainer
+
+    assert issubclass(TreadleGRPOTrainer, trl.GRPOTrainer)
+    with pytest.raises(ValueError, match="not a multiple of num_generations"):
+        trl_advantages(torch.zeros(5), 2)
