@@ -19,6 +19,10 @@ namespace {
 
 using grpo::Options;
 
+// Below this many rows the per-row passes stay on one thread: each is a few microseconds of work,
+// less than an OpenMP fork/join costs on a busy machine.
+constexpr int64_t kParallelRows = 1 << 18;
+
 inline uint64_t mix64(uint64_t x) {  // splitmix64 finaliser
   x ^= x >> 30;
   x *= 0xbf58476d1ce4e5b9ULL;
@@ -28,53 +32,58 @@ inline uint64_t mix64(uint64_t x) {  // splitmix64 finaliser
   return x;
 }
 
+// Per-group accumulators, one cache line holds two groups: each row touches one struct per pass.
+struct GroupStats {
+  double sum;
+  double m2;
+  double first;  // a representative reward, for the exact "all equal" test
+  int32_t count;
+  int32_t differs;
+};
+
+// Open addressing (linear probing) from int64 id to dense group index, sized to the number of
+// distinct groups (load factor <= 1/2, grown by doubling).
 class GroupTable {
  public:
   explicit GroupTable(int64_t expected) {
     uint64_t cap = 16;
     while (cap < static_cast<uint64_t>(expected) * 2) cap <<= 1;
-    reset(cap);
+    slots_.assign(cap, Slot{0, -1});
+    mask_ = cap - 1;
   }
   // Dense index of `key`, inserting it as group `next` if new.
   int32_t find_or_insert(int64_t key, int32_t next) {
     uint64_t h = mix64(static_cast<uint64_t>(key)) & mask_;
-    while (true) {
-      const int32_t g = group_[h];
-      if (g < 0) break;
-      if (keys_[h] == key) return g;
+    while (slots_[h].group >= 0) {
+      if (slots_[h].key == key) return slots_[h].group;
       h = (h + 1) & mask_;
     }
-    if (static_cast<uint64_t>(next + 1) * 2 > mask_ + 1) {  // keep load factor <= 1/2
+    if (static_cast<uint64_t>(next + 1) * 2 > mask_ + 1) {
       grow();
       return find_or_insert(key, next);
     }
-    keys_[h] = key;
-    group_[h] = next;
+    slots_[h] = Slot{key, next};
     return next;
   }
 
  private:
-  void reset(uint64_t cap) {
-    keys_.assign(cap, 0);
-    group_.assign(cap, -1);
-    mask_ = cap - 1;
-  }
+  struct Slot {
+    int64_t key;
+    int32_t group;
+  };
   void grow() {
-    std::vector<int64_t> old_keys;
-    std::vector<int32_t> old_group;
-    old_keys.swap(keys_);
-    old_group.swap(group_);
-    reset((mask_ + 1) * 2);
-    for (size_t i = 0; i < old_group.size(); ++i) {
-      if (old_group[i] < 0) continue;
-      uint64_t h = mix64(static_cast<uint64_t>(old_keys[i])) & mask_;
-      while (group_[h] >= 0) h = (h + 1) & mask_;
-      keys_[h] = old_keys[i];
-      group_[h] = old_group[i];
+    std::vector<Slot> old;
+    old.swap(slots_);
+    slots_.assign(old.size() * 2, Slot{0, -1});
+    mask_ = slots_.size() - 1;
+    for (const Slot& s : old) {
+      if (s.group < 0) continue;
+      uint64_t h = mix64(static_cast<uint64_t>(s.key)) & mask_;
+      while (slots_[h].group >= 0) h = (h + 1) & mask_;
+      slots_[h] = s;
     }
   }
-  std::vector<int64_t> keys_;
-  std::vector<int32_t> group_;
+  std::vector<Slot> slots_;
   uint64_t mask_ = 0;
 };
 
@@ -82,12 +91,8 @@ template <typename T>
 void advantages_kernel(const T* r, const int64_t* ids, const bool* valid, const bool* flags, T* out,
                        int64_t n, const Options& o, bool skip_nonfinite) {
   std::vector<int32_t> gidx(n);
-  std::vector<double> sum, m2;
-  std::vector<int32_t> cnt;
-  std::vector<T> first;
-  std::vector<uint8_t> differs;
-  const int64_t reserve = std::min<int64_t>(n, 1 << 16);
-  sum.reserve(reserve); cnt.reserve(reserve); first.reserve(reserve); differs.reserve(reserve);
+  std::vector<GroupStats> groups;
+  groups.reserve(std::min<int64_t>(n, 1 << 16));
   GroupTable table(std::min<int64_t>(n, 4096));
 
   // Pass 1 (serial): dense group index, count, sum, "all equal" tracking, batch sum.
@@ -96,8 +101,8 @@ void advantages_kernel(const T* r, const int64_t* ids, const bool* valid, const 
   int64_t last_id = 0;
   int32_t last_g = -1;
   for (int64_t i = 0; i < n; ++i) {
-    const T ri = r[i];
-    const bool ok = (valid == nullptr || valid[i]) && (!skip_nonfinite || std::isfinite(static_cast<double>(ri)));
+    const double ri = static_cast<double>(r[i]);
+    const bool ok = (valid == nullptr || valid[i]) && (!skip_nonfinite || std::isfinite(ri));
     if (!ok) {
       gidx[i] = -1;
       continue;
@@ -106,41 +111,39 @@ void advantages_kernel(const T* r, const int64_t* ids, const bool* valid, const 
     if (last_g >= 0 && ids[i] == last_id) {
       g = last_g;  // contiguous groups (the common layout) skip the hash lookup
     } else {
-      g = table.find_or_insert(ids[i], static_cast<int32_t>(cnt.size()));
-      if (g == static_cast<int32_t>(cnt.size())) {
-        sum.push_back(0.0); cnt.push_back(0); first.push_back(ri); differs.push_back(0);
-      }
+      const int32_t next = static_cast<int32_t>(groups.size());
+      g = table.find_or_insert(ids[i], next);
+      if (g == next) groups.push_back(GroupStats{0.0, 0.0, ri, 0, 0});
       last_id = ids[i];
       last_g = g;
     }
     gidx[i] = g;
-    sum[g] += static_cast<double>(ri);
-    cnt[g] += 1;
-    differs[g] |= static_cast<uint8_t>(ri != first[g]);
-    bsum += static_cast<double>(ri);
+    GroupStats& s = groups[g];
+    s.sum += ri;
+    s.count += 1;
+    s.differs |= static_cast<int32_t>(ri != s.first);
+    bsum += ri;
     bcnt += 1;
   }
-  const int64_t num_groups = static_cast<int64_t>(cnt.size());
-  std::vector<double> mean(num_groups);
-  for (int64_t g = 0; g < num_groups; ++g) mean[g] = sum[g] / cnt[g];
+  const int64_t num_groups = static_cast<int64_t>(groups.size());
+  for (int64_t g = 0; g < num_groups; ++g) groups[g].sum /= groups[g].count;  // sum -> mean
 
   // Pass 2 (serial: scattered accumulation): sum of squared deviations per group and batch.
   const bool need_m2 = o.estimator == grpo::kGrpo && o.scale == grpo::kGroup;
   const bool need_batch = o.estimator == grpo::kGrpo && o.scale == grpo::kBatch;
   double batch_std = 0.0;
   if (need_m2) {
-    m2.assign(num_groups, 0.0);
     for (int64_t i = 0; i < n; ++i) {
       const int32_t g = gidx[i];
       if (g < 0) continue;
-      const double d = static_cast<double>(r[i]) - mean[g];
-      m2[g] += d * d;
+      const double d = static_cast<double>(r[i]) - groups[g].sum;
+      groups[g].m2 += d * d;
     }
   }
   if (need_batch && bcnt > 0) {
     const double bmean = bsum / bcnt;
     double bm2 = 0.0;
-#pragma omp parallel for reduction(+ : bm2) schedule(static) if (n > 32768)
+#pragma omp parallel for reduction(+ : bm2) schedule(static) if (n > kParallelRows)
     for (int64_t i = 0; i < n; ++i) {
       if (gidx[i] < 0) continue;
       const double d = static_cast<double>(r[i]) - bmean;
@@ -153,13 +156,14 @@ void advantages_kernel(const T* r, const int64_t* ids, const bool* valid, const 
   const bool whiten = o.estimator == grpo::kReinforceBaseline;
   std::vector<double> a(whiten ? n : 0);
   double asum = 0.0;
-#pragma omp parallel for reduction(+ : asum) schedule(static) if (n > 32768)
+#pragma omp parallel for reduction(+ : asum) schedule(static) if (n > kParallelRows)
   for (int64_t i = 0; i < n; ++i) {
     const int32_t g = gidx[i];
     double adv = 0.0;
     if (g >= 0) {
-      adv = grpo::row_advantage(static_cast<double>(r[i]), static_cast<double>(cnt[g]), mean[g],
-                                need_m2 ? m2[g] : 0.0, differs[g] == 0, batch_std, o);
+      const GroupStats& s = groups[g];
+      adv = grpo::row_advantage(static_cast<double>(r[i]), static_cast<double>(s.count), s.sum, s.m2,
+                                s.differs == 0, batch_std, o);
     }
     if (whiten) {
       a[i] = adv;
@@ -174,14 +178,14 @@ void advantages_kernel(const T* r, const int64_t* ids, const bool* valid, const 
   // reinforce_baseline: whiten a over the considered rows of the batch.
   const double amean = bcnt > 0 ? asum / bcnt : 0.0;
   double am2 = 0.0;
-#pragma omp parallel for reduction(+ : am2) schedule(static) if (n > 32768)
+#pragma omp parallel for reduction(+ : am2) schedule(static) if (n > kParallelRows)
   for (int64_t i = 0; i < n; ++i) {
     if (gidx[i] < 0) continue;
     const double d = a[i] - amean;
     am2 += d * d;
   }
   const double astd = grpo::std_from(am2, static_cast<double>(bcnt), o.unbiased);
-#pragma omp parallel for schedule(static) if (n > 32768)
+#pragma omp parallel for schedule(static) if (n > kParallelRows)
   for (int64_t i = 0; i < n; ++i) {
     double adv = gidx[i] < 0 ? 0.0 : (a[i] - amean) / (astd + o.eps);
     if (flags != nullptr && flags[i] && adv > 0.0) adv = 0.0;

@@ -73,8 +73,12 @@ def demo(
     quick: bool = typer.Option(False, help="Smallest settings (smoke test)."),
 ) -> None:
     """Run the main job on the embedded defaults: every section, each a thin use of public APIs."""
-    from treadle.demo import run_demo
+    from treadle.demo import resolve_sections, run_demo
 
+    try:
+        resolve_sections(sections)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--sections") from None
     run_demo(sections, run_dir, quick=quick, console=console)
 
 

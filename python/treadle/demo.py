@@ -12,20 +12,31 @@ from pathlib import Path
 SECTIONS: list[tuple[str, str]] = [
     ("grpo-op", "treadle.grpo.demo:advantage_table"),
     ("grpo-train", "treadle.grpo.train_demo:run"),
+    ("weft-shop", "treadle.weft.demo:run"),
 ]
 
 
-def run_demo(sections: str, run_dir: Path, *, quick: bool, console) -> None:
-    """Run the chosen sections (``"all"`` or comma-separated names).
+def resolve_sections(sections: str) -> list[str]:
+    """Names chosen by ``sections`` (``"all"`` or comma-separated).
 
     Raises:
-        ValueError: an unknown section name (the message lists the known ones).
+        ValueError: an unknown or empty section list (the message lists the known ones).
     """
     known = [name for name, _ in SECTIONS]
     chosen = known if sections == "all" else [s.strip() for s in sections.split(",") if s.strip()]
     unknown = [s for s in chosen if s not in known]
-    if unknown:
-        raise ValueError(f"unknown demo section(s) {unknown}; known: {known}")
+    if unknown or not chosen:
+        raise ValueError(f"unknown demo section(s) {unknown or [sections]}; known: {known}")
+    return chosen
+
+
+def run_demo(sections: str, run_dir: Path, *, quick: bool, console) -> None:
+    """Run the chosen sections in order; each writes under ``run_dir/<section>``.
+
+    Raises:
+        ValueError: an unknown section name, before any section runs.
+    """
+    chosen = resolve_sections(sections)
     for name, target in SECTIONS:
         if name not in chosen:
             continue

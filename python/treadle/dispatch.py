@@ -97,8 +97,15 @@ def choose(op: str, device: torch.device | str, backend: str | None = None) -> t
     """
     if op not in _REGISTRY:
         raise KeyError(f"unknown treadle op {op!r}; registered: {sorted(_REGISTRY)}")
-    device_type = torch.device(device).type
-    requested = backend or os.environ.get("TREADLE_BACKEND") or None
+    device_type = device.type if isinstance(device, torch.device) else torch.device(device).type
+    return _choose(op, device_type, backend, os.environ.get("TREADLE_BACKEND") or None, triton_interpret())
+
+
+@functools.lru_cache(maxsize=256)
+def _choose(op: str, device_type: str, backend: str | None, env_backend: str | None,
+            interpret: bool) -> tuple[str, str]:
+    # cached per (op, device, request, environment): the extension and triton do not come and go
+    requested = backend or env_backend
     if requested:
         why = _why_not(op, requested, device_type)
         if why is not None:

@@ -88,3 +88,47 @@ def test_trl_trainer_subclass_is_a_grpo_trainer():
     assert issubclass(TreadleGRPOTrainer, trl.GRPOTrainer)
     with pytest.raises(ValueError, match="not a multiple of num_generations"):
         trl_advantages(torch.zeros(5), 2)
+
+
+def test_trl_grpo_trainer_step_uses_treadle_advantages(tmp_path):
+    """One real GRPOTrainer step on a tiny Qwen3 built from a config (no download)."""
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+    from trl import GRPOConfig
+
+    from treadle.grpo.trl_adapter import TreadleGRPOTrainer
+
+    vocab = {t: i for i, t in enumerate(["<pad>", "<eos>"] + list("0123456789+= "))}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+    cfg = Qwen3Config(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, pad_token_id=0, eos_token_id=1,
+                      bos_token_id=1)
+    calls = {"n": 0}
+
+    def reward(completions, **kw):  # varied, deterministic rewards, one unscorable completion
+        calls["n"] += 1
+        return [None if i == 5 else float((i * 7) % 3) for i in range(len(completions))]
+
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=3, max_steps=1, report_to=[], use_cpu=True, save_strategy="no",
+                      scale_rewards="group")
+    trainer = TreadleGRPOTrainer(model=Qwen3ForCausalLM(cfg), processing_class=hf_tok, reward_funcs=reward, args=args,
+                                 train_dataset=Dataset.from_dict({"prompt": ["1+1=", "2+2=", "3+3=", "4+4="] * 2}))
+    seen = {}
+    original = trainer._generate_and_score_completions
+
+    def spy(inputs):
+        out = original(inputs)
+        seen["adv"], seen["rewards"] = out["advantages"].clone(), trainer._treadle_rewards_per_func[:, 0].clone()
+        return out
+
+    trainer._generate_and_score_completions = spy
+    trainer.train()
+    assert calls["n"] >= 1
+    expected = _trl_reference(seen["rewards"], 4, "group")
+    torch.testing.assert_close(seen["adv"], expected, atol=1e-5, rtol=1e-5)
+    assert seen["adv"][5].item() == 0.0 and seen["adv"].abs().sum() > 0
