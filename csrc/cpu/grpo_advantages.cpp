@@ -3,14 +3,19 @@
 // Grouping by arbitrary int64 ids uses an open-addressing hash table sized to the number of
 // distinct groups (grown by doubling), so the working set stays in cache for typical group sizes;
 // statistics are two-pass in float64 (mean, then sum of squared deviations), which keeps groups
-// whose rewards differ by 1e-5 exact to ~1e-11. The hash pass is serial (it is memory-bound and
-// cheap); the per-row passes run under OpenMP.
+// whose rewards differ by 1e-5 exact to ~1e-11. Large batches split the hash pass by id partition
+// over OpenMP threads (no atomics: each group has one owner thread); per-row passes run under
+// OpenMP too.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "grpo_common.h"
 
@@ -52,15 +57,15 @@ class GroupTable {
     mask_ = cap - 1;
   }
   // Dense index of `key`, inserting it as group `next` if new.
-  int32_t find_or_insert(int64_t key, int32_t next) {
-    uint64_t h = mix64(static_cast<uint64_t>(key)) & mask_;
+  int32_t find_or_insert(int64_t key, uint64_t hash, int32_t next) {
+    uint64_t h = hash & mask_;
     while (slots_[h].group >= 0) {
       if (slots_[h].key == key) return slots_[h].group;
       h = (h + 1) & mask_;
     }
     if (static_cast<uint64_t>(next + 1) * 2 > mask_ + 1) {
       grow();
-      return find_or_insert(key, next);
+      return find_or_insert(key, hash, next);
     }
     slots_[h] = Slot{key, next};
     return next;
@@ -90,54 +95,98 @@ class GroupTable {
 template <typename T>
 void advantages_kernel(const T* r, const int64_t* ids, const bool* valid, const bool* flags, T* out,
                        int64_t n, const Options& o, bool skip_nonfinite) {
+  // Pass 1: dense group index, count, sum, "all equal" tracking, batch sum. With P threads, thread t
+  // owns the ids whose hash falls in partition t: it scans every row but does the random-access work
+  // for its own rows only, in its own table, so no two threads touch one group. Group g of partition
+  // t gets the global index g * P + t.
+  int P = 1;
+#ifdef _OPENMP
+  if (n >= kParallelRows / 8) P = std::max(1, std::min(omp_get_max_threads(), 8));
+#endif
   std::vector<int32_t> gidx(n);
-  std::vector<GroupStats> groups;
-  groups.reserve(std::min<int64_t>(n, 1 << 16));
-  GroupTable table(std::min<int64_t>(n, 4096));
-
-  // Pass 1 (serial): dense group index, count, sum, "all equal" tracking, batch sum.
+  std::vector<std::vector<GroupStats>> parts(P);
+  std::vector<double> part_sum(P, 0.0);
+  std::vector<int64_t> part_cnt(P, 0);
+#pragma omp parallel num_threads(P) if (P > 1)
+  {
+    int t = 0;
+#ifdef _OPENMP
+    t = omp_get_thread_num();
+#endif
+    std::vector<GroupStats>& groups = parts[t];
+    groups.reserve(std::min<int64_t>(n / P + 1, 1 << 16));
+    GroupTable table(std::min<int64_t>(n / P + 1, 4096));
+    double bsum = 0.0;
+    int64_t bcnt = 0;
+    int64_t last_id = 0;
+    int32_t last_g = -1;
+    for (int64_t i = 0; i < n; ++i) {
+      const double ri = static_cast<double>(r[i]);
+      const bool ok = (valid == nullptr || valid[i]) && (!skip_nonfinite || std::isfinite(ri));
+      if (!ok) {
+        if (t == 0) gidx[i] = -1;
+        continue;
+      }
+      const int64_t id = ids[i];
+      int32_t g;
+      if (last_g >= 0 && id == last_id) {
+        g = last_g;  // contiguous groups (the common layout) skip the hash lookup
+      } else {
+        const uint64_t h = mix64(static_cast<uint64_t>(id));
+        if (P > 1 && static_cast<int>((h >> 56) % static_cast<uint64_t>(P)) != t) continue;
+        const int32_t next = static_cast<int32_t>(groups.size());
+        g = table.find_or_insert(id, h, next);
+        if (g == next) groups.push_back(GroupStats{0.0, 0.0, ri, 0, 0});
+        last_id = id;
+        last_g = g;
+      }
+      gidx[i] = g * P + t;
+      GroupStats& st = groups[g];
+      st.sum += ri;
+      st.count += 1;
+      st.differs |= static_cast<int32_t>(ri != st.first);
+      bsum += ri;
+      bcnt += 1;
+    }
+    part_sum[t] = bsum;
+    part_cnt[t] = bcnt;
+  }
   double bsum = 0.0;
   int64_t bcnt = 0;
-  int64_t last_id = 0;
-  int32_t last_g = -1;
-  for (int64_t i = 0; i < n; ++i) {
-    const double ri = static_cast<double>(r[i]);
-    const bool ok = (valid == nullptr || valid[i]) && (!skip_nonfinite || std::isfinite(ri));
-    if (!ok) {
-      gidx[i] = -1;
-      continue;
-    }
-    int32_t g;
-    if (last_g >= 0 && ids[i] == last_id) {
-      g = last_g;  // contiguous groups (the common layout) skip the hash lookup
-    } else {
-      const int32_t next = static_cast<int32_t>(groups.size());
-      g = table.find_or_insert(ids[i], next);
-      if (g == next) groups.push_back(GroupStats{0.0, 0.0, ri, 0, 0});
-      last_id = ids[i];
-      last_g = g;
-    }
-    gidx[i] = g;
-    GroupStats& s = groups[g];
-    s.sum += ri;
-    s.count += 1;
-    s.differs |= static_cast<int32_t>(ri != s.first);
-    bsum += ri;
-    bcnt += 1;
+  size_t max_groups = 0;
+  for (int t = 0; t < P; ++t) {
+    bsum += part_sum[t];
+    bcnt += part_cnt[t];
+    max_groups = std::max(max_groups, parts[t].size());
+  }
+  std::vector<GroupStats> groups;
+  if (P == 1) {
+    groups.swap(parts[0]);
+  } else {
+    groups.assign(max_groups * P, GroupStats{0.0, 0.0, 0.0, 1, 0});
+    for (int t = 0; t < P; ++t)
+      for (size_t g = 0; g < parts[t].size(); ++g) groups[g * P + t] = parts[t][g];
   }
   const int64_t num_groups = static_cast<int64_t>(groups.size());
   for (int64_t g = 0; g < num_groups; ++g) groups[g].sum /= groups[g].count;  // sum -> mean
 
-  // Pass 2 (serial: scattered accumulation): sum of squared deviations per group and batch.
+  // Pass 2: sum of squared deviations per group (thread t owns groups g with g % P == t) and batch.
   const bool need_m2 = o.estimator == grpo::kGrpo && o.scale == grpo::kGroup;
   const bool need_batch = o.estimator == grpo::kGrpo && o.scale == grpo::kBatch;
   double batch_std = 0.0;
   if (need_m2) {
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t g = gidx[i];
-      if (g < 0) continue;
-      const double d = static_cast<double>(r[i]) - groups[g].sum;
-      groups[g].m2 += d * d;
+#pragma omp parallel num_threads(P) if (P > 1)
+    {
+      int t = 0;
+#ifdef _OPENMP
+      t = omp_get_thread_num();
+#endif
+      for (int64_t i = 0; i < n; ++i) {
+        const int32_t g = gidx[i];
+        if (g < 0 || g % P != t) continue;
+        const double d = static_cast<double>(r[i]) - groups[g].sum;
+        groups[g].m2 += d * d;
+      }
     }
   }
   if (need_batch && bcnt > 0) {

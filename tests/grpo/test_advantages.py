@@ -241,3 +241,17 @@ def test_cuda_backends_agree(backend):
         ref = grpo_advantages(r, ids, valid=valid, flags=flags, estimator=est, backend="cpp")
         out = grpo_advantages(r.cuda(), ids.cuda(), valid=valid.cuda(), flags=flags.cuda(), estimator=est, backend=backend)
         assert_close_verbose(out.cpu(), ref, atol=1e-9, rtol=1e-9, name=f"{backend} {est}")
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "reinforce_baseline"])
+def test_large_batch_uses_partitioned_hash_pass(estimator):
+    # >= 32,768 rows: the C++ kernel splits grouping across OpenMP threads by id partition.
+    gen = torch.Generator().manual_seed(5)
+    n = 40_000
+    ids = torch.randint(0, 3000, (n,), generator=gen) * 1_000_003 - 7
+    r = torch.rand(n, generator=gen, dtype=torch.float64)
+    valid = torch.rand(n, generator=gen) > 0.05
+    flags = torch.rand(n, generator=gen) > 0.9
+    ref = grpo_advantages_reference(r, ids, valid, flags, estimator=estimator)
+    out = grpo_advantages(r, ids, valid=valid, flags=flags, estimator=estimator, backend="cpp")
+    assert_close_verbose(out, ref, atol=1e-10, rtol=1e-10)

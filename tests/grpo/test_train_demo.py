@@ -1,0 +1,86 @@
+"""The ``grpo-train`` demo section end to end in quick mode, plus its building blocks."""
+import json
+
+import pytest
+import torch
+from rich.console import Console
+
+from treadle.grpo import train_demo
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("TREADLE_MODEL", raising=False)
+    return tmp_path / "cache"
+
+
+def _tiny_policy(cache):
+    from treadle.models import TinyTrainConfig, load_default_model
+
+    return load_default_model(config=TinyTrainConfig.quick(steps=2, eval_per_level=1), name="tiny-qwen3-quick",
+                              progress=False)
+
+
+def test_quick_demo_end_to_end(cache, tmp_path):
+    console = Console(record=True, width=140)
+    summary = train_demo.run(tmp_path / "run", True, console)
+    run = tmp_path / "run"
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["demo"]["steps"] == 2 and cfg["level"] == summary["level"]
+    steps = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [0, 1]
+    for s in steps:
+        assert 0.0 <= s["reward_mean"] <= 1.0 and s["completion_tokens"] > 0 and s["t_advantage_s"] >= 0
+    assert (run / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((run / "summary.json").read_text()) == summary
+    out = console.export_text()
+    assert "held-out sampled reward" in out and "grpo_advantages" in out
+    assert (cache / "tiny-qwen3-quick").is_dir()  # quick mode never touches the real default model
+    assert not (cache / "tiny-qwen3").exists()
+
+
+def test_group_ids_are_prompt_uids_not_positions(cache, monkeypatch):
+    import treadle.ops
+
+    model, tok = _tiny_policy(cache)
+    seen = []
+    real = treadle.ops.grpo_advantages
+
+    def spy(rewards, group_ids, **kw):
+        seen.append(group_ids.clone())
+        return real(rewards, group_ids, **kw)
+
+    monkeypatch.setattr(treadle.ops, "grpo_advantages", spy)
+    cfg = train_demo.GRPODemoConfig.quick(steps=1, prompts_per_step=3, group_size=2)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    recs = train_demo.train_grpo(model, tok, cfg, level=2, progress=False)
+    from treadle.data import ProblemGenerator
+
+    uids = [p.uid for p in ProblemGenerator(cfg.seed).batch(2, 3, split="train")]
+    assert seen[0].tolist() == [u for u in uids for _ in range(2)]
+    assert len(recs) == 1 and recs[0]["completion_tokens"] > 0
+    changed = any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+    assert changed or recs[0]["groups_all_equal"] == 3  # all-equal groups give zero advantages, no update
+
+
+def test_sequence_logprobs_match_generation_scores(cache):
+    from treadle.models.generation import encode_prompts
+
+    model, tok = _tiny_policy(cache)
+    ids, mask = encode_prompts(tok, ["What is 3+4?", "Ann has 7 pens. What is 33*(5+6)?"])  # one row left-padded
+    torch.manual_seed(0)
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=True, top_k=0, top_p=1.0,
+                         output_scores=True, return_dict_in_generate=True, pad_token_id=tok.pad_token_id,
+                         eos_token_id=tok.eos_token_id)
+    comp = out.sequences[:, ids.shape[1]:]
+    want = torch.stack(out.scores, 1).log_softmax(-1).gather(-1, comp.unsqueeze(-1)).squeeze(-1)
+    got = train_demo.sequence_logprobs(model, ids, mask, comp, torch.ones_like(comp))
+    live = torch.isfinite(want)
+    torch.testing.assert_close(got[live], want[live], atol=1e-4, rtol=1e-4)
+
+
+def test_bad_level_is_rejected_before_work(cache):
+    model, tok = _tiny_policy(cache)
+    with pytest.raises(ValueError, match="difficulty level"):
+        train_demo.train_grpo(model, tok, train_demo.GRPODemoConfig.quick(), level=42, progress=False)
