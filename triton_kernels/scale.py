@@ -68,7 +68,9 @@ def _gated_lora_fwd_kernel(
     zrow = z_ptr + rows[:, None] * (R + 1)
     tl.store(zrow + rr[None, :], acc_u.to(z_ptr.dtype.element_ty), mask=rmask[:, None] & rrmask[None, :])
     tl.store(z_ptr + rows * (R + 1) + R, acc_g.to(z_ptr.dtype.element_ty), mask=rmask)
-    su = (acc_u * s[:, None]).to(b_ptr.dtype.element_ty)
+    su = acc_u * s[:, None]
+    if not UPCAST:
+        su = su.to(b_ptr.dtype.element_ty)
     for n0 in range(0, D_OUT, BLOCK_N):
         nn = n0 + tl.arange(0, BLOCK_N)
         nmask = nn < D_OUT
@@ -109,7 +111,9 @@ def _gated_lora_bwd_kernel(
     dg = scaling * ds * slope * (1.0 - v * v) * inv_tau
     tl.store(dg_ptr + rows, dg, mask=rmask)
     if NEED_DX:
-        q = (p * (scaling * lam)[:, None]).to(a_ptr.dtype.element_ty)
+        q = p * (scaling * lam)[:, None]
+        if not UPCAST:
+            q = q.to(a_ptr.dtype.element_ty)
         for k0 in range(0, D_IN, BLOCK_K):
             kk = k0 + tl.arange(0, BLOCK_K)
             kmask = kk < D_IN
@@ -124,12 +128,22 @@ def _blocks(r: int) -> tuple[int, int, int, int]:
     return 32, 64, 64, block_r
 
 
+def _buffer_dtype(x: torch.Tensor) -> torch.dtype:
+    # The CPU interpreter converts fp32 -> bf16/fp16 by truncation (the GPU rounds to nearest), so on
+    # CPU the kernels write fp32 buffers and torch rounds them to the output dtype afterwards.
+    if x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16):
+        return torch.float32
+    return x.dtype
+
+
 def gated_lora_fwd_triton(x, base_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau):
-    """2-D forward on contiguous inputs: ``(y (N, d_out), z (N, r + 1), v (N,) fp32)``."""
-    n, d_in = x.shape
+    """Forward on contiguous ``x (..., d_in)``, ``base_out (..., d_out)``: ``(y, z (N, r + 1), v (N,) fp32)``."""
+    d_in = x.shape[-1]
+    n = x.numel() // d_in
     d_out, r = lora_B.shape
-    y = torch.empty_like(base_out)
-    z = torch.empty((n, r + 1), dtype=x.dtype, device=x.device)
+    buf = _buffer_dtype(x)
+    y = torch.empty(base_out.shape, dtype=buf, device=x.device)
+    z = torch.empty((n, r + 1), dtype=buf, device=x.device)
     v = torch.empty((n,), dtype=torch.float32, device=x.device)
     bm, bk, bn, br = _blocks(r)
     grid = (triton.cdiv(n, bm),)
@@ -140,14 +154,15 @@ def gated_lora_fwd_triton(x, base_out, lora_A, lora_B, gate_weight, gate_bias, s
         BLOCK_M=bm, BLOCK_K=bk, BLOCK_N=bn, BLOCK_R=br, IEEE=x.dtype == torch.float32,
         UPCAST=x.device.type == "cpu",
     )
-    return y, z, v
+    return y.to(x.dtype), z.to(x.dtype), v
 
 
 def gated_lora_bwd_triton(grad_y, x, lora_A, lora_B, z, v, scaling, L, U, tau, need_dx, need_dgate):
-    """2-D backward: ``(dx (N, d_in), dw (d_in,) fp32, db (1,) fp32)``."""
-    n, d_in = x.shape
+    """Backward: ``(dx (x's shape), dw (d_in,) fp32, db (1,) fp32)``."""
+    d_in = x.shape[-1]
+    n = x.numel() // d_in
     d_out, r = lora_B.shape
-    dx = torch.empty_like(x) if need_dx else torch.zeros_like(x)
+    dx = torch.empty(x.shape, dtype=_buffer_dtype(x), device=x.device) if need_dx else torch.zeros_like(x)
     dg = torch.empty((n,), dtype=torch.float32, device=x.device)
     bm, bk, bn, br = _blocks(r)
     grid = (triton.cdiv(n, bm),)
@@ -158,8 +173,10 @@ def gated_lora_bwd_triton(grad_y, x, lora_A, lora_B, z, v, scaling, L, U, tau, n
         BLOCK_M=bm, BLOCK_K=bk, BLOCK_N=bn, BLOCK_R=br, IEEE=x.dtype == torch.float32,
         UPCAST=x.device.type == "cpu", NEED_DX=bool(need_dx),
     )
+    dx = dx.to(x.dtype)
     if need_dgate:
-        dw = x.t().float() @ dg if x.dtype != torch.float32 else x.t() @ dg
+        x2 = x.reshape(n, d_in)
+        dw = x2.t().float() @ dg if x.dtype != torch.float32 else x2.t() @ dg
         db = dg.sum().reshape(1)
     else:
         dw, db = x.new_zeros(d_in, dtype=torch.float32), x.new_zeros(1, dtype=torch.float32)

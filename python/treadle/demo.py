@@ -13,6 +13,7 @@ SECTIONS: list[tuple[str, str]] = [
     ("grpo-op", "treadle.grpo.demo:advantage_table"),
     ("grpo-train", "treadle.grpo.train_demo:run"),
     ("weft-shop", "treadle.weft.demo:run"),
+    ("stair", "treadle.stair.demo:run"),
 ]
 
 

@@ -55,7 +55,8 @@ def test_register_content_addressed():
     assert len(reg) == 1 and len(h1) == 64
     spec = reg.spec(h1)
     assert spec.name == "notes" and spec.isolation == "shared" and spec.backend == "sqlite"
-    assert spec.tool_names == ["add_note", "add_then_fail", "explode", "list_notes", "slow"]
+    assert spec.tool_names == ["add_note", "add_then_exit", "add_then_fail", "explode", "list_notes", "slow",
+                              "slow_sync"]
     assert spec.tool("add_note")["contract"]["writes"] == ["notes"]
     assert spec.tool("add_note")["input_schema"]["required"] == ["text"]
     assert reg.spec(h1[:10]) is spec
@@ -94,3 +95,10 @@ def test_load_gives_independent_modules():
     assert m1 is not m2 and m1.Ledger is not m2.Ledger
     m1.Ledger.total = 5
     assert m2.Ledger.total == 0
+
+
+def test_imported_module_attribute_write_is_a_global_write():
+    src = "import mpmath\ndef f(p):\n    mpmath.mp.dps = p\n    return mpmath.pi\n"
+    rep = check_source(src)
+    assert rep.kinds() == {"global_write"} and "imported module 'mpmath'" in rep.findings[0].detail
+    assert kinds("import math\ndef f(x):\n    y = math.sqrt(x)\n    return y\n") == set()

@@ -1,7 +1,6 @@
 """State backends: clone independence, byte-identical reset, fork + diff, schema check."""
 import dataclasses
 import pickle
-import sqlite3
 
 import pytest
 

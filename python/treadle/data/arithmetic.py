@@ -25,6 +25,10 @@ _OPS = frozenset("+-*")
 _KINDS = ("arithmetic", "linear")
 _NAMES = ("Ann", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gus", "Ivy")
 _THINGS = ("pens", "cats", "books", "cups", "apples", "coins", "hats", "keys")
+#: question phrasings; the held-out split is by prompt text, so a held-out prompt's arithmetic core
+#: may appear in training under another phrasing (unavoidable for level 1: only 200 distinct sums).
+_ASK = ("What is {e}?", "Compute {e}.", "Calculate {e}.", "{e}=?")
+_SOLVE = ("Solve {e} for x.", "Find x if {e}.", "{e}. What is x?")
 
 
 @dataclass(frozen=True)
@@ -72,13 +76,13 @@ class Difficulty:
             raise ValueError(f"Difficulty.operators must be a non-empty subset of '+-*', got {self.operators!r}")
 
 
-#: Preset difficulty levels, easiest first (level n is ``LEVELS[n - 1]``). Levels 1-2 are what the
-#: tiny default model solves reliably; 5-6 are what it fails.
+#: Preset difficulty levels, ordered by how hard the tiny default model finds them (level n is
+#: ``LEVELS[n - 1]``): it solves level 1 reliably, levels 2-4 partly, and fails 5-6.
 LEVELS: tuple[Difficulty, ...] = (
     Difficulty(digits=1, ops=1, operators="+-"),                                   # 7+5
+    Difficulty(digits=1, ops=2, operators="+-", kind="linear"),                    # 3*x+4=19
     Difficulty(digits=1, ops=2, operators="+-*"),                                  # 3*4-5
     Difficulty(digits=2, ops=1, operators="+-"),                                   # 47+38
-    Difficulty(digits=1, ops=2, operators="+-*", kind="linear"),                   # 3*x+4=19
     Difficulty(digits=2, ops=2, depth=1, operators="+-*"),                         # (47-18)*3
     Difficulty(digits=3, ops=3, depth=2, distractors=1, operators="+-*"),          # Ann has 7 pens. 2*(318-(45+...
 )
@@ -106,12 +110,12 @@ class Problem:
 
     Attributes:
         uid: stable 63-bit id (hash of the prompt text): use it as the GRPO group id.
-        prompt: the user's message, e.g. ``"What is 3*4-5?"``.
+        prompt: the user's message, e.g. ``"What is 3*4-5?"`` (one of a few phrasings).
         answer: the verified answer as text, e.g. ``"7"`` (integers only).
         level: the preset level (1-based) or 0 for a custom Difficulty.
         difficulty: the knobs it was drawn with.
         expression: the bare expression or equation (no distractors).
-        heldout: True if the prompt belongs to the held-out split (1 prompt in 10, by hash).
+        heldout: True if the prompt belongs to the held-out split (1 prompt text in 10, by hash).
     """
 
     uid: int
@@ -224,7 +228,7 @@ class ProblemGenerator:
         left, right = equation.split("=")
         if evaluate_expression(left, Fraction(x)) != evaluate_expression(right):
             raise AssertionError(f"generator bug: x={x} does not solve {equation}")
-        return equation, f"Solve {equation} for x.", str(x)
+        return equation, self.rng.choice(_SOLVE).format(e=equation), str(x)
 
     # -- public -----------------------------------------------------------------------------
     def problem(self, level: int | Difficulty, *, split: str = "any") -> Problem:
@@ -247,7 +251,7 @@ class ProblemGenerator:
             else:
                 expression = self._chain(d, d.ops, d.depth)
                 answer = str(int(evaluate_expression(expression)))  # exact; only + - * so an integer
-                question = f"What is {expression}?"
+                question = self.rng.choice(_ASK).format(e=expression)
             prompt = " ".join([self._distractor() for _ in range(d.distractors)] + [question])
             held = _is_heldout(prompt)
             if split == "any" or held == (split == "heldout"):

@@ -28,8 +28,13 @@ Saved for backward: x, A, B, ``z (N, r + 1)`` and ``v (N,)``: O(N r) beyond the 
 
 Backends: ``reference`` (the same decomposition in plain PyTorch), ``cpp`` (csrc/cpu/gated_lora.cpp:
 stacked shrink GEMM, then for float32 one OpenMP pass that does the epilogue and the register-blocked
-rank-r expand into ``base_out``'s row, so ``base_out`` is read once and ``y`` written once),
-``triton`` (triton_kernels/scale.py: one kernel for shrink + epilogue + expand, one for the backward).
+rank-r expand into ``base_out``'s row, so ``base_out`` is read once and ``y`` written once; backward:
+the thin GEMM ``p = dy B``, a per-token pass, the same register-blocked expand for ``dx = (s p) A``
+and one GEMV for ``dw``), ``triton`` (triton_kernels/scale.py: one kernel for shrink + epilogue +
+expand, one for ``p``, the epilogue and ``dx``). Memory traffic beyond the base linear, forward: one
+read of x (shrink), one read of base_out and one write of y; backward: one read of dy, one write of
+dx, one read of x (dw), plus autograd's in-place sum of x's two gradients (x and base_out enter the
+op with their own shapes, so no reshape view forces that sum out of place).
 """
 from __future__ import annotations
 
@@ -60,25 +65,32 @@ def _lambda_slope(v: torch.Tensor, L: float, U: float) -> torch.Tensor:
 # ---------------------------------------------------------------- plain-PyTorch backend ("reference")
 def _fwd_torch(x, base_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau):
     acc = _acc_dtype(x.dtype)
+    d_in, d_out = x.shape[-1], base_out.shape[-1]
+    x2 = x.reshape(-1, d_in)
     stacked = torch.cat([lora_A, gate_weight.reshape(1, -1).to(lora_A.dtype)], 0)
-    z = x @ stacked.t()
+    z = x2 @ stacked.t()
     v = torch.tanh((z[:, -1].to(acc) + gate_bias.reshape(()).to(acc)) / tau)
     su = (z[:, :-1].to(acc) * (scaling * _lambda(v, L, U)).unsqueeze(1)).to(x.dtype)
-    y = torch.addmm(base_out, su, lora_B.t())
+    y = torch.empty_like(base_out)
+    torch.addmm(base_out.reshape(-1, d_out), su, lora_B.t(), out=y.view(-1, d_out))
     return y, z, v
 
 
 def _bwd_torch(dy, x, lora_A, lora_B, z, v, scaling, L, U, tau, need_dx, need_dgate):
     acc = v.dtype
-    p = dy @ lora_B
+    d_in = x.shape[-1]
+    x2 = x.reshape(-1, d_in)
+    p = dy.reshape(-1, dy.shape[-1]) @ lora_B
     ds = (p.to(acc) * z[:, :-1].to(acc)).sum(1)
     dg = scaling * ds * _lambda_slope(v, L, U) * (1 - v * v) / tau
     q = (p.to(acc) * (scaling * _lambda(v, L, U)).unsqueeze(1)).to(x.dtype)
-    dx = q @ lora_A if need_dx else torch.zeros_like(x)
+    dx = torch.zeros_like(x)
+    if need_dx:
+        torch.mm(q, lora_A, out=dx.view(-1, d_in))
     if need_dgate:
-        dw, db = x.to(acc).t() @ dg, dg.sum().reshape(1)
+        dw, db = x2.to(acc).t() @ dg, dg.sum().reshape(1)
     else:
-        dw, db = x.new_zeros(x.shape[1], dtype=acc), x.new_zeros(1, dtype=acc)
+        dw, db = x.new_zeros(d_in, dtype=acc), x.new_zeros(1, dtype=acc)
     return dx, dw, db
 
 
@@ -87,7 +99,8 @@ def _bwd_torch(dy, x, lora_A, lora_B, z, v, scaling, L, U, tau, need_dx, need_dg
 def _gated_lora_fwd(x: torch.Tensor, base_out: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tensor,
                     gate_weight: torch.Tensor, gate_bias: torch.Tensor, scaling: float, L: float, U: float,
                     tau: float, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """2-D forward: returns ``y (N, d_out)``, ``z (N, r + 1)`` (x A^T and x . w), ``v (N,)``."""
+    """Forward on contiguous ``x (..., d_in)``, ``base_out (..., d_out)``: returns ``y`` (base_out's shape),
+    ``z (N, r + 1)`` (x A^T and x . w per token), ``v (N,)``."""
     if backend == "triton" and x.dtype != torch.float64:
         from treadle.triton_kernels.scale import gated_lora_fwd_triton
 
@@ -101,7 +114,7 @@ def _gated_lora_fwd(x: torch.Tensor, base_out: torch.Tensor, lora_A: torch.Tenso
 
 @_gated_lora_fwd.register_fake
 def _(x, base_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau, backend):
-    n, r = x.shape[0], lora_A.shape[0]
+    n, r = x.numel() // x.shape[-1], lora_A.shape[0]
     return (torch.empty_like(base_out), x.new_empty((n, r + 1)), x.new_empty((n,), dtype=_acc_dtype(x.dtype)))
 
 
@@ -109,7 +122,7 @@ def _(x, base_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau, b
 def _gated_lora_bwd(grad_y: torch.Tensor, x: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tensor,
                     z: torch.Tensor, v: torch.Tensor, scaling: float, L: float, U: float, tau: float,
                     need_dx: bool, need_dgate: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """2-D backward: returns ``dx (N, d_in)`` (LoRA path only), ``dw (d_in,)``, ``db (1,)`` (fp32/fp64)."""
+    """Backward: returns ``dx`` (x's shape; LoRA path only), ``dw (d_in,)``, ``db (1,)`` (fp32/fp64)."""
     grad_y = grad_y.contiguous()
     if backend == "triton" and x.dtype != torch.float64:
         from treadle.triton_kernels.scale import gated_lora_bwd_triton
@@ -126,7 +139,7 @@ def _gated_lora_bwd(grad_y: torch.Tensor, x: torch.Tensor, lora_A: torch.Tensor,
 @_gated_lora_bwd.register_fake
 def _(grad_y, x, lora_A, lora_B, z, v, scaling, L, U, tau, need_dx, need_dgate, backend):
     acc = _acc_dtype(x.dtype)
-    return torch.empty_like(x), x.new_empty((x.shape[1],), dtype=acc), x.new_empty((1,), dtype=acc)
+    return torch.empty_like(x), x.new_empty((x.shape[-1],), dtype=acc), x.new_empty((1,), dtype=acc)
 
 
 def _setup_context(ctx, inputs, output):
@@ -136,6 +149,7 @@ def _setup_context(ctx, inputs, output):
     ctx.args = (scaling, L, U, tau, backend)
     ctx.gate_meta = (gate_weight.dtype, gate_bias.dtype, gate_bias.shape)
     ctx.mark_non_differentiable(z, v)
+    ctx.set_materialize_grads(False)  # z and v never receive gradients: do not allocate zeros for them
 
 
 def _backward(ctx, grad_y, grad_z, grad_v):
@@ -144,6 +158,8 @@ def _backward(ctx, grad_y, grad_z, grad_v):
     need_dx = ctx.needs_input_grad[0]
     need_dgate = ctx.needs_input_grad[4] or ctx.needs_input_grad[5]
     dx = dw = db = None
+    if grad_y is None:
+        return (None,) * 11
     if need_dx or need_dgate:
         dx, dw, db = _gated_lora_bwd(grad_y, x, lora_A, lora_B, z, v, scaling, L, U, tau, need_dx, need_dgate,
                                      backend)
@@ -276,10 +292,11 @@ def gated_lora(
             return y, x.new_empty(lead, dtype=_acc_dtype(x.dtype))
         return y
     name = dispatch.resolve(OP, x.device, backend)
+    # x and base_out go in with their own shapes: a reshape view around the op would make autograd
+    # sum x's two gradients (base path + LoRA path) out of place, one more (N, d_in) buffer per backward
     y, _, v = _gated_lora_fwd(
-        x.reshape(n, d_in).contiguous(), base_out.reshape(n, d_out).contiguous(), lora_A.contiguous(),
-        lora_B.contiguous(), gate_weight.contiguous(), gate_bias.reshape(1), scaling, L, U, tau, name)
-    y = y.reshape(base_out.shape)
+        x.contiguous(), base_out.contiguous(), lora_A.contiguous(), lora_B.contiguous(), gate_weight.contiguous(),
+        gate_bias.reshape(1), scaling, L, U, tau, name)
     if return_lambda:
         return y, _lambda(v, L, U).reshape(lead)
     return y

@@ -14,9 +14,15 @@ per-tool statistics, debounced checkpoints with generation fencing, and checkpoi
 - :mod:`~treadle.weft.callparse`: call strings -> structured tool calls with ``ast`` (never ``eval``).
 - :mod:`~treadle.weft.stats`: per-tool statistics.
 - :mod:`~treadle.weft.checkpoint`: fsspec checkpoint store with generation fencing.
-- :mod:`~treadle.weft.runtime`: sessions and tool dispatch.
+- :mod:`~treadle.weft.runtime`: sessions and tool dispatch (in-process, stdio, streamable HTTP).
+- :mod:`~treadle.weft.serve`: the subprocess entry point of stdio/HTTP sessions.
+- :mod:`~treadle.weft.pool`: prefork worker pool (fork server with the runtime preloaded, failover).
 - :mod:`~treadle.weft.verify`: per-checkpoint verification with typed failure reasons.
-- :mod:`~treadle.weft.envs.shop`: a native SQLite environment (orders and tickets).
+- :mod:`~treadle.weft.episode`: atomic-turn episodes (run, judge, checkpoint each turn; resume).
+- :mod:`~treadle.weft.envs.shop`: a native SQLite environment (orders and tickets) and its tasks.
+- :mod:`~treadle.weft.envs.bfcl`: BFCL v4 multi-turn classes as servers, entries run and judged per
+  turn (needs ``pip install --no-deps bfcl-eval``); :mod:`~treadle.weft.bfcl_schema`: BFCL docs -> JSON Schema.
+- :mod:`~treadle.weft.cli`, :mod:`~treadle.weft.demo`: ``treadle weft ...`` and the ``weft-shop`` demo.
 
 Nothing here is imported by ``import treadle``; submodules load on use.
 """

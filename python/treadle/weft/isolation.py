@@ -6,7 +6,8 @@ code is never run) and reports:
 
 - ``module_mutable_state``: a module-level mutable container (list/dict/set/... literal or
   constructor) that code mutates, or that is not an ALL_CAPS constant;
-- ``global_write``: a ``global`` statement inside a function;
+- ``global_write``: a ``global`` statement inside a function, or a run-time write to an attribute of
+  an imported module (``mpmath.mp.dps = ...``: process-global, not contained by module isolation);
 - ``class_mutable_attribute``: a mutable container in a class body (shared by all instances);
 - ``class_attribute_mutation``: a class attribute assigned or mutated at run time
   (``Cls.x = ...``, ``cls.x += ...``, ``type(self).x``, ``self.__class__.x``, or ``self.x.append``
@@ -170,6 +171,12 @@ def check_source(source: str, filename: str = "<server>") -> SideEffectReport:
                     if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
                         bound.add(t.attr)
 
+    imported_names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported_names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported_names |= {a.asname or a.name for a in node.names}
     mutated_globals: dict[str, int] = {}
     mutated_class_attrs: set[tuple[str, str]] = set()
 
@@ -177,6 +184,9 @@ def check_source(source: str, filename: str = "<server>") -> SideEffectReport:
         root = _root_name(target)
         if root in module_mutables and not isinstance(target, ast.Name):
             mutated_globals.setdefault(root, line)
+        if isinstance(target, ast.Attribute) and root in imported_names and root not in class_names:
+            add(Finding(kind="global_write", line=line,
+                        detail=f"writes {ast.unparse(target)!r}, an attribute of imported module {root!r}"))
         if isinstance(target, ast.Attribute) and _is_class_ref(target.value, class_names):
             add(Finding(kind="class_attribute_mutation", line=line,
                         detail=f"class attribute {ast.unparse(target)!r} written at run time"))

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import io
 import pickle
+import sys
+import types
 import typing
 from typing import Any
 
@@ -23,6 +26,44 @@ from treadle.weft.state import RowChange, Snapshot, StateBackend, StateDiff, Tab
 
 NAMESPACE = "attributes"
 _PROTOCOL = 5
+SERVER_MODULE_PREFIX = "treadle_weft_server_"
+"""Name prefix of independently imported server modules (see :mod:`treadle.weft.registry`)."""
+
+
+class _ServerPickler(pickle.Pickler):
+    """Writes classes (and functions) of server modules by qualified name only, so the bytes do not depend
+    on which independently imported copy of the module the state lives in."""
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, (type, types.FunctionType)) and getattr(obj, "__module__", "").startswith(
+                SERVER_MODULE_PREFIX):
+            return ("weft-server-global", obj.__qualname__)
+        return None
+
+
+class _HomeUnpickler(pickle.Unpickler):
+    """Resolves server-module classes in ``home`` (the module copy the session runs)."""
+
+    def __init__(self, f: Any, home: types.ModuleType | None):
+        super().__init__(f)
+        self.home = home
+
+    def persistent_load(self, pid: Any) -> Any:
+        if not (isinstance(pid, tuple) and len(pid) == 2 and pid[0] == "weft-server-global"):
+            raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+        if self.home is None:
+            raise pickle.UnpicklingError(f"snapshot refers to server class {pid[1]!r}: load it with the server's "
+                                         f"state class")
+        obj: Any = self.home
+        for part in pid[1].split("."):
+            obj = getattr(obj, part)
+        return obj
+
+
+def _dumps(attrs: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    _ServerPickler(buf, protocol=_PROTOCOL).dump(attrs)
+    return buf.getvalue()
 
 
 def _attrs(obj: Any) -> dict[str, Any]:
@@ -40,15 +81,19 @@ def snapshot_from_object(obj: Any) -> Snapshot:
         TypeError: ``obj`` has no ``__dict__``, or an attribute cannot be pickled.
     """
     try:
-        data = pickle.dumps(dict(_attrs(obj)), protocol=_PROTOCOL)
+        data = _dumps(dict(_attrs(obj)))
     except (pickle.PicklingError, TypeError, AttributeError) as err:
         raise TypeError(f"object state attributes of {type(obj).__name__} must be picklable plain data: {err}") from err
     return Snapshot("object", data)
 
 
-def _load(snapshot: Snapshot) -> dict[str, Any]:
+def _home_of(cls: type | None) -> types.ModuleType | None:
+    return sys.modules.get(cls.__module__) if cls is not None else None
+
+
+def _load(snapshot: Snapshot, home: types.ModuleType | None = None) -> dict[str, Any]:
     try:
-        attrs = pickle.loads(snapshot.data)
+        attrs = _HomeUnpickler(io.BytesIO(snapshot.data), home).load()
     except Exception as err:  # noqa: BLE001  (any unpickling failure means "not an object snapshot")
         raise SnapshotSchemaError(f"snapshot is not an object-state image: {err}") from err
     if not isinstance(attrs, dict) or not all(isinstance(k, str) for k in attrs):
@@ -87,7 +132,7 @@ def check_object_schema(snapshot: Snapshot, cls: type) -> None:
         raise TypeError(f"cls must be a class, got {type(cls).__name__}")
     if snapshot.kind != "object":
         raise SnapshotSchemaError(f"expected an 'object' snapshot, got kind {snapshot.kind!r}")
-    attrs = _load(snapshot)
+    attrs = _load(snapshot, _home_of(cls))
     want = declared_attributes(cls)
     if want is not None:
         missing, extra = sorted(want - attrs.keys()), sorted(attrs.keys() - want)
@@ -140,7 +185,7 @@ class ObjectState(StateBackend):
             raise TypeError(f"cls must be a class, got {type(cls).__name__}")
         self._cls = cls
         self._obj = cls.__new__(cls)
-        _attrs(self._obj).update(_load(snapshot))
+        _attrs(self._obj).update(_load(snapshot, _home_of(cls)))
 
     @property
     def handle(self) -> Any:
@@ -153,7 +198,7 @@ class ObjectState(StateBackend):
         self._check_kind(snapshot)
         attrs = _attrs(self._obj)
         attrs.clear()
-        attrs.update(_load(snapshot))
+        attrs.update(_load(snapshot, _home_of(self._cls)))
 
     def fork(self) -> ObjectState:
         new = ObjectState.__new__(ObjectState)
@@ -165,7 +210,7 @@ class ObjectState(StateBackend):
     def diff(self, other: StateBackend | Snapshot) -> StateDiff:
         if isinstance(other, Snapshot):
             self._check_kind(other)
-            return diff_attributes(dict(_attrs(self._obj)), _load(other))
+            return diff_attributes(dict(_attrs(self._obj)), _load(other, _home_of(self._cls)))
         if not isinstance(other, ObjectState):
             raise TypeError(f"can only diff an ObjectState against an ObjectState or object Snapshot, got "
                             f"{type(other).__name__}")

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from treadle.weft.errors import ServerImportError, UnknownServerError
 from treadle.weft.isolation import SideEffectReport, check_source
+from treadle.weft.object_state import SERVER_MODULE_PREFIX
 from treadle.weft.server import WeftServer
 from treadle.weft.state import BackendKind
 
@@ -53,7 +54,8 @@ class ServerSpec(BaseModel):
         return next((t for t in self.tools if t["name"] == name), None)
 
 
-def import_server_module(source: str, filename: str = "<server>", tag: str = "anon") -> tuple[types.ModuleType, WeftServer]:
+def import_server_module(source: str, filename: str = "<server>",
+                         tag: str = "anon") -> tuple[types.ModuleType, WeftServer]:
     """Import ``source`` as a new, independent module object and return it with its ``server``.
 
     Each call executes the module afresh under a unique name (``treadle_weft_server_<tag>_<n>``), so
@@ -64,12 +66,13 @@ def import_server_module(source: str, filename: str = "<server>", tag: str = "an
         ServerImportError: the code raises on import, or defines no ``WeftServer`` named ``server``.
     """
     with _lock:
-        name = f"treadle_weft_server_{tag}_{next(_counter)}"
+        name = f"{SERVER_MODULE_PREFIX}{tag}_{next(_counter)}"
     mod = types.ModuleType(name)
     mod.__file__ = filename
     sys.modules[name] = mod
     try:
-        exec(compile(source, filename, "exec"), mod.__dict__)  # noqa: S102  (registered server code, never model output)
+        # registered server code (never model output) runs as the body of a fresh module
+        exec(compile(source, filename, "exec"), mod.__dict__)  # noqa: S102
     except BaseException as err:  # noqa: BLE001  (any import failure, incl. SystemExit, is reported typed)
         sys.modules.pop(name, None)
         raise ServerImportError(f"server module {filename} failed to import: {type(err).__name__}: {err}") from err

@@ -13,22 +13,25 @@ the official ``mcp`` SDK (``MCPServer``). Example::
 
 :meth:`WeftServer.build` returns one ``MCPServer`` that serves *many* sessions: the runtime sends the
 session id in the request's ``_meta`` (:data:`SESSION_META_KEY`) and the server resolves it to that
-session's state. SQLite tools are atomic: the wrapper commits when the tool returns and rolls back
+session's state. A tool's return value is sent as one JSON text block. SQLite tools are atomic:
+the wrapper commits when the tool returns and rolls back
 when it raises. Deliberate tool failures should raise :class:`ToolError` (the agent sees the message).
 Seed: WEFT section 4.1 (contracts: argument -> state mapping, reads, writes, returns).
 """
 from __future__ import annotations
 
 import inspect
+import json
 import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.types import ToolAnnotations
+from pydantic_core import to_jsonable_python
 
 from treadle.weft.object_state import ObjectState, check_object_schema
 from treadle.weft.sqlite_state import SqliteState, check_schema
@@ -65,6 +68,12 @@ class ToolContract:
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "reads": list(self.reads), "writes": list(self.writes), "returns": self.returns,
                 "args_to_state": dict(self.args_to_state)}
+
+
+def _to_json_text(value: Any) -> str:
+    """Tool results travel as one JSON text block (the runtime parses it back); values JSON cannot hold
+    (e.g. ``mpmath.mpf``) are sent as their ``str``."""
+    return json.dumps(to_jsonable_python(value, fallback=str), ensure_ascii=False)
 
 
 def _as_names(value: Any, what: str, tool: str) -> tuple[str, ...]:
@@ -106,12 +115,17 @@ class WeftServer:
         self.state_class = state_class
         self.instructions = instructions
         self._tools: dict[str, tuple[Callable[..., Any], ToolContract, str]] = {}
+        self._schemas: dict[str, dict[str, Any]] = {}
 
     # -- declaration -------------------------------------------------------------------------
     def tool(self, fn: Callable[..., Any] | None = None, *, name: str | None = None, reads: Any = (),
              writes: Any = (), returns: str = "", args_to_state: Mapping[str, str] | None = None,
-             description: str | None = None):
+             description: str | None = None, input_schema: dict[str, Any] | None = None):
         """Register a tool (decorator, with or without arguments). See :class:`ToolContract`.
+
+        ``input_schema`` replaces the JSON schema derived from the type hints (for tools whose
+        documentation comes from elsewhere, e.g. BFCL function docs); the runtime validates
+        arguments against it.
 
         Raises:
             TypeError: ``fn`` takes no state parameter, or a contract field has the wrong type.
@@ -134,7 +148,11 @@ class WeftServer:
                 raise ValueError(f"tool {tool_name!r}: args_to_state names unknown arguments {sorted(unknown)}")
             contract = ToolContract(tool_name, _as_names(reads, "reads", tool_name),
                                     _as_names(writes, "writes", tool_name), returns, a2s)
+            if input_schema is not None and not isinstance(input_schema, dict):
+                raise TypeError(f"input_schema of tool {tool_name!r} must be a dict (JSON Schema)")
             self._tools[tool_name] = (f, contract, description or inspect.getdoc(f) or "")
+            if input_schema is not None:
+                self._schemas[tool_name] = input_schema
             return f
 
         return register(fn) if fn is not None else register
@@ -164,7 +182,10 @@ class WeftServer:
     # -- MCP ---------------------------------------------------------------------------------
     def _wrap(self, tool_name: str, resolve: Callable[[str | None], Any]) -> Callable[..., Any]:
         fn, _, _ = self._tools[tool_name]
-        sig = inspect.signature(fn)
+        try:
+            sig = inspect.signature(fn, eval_str=True)  # resolve `from __future__ import annotations` strings
+        except Exception:  # noqa: BLE001  (unresolvable annotations: let the SDK report them)
+            sig = inspect.signature(fn)
         params = list(sig.parameters.values())
         state_param = params[0].name
         try:
@@ -191,26 +212,34 @@ class WeftServer:
                 state = session_state(weft_ctx)
                 try:
                     out = await fn(state, **kwargs)
+                except SystemExit as err:  # a tool must not stop the worker: report it as a tool failure
+                    finish(state, False)
+                    raise RuntimeError(f"tool {tool_name} called exit({err.code!r})") from None
                 except BaseException:
                     finish(state, False)
                     raise
                 finish(state, True)
-                return out
+                return _to_json_text(out)
         else:
             def wrapper(weft_ctx: Context, **kwargs: Any) -> Any:
                 state = session_state(weft_ctx)
                 try:
                     out = fn(state, **kwargs)
+                except SystemExit as err:  # a tool must not stop the worker: report it as a tool failure
+                    finish(state, False)
+                    raise RuntimeError(f"tool {tool_name} called exit({err.code!r})") from None
                 except BaseException:
                     finish(state, False)
                     raise
                 finish(state, True)
-                return out
+                return _to_json_text(out)
 
         ctx_param = inspect.Parameter("weft_ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context)
         rest = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params[1:]]
-        wrapper.__signature__ = sig.replace(parameters=[ctx_param, *rest])  # type: ignore[attr-defined]
-        wrapper.__annotations__ = {k: v for k, v in hints.items() if k != state_param} | {"weft_ctx": Context}
+        new_sig = sig.replace(parameters=[ctx_param, *rest], return_annotation=str)
+        wrapper.__signature__ = new_sig  # type: ignore[attr-defined]
+        wrapper.__annotations__ = ({k: v for k, v in hints.items() if k not in (state_param, "return")}
+                                   | {"weft_ctx": Context, "return": str})
         wrapper.__name__ = tool_name
         wrapper.__qualname__ = tool_name
         wrapper.__doc__ = fn.__doc__
@@ -222,12 +251,14 @@ class WeftServer:
         out = []
         for tool_name in sorted(self._tools):
             _, contract, desc = self._tools[tool_name]
-            out.append(Tool.from_function(
+            out.append(tool := Tool.from_function(
                 self._wrap(tool_name, resolve), name=tool_name, description=desc,
                 annotations=ToolAnnotations(read_only_hint=not contract.mutating,
                                             destructive_hint=contract.mutating, idempotent_hint=not contract.mutating),
                 structured_output=False,
             ))
+            if tool_name in self._schemas:
+                tool.parameters = self._schemas[tool_name]
         return out
 
     def build(self, resolve: Callable[[str | None], Any]) -> MCPServer:

@@ -100,7 +100,8 @@ def check_schema(snapshot: Snapshot, ddl: str) -> None:
             con.deserialize(snapshot.data)
             have = schema_of(con)
         except sqlite3.DatabaseError as err:
-            raise SnapshotSchemaError(f"snapshot is not a SQLite database image ({len(snapshot.data)} bytes): {err}") from err
+            raise SnapshotSchemaError(f"snapshot is not a SQLite database image ({len(snapshot.data)} bytes): "
+                                      f"{err}") from err
     finally:
         con.close()
     problems = []

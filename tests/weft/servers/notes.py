@@ -1,5 +1,6 @@
 """Test server: notes in SQLite, a clean (shareable) module."""
 import sqlite3
+import time
 from typing import Annotated
 
 import anyio
@@ -42,3 +43,19 @@ async def slow(db: sqlite3.Connection, seconds: float = 5.0) -> str:
     """Sleep (cooperatively)."""
     await anyio.sleep(seconds)
     return "done"
+
+
+@server.tool()
+def slow_sync(db: sqlite3.Connection, seconds: float = 1.0) -> str:
+    """Block a worker thread (cannot be cancelled)."""
+    time.sleep(seconds)
+    return "done"
+
+
+@server.tool(writes=("notes",))
+def add_then_exit(db: sqlite3.Connection, text: str) -> dict:
+    """Insert, then call sys.exit: rolled back, reported as an execution error, the runtime lives on."""
+    import sys
+
+    db.execute("INSERT INTO notes (text) VALUES (?)", (text,))
+    sys.exit(4)

@@ -1,0 +1,210 @@
+// C++ CPU kernel of treadle.ops.gated_lora (spec: python/treadle/reference/scale.py; maths and the
+// backward derivation: python/treadle/ops/gated_lora.py).
+//
+// Forward, over (N, d) views of the contiguous x (..., d_in), base_out (..., d_out):
+//   shrink:   z = x [A; w]^T          one GEMM over x gives (x A^T, x . w)  -> (N, r + 1)
+//   epilogue: g = z[:, r] + b, v = tanh(g / tau), lambda(v), s = scaling * lambda    (per token)
+//   expand:   y = base_out + (s * z[:, :r]) B^T
+// For float32 the epilogue and the expand are one OpenMP pass over the rows: each output row is
+// base_out's row plus a rank-r combination of the rows of B^T, accumulated in registers, so base_out
+// is read once and y written once, and no (N, d_out) delta is ever materialised. Other dtypes use
+// at::addmm for the expand.
+// Backward (dy (N, d_out)):
+//   p = dy B (N, r); ds = rowsum(p * u); dg = scaling * ds * lambda'(v) * (1 - v^2) / tau
+//   dx = (s * p) A;  dw = x^T dg;  db = sum(dg)
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <tuple>
+
+namespace treadle {
+namespace {
+
+template <typename acc_t>
+inline acc_t gate_lambda(acc_t v, acc_t L, acc_t U) {
+  return acc_t(1) + (acc_t(1) - L) * std::min(v, acc_t(0)) + (U - acc_t(1)) * std::max(v, acc_t(0));
+}
+
+// d lambda / d v; at v == 0 the midpoint of the one-sided slopes (what torch.minimum/maximum give).
+template <typename acc_t>
+inline acc_t gate_lambda_slope(acc_t v, acc_t L, acc_t U) {
+  if (v < acc_t(0)) return acc_t(1) - L;
+  if (v > acc_t(0)) return U - acc_t(1);
+  return acc_t(0.5) * (U - L);
+}
+
+void check_2d(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.dim() == 2 && t.is_contiguous(), "gated_lora: ", name, " must be a contiguous 2-D tensor");
+  TORCH_CHECK(t.device().is_cpu(), "gated_lora: ", name, " must be a CPU tensor");
+}
+
+// A contiguous (..., d) tensor seen as (N, d). Outputs keep the callers' N-D shapes, so autograd never
+// sees a reshape view around the op (a view gradient makes it sum x's two gradients out of place).
+at::Tensor rows(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.dim() >= 1 && t.is_contiguous(), "gated_lora: ", name, " must be a contiguous (..., d) tensor");
+  TORCH_CHECK(t.device().is_cpu(), "gated_lora: ", name, " must be a CPU tensor");
+  const int64_t d = t.size(-1);
+  return t.view({d == 0 ? 0 : t.numel() / d, d});
+}
+
+// y[n, :] = base[n, :] + sum_k su[k] * Bt[k, :] (base may be null: 0), for one row; register-blocked
+// over d_out. Used for the forward expand (Bt = B^T) and the backward's dx = (s * p) A (Bt = A). Built for
+// AVX-512 / AVX2+FMA / baseline x86-64 and picked at load time (GCC function multi-versioning), since
+// the extension itself is compiled for the baseline ISA.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+#endif
+void expand_row_f32(const float* __restrict base, const float* __restrict bt, const float* __restrict su,
+                           float* __restrict y, int64_t r, int64_t d_out) {
+  constexpr int64_t BLK = 64;
+  int64_t o0 = 0;
+  for (; o0 + BLK <= d_out; o0 += BLK) {
+    float acc[BLK];
+    if (base != nullptr) {
+      for (int64_t j = 0; j < BLK; ++j) acc[j] = base[o0 + j];
+    } else {
+      for (int64_t j = 0; j < BLK; ++j) acc[j] = 0.0f;
+    }
+    for (int64_t k = 0; k < r; ++k) {
+      const float c = su[k];
+      const float* b = bt + k * d_out + o0;
+      for (int64_t j = 0; j < BLK; ++j) acc[j] += c * b[j];
+    }
+    for (int64_t j = 0; j < BLK; ++j) y[o0 + j] = acc[j];
+  }
+  for (int64_t o = o0; o < d_out; ++o) {
+    float acc = base != nullptr ? base[o] : 0.0f;
+    for (int64_t k = 0; k < r; ++k) acc += su[k] * bt[k * d_out + o];
+    y[o] = acc;
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_lora_fwd_cpu(
+    const at::Tensor& x, const at::Tensor& base_out, const at::Tensor& lora_A, const at::Tensor& lora_B,
+    const at::Tensor& gate_weight, const at::Tensor& gate_bias, double scaling, double L, double U, double tau) {
+  const at::Tensor x2 = rows(x, "x"), base2 = rows(base_out, "base_out");
+  check_2d(lora_A, "lora_A");
+  check_2d(lora_B, "lora_B");
+  const int64_t n = x2.size(0), d_in = x2.size(1), d_out = base2.size(1), r = lora_A.size(0);
+  TORCH_CHECK(base2.size(0) == n && lora_A.size(1) == d_in && lora_B.size(0) == d_out && lora_B.size(1) == r,
+              "gated_lora: inconsistent shapes");
+  TORCH_CHECK(gate_weight.numel() == d_in && gate_bias.numel() == 1, "gated_lora: gate shapes");
+  // shrink: one GEMM over x for the LoRA down-projection and the gate logit together
+  at::Tensor stacked = at::cat({lora_A, gate_weight.reshape({1, d_in}).to(lora_A.scalar_type())}, 0);
+  at::Tensor z = at::mm(x2, stacked.t());  // (N, r + 1)
+  const auto acc_type = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor v = at::empty({n}, x.options().dtype(acc_type));
+  const double b = gate_bias.to(at::kDouble).item<double>();
+  at::Tensor y = at::empty_like(base_out);
+  if (x.scalar_type() == at::kFloat && n > 0) {
+    at::Tensor bt = lora_B.t().contiguous();  // (r, d_out)
+    const float* zp = z.data_ptr<float>();
+    const float* bp = base2.data_ptr<float>();
+    const float* btp = bt.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    float* vp = v.data_ptr<float>();
+    const float fL = L, fU = U, fs = scaling, inv_tau = 1.0 / tau, fb = b;
+    at::parallel_for(0, n, 16, [&](int64_t lo, int64_t hi) {
+      std::vector<float> su(r);
+      for (int64_t i = lo; i < hi; ++i) {
+        const float* zi = zp + i * (r + 1);
+        const float vv = std::tanh((zi[r] + fb) * inv_tau);
+        vp[i] = vv;
+        const float s = fs * gate_lambda(vv, fL, fU);
+        for (int64_t k = 0; k < r; ++k) su[k] = s * zi[k];
+        expand_row_f32(bp + i * d_out, btp, su.data(), yp + i * d_out, r, d_out);
+      }
+    });
+  } else {
+    at::Tensor zf = z.to(at::kDouble);
+    at::Tensor vv = at::tanh((zf.select(1, r) + b) / tau);
+    v.copy_(vv);
+    at::Tensor lam = 1.0 + (1.0 - L) * at::clamp_max(vv, 0.0) + (U - 1.0) * at::clamp_min(vv, 0.0);
+    at::Tensor su = (zf.narrow(1, 0, r) * (scaling * lam).unsqueeze(1)).to(x.scalar_type());
+    at::Tensor y2 = y.view({n, d_out});
+    at::addmm_out(y2, base2, su, lora_B.t());
+  }
+  return {y, z, v};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_lora_bwd_cpu(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& lora_A, const at::Tensor& lora_B,
+    const at::Tensor& z, const at::Tensor& v, double scaling, double L, double U, double tau, bool need_dx,
+    bool need_dgate) {
+  const at::Tensor dy2 = rows(dy, "grad_y"), x2 = rows(x, "x");
+  check_2d(z, "z");
+  check_2d(lora_A, "lora_A");
+  check_2d(lora_B, "lora_B");
+  const int64_t n = x2.size(0), d_in = x2.size(1), r = lora_A.size(0);
+  at::Tensor p = at::mm(dy2, lora_B);  // (N, r)
+  at::Tensor q = at::empty({n, r}, p.options());
+  const auto acc_type = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor dg = at::empty({n}, x.options().dtype(acc_type));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, p.scalar_type(), "gated_lora_bwd", [&] {
+    using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+    const scalar_t* pp = p.data_ptr<scalar_t>();
+    const scalar_t* zp = z.data_ptr<scalar_t>();
+    const acc_t* vp = v.data_ptr<acc_t>();
+    scalar_t* qp = q.data_ptr<scalar_t>();
+    acc_t* dgp = dg.data_ptr<acc_t>();
+    const acc_t aL = L, aU = U, as = scaling, inv_tau = acc_t(1) / acc_t(tau);
+    at::parallel_for(0, n, 256, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        const scalar_t* pi = pp + i * r;
+        const scalar_t* zi = zp + i * (r + 1);
+        acc_t ds = 0;
+        for (int64_t k = 0; k < r; ++k) ds += acc_t(pi[k]) * acc_t(zi[k]);
+        const acc_t vv = vp[i];
+        const acc_t s = as * gate_lambda(vv, aL, aU);
+        for (int64_t k = 0; k < r; ++k) qp[i * r + k] = scalar_t(s * acc_t(pi[k]));
+        dgp[i] = acc_t(as * ds * gate_lambda_slope(vv, aL, aU) * (acc_t(1) - vv * vv) * inv_tau);
+      }
+    });
+  });
+  at::Tensor dx;
+  if (!need_dx) {
+    dx = at::zeros_like(x);
+  } else if (x.scalar_type() == at::kFloat && n > 0) {  // rank-r expand, one write of dx
+    dx = at::empty_like(x);
+    const float* qp = q.data_ptr<float>();
+    const float* ap = lora_A.data_ptr<float>();
+    float* dxp = dx.data_ptr<float>();
+    at::parallel_for(0, n, 16, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) expand_row_f32(nullptr, ap, qp + i * r, dxp + i * d_in, r, d_in);
+    });
+  } else {
+    dx = at::empty_like(x);
+    at::Tensor dx2 = dx.view({n, d_in});
+    at::mm_out(dx2, q, lora_A);
+  }
+  at::Tensor dw, db;  // in the accumulation dtype (float32, or float64 for float64 inputs)
+  if (need_dgate) {
+    dw = at::mv(x2.t().to(acc_type), dg);
+    db = dg.sum().reshape({1});
+  } else {
+    dw = at::zeros({d_in}, x.options().dtype(acc_type));
+    db = at::zeros({1}, x.options().dtype(acc_type));
+  }
+  return {dx, dw, db};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(treadle_C, m) {
+  m.def(
+      "gated_lora(Tensor x, Tensor base_out, Tensor lora_A, Tensor lora_B, Tensor gate_weight, "
+      "Tensor gate_bias, float scaling, float L, float U, float tau) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "gated_lora_backward(Tensor grad_y, Tensor x, Tensor lora_A, Tensor lora_B, Tensor z, Tensor v, float scaling, "
+      "float L, float U, float tau, bool need_dx, bool need_dgate) -> (Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(treadle_C, CPU, m) {
+  m.impl("gated_lora", &gated_lora_fwd_cpu);
+  m.impl("gated_lora_backward", &gated_lora_bwd_cpu);
+}
+
+}  // namespace treadle

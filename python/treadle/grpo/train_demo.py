@@ -1,0 +1,300 @@
+"""``treadle demo`` section ``grpo-train``: a real GRPO run on the embedded tiny model.
+
+A thin orchestration over public APIs, meant to be copied:
+
+1. :func:`treadle.models.load_default_model` (trains the tiny Qwen3 if the cache is empty, or
+   loads any local HF checkpoint given by ``model_path`` / ``$TREADLE_MODEL``);
+2. a difficulty level where the policy is sometimes right (sampled reward closest to 1/2);
+3. per step: prompts from :class:`treadle.data.ProblemGenerator`, ``G`` samples per prompt
+   (:func:`treadle.models.generation.generate`), 0/1 rewards from math-verify
+   (:func:`treadle.data.reward`), advantages from :func:`treadle.ops.grpo_advantages` with group
+   ids = the problems' uids (never positions), the clipped policy loss with ``token-mean``
+   aggregation (:func:`treadle.grpo.losses.policy_loss`), ``num_iterations`` optimizer steps per
+   batch (GRPO's mu; DeepSeekMath sec. 4.1.2, Shao et al. 2024);
+4. a summary table and a run folder: ``config.json``, ``steps.jsonl`` (one line per step),
+   ``reward_curve.png``, ``summary.json``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = ["GRPODemoConfig", "run", "train_grpo", "sequence_logprobs"]
+
+
+@dataclass(frozen=True)
+class GRPODemoConfig:
+    """Settings of the demo run.
+
+    Attributes:
+        seed: seeds prompts and sampling.
+        steps: GRPO steps (one batch of prompts each).
+        prompts_per_step: distinct problems per step; group_size: samples per problem (G).
+        num_iterations: optimizer steps per batch (mu); > 1 makes the clip active.
+        lr: AdamW learning rate; clip_low / clip_high: PPO clip range; temperature: sampling.
+        level: difficulty level, or None to pick the one whose sampled reward is closest to 1/2.
+        eval_prompts, eval_samples: held-out prompts x samples for reward before/after.
+        max_new_tokens: completion budget.
+        loss_agg_mode: loss aggregation (``token-mean``).
+    """
+
+    seed: int = 0
+    steps: int = 40
+    prompts_per_step: int = 16
+    group_size: int = 8
+    num_iterations: int = 2
+    lr: float = 1e-4
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    temperature: float = 1.0
+    level: int | None = None
+    eval_prompts: int = 96
+    eval_samples: int = 4
+    max_new_tokens: int = 10
+    loss_agg_mode: str = "token-mean"
+
+    @classmethod
+    def quick(cls, **overrides) -> "GRPODemoConfig":
+        """Seconds-long smoke-test settings."""
+        kw = dict(steps=2, prompts_per_step=4, group_size=4, eval_prompts=4, eval_samples=2, max_new_tokens=6)
+        kw.update(overrides)
+        return cls(**kw)
+
+
+def sequence_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                      completion_mask: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities of the completion tokens under ``model``.
+
+    Args:
+        prompt_ids, prompt_mask: ``(N, P)`` int64, left-padded prompts.
+        completion_ids, completion_mask: ``(N, C)`` int64, right-padded completions.
+
+    Returns:
+        ``(N, C)`` float32 ``log p(completion_t | prefix)``; positions are ``cumsum(mask) - 1``, as
+        in HF generation with left padding. Padding positions hold arbitrary finite values.
+    """
+    ids = torch.cat([prompt_ids, completion_ids], 1)
+    mask = torch.cat([prompt_mask, completion_mask], 1)
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    p = prompt_ids.shape[1]
+    logits = logits[:, p - 1:-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+
+
+def _mean_reward(model, tokenizer, problems, *, samples: int, max_new_tokens: int, seed: int,
+                 temperature: float) -> tuple[float, float]:
+    """(mean sampled reward, greedy accuracy) on ``problems``."""
+    from treadle.data.verify import reward
+    from treadle.models.generation import generate
+
+    prompts = [p.prompt for p in problems]
+    gen = generate(model, tokenizer, prompts, n=samples, max_new_tokens=max_new_tokens, do_sample=True,
+                   temperature=temperature, seed=seed)
+    sampled = sum(reward(t, problems[i].answer) for t, i in zip(gen.texts, gen.prompt_index.tolist()))
+    greedy = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens)
+    right = sum(reward(t, p.answer) for t, p in zip(greedy.texts, problems))
+    return sampled / len(gen.texts), right / len(problems)
+
+
+def pick_level(model, tokenizer, cfg: GRPODemoConfig, n: int = 32) -> tuple[int, dict]:
+    """The level whose mean sampled reward (``n`` held-out prompts x ``cfg.group_size``) is closest
+    to 1/2, and the probe's per-level rewards."""
+    from treadle.data.arithmetic import LEVELS, ProblemGenerator
+
+    gen = ProblemGenerator(cfg.seed + 7)
+    probe = {}
+    for lv in range(1, len(LEVELS) + 1):
+        probe[lv], _ = _mean_reward(model, tokenizer, gen.batch(lv, n, split="heldout"), samples=min(cfg.group_size, 4),
+                                    max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + lv, temperature=cfg.temperature)
+    return min(probe, key=lambda lv: (abs(probe[lv] - 0.5), lv)), probe
+
+
+def train_grpo(model, tokenizer, cfg: GRPODemoConfig, *, level: int, log=None, progress: bool = True) -> list[dict]:
+    """Run ``cfg.steps`` GRPO steps on ``model`` in place; returns one record per step.
+
+    Raises:
+        ValueError: ``level`` out of range (from the generator).
+    """
+    from tqdm.auto import tqdm
+
+    from treadle.data.arithmetic import ProblemGenerator
+    from treadle.data.verify import reward
+    from treadle.grpo.losses import policy_loss
+    from treadle.models.generation import generate
+    from treadle.ops import grpo_advantages
+
+    gen_problems = ProblemGenerator(cfg.seed)
+    gen_problems.batch(level, 0)  # validates the level before any work
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    records = []
+    for step in tqdm(range(cfg.steps), desc="grpo", disable=not progress, dynamic_ncols=True):
+        t0 = time.perf_counter()
+        problems = gen_problems.batch(level, cfg.prompts_per_step, split="train")
+        g = generate(model, tokenizer, [p.prompt for p in problems], n=cfg.group_size, do_sample=True,
+                     temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 100_003 + step)
+        t_gen = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        idx = g.prompt_index.tolist()
+        rewards = torch.tensor([reward(t, problems[i].answer) for t, i in zip(g.texts, idx)], dtype=torch.float32)
+        t_reward = time.perf_counter() - t1
+        group_ids = torch.tensor([problems[i].uid for i in idx], dtype=torch.int64)  # prompt ids, never positions
+        t2 = time.perf_counter()
+        adv = grpo_advantages(rewards, group_ids, estimator="grpo")
+        t_adv = time.perf_counter() - t2
+        t3 = time.perf_counter()
+        cmask = g.completion_mask
+        with torch.no_grad():
+            old = sequence_logprobs(model, g.prompt_ids, g.prompt_mask, g.completion_ids, cmask)
+        model.train()
+        stats = {}
+        for _ in range(cfg.num_iterations):
+            logp = sequence_logprobs(model, g.prompt_ids, g.prompt_mask, g.completion_ids, cmask)
+            loss, stats = policy_loss(logp, old, adv, cmask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                      mode=cfg.loss_agg_mode)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+        model.eval()
+        t_train = time.perf_counter() - t3
+        n_tok = int(cmask.sum())
+        grouped = rewards.view(cfg.prompts_per_step, cfg.group_size)
+        rec = {"step": step, "level": level, "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
+               "groups_all_equal": int((grouped.max(1).values == grouped.min(1).values).sum()),
+               "loss": loss.item(), "clipfrac": float(stats["clipfrac"]), "approx_kl": float(stats["approx_kl"]),
+               "completion_tokens": n_tok, "t_generate_s": t_gen, "t_reward_s": t_reward, "t_advantage_s": t_adv,
+               "t_train_s": t_train, "t_step_s": time.perf_counter() - t0}
+        records.append(rec)
+        if log is not None:
+            log.write(json.dumps(rec) + "\n")
+            log.flush()
+    return records
+
+
+def _plot(records: list[dict], before: float, after: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in records]
+    rw = [r["reward_mean"] for r in records]
+    k = max(1, len(rw) // 8)
+    smooth = [sum(rw[max(0, i - k + 1):i + 1]) / len(rw[max(0, i - k + 1):i + 1]) for i in range(len(rw))]
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    ax.plot(steps, rw, alpha=0.35, label="batch mean reward")
+    ax.plot(steps, smooth, label=f"moving mean ({k})")
+    ax.axhline(before, ls="--", c="gray", label=f"held-out before {before:.2f}")
+    ax.axhline(after, ls=":", c="green", label=f"held-out after {after:.2f}")
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("reward (math-verify)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def run(run_dir: Path, quick: bool, console, *, model_path: str | None = None,
+        config: GRPODemoConfig | None = None) -> dict:
+    """The ``grpo-train`` demo section (see the module docstring).
+
+    Args:
+        run_dir: output folder (created).
+        quick: smoke-test settings (a seconds-long tiny model in ``tiny-qwen3-quick`` and 2 steps).
+        console: a rich Console.
+        model_path: a local HF causal-LM checkpoint to use instead of the tiny model (default:
+            ``$TREADLE_MODEL`` if set).
+        config: override the demo settings.
+
+    Returns:
+        The summary dict (also written to ``summary.json``).
+
+    Raises:
+        FileNotFoundError, treadle.models.CheckpointError: see :func:`treadle.models.load_default_model`.
+    """
+    from rich.table import Table
+
+    from treadle.data.arithmetic import ProblemGenerator
+    from treadle.models import TinyTrainConfig, load_default_model
+
+    cfg = config or (GRPODemoConfig.quick() if quick else GRPODemoConfig())
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    model_path = model_path or os.environ.get("TREADLE_MODEL") or None
+    if model_path is None and quick:
+        model, tokenizer = load_default_model(config=TinyTrainConfig.quick(), name="tiny-qwen3-quick",
+                                              console=console, progress=False)
+        source = "tiny-qwen3-quick (cache)"
+    else:
+        model, tokenizer = load_default_model(model_path, console=console)
+        source = model_path or "tiny-qwen3 (cache)"
+    t_model = time.perf_counter() - t_start
+    torch.manual_seed(cfg.seed)
+    if cfg.level is None:
+        level, probe = pick_level(model, tokenizer, cfg, n=8 if quick else 32)
+    else:
+        level, probe = cfg.level, {}
+    console.print(f"policy: {source}; level {level} (probe of sampled reward per level: "
+                  f"{ {k: round(v, 2) for k, v in probe.items()} })")
+    (run_dir / "config.json").write_text(json.dumps({"demo": dataclasses.asdict(cfg), "model": source,
+                                                     "level": level, "probe": probe}, indent=1))
+    evalset = ProblemGenerator(cfg.seed + 99).batch(level, cfg.eval_prompts, split="heldout")
+    ev = dict(samples=cfg.eval_samples, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 1, temperature=cfg.temperature)
+    before, greedy_before = _mean_reward(model, tokenizer, evalset, **ev)
+    t_train0 = time.perf_counter()
+    with open(run_dir / "steps.jsonl", "w") as log:
+        records = train_grpo(model, tokenizer, cfg, level=level, log=log, progress=not quick)
+    t_train = time.perf_counter() - t_train0
+    after, greedy_after = _mean_reward(model, tokenizer, evalset, **ev)
+    _plot(records, before, after, run_dir / "reward_curve.png")
+
+    k = max(1, len(records) // 4)
+    tok = sum(r["completion_tokens"] for r in records)
+    gen_s = sum(r["t_generate_s"] for r in records)
+    adv_s = sum(r["t_advantage_s"] for r in records)
+    step_s = sum(r["t_step_s"] for r in records)
+    summary = {
+        "level": level, "steps": len(records), "samples_per_step": cfg.prompts_per_step * cfg.group_size,
+        "heldout_sampled_reward_before": before, "heldout_sampled_reward_after": after,
+        "heldout_greedy_acc_before": greedy_before, "heldout_greedy_acc_after": greedy_after,
+        "batch_reward_first_quarter": sum(r["reward_mean"] for r in records[:k]) / k,
+        "batch_reward_last_quarter": sum(r["reward_mean"] for r in records[-k:]) / k,
+        "completion_tokens": tok, "generate_tokens_per_s": tok / max(gen_s, 1e-9),
+        "rl_tokens_per_s": tok / max(step_s, 1e-9), "t_advantage_op_s": adv_s, "t_rest_of_steps_s": step_s - adv_s,
+        "t_model_load_or_train_s": t_model, "t_grpo_s": t_train, "t_total_s": time.perf_counter() - t_start,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+
+    t = Table(title=f"GRPO on {source}: level {level}, {len(records)} steps x {cfg.prompts_per_step} prompts x "
+                    f"G={cfg.group_size}")
+    t.add_column("reward (math-verify)")
+    t.add_column("before", justify="right")
+    t.add_column("after", justify="right")
+    t.add_row(f"held-out sampled reward (T={cfg.temperature}, {cfg.eval_prompts} prompts x {cfg.eval_samples})",
+              f"{before:.3f}", f"{after:.3f}")
+    t.add_row("held-out greedy accuracy", f"{greedy_before:.3f}", f"{greedy_after:.3f}")
+    t.add_row("training batch mean reward (first / last quarter of steps)",
+              f"{summary['batch_reward_first_quarter']:.3f}", f"{summary['batch_reward_last_quarter']:.3f}")
+    console.print(t)
+    tt = Table(title="throughput and time")
+    tt.add_column("what")
+    tt.add_column("value", justify="right")
+    tt.add_row("completion tokens generated", f"{tok}")
+    tt.add_row("tokens/s, generation only", f"{summary['generate_tokens_per_s']:.0f}")
+    tt.add_row("tokens/s, whole RL step (generate + reward + advantages + update)", f"{summary['rl_tokens_per_s']:.0f}")
+    tt.add_row("time in treadle.ops.grpo_advantages", f"{adv_s * 1e3:.2f} ms ({adv_s / max(step_s, 1e-9):.4%})")
+    tt.add_row("time in the rest of the GRPO steps", f"{step_s - adv_s:.1f} s")
+    tt.add_row("model load (or training) / GRPO loop / total", f"{t_model:.1f} s / {t_train:.1f} s / "
+                                                             f"{summary['t_total_s']:.1f} s")
+    console.print(tt)
+    console.print(f"run folder: {run_dir} (config.json, steps.jsonl, reward_curve.png, summary.json)")
+    return summary

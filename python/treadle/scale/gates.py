@@ -1,0 +1,332 @@
+"""Per-token gates on a PEFT LoRA model (SCALE Stage II, sec. 3.3): attach, freeze, save, load.
+
+:func:`attach_gates` turns every PEFT LoRA ``Linear`` of the active adapter into a :class:`GatedLoraLinear`
+(a subclass of PEFT's ``lora.Linear``: the instance's class is swapped in place, so PEFT's own
+bookkeeping, names and state dict stay as they are) whose forward is
+``y = base_layer(x) + lambda * scaling * B (A x)`` through :func:`treadle.ops.gated_lora`, with one
+gate ``(w (d_in,), b (1,))`` in float32 per module. Everything else is frozen, including ``lora_A``
+and ``lora_B`` (PEFT marks ``lora_*`` trainable). Zero-initialised gates give lambda = 1: exactly
+the Stage-I model.
+
+What is not supported is refused with an error naming the layer, before any change to the model:
+merged adapters, DoRA and other LoRA variants, LoRA biases, quantised or non-``nn.Linear`` base
+layers (bitsandbytes, GPTQ, ...), LoRA on embeddings/convolutions, several active adapters, and
+active LoRA dropout (pass ``disable_dropout=True`` to replace it by identity for Stage II). When
+PEFT's adapters are disabled (``with model.disable_adapter():``) or per-request ``adapter_names``
+are passed, PEFT's own forward runs (no gates), as PEFT documents for those paths.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from treadle.ops.gated_lora import gated_lora
+
+FORMAT = "treadle.scale.gates/1"
+
+
+class GateError(ValueError):
+    """A model or gate file that :func:`attach_gates` / :func:`load_gates` cannot work with."""
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """Gate hyper-parameters (SCALE sec. 3.3): lambda in (L, U), L < 0 < 1 < U; temperature tau > 0."""
+
+    L: float
+    U: float
+    tau: float
+    adapter: str
+
+    def __post_init__(self):
+        for name, value in (("L", self.L), ("U", self.U), ("tau", self.tau)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise GateError(f"{name} must be a finite number, got {value!r}")
+        if not self.L < 0:
+            raise GateError(f"L must be < 0 (lambda's lower end, L < 0 < 1 < U), got {self.L}")
+        if not self.U > 1:
+            raise GateError(f"U must be > 1 (lambda's upper end, L < 0 < 1 < U), got {self.U}")
+        if not self.tau > 0:
+            raise GateError(f"tau must be > 0 (the gate temperature), got {self.tau}")
+
+
+def _peft_lora():
+    try:
+        from peft.tuners.lora import layer as lora_layer
+    except ImportError as err:  # pragma: no cover - peft is a dependency of this area
+        raise ImportError("treadle.scale needs peft (pip install peft)") from err
+    return lora_layer
+
+
+_GATED_CLASS = None
+
+
+def _gated_class():
+    """The subclass of PEFT's ``lora.Linear`` (built lazily so that importing treadle needs no peft)."""
+    global _GATED_CLASS
+    if _GATED_CLASS is not None:
+        return _GATED_CLASS
+    base = _peft_lora().Linear
+
+    class GatedLoraLinear(base):
+        """PEFT ``lora.Linear`` with a SCALE gate on its active adapter (see :mod:`treadle.scale.gates`).
+
+        Extra attributes: ``scale_gate_weight (d_in,)`` and ``scale_gate_bias (1,)`` float32 parameters,
+        ``scale_config`` (:class:`GateConfig`), ``scale_record_lambda`` (bool) and ``scale_last_lambda``
+        (the detached ``lambda`` of the last forward, shape ``x.shape[:-1]``, when recording).
+        """
+
+        def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+            cfg: GateConfig = self.scale_config
+            if (self.disable_adapters or self.merged or kwargs.get("adapter_names") is not None
+                    or cfg.adapter not in self.active_adapters):
+                return super().forward(x, *args, **kwargs)
+            self._check_forward_args(x, *args, **kwargs)
+            result = self.base_layer(x, *args, **kwargs)
+            lora_A = self.lora_A[cfg.adapter].weight
+            lora_B = self.lora_B[cfg.adapter].weight
+            xa = self._cast_input_dtype(x, lora_A.dtype)
+            y = gated_lora(
+                xa, result.to(lora_A.dtype), lora_A, lora_B, self.scale_gate_weight, self.scale_gate_bias,
+                scaling=float(self.scaling[cfg.adapter]), L=cfg.L, U=cfg.U, tau=cfg.tau,
+                return_lambda=self.scale_record_lambda)
+            if self.scale_record_lambda:
+                y, self.scale_last_lambda = y
+            return y.to(result.dtype)
+
+    _GATED_CLASS = GatedLoraLinear
+    return GatedLoraLinear
+
+
+def _carries(module, adapter: str) -> bool:
+    """Whether a PEFT LoRA layer has weights for ``adapter`` (lora_A/B, or lora_embedding_A/B)."""
+    names = getattr(module, "adapter_layer_names", ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B"))
+    return any(adapter in getattr(module, n, {}) for n in names)
+
+
+def _active_adapter(peft_model) -> str:
+    """The single active LoRA adapter of the model's LoRA layers; GateError otherwise."""
+    if not isinstance(peft_model, nn.Module):
+        raise GateError(f"expected a PEFT model (an nn.Module with LoRA layers), got {type(peft_model).__name__}")
+    lora_layer = _peft_lora()
+    active: list[str] = []
+    for module in peft_model.modules():
+        if isinstance(module, lora_layer.LoraLayer):
+            active += [a for a in module.active_adapters if a not in active and _carries(module, a)]
+    if not active:
+        raise GateError(f"the model ({type(peft_model).__name__}) has no PEFT LoRA layers with an active adapter")
+    if len(active) != 1:
+        raise GateError(f"gates attach to exactly one active adapter, but {len(active)} are active: {active}; "
+                        f"call set_adapter(name) first")
+    return active[0]
+
+
+def _lora_layers(peft_model, adapter: str, *, disable_dropout: bool, expect_gated: bool | None):
+    """``[(name, layer)]`` of the LoRA layers carrying ``adapter``; raises GateError naming a bad layer."""
+    lora_layer = _peft_lora()
+    gated_cls = _gated_class()
+    found = []
+    for name, module in peft_model.named_modules():
+        if not isinstance(module, lora_layer.LoraLayer):
+            continue
+        if not _carries(module, adapter):
+            continue
+        if not isinstance(module, lora_layer.Linear):
+            raise GateError(f"layer {name!r} is a {type(module).__module__}.{type(module).__name__}; SCALE gates "
+                            f"support PEFT LoRA Linear layers over nn.Linear only (no embeddings, convolutions, "
+                            f"or quantised layers)")
+        if type(module.get_base_layer()) is not nn.Linear:
+            raise GateError(f"layer {name!r} has base layer {type(module.get_base_layer()).__name__}; SCALE gates "
+                            f"need a plain nn.Linear base (quantised bases are not supported)")
+        if module.merged:
+            raise GateError(f"layer {name!r} has merged adapters {module.merged_adapters}; unmerge them first "
+                            f"(peft_model.unmerge_adapter())")
+        if adapter in getattr(module, "lora_variant", {}) or module.use_dora.get(adapter, False):
+            variant = type(module.lora_variant.get(adapter)).__name__ if adapter in module.lora_variant else "DoRA"
+            raise GateError(f"layer {name!r} uses a LoRA variant ({variant}) for adapter {adapter!r}; SCALE gates "
+                            f"support vanilla LoRA only")
+        if getattr(module, "lora_bias", {}).get(adapter, False) or module.lora_B[adapter].bias is not None:
+            raise GateError(f"layer {name!r} has a LoRA bias (lora_bias=True); not supported by SCALE gates")
+        dropout = module.lora_dropout[adapter]
+        if not isinstance(dropout, nn.Identity) and getattr(dropout, "p", 0.0) > 0 and not disable_dropout:
+            raise GateError(f"layer {name!r} has LoRA dropout p={dropout.p}; the fused gated LoRA has no dropout. "
+                            f"Pass disable_dropout=True to run Stage II without it")
+        is_gated = isinstance(module, gated_cls)
+        if expect_gated is False and is_gated:
+            raise GateError(f"layer {name!r} already has gates; load_gates() or a fresh model to start over")
+        if expect_gated is True and not is_gated:
+            raise GateError(f"layer {name!r} has no gates; call attach_gates() first")
+        found.append((name, module))
+    if not found:
+        raise GateError(f"the model has no PEFT LoRA layers for adapter {adapter!r}")
+    return found
+
+
+def attach_gates(peft_model: nn.Module, L: float, U: float, tau: float, *,
+                 disable_dropout: bool = False) -> list[nn.Parameter]:
+    """Add a zero-initialised SCALE gate to every LoRA Linear of the active adapter; freeze everything else.
+
+    Args:
+        peft_model: a ``peft.PeftModel`` (or its ``base_model``) with exactly one active LoRA adapter.
+        L: lambda's lower end, ``L < 0`` (reverse the LoRA delta down to ``L`` times).
+        U: lambda's upper end, ``U > 1`` (extrapolate up to ``U`` times).
+        tau: gate temperature, ``tau > 0``: ``v = tanh((w . h + b) / tau)``.
+        disable_dropout: replace active LoRA dropout by identity (otherwise such layers are refused).
+
+    Returns:
+        The gate parameters, two per module (``weight (d_in,)``, ``bias (1,)``, float32, on the module's
+        device), in module order; their total size is ``sum over modules of (d_in + 1)``. Only these
+        require grad afterwards.
+
+    Raises:
+        GateError (a ValueError): bad L/U/tau, not a PEFT model, several active adapters, no LoRA
+            layer, or a layer that is merged / DoRA or another variant / biased / quantised / not a
+            Linear / with active dropout / already gated; raised before anything is changed, and the
+            message names the layer.
+    """
+    adapter = _active_adapter(peft_model)
+    cfg = GateConfig(L=L, U=U, tau=tau, adapter=adapter)
+    layers = _lora_layers(peft_model, adapter, disable_dropout=disable_dropout, expect_gated=False)
+    gated_cls = _gated_class()
+    for p in peft_model.parameters():
+        p.requires_grad_(False)
+    params: list[nn.Parameter] = []
+    for _, module in layers:
+        if disable_dropout:
+            module.lora_dropout[adapter] = nn.Identity()
+        d_in = module.lora_A[adapter].weight.shape[1]
+        device = module.lora_A[adapter].weight.device
+        module.__class__ = gated_cls
+        module.scale_gate_weight = nn.Parameter(torch.zeros(d_in, dtype=torch.float32, device=device))
+        module.scale_gate_bias = nn.Parameter(torch.zeros(1, dtype=torch.float32, device=device))
+        module.scale_config = cfg
+        module.scale_record_lambda = False
+        module.scale_last_lambda = None
+        params += [module.scale_gate_weight, module.scale_gate_bias]
+    return params
+
+
+def gated_layers(peft_model: nn.Module) -> dict[str, nn.Module]:
+    """``{module name: GatedLoraLinear}`` of a model with gates attached (empty if none)."""
+    cls = _gated_class()
+    return {name: m for name, m in peft_model.named_modules() if isinstance(m, cls)}
+
+
+def record_lambda(peft_model: nn.Module, on: bool = True) -> None:
+    """Make every gated layer keep the (detached) lambda of its last forward in ``scale_last_lambda``."""
+    for m in gated_layers(peft_model).values():
+        m.scale_record_lambda = on
+        if not on:
+            m.scale_last_lambda = None
+
+
+def _layout(layers) -> dict[str, list[int]]:
+    out = {}
+    for name, m in layers.items():
+        a = m.lora_A[m.scale_config.adapter].weight
+        b = m.lora_B[m.scale_config.adapter].weight
+        out[name] = [int(a.shape[1]), int(b.shape[0]), int(a.shape[0])]  # d_in, d_out, r
+    return out
+
+
+def save_gates(peft_model: nn.Module, path: str | Path) -> Path:
+    """Write the gates and their config to a safetensors file.
+
+    Tensors ``"<module name>.weight" (d_in,)`` and ``"<module name>.bias" (1,)``; metadata ``format``,
+    ``config`` (JSON: L, U, tau, adapter) and ``layout`` (JSON: module name -> [d_in, d_out, r]).
+
+    Raises:
+        GateError: the model has no gates.
+    """
+    from safetensors.torch import save_file
+
+    layers = gated_layers(peft_model)
+    if not layers:
+        raise GateError("the model has no gates to save; call attach_gates() first")
+    cfg = next(iter(layers.values())).scale_config
+    tensors = {}
+    for name, m in layers.items():
+        tensors[f"{name}.weight"] = m.scale_gate_weight.detach().cpu().contiguous()
+        tensors[f"{name}.bias"] = m.scale_gate_bias.detach().cpu().contiguous()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path), metadata={"format": FORMAT, "config": json.dumps(asdict(cfg)),
+                                            "layout": json.dumps(_layout(layers))})
+    return path
+
+
+def load_gates(peft_model: nn.Module, path: str | Path, *, disable_dropout: bool = False) -> list[nn.Parameter]:
+    """Load gates saved by :func:`save_gates` onto a model with the same adapter layout.
+
+    Attaches gates with the file's (L, U, tau) when the model has none; if it has gates, their config
+    must match the file's. Returns the gate parameters as :func:`attach_gates` does.
+
+    Raises:
+        GateError: not a treadle gate file, a different config, or a different adapter layout (module
+            names, d_in, d_out or rank), named in the message; raised before the model is changed.
+    """
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        if meta.get("format") != FORMAT:
+            raise GateError(f"{path} is not a treadle gate file (format {meta.get('format')!r}, expected {FORMAT!r})")
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    cfg = GateConfig(**json.loads(meta["config"]))
+    layout = json.loads(meta["layout"])
+    existing = gated_layers(peft_model)
+    if existing:
+        have = next(iter(existing.values())).scale_config
+        if have != cfg:
+            raise GateError(f"the model's gates have config {have}, the file {path} has {cfg}")
+        current = _layout(existing)
+    else:
+        adapter = _active_adapter(peft_model)
+        if adapter != cfg.adapter:
+            raise GateError(f"the file's gates belong to adapter {cfg.adapter!r}, the active adapter is {adapter!r}")
+        layers = _lora_layers(peft_model, adapter, disable_dropout=disable_dropout, expect_gated=False)
+        current = {}
+        for name, m in layers:
+            a, b = m.lora_A[adapter].weight, m.lora_B[adapter].weight
+            current[name] = [int(a.shape[1]), int(b.shape[0]), int(a.shape[0])]
+    if current != layout:
+        missing = sorted(set(layout) - set(current))
+        extra = sorted(set(current) - set(layout))
+        differ = sorted(n for n in set(layout) & set(current) if layout[n] != current[n])
+        raise GateError(f"adapter layout differs from the file {path}: modules only in the file {missing[:5]}, "
+                        f"only in the model {extra[:5]}, with other [d_in, d_out, r] "
+                        f"{[(n, layout[n], current[n]) for n in differ[:5]]}")
+    params = (attach_gates(peft_model, cfg.L, cfg.U, cfg.tau, disable_dropout=disable_dropout) if not existing
+              else [p for m in existing.values() for p in (m.scale_gate_weight, m.scale_gate_bias)])
+    with torch.no_grad():
+        for name, m in gated_layers(peft_model).items():
+            m.scale_gate_weight.copy_(tensors[f"{name}.weight"])
+            m.scale_gate_bias.copy_(tensors[f"{name}.bias"])
+    return params
+
+
+def lambda_shares(lam: torch.Tensor, mask: torch.Tensor | None = None) -> dict[str, float]:
+    """Shares of tokens with lambda < 0 (reverse), in [0, 1] (suppress), > 1 (extrapolate) (SCALE sec. 5).
+
+    Args:
+        lam: lambda values of any shape (e.g. ``scale_last_lambda`` of a gated layer).
+        mask: optional bool of the same shape selecting the tokens to count (e.g. generated ones).
+
+    Raises:
+        ValueError: no tokens selected, or a mask of another shape.
+    """
+    if mask is not None:
+        if mask.shape != lam.shape:
+            raise ValueError(f"mask must have lambda's shape {tuple(lam.shape)}, got {tuple(mask.shape)}")
+        lam = lam[mask]
+    lam = lam.reshape(-1).float()
+    if lam.numel() == 0:
+        raise ValueError("no tokens selected: shares are undefined")
+    n = lam.numel()
+    return {"reverse": float((lam < 0).sum()) / n, "suppress": float(((lam >= 0) & (lam <= 1)).sum()) / n,
+            "extrapolate": float((lam > 1).sum()) / n}

@@ -1,0 +1,260 @@
+"""Evaluating STAIR: Vanilla / Native / STAIR and the controls (STAIR sec. 5.4).
+
+All conditions share the problems, the histories (the backbone's own greedy responses to turns
+1..t-1, replayed teacher-forced, so every condition sees the same visible history), the sampling
+seeds (Gumbel noise drawn from ``(seed, turn, step)``, identical across conditions) and the decoding
+budget. For each turn t >= 2 and condition, ``k`` samples per problem give Avg@k (mean accuracy)
+and Pass@k (any sample right); answers are checked with math-verify.
+
+Conditions: ``vanilla`` (turn t alone, no history), ``native`` (history, no STAIR), ``stair``
+(trained normals), and the controls with the same parameter budget: ``random`` (untrained random
+normals), ``bank_free`` (a trained per-head output vector, no bank read; needs its weights),
+``shuffled`` (trained normals, values permuted within each row's bank), ``reflected`` (trained
+normals, direct reflected read ``sum pi_R v``); plus ``stair@N`` for each bank prefix budget N.
+Answer transitions count (problem, sample) pairs that go wrong->right / right->wrong between
+native and each other condition. Cost: mean prefill latency of the turn (with vs without the
+read-out) and, on CUDA, peak memory.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+__all__ = ["EvalConfig", "evaluate", "CONDITIONS", "results_table", "bar_chart"]
+
+CONDITIONS = ("vanilla", "native", "stair", "random", "bank_free", "shuffled", "reflected")
+
+
+@dataclass
+class EvalConfig:
+    """Settings of :func:`evaluate`.
+
+    Attributes:
+        sessions: problems per turn (sessions); turns: turns per session; levels: level per turn.
+        k: samples per problem (Avg@k / Pass@k); temperature: sampling temperature.
+        max_new_tokens: decoding budget; seed: problems (``split="heldout"``) and sampling seeds.
+        conditions: which of :data:`CONDITIONS` to run; budgets: bank prefix budgets (tokens).
+    """
+
+    sessions: int = 32
+    turns: int = 4
+    levels: list = field(default_factory=lambda: [2, 3, 2, 3])
+    k: int = 4
+    temperature: float = 0.7
+    max_new_tokens: int = 10
+    seed: int = 1234
+    conditions: tuple = CONDITIONS
+    budgets: tuple = ()
+
+    def __post_init__(self) -> None:
+        bad = [c for c in self.conditions if c not in CONDITIONS]
+        if bad:
+            raise ValueError(f"unknown condition(s) {bad}; known: {CONDITIONS}")
+        if self.turns < 2 or self.k < 1 or self.sessions < 1:
+            raise ValueError(f"need turns >= 2, k >= 1, sessions >= 1; got {self.turns}, {self.k}, {self.sessions}")
+        if any((not isinstance(b, int)) or b < 1 for b in self.budgets):
+            raise ValueError(f"budgets must be ints >= 1 (tokens), got {self.budgets}")
+
+
+def _correct(texts, golds) -> list[bool]:
+    from treadle.data.verify import is_correct
+
+    return [is_correct(t, g) for t, g in zip(texts, golds)]
+
+
+def _run_condition(model, tok, ctrl, sessions, history, cfg: EvalConfig, *, stair: bool, with_history: bool,
+                   budget=None) -> dict:
+    """Per turn t>=2: correctness (n_sessions, k) and mean prefill seconds."""
+    from treadle.stair.session import StairSession
+
+    n, k = len(sessions), cfg.k
+    out = {}
+    base = StairSession(model, tok, ctrl, batch_size=n, stair=stair, bank_budget=budget)
+    cuda = next(model.parameters()).device.type == "cuda"
+    for t in range(cfg.turns):
+        users = [s.problems[t].prompt for s in sessions]
+        if t >= 1:
+            if with_history:
+                branch = base.repeat(k)
+            else:
+                branch = StairSession(model, tok, ctrl, batch_size=n * k, stair=stair, bank_budget=budget)
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            res = branch.generate([u for u in users for _ in range(k)], max_new_tokens=cfg.max_new_tokens,
+                                  temperature=cfg.temperature, seed=cfg.seed * 1009 + t)
+            golds = [s.problems[t].answer for s in sessions for _ in range(k)]
+            ok = torch.tensor(_correct(res.texts, golds)).view(n, k)
+            out[t + 1] = {"correct": ok, "prefill_s": res.prefill_seconds,
+                          "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
+                          "bank_tokens": sum(branch.bank_tokens) / max(1, len(branch.bank_tokens))}
+            del branch
+        if with_history and t < cfg.turns - 1:
+            base.forward(users, [h[t] for h in history])
+    return out
+
+
+def evaluate(model, tokenizer, cfg: EvalConfig, *, normals=None, bank_free=None, layers=None, eps: float = 0.0,
+             backend: str | None = None, progress: bool = True, console=None) -> dict:
+    """Run every condition of ``cfg`` and return the results.
+
+    Args:
+        model, tokenizer: the backbone.
+        normals: path of trained STAIR normals (``StairController.save``); needed by stair /
+            shuffled / reflected / budgets (those conditions are skipped without it).
+        bank_free: path of trained bank-free control weights (the condition is skipped without it).
+        layers: controlled layers (default: those recorded in the normals file).
+        eps: pi_ref mixing (default: the normals file's).
+
+    Returns:
+        {"config", "conditions": {name: {"turns": {t: {"avg", "pass", "prefill_s", "peak_bytes",
+        "bank_tokens"}}, "avg", "pass"}}, "transitions": {name: {"wrong_to_right", "right_to_wrong"}},
+        "cost": {...}, "skipped": [...]}.
+    """
+    from tqdm.auto import tqdm
+
+    from treadle.stair.controller import attach
+    from treadle.stair.training import make_training_sessions, self_responses
+
+    meta = None
+    if normals is not None:
+        from safetensors import safe_open
+
+        with safe_open(str(normals), framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get("stair_config", "{}"))
+        layers = tuple(meta.get("layers", ())) if layers is None else layers
+        eps = float(meta.get("eps", eps))
+    if bank_free is not None and layers is None:
+        from safetensors import safe_open
+
+        with safe_open(str(bank_free), framework="pt") as f:
+            layers = tuple(json.loads((f.metadata() or {}).get("stair_config", "{}")).get("layers", ()))
+    if layers is None:
+        raise ValueError("give layers=, or a normals/bank_free file that records them")
+    sessions = make_training_sessions(cfg.sessions, cfg.turns, cfg.levels, seed=cfg.seed, split="heldout")
+    history = self_responses(model, tokenizer, sessions, max_new_tokens=cfg.max_new_tokens)
+    plan, skipped = [], []
+    for c in cfg.conditions:
+        if c in ("stair", "shuffled", "reflected") and normals is None:
+            skipped.append(c)
+        elif c == "bank_free" and bank_free is None:
+            skipped.append(c)
+        else:
+            plan.append((c, None))
+    if normals is not None and "stair" in cfg.conditions:
+        plan += [(f"stair@{b}", b) for b in cfg.budgets]
+    results, raw = {}, {}
+    bar = tqdm(plan, desc="stair-eval", disable=not progress, dynamic_ncols=True)
+    for name, budget in bar:
+        bar.set_postfix(condition=name)
+        kind = "bank_free" if name == "bank_free" else "stair"
+        ctrl = attach(model, layers=layers, eps=eps, kind=kind, backend=backend, seed=cfg.seed,
+                      mode="reflected" if name == "reflected" else "diff")
+        try:
+            if name == "bank_free":
+                ctrl.load(bank_free)
+            elif name not in ("vanilla", "native", "random"):
+                ctrl.load(normals)
+            if name == "shuffled":
+                ctrl.shuffle_seed = cfg.seed
+            with torch.no_grad():
+                r = _run_condition(model, tokenizer, ctrl, sessions, history, cfg,
+                                   stair=name not in ("vanilla", "native"), with_history=name != "vanilla",
+                                   budget=budget)
+        finally:
+            ctrl.detach()
+        raw[name] = r
+        turns = {t: {"avg": float(v["correct"].float().mean()), "pass": float(v["correct"].any(1).float().mean()),
+                     "prefill_s": v["prefill_s"], "peak_bytes": v["peak_bytes"], "bank_tokens": v["bank_tokens"]}
+                 for t, v in r.items()}
+        results[name] = {"turns": turns, "avg": sum(x["avg"] for x in turns.values()) / len(turns),
+                         "pass": sum(x["pass"] for x in turns.values()) / len(turns)}
+    bar.close()
+    transitions = {}
+    if "native" in raw:
+        for name, r in raw.items():
+            if name == "native":
+                continue
+            w2r = sum(int((~raw["native"][t]["correct"] & r[t]["correct"]).sum()) for t in r)
+            r2w = sum(int((raw["native"][t]["correct"] & ~r[t]["correct"]).sum()) for t in r)
+            transitions[name] = {"from": "native", "wrong_to_right": w2r, "right_to_wrong": r2w,
+                                 "pairs": sum(r[t]["correct"].numel() for t in r)}
+    cost = {}
+    if "native" in results and "stair" in results:
+        pn = [v["prefill_s"] for v in results["native"]["turns"].values()]
+        ps = [v["prefill_s"] for v in results["stair"]["turns"].values()]
+        cost = {"prefill_s_native": sum(pn) / len(pn), "prefill_s_stair": sum(ps) / len(ps),
+                "extra_prefill_s": sum(ps) / len(ps) - sum(pn) / len(pn)}
+        pk_n = [v["peak_bytes"] for v in results["native"]["turns"].values() if v["peak_bytes"] is not None]
+        pk_s = [v["peak_bytes"] for v in results["stair"]["turns"].values() if v["peak_bytes"] is not None]
+        cost["extra_peak_bytes"] = (max(pk_s) - max(pk_n)) if pk_n and pk_s else None
+    return {"config": {**cfg.__dict__, "conditions": list(cfg.conditions), "budgets": list(cfg.budgets),
+                       "layers": list(layers), "eps": eps, "normals": str(normals) if normals else None},
+            "conditions": results, "transitions": transitions, "cost": cost, "skipped": skipped}
+
+
+def results_table(res: dict, k: int):
+    """A rich Table: condition x (Avg@k, Pass@k per turn and mean, transitions vs native)."""
+    from rich.table import Table
+
+    t = Table(title=f"STAIR evaluation (Avg@{k} / Pass@{k}, turns 2..n; transitions vs Native)")
+    t.add_column("condition")
+    turns = sorted(next(iter(res["conditions"].values()))["turns"]) if res["conditions"] else []
+    for tt in turns:
+        t.add_column(f"T{tt} avg/pass", justify="right")
+    t.add_column(f"Avg@{k}", justify="right")
+    t.add_column(f"Pass@{k}", justify="right")
+    t.add_column("w->r / r->w", justify="right")
+    t.add_column("prefill ms", justify="right")
+    for name, r in res["conditions"].items():
+        tr = res["transitions"].get(name)
+        pre = sum(v["prefill_s"] for v in r["turns"].values()) / len(r["turns"]) * 1e3
+        t.add_row(name, *[f"{r['turns'][tt]['avg']:.1%}/{r['turns'][tt]['pass']:.0%}" for tt in turns],
+                  f"{r['avg']:.2%}", f"{r['pass']:.2%}", f"{tr['wrong_to_right']}/{tr['right_to_wrong']}" if tr else "-",
+                  f"{pre:.1f}")
+    return t
+
+
+def bar_chart(res: dict, path, k: int) -> Path:
+    """PNG bar chart of Avg@k and Pass@k per condition (mean over turns 2..n)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(res["conditions"])
+    avg = [res["conditions"][n]["avg"] * 100 for n in names]
+    pas = [res["conditions"][n]["pass"] * 100 for n in names]
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(names)), 3.6))
+    x = range(len(names))
+    ax.bar([i - 0.2 for i in x], avg, width=0.4, label=f"Avg@{k}")
+    ax.bar([i + 0.2 for i in x], pas, width=0.4, label=f"Pass@{k}")
+    ax.set_xticks(list(x), names, rotation=20)
+    ax.set_ylabel("% correct (turns 2..n)")
+    ax.set_title("STAIR: Vanilla / Native / STAIR and controls")
+    ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_jsonl(res: dict, path) -> Path:
+    """One JSON record per (condition, turn), then transitions and cost records."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for name, r in res["conditions"].items():
+            for t, v in r["turns"].items():
+                f.write(json.dumps({"type": "turn", "condition": name, "turn": t, **v}) + "\n")
+            f.write(json.dumps({"type": "mean", "condition": name, "avg": r["avg"], "pass": r["pass"]}) + "\n")
+        for name, tr in res["transitions"].items():
+            f.write(json.dumps({"type": "transitions", "condition": name, **tr}) + "\n")
+        f.write(json.dumps({"type": "cost", **res["cost"]}) + "\n")
+        f.write(json.dumps({"type": "config", **res["config"], "skipped": res["skipped"]}) + "\n")
+    return path
+

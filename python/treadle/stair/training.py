@@ -1,0 +1,266 @@
+"""Training STAIR's reflection normals on multi-problem sessions (STAIR sec. 4.4, "Training").
+
+Each session holds ``turns`` independent problems. The backbone's own greedy responses are the
+targets (``responses="self"``; right or wrong, as in the paper: an earlier wrong answer is a legal
+history state) or the gold answers (``responses="gold"``). Turn 1 is replayed natively (its bank is
+empty) to build the bank; turns 2..n are teacher-forced over the session cache with
+
+    loss = CE(stair) + lambda_kl * KL(p_native || p_stair)
+
+on the response tokens, the native distribution computed on the same inputs and prefix without the
+read-out and without grad. The read-out is added on each turn's prompt tokens only (as in a
+prefill). Only the controller's parameters train (``len(layers) x Hq x D`` normals); the backbone is
+frozen and never gets gradients. Checkpoints are safetensors (normals + config metadata) plus the
+optimizer state, so a run resumes where it stopped.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["StairTrainConfig", "make_training_sessions", "self_responses", "stair_loss", "train_step", "train"]
+
+
+@dataclass
+class StairTrainConfig:
+    """Settings of :func:`train` (everything a run needs to be reproduced).
+
+    Attributes:
+        layers: controlled layers; eps: pi_ref mixing; kind: "stair" or "bank_free" (control).
+        turns: problems per session (turn 1 builds the bank). levels: difficulty level per turn
+            (treadle.data levels; cycled if shorter than ``turns``).
+        sessions: size of the training pool; steps: optimizer steps; batch_size: sessions per
+            micro-batch; grad_accum: micro-batches per step.
+        lr: AdamW learning rate (no weight decay on normals); lambda_kl: KL weight.
+        responses: "self" (the backbone's greedy responses) or "gold".
+        max_new_tokens: decoding budget of the self-generated responses.
+        amp: bfloat16 autocast on CUDA.
+        seed: seeds the sessions, the initial normals and the batch order.
+        save_every: checkpoint every N steps (and at the end).
+    """
+
+    layers: tuple = (3, 11, 19)
+    eps: float = 0.0
+    kind: str = "stair"
+    turns: int = 4
+    levels: list = field(default_factory=lambda: [2, 3, 2, 3])
+    sessions: int = 64
+    steps: int = 50
+    batch_size: int = 16
+    grad_accum: int = 1
+    lr: float = 2e-2
+    lambda_kl: float = 1.0
+    responses: str = "self"
+    max_new_tokens: int = 10
+    amp: bool = True
+    seed: int = 0
+    save_every: int = 25
+
+    def __post_init__(self) -> None:
+        self.layers = tuple(int(x) for x in self.layers)
+        for name in ("turns", "sessions", "steps", "batch_size", "grad_accum", "max_new_tokens", "save_every"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"StairTrainConfig.{name} must be an int >= 1, got {v!r}")
+        if self.turns < 2:
+            raise ValueError(f"StairTrainConfig.turns must be >= 2 (turn 1 builds the bank), got {self.turns}")
+        if self.responses not in ("self", "gold"):
+            raise ValueError(f"StairTrainConfig.responses must be 'self' or 'gold', got {self.responses!r}")
+        if not self.lr > 0 or not self.lambda_kl >= 0:
+            raise ValueError(f"lr must be > 0 and lambda_kl >= 0, got lr={self.lr}, lambda_kl={self.lambda_kl}")
+        if not self.levels:
+            raise ValueError("StairTrainConfig.levels must be a non-empty list of levels")
+
+
+def make_training_sessions(n: int, turns: int, levels, *, seed: int = 0, split: str = "train"):
+    """``n`` sessions of ``turns`` independent problems (:func:`treadle.data.make_sessions`)."""
+    from treadle.data import make_sessions
+
+    lv = [levels[i % len(levels)] for i in range(turns)]
+    return make_sessions(n, turns, lv, seed=seed, split=split)
+
+
+@torch.no_grad()
+def self_responses(model, tokenizer, sessions, *, max_new_tokens: int = 10, batch_size: int = 32) -> list[list[str]]:
+    """The backbone's own greedy responses, turn by turn in one native conversation per session
+    (no STAIR): ``result[i][t]`` is session i's response to turn t."""
+    from treadle.stair.session import StairSession
+
+    out: list[list[str]] = []
+    for s0 in range(0, len(sessions), batch_size):
+        chunk = sessions[s0:s0 + batch_size]
+        sess = StairSession(model, tokenizer, None, batch_size=len(chunk))
+        rows = [[] for _ in chunk]
+        for t in range(len(chunk[0].problems)):
+            res = sess.generate([s.problems[t].prompt for s in chunk], max_new_tokens=max_new_tokens)
+            for r, text in zip(rows, res.texts):
+                r.append(text)
+        out.extend(rows)
+    return out
+
+
+def stair_loss(logits: torch.Tensor, native_logits: torch.Tensor | None, labels: torch.Tensor,
+               lambda_kl: float = 1.0) -> tuple[torch.Tensor, dict]:
+    """``CE + lambda_kl * KL(native || stair)`` averaged over labelled positions (STAIR sec. 4.4).
+
+    Args:
+        logits: ``(B, S, V)`` STAIR logits; native_logits: same shape (no grad) or None (no KL).
+        labels: ``(B, S)`` int64 next-token targets, -100 where unlabelled.
+
+    Returns:
+        (loss scalar, {"ce": float, "kl": float, "tokens": int}).
+    """
+    sel = labels != -100
+    n = int(sel.sum())
+    if n == 0:
+        z = logits.sum() * 0.0
+        return z, {"ce": 0.0, "kl": 0.0, "tokens": 0}
+    lp = F.log_softmax(logits[sel].float(), -1)
+    ce = F.nll_loss(lp, labels[sel])
+    kl = lp.new_zeros(())
+    if native_logits is not None and lambda_kl > 0:
+        lq = F.log_softmax(native_logits[sel].float(), -1)
+        kl = (lq.exp() * (lq - lp)).sum(-1).mean()
+    loss = ce + lambda_kl * kl
+    return loss, {"ce": float(ce.detach()), "kl": float(kl.detach()), "tokens": n}
+
+
+def train_step(controller, model, tokenizer, sessions, responses, *, lambda_kl: float = 1.0, amp: bool = False,
+               scale: float = 1.0) -> dict:
+    """Forward/backward over one micro-batch of sessions (accumulates ``.grad`` on the controller).
+
+    Args:
+        sessions: list of :class:`treadle.data.Session`; responses: ``[i][t]`` response texts.
+        scale: the loss is multiplied by it before backward (1 / grad_accum).
+
+    Returns:
+        {"loss", "ce", "kl", "tokens"} averaged over turns 2..n.
+    """
+    from treadle.stair.session import StairSession
+
+    B, n = len(sessions), len(sessions[0].problems)
+    sess = StairSession(model, tokenizer, controller, batch_size=B)
+    sess.forward([s.problems[0].prompt for s in sessions], [r[0] for r in responses])  # turn 1: builds the bank
+    device = next(model.parameters()).device
+    use_amp = amp and device.type == "cuda"
+    tot = {"loss": 0.0, "ce": 0.0, "kl": 0.0, "tokens": 0}
+    for t in range(1, n):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
+            out = sess.forward([s.problems[t].prompt for s in sessions], [r[t] for r in responses], grad=True,
+                               native_too=True)
+        loss, parts = stair_loss(out["logits"], out["native_logits"], out["labels"], lambda_kl)
+        (loss * scale / (n - 1)).backward()
+        tot["loss"] += float(loss.detach()) / (n - 1)
+        tot["ce"] += parts["ce"] / (n - 1)
+        tot["kl"] += parts["kl"] / (n - 1)
+        tot["tokens"] += parts["tokens"]
+    return tot
+
+
+def train(model, tokenizer, config: StairTrainConfig, run_dir, *, resume: bool = True, progress: bool = True,
+          console=None, backend: str | None = None) -> dict:
+    """Train a STAIR controller on ``model``; writes ``run_dir/{normals.safetensors, optim.pt, log.jsonl,
+    config.json}``.
+
+    Args:
+        model, tokenizer: the frozen backbone (any supported HF causal LM) and its tokenizer.
+        config: :class:`StairTrainConfig`.
+        run_dir: output folder; with ``resume`` an existing checkpoint there is continued.
+        backend: forced backend of the read-out op (None: dispatch rule).
+
+    Returns:
+        {"path", "trainable", "first_loss", "last_loss", "steps", "seconds"}.
+
+    Raises:
+        ValueError: a checkpoint in ``run_dir`` from another config (``resume``); see attach().
+    """
+    from tqdm.auto import tqdm
+
+    from treadle.stair.controller import attach
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg_json = {**asdict(config), "layers": list(config.layers),
+                "model_name": str(getattr(model.config, "_name_or_path", "") or type(model).__name__)}
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    for p, _ in flags:
+        p.requires_grad_(False)
+    ctrl = attach(model, layers=config.layers, eps=config.eps, kind=config.kind, seed=config.seed, backend=backend)
+    try:
+        opt = torch.optim.AdamW(ctrl.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.99))
+        start = 0
+        ckpt, optf = run_dir / "normals.safetensors", run_dir / "optim.pt"
+        if resume and ckpt.exists() and optf.exists():
+            old = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").exists() else {}
+            if {k: old.get(k) for k in ("layers", "kind", "eps", "seed", "turns")} != \
+                    {k: cfg_json[k] for k in ("layers", "kind", "eps", "seed", "turns")}:
+                raise ValueError(f"{run_dir} holds a run with another config ({old}); use another run_dir or resume=False")
+            ctrl.load(ckpt)
+            state = torch.load(optf, weights_only=True)
+            opt.load_state_dict(state["optim"])
+            start = int(state["step"])
+        elif not resume:
+            (run_dir / "log.jsonl").unlink(missing_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(cfg_json, indent=1))
+        if console is not None:
+            console.print(f"STAIR {config.kind}: trainable parameters = {len(config.layers)} layers x {ctrl.num_heads} "
+                          f"heads x {ctrl.head_dim if config.kind == 'stair' else ctrl.value_dim} = {ctrl.num_trainable}"
+                          + (f" (resuming at step {start})" if start else ""))
+        pool = make_training_sessions(config.sessions, config.turns, config.levels, seed=config.seed)
+        if config.responses == "self":
+            ctrl.enabled = False
+            responses = self_responses(model, tokenizer, pool, max_new_tokens=config.max_new_tokens)
+            ctrl.enabled = True
+        else:
+            responses = [[p.answer for p in s.problems] for s in pool]
+        first = last = None
+        t0 = time.perf_counter()
+        bar = tqdm(range(start, config.steps), desc=f"stair-train[{config.kind}]", disable=not progress,
+                   dynamic_ncols=True, initial=start, total=config.steps)
+        with open(run_dir / "log.jsonl", "a") as log:
+            for step in bar:
+                g = torch.Generator().manual_seed(config.seed * 100_003 + step)
+                opt.zero_grad(set_to_none=True)
+                agg = {"loss": 0.0, "ce": 0.0, "kl": 0.0, "tokens": 0}
+                for _ in range(config.grad_accum):
+                    idx = torch.randperm(len(pool), generator=g)[:config.batch_size].tolist()
+                    part = train_step(ctrl, model, tokenizer, [pool[i] for i in idx], [responses[i] for i in idx],
+                                      lambda_kl=config.lambda_kl, amp=config.amp, scale=1.0 / config.grad_accum)
+                    for k in agg:
+                        agg[k] += part[k] / (config.grad_accum if k != "tokens" else 1)
+                gnorm = float(torch.nn.utils.clip_grad_norm_(ctrl.parameters(), 1e9))
+                opt.step()
+                first = agg["loss"] if first is None else first
+                last = agg["loss"]
+                rec = {"step": step + 1, **{k: round(v, 6) if isinstance(v, float) else v for k, v in agg.items()},
+                       "grad_norm": round(gnorm, 6), "seconds": round(time.perf_counter() - t0, 3)}
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
+                bar.set_postfix(loss=f"{agg['loss']:.4f}", ce=f"{agg['ce']:.4f}", kl=f"{agg['kl']:.5f}")
+                if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
+                    ctrl.save(ckpt, extra={"step": step + 1})
+                    torch.save({"optim": opt.state_dict(), "step": step + 1}, optf)
+        bar.close()
+        return {"path": ckpt, "trainable": ctrl.num_trainable, "first_loss": first, "last_loss": last,
+                "steps": config.steps, "seconds": time.perf_counter() - t0}
+    finally:
+        ctrl.detach()
+        for p, f in flags:
+            p.requires_grad_(f)
+
+
+def read_log(run_dir) -> list[dict]:
+    """The JSONL training log of ``run_dir`` as a list of dicts."""
+    p = Path(run_dir) / "log.jsonl"
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
+
+
+def smoothed(values: list[float], k: int = 5) -> list[float]:
+    """Trailing mean over ``k`` values (for printing a falling-loss summary)."""
+    return [sum(values[max(0, i - k + 1):i + 1]) / len(values[max(0, i - k + 1):i + 1]) for i in range(len(values))]
+

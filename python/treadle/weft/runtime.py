@@ -1,0 +1,857 @@
+"""``treadle.weft.runtime``: sessions over registered servers, typed tool dispatch, checkpoints.
+
+Seed: WEFT section 4.1 (MegaMCP). A :class:`Runtime` holds a :class:`~treadle.weft.registry.Registry`
+and open sessions; each session owns private state cloned from an immutable snapshot and talks to
+its server through the official ``mcp`` client:
+
+- ``transport="inproc"`` (default): the server runs in this process. A ``shared`` server is imported
+  once and one ``MCPServer`` serves all its sessions (the session id travels in the request
+  ``_meta``); an ``isolated`` server (see :mod:`treadle.weft.isolation`) gets its own module import
+  per session. State can be reset, forked, diffed and checkpointed.
+- ``transport="stdio"`` / ``"http"``: one server subprocess per session (``python -m
+  treadle.weft.serve``), reached over stdio or streamable HTTP on 127.0.0.1. Tool calls, reset
+  (restart from the initial snapshot) and close work; fork/diff/checkpoint need in-process state and
+  raise :class:`~treadle.weft.errors.UnsupportedOperationError`.
+
+Tool-call failures never raise: :meth:`Runtime.call_tool` returns a :class:`ToolOutcome` whose
+``error_kind`` is one of :class:`~treadle.weft.errors.ErrorKind`, recorded in the session log and
+the per-tool :class:`~treadle.weft.stats.ToolStats`; other sessions are unaffected. Mutating calls
+(tools whose contract declares ``writes``) schedule a debounced asynchronous checkpoint when the
+runtime has a :class:`~treadle.weft.checkpoint.CheckpointStore`.
+
+Usage::
+
+    async with Runtime() as rt:
+        h = rt.register(Path("shop.py"))
+        sid = await rt.create_session(h, snapshot)
+        out = await rt.call(sid, 'place_order(customer_id=1, items=[{"sku": "MUG", "qty": 2}])')
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import types
+import uuid
+import weakref
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+import jsonschema
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from pydantic import BaseModel
+
+from treadle.weft.callparse import ToolCall, parse_call
+from treadle.weft.checkpoint import CheckpointRecord, CheckpointStore
+from treadle.weft.errors import (
+    CallParseError,
+    CheckpointStoreError,
+    ErrorKind,
+    SessionClosedError,
+    StaleGenerationError,
+    UnknownSessionError,
+    UnsupportedOperationError,
+    WeftError,
+)
+from treadle.weft.registry import Registry, ServerSpec, release_module
+from treadle.weft.server import SESSION_META_KEY, ToolError, WeftServer
+from treadle.weft.state import Snapshot, StateBackend, StateDiff
+from treadle.weft.stats import ToolStats
+from treadle.weft.verify import CheckpointResult, CheckpointSpec, judge_checkpoint
+
+Transport = Literal["inproc", "stdio", "http"]
+_TRANSPORTS = ("inproc", "stdio", "http")
+
+
+class ToolOutcome(BaseModel):
+    """Result of one tool call as the agent and the verifier see it.
+
+    Attributes:
+        session_id, seq: the session and the call's position in its log.
+        call: the structured call (name ``"<unparsed>"`` when a call string did not parse).
+        ok: True when the tool ran and returned normally.
+        result: the parsed return value (JSON when the tool returned JSON), None on error.
+        text: the text content the server returned (error message on failure).
+        error_kind: None on success, else the typed :class:`ErrorKind`.
+        latency_ms: wall time of the dispatch in milliseconds (None if never dispatched).
+    """
+
+    session_id: str
+    seq: int
+    call: ToolCall
+    ok: bool
+    result: Any = None
+    text: str = ""
+    error_kind: ErrorKind | None = None
+    latency_ms: float | None = None
+
+
+class LogEntry(BaseModel):
+    """One event of a session (or of the runtime when ``session_id`` is None)."""
+
+    seq: int
+    time: float
+    session_id: str | None
+    event: Literal["create", "call", "reset", "fork", "restore", "checkpoint", "close", "error", "register"]
+    tool: str | None = None
+    arguments: dict[str, Any] | None = None
+    ok: bool = True
+    error_kind: ErrorKind | None = None
+    message: str = ""
+    latency_ms: float | None = None
+    generation: int | None = None
+
+
+@dataclass(eq=False)
+class _Binding:
+    """A connected MCP client plus what it serves (one shared server, or one session)."""
+
+    spec: ServerSpec
+    transport: Transport
+    module: types.ModuleType | None = None
+    weft: WeftServer | None = None
+    states: dict[str, Any] = field(default_factory=dict)  # session id -> state handle (inproc)
+    client: Client | None = None
+    closed: anyio.Event = field(default_factory=anyio.Event)
+    done: anyio.Event = field(default_factory=anyio.Event)
+    dead: str = ""  # why the connection is gone (crash), "" while alive
+    process: subprocess.Popen | None = None
+    tmpdir: tempfile.TemporaryDirectory | None = None
+    tmpdir_args: list[str] = field(default_factory=list)  # serve.py arguments (remote transports)
+    url: str = ""  # streamable HTTP endpoint (http transport)
+    task_started: bool = False
+
+    def resolve(self, sid: str | None) -> Any:
+        try:
+            return self.states[sid]
+        except KeyError:
+            raise ToolError(f"unknown or closed session {sid!r}") from None
+
+
+@dataclass(eq=False)
+class _Session:
+    id: str
+    spec: ServerSpec
+    transport: Transport
+    initial: Snapshot
+    binding: _Binding
+    state: StateBackend | None  # None for remote transports
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    log: list[LogEntry] = field(default_factory=list)
+    closed: bool = False
+    generation: int | None = None  # checkpoint generation owned by this runtime
+    fenced: bool = False  # a newer generation took the session over: stop writing
+    interrupted: bool = False
+    turn: int | None = None
+    dirty_at: float | None = None
+    flushing: bool = False
+    flusher: bool = False  # a debounce loop is running
+    last_checkpoint: CheckpointRecord | None = None
+    available: frozenset[str] | None = None  # tools offered to the agent now (None: all)
+
+
+class _NullLock:
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: Any) -> None:
+        return None
+
+
+_NULL_LOCK = _NullLock()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _result_payload(res: Any) -> tuple[Any, str]:
+    text = "".join(getattr(c, "text", "") for c in (res.content or []))
+    if res.structured_content is not None:
+        return res.structured_content, text
+    try:
+        return json.loads(text), text
+    except ValueError:
+        return text, text
+
+
+class Runtime:
+    """Sessions, tool dispatch, statistics and checkpoints over a :class:`Registry`.
+
+    Args:
+        registry: server registry (a new empty one by default).
+        checkpoint_store: where mutating sessions are checkpointed (None: no checkpoints).
+        debounce_s: quiet time after the last mutating call before a checkpoint is written (seconds).
+        timeout_s: per-call limit in seconds. Async tools are cancelled at the limit; a sync tool runs
+            on a worker thread that cannot be interrupted, so it is reported as ``timeout`` once it
+            returns late (its effects stay).
+        transport: default transport of new sessions.
+
+    Use as ``async with Runtime(...) as rt``: the runtime owns a task group (client connections,
+    checkpoint writers) for its lifetime.
+    """
+
+    def __init__(self, registry: Registry | None = None, *, checkpoint_store: CheckpointStore | None = None,
+                 debounce_s: float = 0.05, timeout_s: float = 10.0, transport: Transport = "inproc"):
+        if registry is not None and not isinstance(registry, Registry):
+            raise TypeError(f"registry must be a treadle.weft.registry.Registry, got {type(registry).__name__}")
+        if checkpoint_store is not None and not isinstance(checkpoint_store, CheckpointStore):
+            raise TypeError(f"checkpoint_store must be a CheckpointStore, got {type(checkpoint_store).__name__}")
+        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        if not (isinstance(debounce_s, (int, float)) and debounce_s >= 0):
+            raise ValueError(f"debounce_s must be >= 0 seconds, got {debounce_s!r}")
+        if transport not in _TRANSPORTS:
+            raise ValueError(f"transport must be one of {_TRANSPORTS}, got {transport!r}")
+        self.registry = registry or Registry()
+        self.store = checkpoint_store
+        self.debounce_s = float(debounce_s)
+        self.timeout_s = float(timeout_s)
+        self.transport: Transport = transport
+        self.stats = ToolStats()
+        self.events: list[LogEntry] = []  # runtime-level events (registration and creation failures)
+        self._sessions: dict[str, _Session] = {}
+        self._shared: dict[str, _Binding] = {}
+        self._shared_lock = anyio.Lock()
+        self._validators: dict[tuple[str, str], jsonschema.protocols.Validator] = {}
+        self._schema_ok: weakref.WeakKeyDictionary[Snapshot, set[str]] = weakref.WeakKeyDictionary()
+        self._hidden: set[str] = set()  # verifier-private sessions: not in stats, dropped after use
+        self._server_locks: dict[str, anyio.Lock] = {}
+        self._seq = 0
+        self._stack: AsyncExitStack | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    # -- lifetime ------------------------------------------------------------------------------
+    async def __aenter__(self) -> Runtime:
+        self._stack = AsyncExitStack()
+        await self._stack.__aenter__()
+        self._tg = await self._stack.enter_async_context(anyio.create_task_group())
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        try:
+            for sid in [s.id for s in self._sessions.values() if not s.closed]:
+                try:
+                    await self.close(sid)
+                except Exception as err:  # noqa: BLE001  (close every session even if one fails)
+                    self._event(None, event="close", ok=False, error_kind=ErrorKind.infrastructure,
+                                message=f"{sid}: {type(err).__name__}: {err}")
+            for b in list(self._shared.values()):
+                await self._close_binding(b)
+            self._shared.clear()
+        finally:
+            if self._tg is not None:
+                self._tg.cancel_scope.cancel()
+            stack, self._stack, self._tg = self._stack, None, None
+            if stack is not None:
+                await stack.__aexit__(*exc)
+
+    def _require_open(self) -> anyio.abc.TaskGroup:
+        if self._tg is None:
+            raise RuntimeError("use the runtime inside `async with Runtime(...) as rt:`")
+        return self._tg
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _event(self, session: _Session | None, **kw: Any) -> LogEntry:
+        entry = LogEntry(seq=self._next_seq(), time=time.time(), session_id=session.id if session else None, **kw)
+        (session.log if session is not None else self.events).append(entry)
+        return entry
+
+    # -- registry ------------------------------------------------------------------------------
+    def register(self, server: Any, *, isolation: Literal["shared", "isolated"] | None = None) -> str:
+        """Register a server module (see :meth:`Registry.register`); failures are also logged in ``events``."""
+        try:
+            h = self.registry.register(server, isolation=isolation)
+        except WeftError as err:
+            self._event(None, event="register", ok=False, error_kind=ErrorKind.infrastructure,
+                        message=f"{type(err).__name__}: {err}")
+            raise
+        self._event(None, event="register", message=h)
+        return h
+
+    # -- bindings ------------------------------------------------------------------------------
+    async def _binding_task(self, b: _Binding, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        started = False
+        try:
+            async with AsyncExitStack() as stack:
+                if b.transport == "inproc":
+                    target: Any = b.weft.build(b.resolve)
+                elif b.transport == "stdio":
+                    params = StdioServerParameters(command=sys.executable, args=b.tmpdir_args, env=dict(os.environ))
+                    target = stdio_client(params, errlog=stack.enter_context(open(os.devnull, "w")))  # noqa: SIM115
+                else:
+                    target = b.url
+                b.client = await stack.enter_async_context(Client(target, read_timeout_seconds=None))
+                task_status.started()
+                started = True
+                await b.closed.wait()
+        except Exception as err:  # noqa: BLE001  (a dying server must not take the runtime down)
+            b.dead = f"{type(err).__name__}: {err}"
+            if not started:
+                raise
+        finally:
+            b.done.set()
+
+    async def _open_binding(self, b: _Binding) -> _Binding:
+        tg = self._require_open()
+        if b.transport == "http":
+            await self._spawn_http(b)
+        b.task_started = True
+        await tg.start(self._binding_task, b)
+        return b
+
+    async def _close_binding(self, b: _Binding) -> None:
+        b.closed.set()
+        if b.task_started:
+            with anyio.move_on_after(10):
+                await b.done.wait()
+        if b.process is not None and b.process.poll() is None:
+            b.process.terminate()
+            try:
+                await anyio.to_thread.run_sync(b.process.wait, 10)
+            except subprocess.TimeoutExpired:
+                b.process.kill()
+        if b.module is not None:
+            release_module(b.module)
+        if b.tmpdir is not None:
+            b.tmpdir.cleanup()
+
+    async def _shared_binding(self, spec: ServerSpec) -> _Binding:
+        async with self._shared_lock:
+            b = self._shared.get(spec.hash)
+            if b is None or b.dead:
+                module, weft = self.registry.load(spec.hash)
+                b = await self._open_binding(_Binding(spec=spec, transport="inproc", module=module, weft=weft))
+                self._shared[spec.hash] = b
+            return b
+
+    def _write_remote_files(self, b: _Binding, sid: str, snapshot: Snapshot) -> list[str]:
+        b.tmpdir = tempfile.TemporaryDirectory(prefix="weft-session-")
+        d = Path(b.tmpdir.name)
+        (d / "server.py").write_text(b.spec.source, encoding="utf-8")
+        (d / "snapshot.bin").write_bytes(snapshot.data)
+        return ["-m", "treadle.weft.serve", "--server-file", str(d / "server.py"), "--snapshot",
+                str(d / "snapshot.bin"), "--kind", snapshot.kind, "--session-id", sid]
+
+    async def _spawn_http(self, b: _Binding) -> None:
+        port = _free_port()
+        b.process = subprocess.Popen([sys.executable, *b.tmpdir_args, "--transport", "http", "--port", str(port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        b.url = f"http://127.0.0.1:{port}/mcp"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if b.process.poll() is not None:
+                raise WeftError(f"HTTP server for session exited with code {b.process.returncode} before listening")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    return
+            except OSError:
+                await anyio.sleep(0.05)
+        b.process.kill()
+        raise WeftError(f"HTTP server did not listen on 127.0.0.1:{port} within 30 s")
+
+    async def _bind_session(self, spec: ServerSpec, sid: str, transport: Transport, snapshot: Snapshot,
+                            state: StateBackend | None) -> tuple[_Binding, StateBackend | None]:
+        """Connect a session: returns its binding and its in-process state (built if ``state`` is None)."""
+        if transport == "inproc":
+            if spec.isolation == "shared":
+                b = await self._shared_binding(spec)
+            else:
+                module, weft = self.registry.load(spec.hash)
+                b = await self._open_binding(_Binding(spec=spec, transport="inproc", module=module, weft=weft))
+            if state is None:
+                state = b.weft.new_state(snapshot)
+            b.states[sid] = state.handle
+            return b, state
+        b = _Binding(spec=spec, transport=transport)
+        b.tmpdir_args = self._write_remote_files(b, sid, snapshot)
+        try:
+            await self._open_binding(b)
+        except BaseException:
+            await self._close_binding(b)
+            raise
+        return b, None
+
+    async def _unbind(self, s: _Session) -> None:
+        s.binding.states.pop(s.id, None)
+        if s.binding is not self._shared.get(s.spec.hash):
+            await self._close_binding(s.binding)
+
+    # -- sessions ------------------------------------------------------------------------------
+    def _check_snapshot(self, spec: ServerSpec, snapshot: Snapshot) -> None:
+        if spec.hash in self._schema_ok.get(snapshot, ()):
+            return
+        if spec.hash in self._shared:
+            self._shared[spec.hash].weft.check_snapshot(snapshot)
+        else:
+            module, weft = self.registry.load(spec.hash)
+            try:
+                weft.check_snapshot(snapshot)
+            finally:
+                release_module(module)
+        self._schema_ok.setdefault(snapshot, set()).add(spec.hash)
+
+    async def create_session(self, server_hash: str, snapshot: Snapshot, *, session_id: str | None = None,
+                             transport: Transport | None = None) -> str:
+        """Open a session of a registered server with private state cloned from ``snapshot``.
+
+        Args:
+            server_hash: hash returned by :meth:`register` (or a unique prefix).
+            snapshot: the immutable initial state; checked against the server's schema (once per
+                server and snapshot object).
+            session_id: optional id (``[A-Za-z0-9_-]``); a random one by default.
+            transport: ``"inproc"`` / ``"stdio"`` / ``"http"`` (default: the runtime's).
+
+        Returns:
+            The session id.
+
+        Raises:
+            UnknownServerError: no such server.
+            TypeError: ``snapshot`` is not a Snapshot.
+            SnapshotSchemaError: the snapshot does not match the server's schema.
+            ValueError: bad ``session_id`` / ``transport``, or the id is in use.
+            ServerImportError / WeftError: the server could not be started (also logged in ``events``).
+        """
+        self._require_open()
+        spec = self.registry.spec(server_hash)
+        transport = transport or self.transport
+        if transport not in _TRANSPORTS:
+            raise ValueError(f"transport must be one of {_TRANSPORTS}, got {transport!r}")
+        if not isinstance(snapshot, Snapshot):
+            raise TypeError(f"snapshot must be a treadle.weft.state.Snapshot, got {type(snapshot).__name__}")
+        sid = session_id or uuid.uuid4().hex[:16]
+        if not isinstance(sid, str) or not sid.replace("-", "").replace("_", "").isalnum():
+            raise ValueError(f"session_id must be letters, digits, '-' and '_', got {sid!r}")
+        if sid in self._sessions and not self._sessions[sid].closed:
+            raise ValueError(f"session id {sid!r} is already open")
+        try:
+            self._check_snapshot(spec, snapshot)
+            binding, state = await self._bind_session(spec, sid, transport, snapshot, None)
+        except WeftError as err:
+            self._event(None, event="create", ok=False, error_kind=ErrorKind.infrastructure,
+                        message=f"{spec.hash[:12]}: {type(err).__name__}: {err}")
+            raise
+        s = _Session(id=sid, spec=spec, transport=transport, initial=snapshot, binding=binding, state=state)
+        self._sessions[sid] = s
+        self._event(s, event="create", message=f"server {spec.name} {spec.hash[:12]} via {transport}")
+        return sid
+
+    def _session(self, session_id: str) -> _Session:
+        s = self._sessions.get(session_id)
+        if s is None:
+            raise UnknownSessionError(f"no session {session_id!r}")
+        if s.closed:
+            raise SessionClosedError(f"session {session_id!r} is closed")
+        return s
+
+    def sessions(self) -> list[str]:
+        """Ids of the open sessions."""
+        return [sid for sid, s in self._sessions.items() if not s.closed]
+
+    def server_of(self, session_id: str) -> ServerSpec:
+        return self._session(session_id).spec
+
+    def log(self, session_id: str) -> list[LogEntry]:
+        """The session's log (a copy); also available after close."""
+        s = self._sessions.get(session_id)
+        if s is None:
+            raise UnknownSessionError(f"no session {session_id!r}")
+        return list(s.log)
+
+    def is_interrupted(self, session_id: str) -> bool:
+        """True when the session was restored from a checkpoint (its rollout was interrupted)."""
+        return self._session(session_id).interrupted
+
+    # -- tool calls ----------------------------------------------------------------------------
+    def _validator(self, spec: ServerSpec, tool: dict[str, Any]) -> jsonschema.protocols.Validator:
+        key = (spec.hash, tool["name"])
+        v = self._validators.get(key)
+        if v is None:
+            schema = dict(tool["input_schema"])
+            schema.setdefault("additionalProperties", False)
+            v = jsonschema.Draft202012Validator(schema)
+            self._validators[key] = v
+        return v
+
+    async def call(self, session_id: str, call: str | ToolCall) -> ToolOutcome:
+        """Dispatch a call string (parsed with :func:`~treadle.weft.callparse.parse_call`) or a ToolCall.
+
+        A string that is not one call with literal arguments gives an ``invalid_args`` outcome.
+        """
+        if isinstance(call, ToolCall):
+            return await self.call_tool(session_id, call.name, call.arguments)
+        s = self._session(session_id)
+        order = {t["name"]: list(t["input_schema"].get("properties", {})) for t in s.spec.tools}
+        try:
+            parsed = parse_call(call, param_order=order)
+        except (CallParseError, TypeError) as err:
+            return self._finish(s, ToolCall(name="<unparsed>", arguments={"text": str(call)[:500]}), None,
+                                ErrorKind.invalid_args, f"{err}", None)
+        return await self.call_tool(session_id, parsed.name, parsed.arguments)
+
+    async def call_tool(self, session_id: str, name: str, arguments: dict[str, Any] | None = None) -> ToolOutcome:
+        """Call tool ``name`` with ``arguments`` in a session; never raises for tool-level failures.
+
+        Arguments are validated against the tool's JSON input schema (no extra properties) before
+        dispatch, so ``invalid_args`` and ``unknown_tool`` never touch state. Calls on one session
+        are serialised; calls on different sessions run concurrently.
+
+        Raises:
+            UnknownSessionError / SessionClosedError: the session does not exist or is closed.
+        """
+        s = self._session(session_id)
+        if not isinstance(name, str):
+            return self._finish(s, ToolCall(name=repr(name)), None, ErrorKind.unknown_tool,
+                                f"tool name must be a str, got {type(name).__name__}", None)
+        if arguments is None:
+            arguments = {}
+        if not isinstance(arguments, dict):
+            return self._finish(s, ToolCall(name=name), None, ErrorKind.invalid_args,
+                                f"arguments must be a JSON object (dict), got {type(arguments).__name__}", None)
+        call = ToolCall(name=name, arguments=arguments)
+        tool = s.spec.tool(name)
+        if tool is None or (s.available is not None and name not in s.available):
+            return self._finish(s, call, None, ErrorKind.unknown_tool,
+                                f"unknown tool {name!r}; available: {self.available_tools(session_id)}", None)
+        errors = sorted(self._validator(s.spec, tool).iter_errors(arguments), key=lambda e: list(e.path))
+        if errors:
+            msg = "; ".join(f"{'/'.join(map(str, e.path)) or '<root>'}: {e.message}" for e in errors[:5])
+            return self._finish(s, call, None, ErrorKind.invalid_args, f"arguments do not match {name}'s schema: {msg}",
+                                None)
+        server_lock = self._server_lock(s.spec) if s.transport == "inproc" else None
+        async with s.lock, (server_lock or _NULL_LOCK):
+            if s.closed:
+                raise SessionClosedError(f"session {session_id!r} is closed")
+            b = s.binding
+            if b.dead:
+                return self._finish(s, call, None, ErrorKind.crash, f"server connection is gone: {b.dead}", None)
+            t0 = time.perf_counter()
+            try:
+                with anyio.fail_after(self.timeout_s):
+                    res = await b.client.call_tool(name, arguments, meta={SESSION_META_KEY: s.id})
+            except TimeoutError:
+                lat = (time.perf_counter() - t0) * 1e3
+                return self._finish(s, call, None, ErrorKind.timeout, f"{name} exceeded {self.timeout_s:g} s", lat)
+            except Exception as err:  # noqa: BLE001  (transport failures are typed, never raised)
+                lat = (time.perf_counter() - t0) * 1e3
+                if b.transport != "inproc":
+                    b.dead = b.dead or f"{type(err).__name__}: {err}"
+                    if b.process is not None and b.process.poll() is None:
+                        b.process.kill()
+                    return self._finish(s, call, None, ErrorKind.crash, f"server died during {name}: {b.dead}", lat)
+                return self._finish(s, call, None, ErrorKind.infrastructure, f"{type(err).__name__}: {err}", lat)
+            lat = (time.perf_counter() - t0) * 1e3
+        payload, text = _result_payload(res)
+        if lat > self.timeout_s * 1e3:
+            return self._finish(s, call, None, ErrorKind.timeout,
+                                f"{name} returned after {lat / 1e3:.3g} s > {self.timeout_s:g} s", lat)
+        if res.is_error:
+            kind = ErrorKind.invalid_args if "validation error" in text and text.startswith(
+                f"Error executing tool {name}: ") else ErrorKind.execution_error
+            return self._finish(s, call, None, kind, text, lat)
+        out = self._finish(s, call, payload, None, text, lat)
+        if tool["contract"]["writes"] and s.state is not None and self.store is not None and not s.fenced:
+            self._mark_dirty(s)
+        return out
+
+    def _server_lock(self, spec: ServerSpec) -> anyio.Lock | None:
+        """Calls of a server that writes process-global state (``global_write`` findings: ``global``
+        statements, attributes of imported modules) are serialised across its in-process sessions:
+        a separate module import does not isolate a third-party module's globals."""
+        if "global_write" not in spec.report.kinds():
+            return None
+        lock = self._server_locks.get(spec.hash)
+        if lock is None:
+            lock = self._server_locks[spec.hash] = anyio.Lock()
+        return lock
+
+    def _finish(self, s: _Session, call: ToolCall, result: Any, kind: ErrorKind | None, text: str,
+                latency_ms: float | None) -> ToolOutcome:
+        entry = self._event(s, event="call", tool=call.name, arguments=call.arguments, ok=kind is None,
+                            error_kind=kind, message="" if kind is None else text[:2000], latency_ms=latency_ms)
+        if s.id not in self._hidden:
+            self.stats.record(s.spec.hash, call.name, latency_ms, kind, server_name=s.spec.name)
+        return ToolOutcome(session_id=s.id, seq=entry.seq, call=call, ok=kind is None, result=result, text=text,
+                           error_kind=kind, latency_ms=latency_ms)
+
+    async def list_tools(self, session_id: str) -> list[dict[str, Any]]:
+        """Tool definitions (name, description, JSON input schema) the session's agent may call, via MCP
+        (restricted by :meth:`set_available_tools`)."""
+        s = self._session(session_id)
+        res = await s.binding.client.list_tools()
+        return [{"name": t.name, "description": t.description or "", "input_schema": t.input_schema}
+                for t in res.tools if s.available is None or t.name in s.available]
+
+    def set_available_tools(self, session_id: str, names: list[str] | set[str] | None) -> None:
+        """Offer only ``names`` to the agent from now on (None: every tool of the server); calls to
+        other tools get ``unknown_tool``. E.g. BFCL's functions withheld until a later turn.
+
+        Raises:
+            ValueError: a name is not a tool of the session's server.
+        """
+        s = self._session(session_id)
+        if names is None:
+            s.available = None
+            return
+        unknown = set(names) - set(s.spec.tool_names)
+        if unknown:
+            raise ValueError(f"set_available_tools: {sorted(unknown)} are not tools of server {s.spec.name}")
+        s.available = frozenset(names)
+
+    def available_tools(self, session_id: str) -> list[str]:
+        """Names of the tools the agent may call in the session now."""
+        s = self._session(session_id)
+        return [n for n in s.spec.tool_names if s.available is None or n in s.available]
+
+    # -- state operations ----------------------------------------------------------------------
+    def _local_state(self, s: _Session, op: str) -> StateBackend:
+        if s.state is None:
+            raise UnsupportedOperationError(f"{op} needs in-process state; session {s.id} uses {s.transport!r}")
+        return s.state
+
+    def state(self, session_id: str) -> Any:
+        """The session's state handle (privileged: for verifiers and tests, never exposed to tools)."""
+        return self._local_state(self._session(session_id), "state access").handle
+
+    def snapshot(self, session_id: str) -> Snapshot:
+        """An immutable snapshot of the session's current state."""
+        return self._local_state(self._session(session_id), "snapshot").snapshot()
+
+    def diff(self, session_id: str, other: str | Snapshot | None = None) -> StateDiff:
+        """Differences from the session's *initial* snapshot to its current state, or, with ``other``
+        (a session id or snapshot), from this session's current state to ``other``."""
+        s = self._session(session_id)
+        state = self._local_state(s, "diff")
+        if other is None:
+            base = s.binding.weft.new_state(s.initial)
+            try:
+                return base.diff(state)
+            finally:
+                base.close()
+        if isinstance(other, str):
+            return state.diff(self._local_state(self._session(other), "diff"))
+        return state.diff(other)
+
+    async def reset(self, session_id: str) -> None:
+        """Restore the session to its initial snapshot (byte-identical state); the log is kept.
+
+        Isolated sessions also get a fresh module import (class attributes start over); remote
+        sessions restart their server process.
+        """
+        s = self._session(session_id)
+        async with s.lock:
+            if s.transport == "inproc" and s.spec.isolation == "shared":
+                s.state.restore(s.initial)
+            else:
+                await self._unbind(s)
+                if s.state is not None:
+                    s.state.close()
+                s.binding, s.state = await self._bind_session(s.spec, s.id, s.transport, s.initial, None)
+            s.dirty_at = None
+        self._event(s, event="reset")
+        if self.store is not None and s.state is not None and not s.fenced:
+            self._mark_dirty(s)
+
+    async def fork(self, session_id: str, *, session_id_new: str | None = None) -> str:
+        """A new session whose state is a copy of this session's *current* state (same initial snapshot,
+        so ``reset`` of the fork returns to the original start). Returns the new id."""
+        s = self._session(session_id)
+        state = self._local_state(s, "fork")
+        sid = session_id_new or uuid.uuid4().hex[:16]
+        if sid in self._sessions and not self._sessions[sid].closed:
+            raise ValueError(f"session id {sid!r} is already open")
+        async with s.lock:
+            if s.spec.isolation == "shared":
+                new_state = state.fork()
+                binding, new_state = await self._bind_session(s.spec, sid, "inproc", s.initial, new_state)
+            else:  # own module import; instance state copied from a snapshot of the current state
+                binding, new_state = await self._bind_session(s.spec, sid, "inproc", state.snapshot(), None)
+        f = _Session(id=sid, spec=s.spec, transport="inproc", initial=s.initial, binding=binding, state=new_state)
+        self._sessions[sid] = f
+        self._event(f, event="fork", message=f"forked from {s.id}")
+        self._event(s, event="fork", message=f"forked into {sid}")
+        return sid
+
+    async def close(self, session_id: str) -> None:
+        """Close a session: flush a pending checkpoint, release its state (the log stays readable)."""
+        s = self._session(session_id)
+        if s.dirty_at is not None and not s.fenced:
+            await self._flush(s)
+        async with s.lock:
+            s.closed = True
+            await self._unbind(s)
+            if s.state is not None:
+                s.state.close()
+        self._event(s, event="close")
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def _mark_dirty(self, s: _Session) -> None:
+        s.dirty_at = time.monotonic()
+        if not s.flusher:
+            s.flusher = True
+            self._require_open().start_soon(self._debounced_flush, s)
+
+    async def _debounced_flush(self, s: _Session) -> None:
+        try:
+            while s.dirty_at is not None and not s.closed and not s.fenced:
+                wait = s.dirty_at + self.debounce_s - time.monotonic()
+                if wait > 0:
+                    await anyio.sleep(wait)
+                    continue
+                await self._flush(s)
+        finally:
+            s.flusher = False
+
+    async def _flush(self, s: _Session, turn: int | None = None) -> CheckpointRecord | None:
+        if self.store is None:
+            raise WeftError("this runtime has no checkpoint_store")
+        s.flushing = True
+        try:
+            async with s.lock:
+                if s.state is None or (s.closed and s.dirty_at is None):
+                    return None
+                snap = s.state.snapshot()
+                s.dirty_at = None
+            if turn is not None:
+                s.turn = turn
+            try:
+                if s.generation is None:
+                    s.generation = await anyio.to_thread.run_sync(self.store.claim, s.id)
+                rec = await anyio.to_thread.run_sync(
+                    lambda: self.store.write(s.id, s.generation, s.spec.hash, snap, turn=s.turn,
+                                             meta={"interrupted": s.interrupted}))
+            except StaleGenerationError as err:
+                s.fenced = True
+                self._event(s, event="checkpoint", ok=False, error_kind=ErrorKind.infrastructure, message=str(err),
+                            generation=s.generation)
+                self.stats.record(s.spec.hash, "<checkpoint>", None, ErrorKind.infrastructure, s.spec.name)
+                return None
+            except (CheckpointStoreError, OSError, ValueError) as err:
+                self._event(s, event="checkpoint", ok=False, error_kind=ErrorKind.infrastructure,
+                            message=f"{type(err).__name__}: {err}", generation=s.generation)
+                self.stats.record(s.spec.hash, "<checkpoint>", None, ErrorKind.infrastructure, s.spec.name)
+                return None
+            s.last_checkpoint = rec
+            self._event(s, event="checkpoint", generation=rec.generation, message=f"seq {rec.seq} {rec.digest[:12]}")
+            return rec
+        finally:
+            s.flushing = False
+
+    async def checkpoint(self, session_id: str, *, turn: int | None = None) -> CheckpointRecord | None:
+        """Write a checkpoint now (e.g. at an atomic-turn boundary, ``turn`` = the turn just finished).
+
+        Returns the record, or None when the write failed (typed ``infrastructure`` entry in the log)
+        or the session was fenced by a newer generation.
+
+        Raises:
+            WeftError: the runtime has no checkpoint store.
+            UnsupportedOperationError: remote-transport session.
+        """
+        s = self._session(session_id)
+        self._local_state(s, "checkpoint")
+        if s.fenced:
+            self._event(s, event="checkpoint", ok=False, error_kind=ErrorKind.infrastructure,
+                        message="stale generation: session owned by a newer worker", generation=s.generation)
+            return None
+        return await self._flush(s, turn=turn)
+
+    async def drain(self) -> None:
+        """Wait until no session has a pending (debounced) checkpoint."""
+        while any(s.dirty_at is not None or s.flushing or s.flusher for s in self._sessions.values()
+                  if not s.closed and not s.fenced):
+            await anyio.sleep(self.debounce_s / 2 or 0.001)
+
+    async def restore_session(self, session_id: str) -> str:
+        """Re-open a session from its last checkpoint (e.g. after its worker died).
+
+        Claims a new generation (a stale writer of the old one is then rejected), materialises the
+        state from the checkpoint, and marks the session ``interrupted`` (its rollout resumes from
+        the last turn boundary, ``checkpoint_turn``; never to be counted as a policy failure).
+
+        Raises:
+            WeftError: no checkpoint store; KeyError: no checkpoint for that id;
+            CheckpointStoreError: unreadable store; UnknownServerError: its server is not registered.
+        """
+        self._require_open()
+        if self.store is None:
+            raise WeftError("this runtime has no checkpoint_store")
+        if session_id in self._sessions and not self._sessions[session_id].closed:
+            raise ValueError(f"session {session_id!r} is open in this runtime")
+        rec, snap = await anyio.to_thread.run_sync(self.store.read, session_id)
+        spec = self.registry.spec(rec.server_hash)
+        gen = await anyio.to_thread.run_sync(self.store.claim, session_id)
+        binding, state = await self._bind_session(spec, session_id, "inproc", snap, None)
+        old = self._sessions.get(session_id)
+        s = _Session(id=session_id, spec=spec, transport="inproc", initial=snap, binding=binding, state=state,
+                     generation=gen, interrupted=True, turn=rec.turn, last_checkpoint=rec)
+        if old is not None:
+            s.log = old.log
+        self._sessions[session_id] = s
+        self._event(s, event="restore", generation=gen,
+                    message=f"from checkpoint generation {rec.generation} seq {rec.seq} turn {rec.turn}")
+        return session_id
+
+    def checkpoint_turn(self, session_id: str) -> int | None:
+        """The turn recorded with the session's last checkpoint (None if none)."""
+        rec = self._session(session_id).last_checkpoint
+        return rec.turn if rec else None
+
+    # -- verification --------------------------------------------------------------------------
+    async def verify_turn(self, session_id: str, start: Snapshot, spec: CheckpointSpec,
+                          outcomes: list[ToolOutcome]) -> CheckpointResult:
+        """Judge one atomic turn of a session, inside the runtime (seed: WEFT 4.1 atomic-turn checks).
+
+        The gold calls of ``spec`` are replayed through the same server on a verifier-private
+        session cloned from ``start`` (the turn's start state, from :meth:`snapshot` before the
+        turn); that session never appears in :meth:`sessions` or the statistics and is dropped
+        afterwards. The agent's state is then compared with the gold state and the tool returns
+        with the gold results (see :func:`~treadle.weft.verify.judge_checkpoint`).
+
+        Raises:
+            TypeError: ``spec`` is not a CheckpointSpec or ``start`` not a Snapshot.
+            UnsupportedOperationError: remote-transport session.
+        """
+        if not isinstance(spec, CheckpointSpec):
+            raise TypeError(f"spec must be a CheckpointSpec, got {type(spec).__name__}")
+        if not isinstance(start, Snapshot):
+            raise TypeError(f"start must be a Snapshot, got {type(start).__name__}")
+        s = self._session(session_id)
+        state = self._local_state(s, "verification")
+        expected = None
+        gold_results: list[Any] | None = None
+        gold_error = ""
+        if spec.gold_calls is not None:
+            hid = f"verifier-{uuid.uuid4().hex[:16]}"
+            self._hidden.add(hid)
+            try:
+                binding, gstate = await self._bind_session(s.spec, hid, "inproc", start, None)
+                g = _Session(id=hid, spec=s.spec, transport="inproc", initial=start, binding=binding, state=gstate)
+                self._sessions[hid] = g
+                gold_results = []
+                for c in spec.gold_calls:
+                    out = await self.call_tool(hid, c.name, c.arguments)
+                    if not out.ok:
+                        gold_error = f"{c}: {out.error_kind.value}: {out.text[:200]}"
+                        break
+                    gold_results.append(out.result)
+                expected = gstate.snapshot()
+                g.closed = True
+                await self._unbind(g)
+                gstate.close()
+            finally:
+                self._sessions.pop(hid, None)
+                self._hidden.discard(hid)
+        return judge_checkpoint(spec, state, outcomes, expected, gold_results, gold_error)

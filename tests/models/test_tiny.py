@@ -1,0 +1,128 @@
+"""The embedded tiny model: tokenizer, training (tiny setting), checkpoint round trip, atomic saves,
+and clear errors for missing / non-causal / half-written / corrupted checkpoints."""
+import json
+import shutil
+
+import pytest
+import torch
+
+from treadle.models import (CorruptCheckpointError, NotACausalLMError, TinyTrainConfig, build_tokenizer, cache_root,
+                            load_default_model, train_tiny)
+from treadle.models.tiny import MARKER, PARTIAL
+
+CFG = TinyTrainConfig.quick(steps=3, eval_per_level=2)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cache")
+    result = train_tiny(CFG, root / "tiny", progress=False)
+    return result
+
+
+def test_tokenizer_roundtrip_and_template():
+    tok = build_tokenizer()
+    s = "Ann has 7 pens. What is (41*5)-82?\nSolve 3*x+4=19 for x."
+    ids = tok(s, add_special_tokens=False)["input_ids"]
+    assert tok.unk_token_id not in ids and tok.decode(ids) == s
+    text = tok.apply_chat_template([{"role": "user", "content": "What is 3+4?"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert text == "<|im_start|>user\nWhat is 3+4?<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token_id != tok.eos_token_id
+    assert len(tok(text, add_special_tokens=False)["input_ids"]) == len("\nWhat is 3+4?\n\n") + 5
+
+
+def test_checkpoint_roundtrip(trained):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = trained.path
+    assert (path / MARKER).exists() and not (path / PARTIAL).exists()
+    assert not list(path.parent.glob("tiny.tmp-*"))
+    info = json.loads((path / MARKER).read_text())
+    assert set(info["accuracy"]) == {"1", "2", "3", "4", "5", "6"} and info["config"]["steps"] == 3
+    hf = AutoModelForCausalLM.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    assert type(hf).__name__ == "Qwen3ForCausalLM"
+    model, tok2 = load_default_model(path)
+    ids = tok(["What is 3+4?"], return_tensors="pt")["input_ids"]
+    torch.testing.assert_close(model(input_ids=ids).logits, hf(input_ids=ids).logits)
+    assert tok2.chat_template == tok.chat_template == build_tokenizer().chat_template
+    # an existing complete checkpoint is reused, not retrained
+    again = train_tiny(CFG, path, progress=False)
+    assert again.seconds == 0.0 and again.accuracy == trained.accuracy
+
+
+def test_training_is_deterministic(trained, tmp_path):
+    other = train_tiny(CFG, tmp_path / "again", progress=False)
+    from safetensors.torch import load_file
+
+    a, b = load_file(trained.path / "model.safetensors"), load_file(other.path / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_default_cache_trains_once_and_reports_corruption(trained, tmp_path, monkeypatch):
+    monkeypatch.setenv("TREADLE_CACHE", str(tmp_path))
+    assert cache_root() == tmp_path
+    with pytest.raises(FileNotFoundError, match="train-tiny"):
+        load_default_model(train_if_missing=False)
+    shutil.copytree(trained.path, tmp_path / "tiny-qwen3")
+    model, tok = load_default_model(train_if_missing=False)  # the cached copy loads
+    assert model.config.model_type == "qwen3"
+
+    (tmp_path / "tiny-qwen3" / MARKER).unlink()  # half-written: no completion marker
+    with pytest.raises(CorruptCheckpointError, match="no completion marker"):
+        load_default_model()
+    shutil.rmtree(tmp_path / "tiny-qwen3")
+
+    # a killed save: the temp folder is left, never the final one; the next run cleans it and trains
+    killed = tmp_path / "tiny-qwen3.tmp-999999999"
+    shutil.copytree(trained.path, killed)
+    (killed / PARTIAL).write_text("")
+    res = train_tiny(CFG, tmp_path / "tiny-qwen3", progress=False)
+    assert not killed.exists() and (res.path / MARKER).exists()
+
+    shutil.copytree(res.path, tmp_path / "partial")
+    (tmp_path / "partial" / PARTIAL).write_text("")
+    with pytest.raises(CorruptCheckpointError, match="half-written"):
+        load_default_model(tmp_path / "partial")
+
+    weights = tmp_path / "tiny-qwen3" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match="SHA-256"):
+        load_default_model()
+    with open(weights, "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(CorruptCheckpointError, match="truncated"):
+        load_default_model()
+
+
+def test_bad_paths(tmp_path):
+    from transformers import ViTConfig
+
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_default_model(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(NotACausalLMError, match="no config.json"):
+        load_default_model(tmp_path / "empty")
+    (tmp_path / "file.bin").write_bytes(b"x")
+    with pytest.raises(NotACausalLMError, match="is a file"):
+        load_default_model(tmp_path / "file.bin")
+    ViTConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=1, intermediate_size=8).save_pretrained(tmp_path / "vit")
+    with pytest.raises(NotACausalLMError, match="not a causal LM"):
+        load_default_model(tmp_path / "vit")
+    with pytest.raises(TypeError, match="TinyTrainConfig"):
+        train_tiny({"steps": 1}, tmp_path / "x")
+    with pytest.raises(ValueError, match="difficulty level"):
+        TinyTrainConfig(level_weights={9: 1.0})
+
+
+def test_cli_train_tiny_reuses_checkpoint(trained):
+    from typer.testing import CliRunner
+
+    from treadle.models.cli import app
+
+    res = CliRunner().invoke(app, ["train-tiny", "--quick", "--out", str(trained.path), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert "already holds a complete checkpoint" in res.output and "accuracy" in res.output

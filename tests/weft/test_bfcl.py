@@ -1,0 +1,120 @@
+"""BFCL v4 multi-turn environments through the runtime (skipped unless `bfcl-eval` is installed:
+``pip install --no-deps bfcl-eval``)."""
+import copy
+import json
+
+import anyio
+import pytest
+
+pytest.importorskip("bfcl_eval")
+
+from treadle.weft.envs import bfcl  # noqa: E402
+from treadle.weft.errors import ErrorKind  # noqa: E402
+from treadle.weft.runtime import Runtime  # noqa: E402
+
+QUICK = 3  # entries per category in the quick tests; the slow tests replay all 200
+
+
+def _gold_policy(gold):
+    return lambda k: gold[k]
+
+
+def _replay(category, entries, policy_for=None):
+    entries_all, gold = bfcl.load_entries(category)
+
+    async def main():
+        async with Runtime(timeout_s=30) as rt:
+            out = []
+            for e in entries:
+                g = gold[e["id"]]
+                pol = policy_for(e, g) if policy_for else _gold_policy(g)
+                out.append(await bfcl.run_entry(rt, e, g, pol, category=category))
+            return out
+    return anyio.run(main)
+
+
+def test_servers_register_with_converted_schemas():
+    async def main():
+        async with Runtime() as rt:
+            for name in bfcl.CLASSES:
+                h = bfcl.register_class(rt, name)
+                assert bfcl.register_class(rt, name) == h
+                spec = rt.registry.spec(h)
+                assert spec.backend == "object" and spec.tools
+                assert all(t["input_schema"]["type"] == "object" for t in spec.tools)
+            fs = rt.registry.spec(bfcl.register_class(rt, "GorillaFileSystem"))
+            # BFCL's file-system module imports subprocess; the math module sets mpmath's global precision
+            assert fs.isolation == "isolated" and "process_access" in fs.report.kinds()
+            math = rt.registry.spec(bfcl.register_class(rt, "MathAPI"))
+            assert "global_write" in math.report.kinds()
+            assert {"cd", "ls", "mv", "grep", "sort", "diff"} <= set(fs.tool_names)
+            assert list(fs.tool("mv")["input_schema"]["properties"]) == ["source", "destination"]
+    anyio.run(main)
+
+
+@pytest.mark.parametrize("category", bfcl.CATEGORIES)
+def test_gold_replay_passes_quick(category):
+    entries, _ = bfcl.load_entries(category)
+    chosen = [e for e in entries if e["id"] not in bfcl.KNOWN_BAD_GOLD][:QUICK]
+    before = copy.deepcopy(chosen)
+    for res in _replay(category, chosen):
+        assert res.reward == 1.0, [(r.name, r.details[:2]) for r in res.results if r.r == 0]
+    assert chosen == before  # the caller's entries (and their configs) are never modified or kept
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("category", bfcl.CATEGORIES)
+def test_gold_replay_passes_every_scored_entry(category):
+    entries, _ = bfcl.load_entries(category)
+    scored = [e for e in entries if e["id"] not in bfcl.KNOWN_BAD_GOLD]
+    failed = [(r.id, [x.name for x in r.results if x.r == 0]) for r in _replay(category, scored) if r.reward != 1.0]
+    assert failed == []
+
+
+def test_skipping_one_call_fails_exactly_that_turn():
+    entries, gold = bfcl.load_entries("base")
+    checked = 0
+    for e in entries[:4]:
+        g = gold[e["id"]]
+        k = next(i for i, t in enumerate(g) if t)
+        def policy_for(entry, gg, k=k):
+            return lambda i: gg[i][:-1] if i == k else gg[i]
+        res = _replay("base", [e], policy_for)[0]
+        assert [r.r for r in res.results] == [0 if i == k else 1 for i in range(len(g))], e["id"]
+        assert res.results[k].policy_failure
+        checked += 1
+    assert checked == 4
+
+
+def test_withheld_and_excluded_functions_are_unknown_tools():
+    entries, gold = bfcl.load_entries("miss_func")
+    e = next(x for x in entries if x["missed_function"])
+    turn, names = next(iter(e["missed_function"].items()))
+    g = gold[e["id"]]
+
+    def policy(k):
+        return [f"{names[0]}()"] if k == 0 else g[k]
+    res = _replay("miss_func", [e], lambda entry, gg: policy)[0]
+    first = res.outcomes[0][0]
+    assert first["error_kind"] == ErrorKind.unknown_tool.value and int(turn) > 0
+    assert res.results[0].r == 0
+
+
+def test_concurrent_entries_do_not_leak():
+    """Several entries of the same classes at once (one runtime): each sees only its own scenario."""
+    entries, gold = bfcl.load_entries("base")
+    chosen = entries[:4]
+
+    async def main():
+        async with Runtime(timeout_s=30) as rt:
+            results = {}
+
+            async def one(e):
+                results[e["id"]] = await bfcl.run_entry(rt, e, gold[e["id"]], _gold_policy(gold[e["id"]]))
+            async with anyio.create_task_group() as tg:
+                for e in chosen:
+                    tg.start_soon(one, e)
+            return results
+    results = anyio.run(main)
+    assert all(r.reward == 1.0 for r in results.values()), {k: v.reward for k, v in results.items()}
+    json.dumps([r.model_dump(mode="json") for r in results.values()])  # results are plain data
