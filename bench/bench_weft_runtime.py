@@ -13,6 +13,12 @@ Cases (peers side by side in one run):
 - ``short tasks cold``: create session, 3 shop calls (find_customer, place_order, get_order), close;
   ``WEFT_BENCH_TASKS`` tasks for treadle (default 1,000), ``WEFT_BENCH_BASELINE_TASKS`` for the
   baseline (default 20, its per-task time is extrapolated to 1,000 and reported as such).
+
+Last measured (2026-11-29, this 2-core shared CPU machine, other jobs running; medians):
+clone 0.98 MB SQLite 0.10 ms (backup API 0.16 ms; target < 2 ms); create session 0.074 ms vs 2.2 s
+for a stdio subprocess; get_order call p50 0.71 ms vs 1.98 ms (p99 noisy: 10 ms vs 7.6 ms); idle
+memory 0.047 MiB/session at 1,000 sessions vs 71 MiB/session for the baseline at 50 (~1/1,500);
+1,000 short tasks cold 6.1 s vs ~1,150 s extrapolated from 6 baseline tasks (~190x).
 """
 from __future__ import annotations
 

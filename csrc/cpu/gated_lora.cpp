@@ -18,7 +18,9 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <optional>
 #include <tuple>
+#include <vector>
 
 namespace treadle {
 namespace {
@@ -57,8 +59,8 @@ at::Tensor rows(const at::Tensor& t, const char* name) {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
 #endif
-void expand_row_f32(const float* __restrict base, const float* __restrict bt, const float* __restrict su,
-                           float* __restrict y, int64_t r, int64_t d_out) {
+void expand_row_f32(const float* base, const float* __restrict bt, const float* __restrict su, float* y, int64_t r,
+                    int64_t d_out) {  // base may be y itself (in-place accumulate): each block is read before written
   constexpr int64_t BLK = 64;
   int64_t o0 = 0;
   for (; o0 + BLK <= d_out; o0 += BLK) {
@@ -82,10 +84,12 @@ void expand_row_f32(const float* __restrict base, const float* __restrict bt, co
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_lora_fwd_cpu(
-    const at::Tensor& x, const at::Tensor& base_out, const at::Tensor& lora_A, const at::Tensor& lora_B,
-    const at::Tensor& gate_weight, const at::Tensor& gate_bias, double scaling, double L, double U, double tau) {
-  const at::Tensor x2 = rows(x, "x"), base2 = rows(base_out, "base_out");
+// Shrink + epilogue + expand over (N, d) views, writing y2 = base2 + (s * x A^T) B^T; y2 may be base2
+// itself (in place). Returns (z, v).
+std::tuple<at::Tensor, at::Tensor> forward_core(const at::Tensor& x2, const at::Tensor& base2, at::Tensor& y2,
+                                                const at::Tensor& lora_A, const at::Tensor& lora_B,
+                                                const at::Tensor& gate_weight, const at::Tensor& gate_bias,
+                                                double scaling, double L, double U, double tau) {
   check_2d(lora_A, "lora_A");
   check_2d(lora_B, "lora_B");
   const int64_t n = x2.size(0), d_in = x2.size(1), d_out = base2.size(1), r = lora_A.size(0);
@@ -95,16 +99,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_lora_fwd_cpu(
   // shrink: one GEMM over x for the LoRA down-projection and the gate logit together
   at::Tensor stacked = at::cat({lora_A, gate_weight.reshape({1, d_in}).to(lora_A.scalar_type())}, 0);
   at::Tensor z = at::mm(x2, stacked.t());  // (N, r + 1)
-  const auto acc_type = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor v = at::empty({n}, x.options().dtype(acc_type));
+  const auto acc_type = x2.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor v = at::empty({n}, x2.options().dtype(acc_type));
   const double b = gate_bias.to(at::kDouble).item<double>();
-  at::Tensor y = at::empty_like(base_out);
-  if (x.scalar_type() == at::kFloat && n > 0) {
+  if (x2.scalar_type() == at::kFloat && n > 0) {
     at::Tensor bt = lora_B.t().contiguous();  // (r, d_out)
     const float* zp = z.data_ptr<float>();
     const float* bp = base2.data_ptr<float>();
     const float* btp = bt.data_ptr<float>();
-    float* yp = y.data_ptr<float>();
+    float* yp = y2.data_ptr<float>();
     float* vp = v.data_ptr<float>();
     const float fL = L, fU = U, fs = scaling, inv_tau = 1.0 / tau, fb = b;
     at::parallel_for(0, n, 16, [&](int64_t lo, int64_t hi) {
@@ -118,31 +121,66 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_lora_fwd_cpu(
         expand_row_f32(bp + i * d_out, btp, su.data(), yp + i * d_out, r, d_out);
       }
     });
-  } else {
+  } else if (n > 0) {
     at::Tensor zf = z.to(at::kDouble);
     at::Tensor vv = at::tanh((zf.select(1, r) + b) / tau);
     v.copy_(vv);
     at::Tensor lam = 1.0 + (1.0 - L) * at::clamp_max(vv, 0.0) + (U - 1.0) * at::clamp_min(vv, 0.0);
-    at::Tensor su = (zf.narrow(1, 0, r) * (scaling * lam).unsqueeze(1)).to(x.scalar_type());
-    at::Tensor y2 = y.view({n, d_out});
-    at::addmm_out(y2, base2, su, lora_B.t());
+    at::Tensor su = (zf.narrow(1, 0, r) * (scaling * lam).unsqueeze(1)).to(x2.scalar_type());
+    if (y2.is_same(base2)) {
+      y2.addmm_(su, lora_B.t());
+    } else {
+      at::addmm_out(y2, base2, su, lora_B.t());
+    }
   }
+  return {z, v};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_lora_fwd_cpu(
+    const at::Tensor& x, const at::Tensor& base_out, const at::Tensor& lora_A, const at::Tensor& lora_B,
+    const at::Tensor& gate_weight, const at::Tensor& gate_bias, double scaling, double L, double U, double tau) {
+  const at::Tensor x2 = rows(x, "x"), base2 = rows(base_out, "base_out");
+  at::Tensor y = at::empty_like(base_out);
+  at::Tensor y2 = y.view({x2.size(0), base2.size(1)});
+  auto [z, v] = forward_core(x2, base2, y2, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau);
   return {y, z, v};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_lora_bwd_cpu(
-    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& lora_A, const at::Tensor& lora_B,
-    const at::Tensor& z, const at::Tensor& v, double scaling, double L, double U, double tau, bool need_dx,
-    bool need_dgate) {
-  const at::Tensor dy2 = rows(dy, "grad_y"), x2 = rows(x, "x");
+// The base linear fused in: y = x W^T (+ bias) by one GEMM, then the gated expand added into y in place
+// (no separate base_out buffer, no extra pass to add it).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_lora_linear_cpu(
+    const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias, const at::Tensor& lora_A,
+    const at::Tensor& lora_B, const at::Tensor& gate_weight, const at::Tensor& gate_bias, double scaling, double L,
+    double U, double tau) {
+  const at::Tensor x2 = rows(x, "x");
+  check_2d(weight, "weight");
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = weight.size(0);
+  at::Tensor y = at::empty(shape, x.options());
+  at::Tensor y2 = y.view({x2.size(0), weight.size(0)});
+  if (bias.has_value() && bias->defined()) {
+    at::addmm_out(y2, *bias, x2, weight.t());
+  } else {
+    at::mm_out(y2, x2, weight.t());
+  }
+  auto [z, v] = forward_core(x2, y2, y2, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau);
+  return {y, z, v};
+}
+
+// Gate/LoRA backward over (N, d) views. If dx2 is defined, the LoRA path's (s * p) A is written into it
+// (accumulate = false) or added to it in place (accumulate = true). Returns (dw, db).
+std::tuple<at::Tensor, at::Tensor> backward_core(const at::Tensor& dy2, const at::Tensor& x2, const at::Tensor& lora_A,
+                                                 const at::Tensor& lora_B, const at::Tensor& z, const at::Tensor& v,
+                                                 double scaling, double L, double U, double tau, at::Tensor* dx2,
+                                                 bool accumulate, bool need_dgate) {
   check_2d(z, "z");
   check_2d(lora_A, "lora_A");
   check_2d(lora_B, "lora_B");
   const int64_t n = x2.size(0), d_in = x2.size(1), r = lora_A.size(0);
   at::Tensor p = at::mm(dy2, lora_B);  // (N, r)
   at::Tensor q = at::empty({n, r}, p.options());
-  const auto acc_type = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor dg = at::empty({n}, x.options().dtype(acc_type));
+  const auto acc_type = x2.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor dg = at::empty({n}, x2.options().dtype(acc_type));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, p.scalar_type(), "gated_lora_bwd", [&] {
     using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
     const scalar_t* pp = p.data_ptr<scalar_t>();
@@ -164,30 +202,56 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_lora_bwd_cpu(
       }
     });
   });
-  at::Tensor dx;
-  if (!need_dx) {
-    dx = at::zeros_like(x);
-  } else if (x.scalar_type() == at::kFloat && n > 0) {  // rank-r expand, one write of dx
-    dx = at::empty_like(x);
-    const float* qp = q.data_ptr<float>();
-    const float* ap = lora_A.data_ptr<float>();
-    float* dxp = dx.data_ptr<float>();
-    at::parallel_for(0, n, 16, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) expand_row_f32(nullptr, ap, qp + i * r, dxp + i * d_in, r, d_in);
-    });
-  } else {
-    dx = at::empty_like(x);
-    at::Tensor dx2 = dx.view({n, d_in});
-    at::mm_out(dx2, q, lora_A);
+  if (dx2 != nullptr && n > 0) {
+    if (x2.scalar_type() == at::kFloat) {  // rank-r expand: one write (or read + write) of dx
+      const float* qp = q.data_ptr<float>();
+      const float* ap = lora_A.data_ptr<float>();
+      float* dxp = dx2->data_ptr<float>();
+      at::parallel_for(0, n, 16, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i)
+          expand_row_f32(accumulate ? dxp + i * d_in : nullptr, ap, qp + i * r, dxp + i * d_in, r, d_in);
+      });
+    } else if (accumulate) {
+      dx2->addmm_(q, lora_A);
+    } else {
+      at::mm_out(*dx2, q, lora_A);
+    }
   }
   at::Tensor dw, db;  // in the accumulation dtype (float32, or float64 for float64 inputs)
   if (need_dgate) {
     dw = at::mv(x2.t().to(acc_type), dg);
     db = dg.sum().reshape({1});
   } else {
-    dw = at::zeros({d_in}, x.options().dtype(acc_type));
-    db = at::zeros({1}, x.options().dtype(acc_type));
+    dw = at::zeros({d_in}, x2.options().dtype(acc_type));
+    db = at::zeros({1}, x2.options().dtype(acc_type));
   }
+  return {dw, db};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_lora_bwd_cpu(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& lora_A, const at::Tensor& lora_B,
+    const at::Tensor& z, const at::Tensor& v, double scaling, double L, double U, double tau, bool need_dx,
+    bool need_dgate) {
+  const at::Tensor dy2 = rows(dy, "grad_y"), x2 = rows(x, "x");
+  at::Tensor dx = need_dx ? at::empty_like(x) : at::zeros_like(x);
+  at::Tensor dx2 = dx.view({x2.size(0), x2.size(1)});
+  auto [dw, db] = backward_core(dy2, x2, lora_A, lora_B, z, v, scaling, L, U, tau, need_dx ? &dx2 : nullptr,
+                                /*accumulate=*/false, need_dgate);
+  return {dx, dw, db};
+}
+
+// Backward of gated_lora_linear: dx = dy W (one GEMM) + (s * p) A added in place; W and its bias frozen.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gated_lora_linear_bwd_cpu(
+    const at::Tensor& dy, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& lora_A,
+    const at::Tensor& lora_B, const at::Tensor& z, const at::Tensor& v, double scaling, double L, double U, double tau,
+    bool need_dx, bool need_dgate) {
+  const at::Tensor dy2 = rows(dy, "grad_y"), x2 = rows(x, "x");
+  check_2d(weight, "weight");
+  at::Tensor dx = need_dx ? at::empty_like(x) : at::zeros_like(x);
+  at::Tensor dx2 = dx.view({x2.size(0), x2.size(1)});
+  if (need_dx) at::mm_out(dx2, dy2, weight);
+  auto [dw, db] = backward_core(dy2, x2, lora_A, lora_B, z, v, scaling, L, U, tau, need_dx ? &dx2 : nullptr,
+                                /*accumulate=*/true, need_dgate);
   return {dx, dw, db};
 }
 
@@ -200,11 +264,19 @@ TORCH_LIBRARY_FRAGMENT(treadle_C, m) {
   m.def(
       "gated_lora_backward(Tensor grad_y, Tensor x, Tensor lora_A, Tensor lora_B, Tensor z, Tensor v, float scaling, "
       "float L, float U, float tau, bool need_dx, bool need_dgate) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "gated_lora_linear(Tensor x, Tensor weight, Tensor? bias, Tensor lora_A, Tensor lora_B, Tensor gate_weight, "
+      "Tensor gate_bias, float scaling, float L, float U, float tau) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "gated_lora_linear_backward(Tensor grad_y, Tensor x, Tensor weight, Tensor lora_A, Tensor lora_B, Tensor z, "
+      "Tensor v, float scaling, float L, float U, float tau, bool need_dx, bool need_dgate) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(treadle_C, CPU, m) {
   m.impl("gated_lora", &gated_lora_fwd_cpu);
   m.impl("gated_lora_backward", &gated_lora_bwd_cpu);
+  m.impl("gated_lora_linear", &gated_lora_linear_cpu);
+  m.impl("gated_lora_linear_backward", &gated_lora_linear_bwd_cpu);
 }
 
 }  // namespace treadle

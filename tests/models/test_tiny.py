@@ -126,3 +126,12 @@ def test_cli_train_tiny_reuses_checkpoint(trained):
     res = CliRunner().invoke(app, ["train-tiny", "--quick", "--out", str(trained.path), "--no-progress"])
     assert res.exit_code == 0, res.output
     assert "already holds a complete checkpoint" in res.output and "accuracy" in res.output
+
+
+def test_stale_cache_from_other_settings_is_retrained(trained, tmp_path, monkeypatch):
+    monkeypatch.setenv("TREADLE_CACHE", str(tmp_path))
+    shutil.copytree(trained.path, tmp_path / "tiny-qwen3")
+    load_default_model(config=CFG)  # same settings: reused as is
+    assert json.loads((tmp_path / "tiny-qwen3" / MARKER).read_text())["config"]["steps"] == 3
+    load_default_model(config=TinyTrainConfig.quick(steps=2, eval_per_level=1))
+    assert json.loads((tmp_path / "tiny-qwen3" / MARKER).read_text())["config"]["steps"] == 2

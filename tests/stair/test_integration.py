@@ -326,3 +326,17 @@ def test_double_attach_bank_from_other_model_and_context_overflow(tok):
     for c in (ctrl, octrl, two):
         c.detach()
     assert math.isfinite(float(model(torch.randint(0, 60, (1, 4))).logits.sum()))
+
+
+def test_bank_spans_assistant_answer_reasoning(tok):
+    model = _model("qwen3", tok)
+    ctrl = attach(model, layers=(1,), backend="cpp")
+    sess = StairSession(model, tok, ctrl)
+    sess._think = (50, 51)  # pretend <think> / </think> are tokens 50 / 51
+    ids = [10, 50, 11, 12, 51, 13, 14, tok.eos_token_id]
+    expect = {"assistant": [1, 0, 1, 1, 0, 1, 1, 0], "reasoning": [0, 0, 1, 1, 0, 0, 0, 0],
+              "answer": [0, 0, 0, 0, 0, 1, 1, 0]}
+    for span, want in expect.items():
+        ctrl.bank_span = span
+        assert sess._span(ids) == [bool(x) for x in want], span
+    ctrl.detach()

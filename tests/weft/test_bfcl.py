@@ -118,3 +118,17 @@ def test_concurrent_entries_do_not_leak():
     results = anyio.run(main)
     assert all(r.reward == 1.0 for r in results.values()), {k: v.reward for k, v in results.items()}
     json.dumps([r.model_dump(mode="json") for r in results.values()])  # results are plain data
+
+
+def test_cli_bfcl(tmp_path):
+    from typer.testing import CliRunner
+
+    from treadle.cli import app
+
+    res = CliRunner().invoke(app, ["weft", "bfcl", "--category", "miss_param", "--limit", "2", "--run-dir",
+                                   str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(x) for x in (tmp_path / "miss_param.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["R"] == 1.0 for r in rows)
+    res = CliRunner().invoke(app, ["weft", "bfcl", "--category", "nope"])
+    assert res.exit_code == 2

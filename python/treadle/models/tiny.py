@@ -31,7 +31,7 @@ import torch
 
 __all__ = ["TinyTrainConfig", "TrainResult", "CheckpointError", "CorruptCheckpointError", "NotACausalLMError",
            "build_tokenizer", "cache_root", "default_checkpoint_dir", "train_tiny", "load_default_model",
-           "check_checkpoint", "MARKER", "PARTIAL"]
+           "check_checkpoint", "accuracy_table", "MARKER", "PARTIAL"]
 
 MARKER = "treadle_checkpoint.json"
 PARTIAL = ".treadle-partial"
@@ -70,7 +70,7 @@ class TinyTrainConfig:
     """
 
     seed: int = 0
-    steps: int = 1200
+    steps: int = 1500
     batch_size: int = 32
     lr: float = 3e-3
     warmup: int = 30
@@ -290,7 +290,7 @@ def train_tiny(config: TinyTrainConfig | None = None, out_dir: str | os.PathLike
 
     Args:
         config: training settings (default :class:`TinyTrainConfig`: about 1.6M parameters,
-            1200 steps of 32 problems, about 3 minutes on 2 idle CPU cores).
+            1500 steps of 32 problems, about 3 minutes on 2 idle CPU cores).
         out_dir: destination folder (default :func:`default_checkpoint_dir`).
         force: replace an existing checkpoint at ``out_dir`` (otherwise an existing complete one is
             kept and returned without training).
@@ -418,7 +418,8 @@ def load_default_model(path: str | os.PathLike | None = None, *, train_if_missin
         path: any local Hugging Face causal-LM checkpoint folder; None -> the tiny model in
             ``cache_root() / name``.
         train_if_missing: train the tiny model (:func:`train_tiny` with ``config``) when the cache
-            folder does not exist.
+            folder does not exist, or retrain it when it was trained with other settings than
+            ``config`` (e.g. by an older treadle).
         config: training settings used when training is needed.
         name: cache folder name (the default model is ``tiny-qwen3``).
 
@@ -440,7 +441,14 @@ def load_default_model(path: str | os.PathLike | None = None, *, train_if_missin
             if not train_if_missing:
                 raise FileNotFoundError(f"no cached tiny model at {dest}; run `treadle model train-tiny` first")
             train_tiny(config, dest, console=console, progress=progress)
-        check_checkpoint(dest, require_marker=True)
+        info = check_checkpoint(dest, require_marker=True)
+        want = json.loads(json.dumps(dataclasses.asdict(config or TinyTrainConfig())))
+        if train_if_missing and info.get("config") != want:
+            if console is not None:
+                console.print(f"[yellow]{dest} was trained with other settings than the current default; "
+                              f"retraining[/yellow]")
+            train_tiny(config or TinyTrainConfig(), dest, force=True, console=console, progress=progress)
+            check_checkpoint(dest, require_marker=True)
         p = dest
     else:
         p = Path(path).expanduser()

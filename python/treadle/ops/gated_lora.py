@@ -45,7 +45,9 @@ import torch
 from treadle import dispatch
 
 OP = "gated_lora"
+OP_LINEAR = "gated_lora_linear"
 dispatch.register(OP, cpu=("cpp",), gpu=("triton",))
+dispatch.register(OP_LINEAR, cpu=("cpp",), gpu=("triton",))
 
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -175,6 +177,81 @@ def _backward(ctx, grad_y, grad_z, grad_v):
 _gated_lora_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+# ---------------------------------------------------------------- variant with the base linear fused in
+@torch.library.custom_op("treadle::gated_lora_linear_fwd", mutates_args=())
+def _gated_lora_linear_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lora_A: torch.Tensor,
+                           lora_B: torch.Tensor, gate_weight: torch.Tensor, gate_bias: torch.Tensor, scaling: float,
+                           L: float, U: float, tau: float, backend: str
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``y = x W^T (+ bias) + lambda * scaling * (x A^T) B^T`` on contiguous ``x (..., d_in)``."""
+    if backend == "cpp":
+        from treadle import _extension
+
+        return _extension.op(OP_LINEAR)(x, weight, bias, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau)
+    return _gated_lora_fwd(x, torch.nn.functional.linear(x, weight, bias), lora_A, lora_B, gate_weight, gate_bias,
+                           scaling, L, U, tau, backend)
+
+
+@_gated_lora_linear_fwd.register_fake
+def _(x, weight, bias, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau, backend):
+    n, r = x.numel() // x.shape[-1], lora_A.shape[0]
+    return (x.new_empty((*x.shape[:-1], weight.shape[0])), x.new_empty((n, r + 1)),
+            x.new_empty((n,), dtype=_acc_dtype(x.dtype)))
+
+
+@torch.library.custom_op("treadle::gated_lora_linear_bwd", mutates_args=())
+def _gated_lora_linear_bwd(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, lora_A: torch.Tensor,
+                           lora_B: torch.Tensor, z: torch.Tensor, v: torch.Tensor, scaling: float, L: float, U: float,
+                           tau: float, need_dx: bool, need_dgate: bool, backend: str
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``dx = dy W + (s * (dy B)) A`` (the LoRA term added in place on the C++ path), ``dw``, ``db``."""
+    grad_y = grad_y.contiguous()
+    if backend == "cpp":
+        from treadle import _extension
+
+        return _extension.op(OP_LINEAR + "_backward")(grad_y, x, weight, lora_A, lora_B, z, v, scaling, L, U, tau,
+                                                       need_dx, need_dgate)
+    dx, dw, db = _gated_lora_bwd(grad_y, x, lora_A, lora_B, z, v, scaling, L, U, tau, need_dx, need_dgate, backend)
+    if need_dx:
+        dx = dx + grad_y @ weight
+    return dx, dw, db
+
+
+@_gated_lora_linear_bwd.register_fake
+def _(grad_y, x, weight, lora_A, lora_B, z, v, scaling, L, U, tau, need_dx, need_dgate, backend):
+    acc = _acc_dtype(x.dtype)
+    return torch.empty_like(x), x.new_empty((x.shape[-1],), dtype=acc), x.new_empty((1,), dtype=acc)
+
+
+def _linear_setup_context(ctx, inputs, output):
+    x, weight, bias, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau, backend = inputs
+    _, z, v = output
+    ctx.save_for_backward(x, weight, lora_A, lora_B, z, v)
+    ctx.args = (scaling, L, U, tau, backend)
+    ctx.gate_meta = (gate_weight.dtype, gate_bias.dtype, gate_bias.shape)
+    ctx.mark_non_differentiable(z, v)
+    ctx.set_materialize_grads(False)
+
+
+def _linear_backward(ctx, grad_y, grad_z, grad_v):
+    x, weight, lora_A, lora_B, z, v = ctx.saved_tensors
+    scaling, L, U, tau, backend = ctx.args
+    need_dx = ctx.needs_input_grad[0]
+    need_dw, need_db = ctx.needs_input_grad[5], ctx.needs_input_grad[6]
+    if grad_y is None or not (need_dx or need_dw or need_db):
+        return (None,) * 12
+    dx, dw, db = _gated_lora_linear_bwd(grad_y, x, weight, lora_A, lora_B, z, v, scaling, L, U, tau, need_dx,
+                                        need_dw or need_db, backend)
+    w_dtype, b_dtype, b_shape = ctx.gate_meta
+    return (dx if need_dx else None, None, None, None, None,
+            dw.to(w_dtype) if need_dw else None,
+            db.to(b_dtype).reshape(b_shape) if need_db else None,
+            None, None, None, None, None)
+
+
+_gated_lora_linear_fwd.register_autograd(_linear_backward, setup_context=_linear_setup_context)
+
+
 # ---------------------------------------------------------------- public API
 def _check_tensor(name: str, t, dtypes=_FLOAT) -> None:
     if not isinstance(t, torch.Tensor):
@@ -190,6 +267,45 @@ def _check_scalar(name: str, value, cond, expected: str) -> float:
     if not math.isfinite(value) or not cond(value):
         raise ValueError(f"{name} must be {expected}, got {value}")
     return value
+
+
+def _validate(x, d_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau, frozen):
+    """Checks shared by both entry points; returns (scaling, L, U, tau) as floats. ``frozen``: more
+    ``(name, tensor)`` pairs that must not require grad."""
+    for name, t in (("x", x), ("lora_A", lora_A), ("lora_B", lora_B), ("gate_weight", gate_weight),
+                    ("gate_bias", gate_bias)):
+        _check_tensor(name, t)
+    for name, t in (("lora_A", lora_A), ("lora_B", lora_B)):
+        if t.dtype != x.dtype:
+            raise TypeError(f"{name} must have x's dtype {x.dtype}, got {t.dtype}")
+    for name, t in (("gate_weight", gate_weight), ("gate_bias", gate_bias)):
+        if t.dtype not in (x.dtype, torch.float32):
+            raise TypeError(f"{name} must have x's dtype {x.dtype} or torch.float32, got {t.dtype}")
+    scaling = _check_scalar("scaling", scaling, lambda s: True, "a finite number")
+    L = _check_scalar("L", L, lambda s: s < 0, "a finite number < 0 (lambda's lower end; L < 0 < 1 < U)")
+    U = _check_scalar("U", U, lambda s: s > 1, "a finite number > 1 (lambda's upper end; L < 0 < 1 < U)")
+    tau = _check_scalar("tau", tau, lambda s: s > 0, "a finite number > 0 (the gate temperature)")
+    if x.dim() < 1 or x.shape[-1] < 1:
+        raise ValueError(f"x must have shape (..., d_in) with d_in >= 1, got {tuple(x.shape)}")
+    d_in = x.shape[-1]
+    if lora_A.dim() != 2 or lora_A.shape[1] != d_in or lora_A.shape[0] < 1:
+        raise ValueError(f"lora_A must have shape (r, d_in={d_in}) with r >= 1, got {tuple(lora_A.shape)}")
+    r = lora_A.shape[0]
+    if lora_B.dim() != 2 or tuple(lora_B.shape) != (d_out, r):
+        raise ValueError(f"lora_B must have shape (d_out={d_out}, r={r}), got {tuple(lora_B.shape)}")
+    if gate_weight.dim() != 1 or gate_weight.shape[0] != d_in:
+        raise ValueError(f"gate_weight must have shape (d_in={d_in},), got {tuple(gate_weight.shape)}")
+    if gate_bias.numel() != 1 or gate_bias.dim() > 1:
+        raise ValueError(f"gate_bias must have shape () or (1,), got {tuple(gate_bias.shape)}")
+    for name, t in (("lora_A", lora_A), ("lora_B", lora_B), ("gate_weight", gate_weight), ("gate_bias", gate_bias)):
+        if t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}; put them on one device")
+    if torch.is_grad_enabled():
+        for name, t in (("lora_A", lora_A), ("lora_B", lora_B), *frozen):
+            if t is not None and t.requires_grad:
+                raise ValueError(f"{name} requires grad, but gated LoRA treats it as frozen (SCALE Stage II) and "
+                                 f"gives it no gradient; call {name}.requires_grad_(False) first")
+    return scaling, L, U, tau
 
 
 def gated_lora(
@@ -245,44 +361,19 @@ def gated_lora(
             tensors on different devices, ``lora_A``/``lora_B`` requiring grad while grad is enabled.
         treadle.dispatch.BackendUnavailableError: ``backend`` cannot run here.
     """
-    for name, t in (("x", x), ("base_out", base_out), ("lora_A", lora_A), ("lora_B", lora_B),
-                    ("gate_weight", gate_weight), ("gate_bias", gate_bias)):
-        _check_tensor(name, t)
-    for name, t in (("base_out", base_out), ("lora_A", lora_A), ("lora_B", lora_B)):
-        if t.dtype != x.dtype:
-            raise TypeError(f"{name} must have x's dtype {x.dtype}, got {t.dtype}")
-    for name, t in (("gate_weight", gate_weight), ("gate_bias", gate_bias)):
-        if t.dtype not in (x.dtype, torch.float32):
-            raise TypeError(f"{name} must have x's dtype {x.dtype} or torch.float32, got {t.dtype}")
-    scaling = _check_scalar("scaling", scaling, lambda s: True, "a finite number")
-    L = _check_scalar("L", L, lambda s: s < 0, "a finite number < 0 (lambda's lower end; L < 0 < 1 < U)")
-    U = _check_scalar("U", U, lambda s: s > 1, "a finite number > 1 (lambda's upper end; L < 0 < 1 < U)")
-    tau = _check_scalar("tau", tau, lambda s: s > 0, "a finite number > 0 (the gate temperature)")
-    if x.dim() < 1 or x.shape[-1] < 1:
-        raise ValueError(f"x must have shape (..., d_in) with d_in >= 1, got {tuple(x.shape)}")
-    d_in = x.shape[-1]
-    if lora_A.dim() != 2 or lora_A.shape[1] != d_in or lora_A.shape[0] < 1:
-        raise ValueError(f"lora_A must have shape (r, d_in={d_in}) with r >= 1, got {tuple(lora_A.shape)}")
-    r = lora_A.shape[0]
-    if base_out.dim() != x.dim() or base_out.shape[:-1] != x.shape[:-1] or base_out.shape[-1] < 1:
+    _check_tensor("x", x)
+    _check_tensor("base_out", base_out)
+    if base_out.dtype != x.dtype:
+        raise TypeError(f"base_out must have x's dtype {x.dtype}, got {base_out.dtype}")
+    if base_out.dim() < 1 or base_out.shape[-1] < 1:
+        raise ValueError(f"base_out must have shape (..., d_out) with d_out >= 1, got {tuple(base_out.shape)}")
+    d_out = base_out.shape[-1]
+    scaling, L, U, tau = _validate(x, d_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau, ())
+    if base_out.dim() != x.dim() or base_out.shape[:-1] != x.shape[:-1]:
         raise ValueError(f"base_out must have shape {tuple(x.shape[:-1])} + (d_out,) like x's leading dims, "
                          f"got {tuple(base_out.shape)}")
-    d_out = base_out.shape[-1]
-    if lora_B.dim() != 2 or tuple(lora_B.shape) != (d_out, r):
-        raise ValueError(f"lora_B must have shape (d_out={d_out}, r={r}), got {tuple(lora_B.shape)}")
-    if gate_weight.dim() != 1 or gate_weight.shape[0] != d_in:
-        raise ValueError(f"gate_weight must have shape (d_in={d_in},), got {tuple(gate_weight.shape)}")
-    if gate_bias.numel() != 1 or gate_bias.dim() > 1:
-        raise ValueError(f"gate_bias must have shape () or (1,), got {tuple(gate_bias.shape)}")
-    for name, t in (("base_out", base_out), ("lora_A", lora_A), ("lora_B", lora_B),
-                    ("gate_weight", gate_weight), ("gate_bias", gate_bias)):
-        if t.device != x.device:
-            raise ValueError(f"{name} is on {t.device} but x is on {x.device}; put them on one device")
-    if torch.is_grad_enabled():
-        for name, t in (("lora_A", lora_A), ("lora_B", lora_B)):
-            if t.requires_grad:
-                raise ValueError(f"{name} requires grad, but gated_lora treats the LoRA weights as frozen (SCALE "
-                                 f"Stage II) and gives them no gradient; call {name}.requires_grad_(False) first")
+    if base_out.device != x.device:
+        raise ValueError(f"base_out is on {base_out.device} but x is on {x.device}; put them on one device")
 
     lead = x.shape[:-1]
     n = math.prod(lead)
@@ -297,6 +388,79 @@ def gated_lora(
     y, _, v = _gated_lora_fwd(
         x.contiguous(), base_out.contiguous(), lora_A.contiguous(), lora_B.contiguous(), gate_weight.contiguous(),
         gate_bias.reshape(1), scaling, L, U, tau, name)
+    if return_lambda:
+        return y, _lambda(v, L, U).reshape(lead)
+    return y
+
+
+def gated_lora_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    lora_A: torch.Tensor,
+    lora_B: torch.Tensor,
+    gate_weight: torch.Tensor,
+    gate_bias: torch.Tensor,
+    *,
+    scaling: float,
+    L: float,
+    U: float,
+    tau: float,
+    return_lambda: bool = False,
+    backend: str | None = None,
+):
+    """:func:`gated_lora` with the frozen base linear fused in: ``y = x W^T (+ bias) + lambda * scaling * (x A^T) B^T``.
+
+    Same maths and gate as :func:`gated_lora` (SCALE sec. 3.3), for the case the base layer is a plain
+    ``nn.Linear`` (PEFT's ``base_layer``). Fusing it lets the C++ kernel add the gated expand into the
+    base GEMM's output in place, and form ``dx = dy W + (s * (dy B)) A`` with the LoRA term added in
+    place to the base GEMM's ``dx``: no separate ``base_out`` buffer, no separate LoRA ``dx`` buffer and
+    no autograd sum of the two (the CPU analogue of fusing the expand into the GEMM epilogue).
+
+    Args:
+        x: ``(..., d_in)`` float16/bfloat16/float32/float64.
+        weight: ``(d_out, d_in)`` the base layer's weight (frozen: must not require grad), x's dtype.
+        bias: ``(d_out,)`` or None, the base layer's bias (frozen), x's dtype.
+        lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau, return_lambda, backend: as
+            :func:`gated_lora`.
+
+    Returns:
+        ``y (..., d_out)`` in x's dtype, or ``(y, lambda)``.
+
+    Gradients: ``x`` (base path ``dy W`` and LoRA path), ``gate_weight``, ``gate_bias``; none for
+    ``weight``, ``bias``, ``lora_A``, ``lora_B``.
+
+    Raises:
+        TypeError / ValueError: as :func:`gated_lora`; also a weight/bias of the wrong shape, dtype or
+            device, or one that requires grad while grad is enabled.
+    """
+    _check_tensor("x", x)
+    _check_tensor("weight", weight)
+    if weight.dtype != x.dtype:
+        raise TypeError(f"weight must have x's dtype {x.dtype}, got {weight.dtype}")
+    if weight.dim() != 2 or weight.shape[0] < 1 or x.dim() < 1 or weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"weight must have shape (d_out, d_in={x.shape[-1] if x.dim() else '?'}), "
+                         f"got {tuple(weight.shape)}")
+    d_out = weight.shape[0]
+    if bias is not None:
+        _check_tensor("bias", bias)
+        if bias.dtype != x.dtype:
+            raise TypeError(f"bias must have x's dtype {x.dtype}, got {bias.dtype}")
+        if tuple(bias.shape) != (d_out,):
+            raise ValueError(f"bias must have shape (d_out={d_out},) or be None, got {tuple(bias.shape)}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}; put them on one device")
+    scaling, L, U, tau = _validate(x, d_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau,
+                                   (("weight", weight), ("bias", bias)))
+    lead = x.shape[:-1]
+    if math.prod(lead) == 0:
+        y = torch.nn.functional.linear(x, weight, bias)
+        return (y, x.new_empty(lead, dtype=_acc_dtype(x.dtype))) if return_lambda else y
+    name = dispatch.resolve(OP_LINEAR, x.device, backend)
+    y, _, v = _gated_lora_linear_fwd(
+        x.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(), lora_A.contiguous(),
+        lora_B.contiguous(), gate_weight.contiguous(), gate_bias.reshape(1), scaling, L, U, tau, name)
     if return_lambda:
         return y, _lambda(v, L, U).reshape(lead)
     return y

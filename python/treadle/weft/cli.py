@@ -54,3 +54,47 @@ def shop_cmd(run_dir: Path = typer.Option(Path("runs/weft-shop"), help="Where JS
     skip = (skip_task, skip_turn) if skip_task and skip_turn >= 0 else None
     rows = run_shop_tasks(run_dir, skip=skip, console=console)
     console.print(f"{sum(r['r'] for r in rows)}/{len(rows)} checkpoints pass; results in {run_dir}")
+
+
+@app.command("bfcl")
+def bfcl_cmd(category: str = typer.Option("base", help="base | miss_func | miss_param | long_context."),
+             limit: int = typer.Option(0, help="Entries to replay (0: all scored entries)."),
+             run_dir: Path = typer.Option(Path("runs/weft-bfcl"), help="Where the JSONL verdicts go.")) -> None:
+    """Replay BFCL v4 multi-turn gold answers through the runtime and verify every turn (needs bfcl-eval)."""
+    import json
+
+    import anyio
+    from rich.progress import track
+
+    try:
+        from treadle.weft.envs import bfcl
+
+        entries, gold = bfcl.load_entries(category)
+    except ModuleNotFoundError:
+        console.print("[red]bfcl-eval is not installed: pip install --no-deps bfcl-eval[/red]")
+        raise typer.Exit(2)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from err
+    from treadle.weft.runtime import Runtime
+
+    scored = [e for e in entries if e["id"] not in bfcl.KNOWN_BAD_GOLD]
+    scored = scored[:limit] if limit > 0 else scored
+
+    async def main() -> list[dict]:
+        rows = []
+        async with Runtime(timeout_s=30) as rt:
+            for e in track(scored, description=f"BFCL {category}", console=console):
+                g = gold[e["id"]]
+                res = await bfcl.run_entry(rt, e, g, lambda k, g=g: g[k], category=category)
+                rows.append({"id": res.id, "R": res.reward, "r": [r.r for r in res.results],
+                             "reasons": [[x.value for x in r.reasons] for r in res.results]})
+        return rows
+
+    rows = anyio.run(main)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out = run_dir / f"{category}.jsonl"
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    passed = sum(r["R"] == 1.0 for r in rows)
+    console.print(f"{category}: {passed}/{len(rows)} scored entries pass every turn "
+                  f"({len(entries) - len([e for e in entries if e['id'] not in bfcl.KNOWN_BAD_GOLD])} excluded as "
+                  f"known-bad gold); verdicts in {out}")
