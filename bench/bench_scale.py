@@ -10,6 +10,8 @@ frozen). Implementations:
 * ``base_linear``: the frozen base layer alone (``F.linear``), the floor.
 * ``treadle_gated_lora``: the base layer + ``treadle.ops.gated_lora`` (shrink with A and w stacked,
   per-token lambda, expand added into the base output).
+* ``treadle_gated_lora_linear``: ``treadle.ops.gated_lora_linear``, the base GEMM fused in (expand and
+  the LoRA part of dx added in place into the base GEMM's outputs); what ``treadle.scale`` uses.
 * ``peft_lora+gate``: what a user writes without treadle: PEFT's LoRA Linear pieces
   (``base_layer(x)``, ``lora_B(lora_A(dropout(x))) * scaling``) and an ``nn.Linear(d_in, 1)`` gate on
   ``x.detach()``, combined as ``base + lambda * delta``.
@@ -38,13 +40,13 @@ import time
 import pytest
 import torch
 
-from treadle.ops import gated_lora
+from treadle.ops import gated_lora, gated_lora_linear
 
 DEVICE = os.environ.get("TREADLE_BENCH_DEVICE", "cpu")
 DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
 TOKENS, RANK = 4096, 16
 GATE = dict(L=-2.0, U=3.0, tau=1.0)
-IMPLS = ["base_linear", "treadle_gated_lora", "peft_lora+gate"]
+IMPLS = ["base_linear", "treadle_gated_lora", "treadle_gated_lora_linear", "peft_lora+gate"]
 ROUNDS_CPU = int(os.environ.get("TREADLE_BENCH_ROUNDS", "7"))
 
 
@@ -81,6 +83,11 @@ def _make(impl: str, d: int, backward: bool):
     elif impl == "treadle_gated_lora":
         def fwd():
             return gated_lora(x, layer.base_layer(x), A, B, w, b, scaling=scaling, **GATE)
+    elif impl == "treadle_gated_lora_linear":
+        base = layer.base_layer
+
+        def fwd():
+            return gated_lora_linear(x, base.weight, base.bias, A, B, w, b, scaling=scaling, **GATE)
     else:
         def fwd():
             base = layer.base_layer(x)
@@ -152,10 +159,11 @@ def test_gated_lora(benchmark, peer_table, case):
             if DEVICE == "cpu":
                 extra["added_cpu"] = f"{100 * (cm[impl] - cm['base_linear']) / cm['base_linear']:+.1f}%"
         if impl == "peft_lora+gate":
-            for name, m in (("wall", wm), ("cpu", cm) if DEVICE == "cpu" else ()):
-                ours = m["treadle_gated_lora"] - m["base_linear"]
-                if ours > 0:
-                    extra[f"added_ratio_{name}"] = f"{(m[impl] - m['base_linear']) / ours:.2f}x"
+            for name, m in [("wall", wm)] + ([("cpu", cm)] if DEVICE == "cpu" else []):
+                for ours_name, tag in (("treadle_gated_lora", ""), ("treadle_gated_lora_linear", "_vs_linear")):
+                    ours = m[ours_name] - m["base_linear"]
+                    if ours > 0:
+                        extra[f"added_ratio{tag}_{name}"] = f"{(m[impl] - m['base_linear']) / ours:.2f}x"
         peer_table.record(key, impl, seconds=wm[impl], **extra)
 
 

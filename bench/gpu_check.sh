@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 report=${TREADLE_REPORT_DIR:-bench/results/gpu-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$report"
 PY=${PYTHON:-python3}
+export TRITON_INTERPRET=0   # tests/conftest.py defaults it to 1 for CPU runs; on the GPU, compile for real
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$report/summary.txt"; }
 
 {
@@ -35,7 +36,7 @@ log "tests: $(tail -1 "$report/tests.log")"
 for suite in grpo stair scale; do
   [ -f "bench/bench_$suite.py" ] || continue
   log "bench $suite (GPU cases)"
-  TREADLE_BENCH_DEVICE=cuda timeout 150 "$PY" -m pytest -q "bench/bench_$suite.py" -k cuda --benchmark-enable \
+  TREADLE_BENCH_DEVICE=cuda timeout 200 "$PY" -m pytest -q "bench/bench_$suite.py" -k cuda --benchmark-enable \
     -p no:cacheprovider -o addopts="" --benchmark-json="$report/bench_$suite.json" >"$report/bench_$suite.log" 2>&1
   log "bench $suite: $(tail -1 "$report/bench_$suite.log")"
   [ -f "bench/results/last_$suite.json" ] && cp "bench/results/last_$suite.json" "$report/ratios_$suite.json"

@@ -175,3 +175,21 @@ def test_refusals_name_the_layer_and_change_nothing():
     attach_gates(twice, **GATE)
     with pytest.raises(GateError, match="already has gates"):
         attach_gates(twice, **GATE)
+
+
+def test_fused_and_unfused_paths_agree():
+    """Frozen base: the base GEMM is fused (gated_lora_linear); a trainable base runs on its own (gated_lora)."""
+    pm = peft_model()
+    params = attach_gates(pm, L=-2.0, U=3.0, tau=0.7)
+    with torch.no_grad():
+        for p in params:
+            p.normal_(0, 0.5)
+    ids = _ids(4)
+    fused = pm(input_ids=ids).logits
+    for m in gated_layers(pm).values():
+        m.base_layer.weight.requires_grad_(True)
+    unfused = pm(input_ids=ids).logits
+    torch.testing.assert_close(unfused, fused, atol=1e-5, rtol=1e-5)
+    unfused.square().mean().backward()
+    layer = next(iter(gated_layers(pm).values()))
+    assert layer.base_layer.weight.grad is not None and layer.scale_gate_weight.grad is not None

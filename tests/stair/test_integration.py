@@ -325,7 +325,8 @@ def test_double_attach_bank_from_other_model_and_context_overflow(tok):
     assert torch.equal(sess.mask, before[1])
     for c in (ctrl, octrl, two):
         c.detach()
-    assert math.isfinite(float(model(torch.randint(0, 60, (1, 4))).logits.sum()))
+    with torch.no_grad():
+        assert math.isfinite(float(model(torch.randint(0, 60, (1, 4))).logits.sum()))
 
 
 def test_bank_spans_assistant_answer_reasoning(tok):

@@ -268,7 +268,7 @@ def test_triton_head_dim_limit_is_named():
         stair_readout(q.float(), k.float(), v.float(), n.float(), backend="triton")
 
 
-# ---- CUDA (run by bench/gpu_check.sh / bench/gpu_stair.py on a GPU machine; skipped elsewhere) ----
+# ---- CUDA (run by bench/gpu_check.sh on a GPU machine; skipped elsewhere) ----
 CUDA_CASES = [
     ((1, 4, 1, 300, 1000, 128, 128), {}),
     ((2, 8, 1, 77, 513, 64, 64), {"lengths": [513, 0], "eps": 0.1}),

@@ -112,7 +112,9 @@ def test_train_logs_saves_and_resumes(tmp_path, tok):
     cfg4 = StairTrainConfig(layers=(1, 3), steps=4, sessions=4, batch_size=2, turns=3, responses="gold", save_every=1)
     train(model, tok, cfg4, tmp_path, resume=True, progress=False, backend="cpp")
     log = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
-    assert [x["step"] for x in log] == [1, 2, 3, 4]
+    assert [x["step"] for x in log if "step" in x] == [1, 2, 3, 4]
+    probes = [x for x in log if x.get("probe")]
+    assert len(probes) == 2 and probes[1]["loss_before_run"] == pytest.approx(probes[0]["loss_after_run"], rel=1e-5)
     with pytest.raises(ValueError, match="another config"):
         train(model, tok, StairTrainConfig(layers=(1, 2), steps=5, sessions=4, batch_size=2, turns=3,
                                            responses="gold"), tmp_path, resume=True, progress=False)

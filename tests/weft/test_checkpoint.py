@@ -48,7 +48,7 @@ def test_debounced_checkpoints_and_restore_after_lost_worker(tmp_path, snap):
     store_url = tmp_path / "store"
 
     async def main():
-        async with Runtime(checkpoint_store=CheckpointStore(store_url), debounce_s=0.05) as a:
+        async with Runtime(checkpoint_store=CheckpointStore(store_url), debounce_s=0.5) as a:  # burst < 0.5 s
             h = a.register(SERVERS / "notes.py")
             sid = await a.create_session(h, snap, session_id="rollout-1")
             for i in range(5):  # a burst of mutating calls -> one debounced checkpoint

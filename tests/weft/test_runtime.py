@@ -52,7 +52,7 @@ def test_sessions_private_and_tools_work(notes_snapshot):
 
 def test_typed_errors_and_runtime_keeps_serving(notes_snapshot):
     async def main():
-        async with Runtime(timeout_s=0.3) as rt:
+        async with Runtime(timeout_s=1.0) as rt:  # generous: a loaded CI machine must not time out normal calls
             h = rt.register(SERVERS / "notes.py")
             a = await rt.create_session(h, notes_snapshot)
             b = await rt.create_session(h, notes_snapshot)
@@ -66,8 +66,8 @@ def test_typed_errors_and_runtime_keeps_serving(notes_snapshot):
                 (("add_then_fail", {"text": "x"}), ErrorKind.execution_error, "refusing note 'x'"),
                 (("explode", {}), ErrorKind.execution_error, "Error executing tool explode"),
                 (("add_then_exit", {"text": "x"}), ErrorKind.execution_error, "Error executing tool add_then_exit"),
-                (("slow", {"seconds": 5}), ErrorKind.timeout, "exceeded 0.3 s"),
-                (("slow_sync", {"seconds": 0.5}), ErrorKind.timeout, "0.3 s"),
+                (("slow", {"seconds": 5}), ErrorKind.timeout, "exceeded 1 s"),
+                (("slow_sync", {"seconds": 1.5}), ErrorKind.timeout, "> 1 s"),
             ]
             for (name, args), kind, msg in cases:
                 out = await rt.call_tool(a, name, args)

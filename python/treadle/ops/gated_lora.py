@@ -35,6 +35,10 @@ expand, one for ``p``, the epilogue and ``dx``). Memory traffic beyond the base 
 read of x (shrink), one read of base_out and one write of y; backward: one read of dy, one write of
 dx, one read of x (dw), plus autograd's in-place sum of x's two gradients (x and base_out enter the
 op with their own shapes, so no reshape view forces that sum out of place).
+
+:func:`gated_lora_linear` is the same op with the frozen base linear fused in (``weight``, ``bias``
+instead of ``base_out``); on the C++ backend it removes the base_out buffer and autograd's sum of
+x's two gradients (``dx = dy W`` by one GEMM, then ``(s p) A`` added in place).
 """
 from __future__ import annotations
 
@@ -415,7 +419,9 @@ def gated_lora_linear(
     ``nn.Linear`` (PEFT's ``base_layer``). Fusing it lets the C++ kernel add the gated expand into the
     base GEMM's output in place, and form ``dx = dy W + (s * (dy B)) A`` with the LoRA term added in
     place to the base GEMM's ``dx``: no separate ``base_out`` buffer, no separate LoRA ``dx`` buffer and
-    no autograd sum of the two (the CPU analogue of fusing the expand into the GEMM epilogue).
+    no autograd sum of the two (the CPU analogue of fusing the expand into the GEMM epilogue). The
+    ``reference`` and ``triton`` backends run the base GEMM with torch and then the unfused op (on GPU,
+    fusing the expand into the GEMM's epilogue is not done yet).
 
     Args:
         x: ``(..., d_in)`` float16/bfloat16/float32/float64.

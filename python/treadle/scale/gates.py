@@ -3,8 +3,10 @@
 :func:`attach_gates` turns every PEFT LoRA ``Linear`` of the active adapter into a :class:`GatedLoraLinear`
 (a subclass of PEFT's ``lora.Linear``: the instance's class is swapped in place, so PEFT's own
 bookkeeping, names and state dict stay as they are) whose forward is
-``y = base_layer(x) + lambda * scaling * B (A x)`` through :func:`treadle.ops.gated_lora`, with one
-gate ``(w (d_in,), b (1,))`` in float32 per module. Everything else is frozen, including ``lora_A``
+``y = base_layer(x) + lambda * scaling * B (A x)`` through :func:`treadle.ops.gated_lora_linear` (base
+GEMM fused in; used when base weight, adapter and input share a dtype and the base is frozen) or
+:func:`treadle.ops.gated_lora` (base layer run on its own), with one gate ``(w (d_in,), b (1,))`` in
+float32 per module. Everything else is frozen, including ``lora_A``
 and ``lora_B`` (PEFT marks ``lora_*`` trainable). Zero-initialised gates give lambda = 1: exactly
 the Stage-I model.
 
@@ -25,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from treadle.ops.gated_lora import gated_lora
+from treadle.ops.gated_lora import gated_lora, gated_lora_linear
 
 FORMAT = "treadle.scale.gates/1"
 
@@ -87,17 +89,26 @@ def _gated_class():
                     or cfg.adapter not in self.active_adapters):
                 return super().forward(x, *args, **kwargs)
             self._check_forward_args(x, *args, **kwargs)
-            result = self.base_layer(x, *args, **kwargs)
+            base = self.base_layer
             lora_A = self.lora_A[cfg.adapter].weight
             lora_B = self.lora_B[cfg.adapter].weight
-            xa = self._cast_input_dtype(x, lora_A.dtype)
-            y = gated_lora(
-                xa, result.to(lora_A.dtype), lora_A, lora_B, self.scale_gate_weight, self.scale_gate_bias,
-                scaling=float(self.scaling[cfg.adapter]), L=cfg.L, U=cfg.U, tau=cfg.tau,
-                return_lambda=self.scale_record_lambda)
+            gate = dict(scaling=float(self.scaling[cfg.adapter]), L=cfg.L, U=cfg.U, tau=cfg.tau,
+                        return_lambda=self.scale_record_lambda)
+            frozen_base = not base.weight.requires_grad and (base.bias is None or not base.bias.requires_grad)
+            if frozen_base and not args and not kwargs and base.weight.dtype == lora_A.dtype == x.dtype:
+                # base GEMM fused with the gated LoRA (expand and dx added in place)
+                y = gated_lora_linear(x, base.weight, base.bias, lora_A, lora_B, self.scale_gate_weight,
+                                      self.scale_gate_bias, **gate)
+                result_dtype = x.dtype
+            else:  # base layer run on its own (e.g. adapters kept in fp32 over a bf16 base, or a trainable base)
+                result = base(x, *args, **kwargs)
+                result_dtype = result.dtype
+                xa = self._cast_input_dtype(x, lora_A.dtype)
+                y = gated_lora(xa, result.to(lora_A.dtype), lora_A, lora_B, self.scale_gate_weight,
+                               self.scale_gate_bias, **gate)
             if self.scale_record_lambda:
                 y, self.scale_last_lambda = y
-            return y.to(result.dtype)
+            return y.to(result_dtype)
 
     _GATED_CLASS = GatedLoraLinear
     return GatedLoraLinear

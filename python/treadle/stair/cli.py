@@ -104,7 +104,8 @@ def train_cmd(
         raise typer.Exit(2)
     log = read_log(out)
     console.print(f"trainable parameters: {result['trainable']} | loss {log[0]['loss']:.4f} -> {log[-1]['loss']:.4f} "
-                  f"(first/last step) | saved {result['path']}")
+                  f"(first/last step); fixed probe batch {result['probe_loss_before']:.4f} -> "
+                  f"{result['probe_loss_after']:.4f} | saved {result['path']}")
 
 
 @app.command("eval")

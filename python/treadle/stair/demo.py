@@ -43,7 +43,8 @@ def run(run_dir: Path, quick: bool, console) -> dict:
         k = max(1, len(log) // 4)
         first = sum(r["loss"] for r in log[:k]) / k
         last = sum(r["loss"] for r in log[-k:]) / k
-        console.print(f"STAIR training loss (mean of first/last {k} steps): {first:.4f} -> {last:.4f}")
+        console.print(f"STAIR training loss (mean of first/last {k} steps): {first:.4f} -> {last:.4f}; on a fixed probe "
+                      f"batch: {tr['probe_loss_before']:.4f} -> {tr['probe_loss_after']:.4f}")
         train(model, tok, StairTrainConfig(kind="bank_free", **common), run_dir / "train-bank-free", resume=False,
               console=console, progress=not quick)
         cfg = EvalConfig(sessions=4 if quick else 24, turns=3 if quick else 4, levels=[2, 3], k=2 if quick else 4,

@@ -131,12 +131,13 @@ def stair_loss(logits: torch.Tensor, native_logits: torch.Tensor | None, labels:
 
 
 def train_step(controller, model, tokenizer, sessions, responses, *, lambda_kl: float = 1.0, amp: bool = False,
-               scale: float = 1.0) -> dict:
+               scale: float = 1.0, backward: bool = True) -> dict:
     """Forward/backward over one micro-batch of sessions (accumulates ``.grad`` on the controller).
 
     Args:
         sessions: list of :class:`treadle.data.Session`; responses: ``[i][t]`` response texts.
         scale: the loss is multiplied by it before backward (1 / grad_accum).
+        backward: False only measures the loss (no graph, no ``.grad``).
 
     Returns:
         {"loss", "ce", "kl", "tokens"} averaged over turns 2..n.
@@ -151,10 +152,11 @@ def train_step(controller, model, tokenizer, sessions, responses, *, lambda_kl: 
     tot = {"loss": 0.0, "ce": 0.0, "kl": 0.0, "tokens": 0}
     for t in range(1, n):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_amp):
-            out = sess.forward([s.problems[t].prompt for s in sessions], [r[t] for r in responses], grad=True,
+            out = sess.forward([s.problems[t].prompt for s in sessions], [r[t] for r in responses], grad=backward,
                                native_too=True)
         loss, parts = stair_loss(out["logits"], out["native_logits"], out["labels"], lambda_kl)
-        (loss * scale / (n - 1)).backward()
+        if backward:
+            (loss * scale / (n - 1)).backward()
         tot["loss"] += float(loss.detach()) / (n - 1)
         tot["ce"] += parts["ce"] / (n - 1)
         tot["kl"] += parts["kl"] / (n - 1)
@@ -219,6 +221,12 @@ def train(model, tokenizer, config: StairTrainConfig, run_dir, *, resume: bool =
         else:
             responses = [[p.answer for p in s.problems] for s in pool]
         first = last = None
+        probe = (pool[:config.batch_size], responses[:config.batch_size])
+
+        def probe_loss() -> float:
+            return train_step(ctrl, model, tokenizer, *probe, lambda_kl=config.lambda_kl, backward=False)["loss"]
+
+        probe_start = probe_loss()
         t0 = time.perf_counter()
         bar = tqdm(range(start, config.steps), desc=f"stair-train[{config.kind}]", disable=not progress,
                    dynamic_ncols=True, initial=start, total=config.steps)
@@ -246,7 +254,12 @@ def train(model, tokenizer, config: StairTrainConfig, run_dir, *, resume: bool =
                     ctrl.save(ckpt, extra={"step": step + 1})
                     torch.save({"optim": opt.state_dict(), "step": step + 1}, optf)
         bar.close()
+        probe_end = probe_loss()
+        with open(run_dir / "log.jsonl", "a") as log:
+            log.write(json.dumps({"probe": True, "sessions": len(probe[0]), "loss_before_run": probe_start,
+                                  "loss_after_run": probe_end}) + "\n")
         return {"path": ckpt, "trainable": ctrl.num_trainable, "first_loss": first, "last_loss": last,
+                "probe_loss_before": probe_start, "probe_loss_after": probe_end,
                 "steps": config.steps, "seconds": time.perf_counter() - t0}
     finally:
         ctrl.detach()
@@ -257,7 +270,8 @@ def train(model, tokenizer, config: StairTrainConfig, run_dir, *, resume: bool =
 def read_log(run_dir) -> list[dict]:
     """The JSONL training log of ``run_dir`` as a list of dicts."""
     p = Path(run_dir) / "log.jsonl"
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
+    rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
+    return [r for r in rows if "step" in r]
 
 
 def smoothed(values: list[float], k: int = 5) -> list[float]:
