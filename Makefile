@@ -18,7 +18,7 @@ $(PY):
 $(STAMP): $(PY) $(SOURCES)
 	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
 	$(PIP) install -q -r requirements-dev.txt
-	$(PIP) install -q --no-deps "verl==0.9.1"
+	$(PIP) install -q --no-deps "verl==0.9.1" "bfcl-eval==2026.3.23"
 	$(PIP) install -q --no-build-isolation -e .
 	@touch $(STAMP)
 
