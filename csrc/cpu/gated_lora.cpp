@@ -12,6 +12,9 @@
 // Backward (dy (N, d_out)):
 //   p = dy B (N, r); ds = rowsum(p * u); dg = scaling * ds * lambda'(v) * (1 - v^2) / tau
 //   dx = (s * p) A;  dw = x^T dg;  db = sum(dg)
+// gated_lora_linear / gated_lora_linear_backward (treadle.ops.gated_lora_linear) fuse the frozen base
+// linear: y = x W^T (+ bias) by one GEMM, then the same expand added into y in place; dx = dy W by one
+// GEMM, then (s * p) A added into it in place (no base_out buffer, no separate LoRA dx, no extra sum).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>

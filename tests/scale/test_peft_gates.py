@@ -12,6 +12,7 @@ from treadle.scale import (  # noqa: E402
     GateError,
     attach_gates,
     gated_layers,
+    lambda_report,
     lambda_shares,
     load_gates,
     record_lambda,
@@ -97,6 +98,9 @@ def test_only_gates_train_on_topk_entropy():
     lam = next(iter(gated_layers(pm).values())).scale_last_lambda
     shares = lambda_shares(lam, mask)
     assert abs(sum(shares.values()) - 1) < 1e-9
+    report = lambda_report(pm, mask)
+    assert set(report["per_type"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert len(report["per_module"]) == 14 and abs(sum(report["overall"].values()) - 1) < 1e-9
 
 
 def test_save_load_round_trip(tmp_path):

@@ -8,11 +8,12 @@ from treadle.scale.gates import (
     GateError,
     attach_gates,
     gated_layers,
+    lambda_report,
     lambda_shares,
     load_gates,
     record_lambda,
     save_gates,
 )
 
-__all__ = ["GateConfig", "GateError", "attach_gates", "gated_layers", "lambda_shares", "load_gates",
+__all__ = ["GateConfig", "GateError", "attach_gates", "gated_layers", "lambda_report", "lambda_shares", "load_gates",
            "record_lambda", "save_gates"]

@@ -341,3 +341,32 @@ def lambda_shares(lam: torch.Tensor, mask: torch.Tensor | None = None) -> dict[s
     n = lam.numel()
     return {"reverse": float((lam < 0).sum()) / n, "suppress": float(((lam >= 0) & (lam <= 1)).sum()) / n,
             "extrapolate": float((lam > 1).sum()) / n}
+
+
+def lambda_report(peft_model: nn.Module, mask: torch.Tensor | None = None) -> dict[str, dict]:
+    """Reverse / suppress / extrapolate shares of the lambdas recorded by the last forward (SCALE sec. 5).
+
+    Call :func:`record_lambda` before the forward. ``mask`` (bool, the forward's ``(batch, seq)``
+    token shape) selects the tokens to count, e.g. generated ones.
+
+    Returns:
+        ``{"overall": shares, "per_type": {module type (e.g. "q_proj"): shares}, "per_module":
+        {module name: shares}}`` with shares as in :func:`lambda_shares`; types pool all layers.
+
+    Raises:
+        GateError: the model has no gates, or no lambda was recorded.
+        ValueError: as :func:`lambda_shares` (a mask of another shape, no selected token).
+    """
+    layers = gated_layers(peft_model)
+    if not layers:
+        raise GateError("the model has no gates; call attach_gates() first")
+    recorded = {n: m.scale_last_lambda for n, m in layers.items() if m.scale_last_lambda is not None}
+    if not recorded:
+        raise GateError("no lambda recorded: call record_lambda(model) and run a forward first")
+    per_module = {n: lambda_shares(lam, mask) for n, lam in recorded.items()}
+    pooled: dict[str, list[torch.Tensor]] = {}
+    for n, lam in recorded.items():
+        pooled.setdefault(n.rsplit(".", 1)[-1], []).append(lam[mask] if mask is not None else lam.reshape(-1))
+    per_type = {t: lambda_shares(torch.cat(v)) for t, v in pooled.items()}
+    overall = lambda_shares(torch.cat([torch.cat(v) for v in pooled.values()]))
+    return {"overall": overall, "per_type": per_type, "per_module": per_module}

@@ -46,6 +46,16 @@ def parse_layers(text: str, model) -> tuple:
         raise typer.BadParameter(f"layers must be 'auto' or comma-separated ints like 3,11,19, got {text!r}") from None
 
 
+def _levels(text: str) -> list:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out:
+        raise typer.BadParameter(f"levels must be comma-separated ints like 1,2, got {text!r}", param_hint="--levels")
+    return out
+
+
 def _load(model_path, quick: bool):
     import torch
 
@@ -72,6 +82,7 @@ def train_cmd(
     steps: int = typer.Option(60, help="Optimizer steps."),
     sessions: int = typer.Option(96, help="Training sessions (each `turns` independent problems)."),
     turns: int = typer.Option(4, help="Problems per session (turn 1 builds the bank)."),
+    levels: str = typer.Option("1,2", help="Difficulty level per turn (treadle.data levels), cycled."),
     batch_size: int = typer.Option(16, help="Sessions per micro-batch."),
     grad_accum: int = typer.Option(1, help="Micro-batches per optimizer step."),
     lr: float = typer.Option(2e-2, help="AdamW learning rate."),
@@ -95,7 +106,7 @@ def train_cmd(
     try:
         lay = parse_layers(layers, model)
         cfg = StairTrainConfig(layers=lay, kind=kind, eps=eps, steps=steps, sessions=sessions, turns=turns,
-                               levels=[2, 3] * ((turns + 1) // 2), batch_size=batch_size, grad_accum=grad_accum,
+                               levels=_levels(levels), batch_size=batch_size, grad_accum=grad_accum,
                                lr=lr, lambda_kl=lambda_kl, responses=responses, seed=seed,
                                save_every=max(1, min(25, steps)))
         result = train(model, tok, cfg, out, resume=resume, console=console)
@@ -116,6 +127,7 @@ def eval_cmd(
     layers: str = typer.Option(None, help="Controlled layers (default: from the normals file)."),
     sessions: int = typer.Option(32, help="Held-out sessions (problems per turn)."),
     turns: int = typer.Option(4, help="Turns per session."),
+    levels: str = typer.Option("1,2", help="Difficulty level per turn (treadle.data levels), cycled."),
     k: int = typer.Option(4, help="Samples per problem (Avg@k, Pass@k)."),
     temperature: float = typer.Option(0.7, help="Sampling temperature."),
     max_new_tokens: int = typer.Option(10, help="Decoding budget."),
@@ -136,7 +148,7 @@ def eval_cmd(
         torch.set_num_threads(threads)
     model, tok = _load(model_path, quick)
     try:
-        cfg = EvalConfig(sessions=sessions, turns=turns, levels=[2, 3] * ((turns + 1) // 2), k=k,
+        cfg = EvalConfig(sessions=sessions, turns=turns, levels=_levels(levels), k=k,
                          temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
                          conditions=tuple(c.strip() for c in conditions.split(",") if c.strip()),
                          budgets=tuple(int(b) for b in budgets.split(",") if b.strip()))

@@ -35,7 +35,7 @@ def run(run_dir: Path, quick: bool, console) -> dict:
         layers = default_layers(model)
         steps = 3 if quick else 40
         common = dict(layers=layers, steps=steps, sessions=8 if quick else 64, batch_size=4 if quick else 16,
-                      save_every=steps, turns=3 if quick else 4, levels=[2, 3])
+                      save_every=steps, turns=3 if quick else 4, levels=[1, 2])
         console.print(f"controlled layers {layers} of a {len(model.model.layers)}-layer tiny Qwen3")
         tr = train(model, tok, StairTrainConfig(kind="stair", **common), run_dir / "train", resume=False,
                    console=console, progress=not quick)
@@ -47,7 +47,7 @@ def run(run_dir: Path, quick: bool, console) -> dict:
                       f"batch: {tr['probe_loss_before']:.4f} -> {tr['probe_loss_after']:.4f}")
         train(model, tok, StairTrainConfig(kind="bank_free", **common), run_dir / "train-bank-free", resume=False,
               console=console, progress=not quick)
-        cfg = EvalConfig(sessions=4 if quick else 24, turns=3 if quick else 4, levels=[2, 3], k=2 if quick else 4,
+        cfg = EvalConfig(sessions=4 if quick else 24, turns=3 if quick else 4, levels=[1, 2], k=2 if quick else 4,
                          temperature=0.7, max_new_tokens=8 if quick else 10, budgets=(8,) if quick else (16,))
         res = evaluate(model, tok, cfg, normals=run_dir / "train" / "normals.safetensors",
                        bank_free=run_dir / "train-bank-free" / "normals.safetensors", progress=not quick,
