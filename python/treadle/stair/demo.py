@@ -48,7 +48,7 @@ def run(run_dir: Path, quick: bool, console) -> dict:
         train(model, tok, StairTrainConfig(kind="bank_free", **common), run_dir / "train-bank-free", resume=False,
               console=console, progress=not quick)
         cfg = EvalConfig(sessions=4 if quick else 24, turns=3 if quick else 4, levels=[1, 2], k=2 if quick else 4,
-                         temperature=0.7, max_new_tokens=8 if quick else 10, budgets=(8,) if quick else (16,))
+                         temperature=0.7, max_new_tokens=8 if quick else 10, budgets=(2,) if quick else (4,))
         res = evaluate(model, tok, cfg, normals=run_dir / "train" / "normals.safetensors",
                        bank_free=run_dir / "train-bank-free" / "normals.safetensors", progress=not quick,
                        console=console)

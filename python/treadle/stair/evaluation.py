@@ -203,15 +203,15 @@ def results_table(res: dict, k: int):
     t.add_column("condition")
     turns = sorted(next(iter(res["conditions"].values()))["turns"]) if res["conditions"] else []
     for tt in turns:
-        t.add_column(f"T{tt} avg/pass", justify="right")
+        t.add_column(f"T{tt} avg", justify="right")
     t.add_column(f"Avg@{k}", justify="right")
     t.add_column(f"Pass@{k}", justify="right")
-    t.add_column("w->r / r->w", justify="right")
+    t.add_column("w>r/r>w", justify="right")
     t.add_column("prefill ms", justify="right")
     for name, r in res["conditions"].items():
         tr = res["transitions"].get(name)
         pre = sum(v["prefill_s"] for v in r["turns"].values()) / len(r["turns"]) * 1e3
-        t.add_row(name, *[f"{r['turns'][tt]['avg']:.1%}/{r['turns'][tt]['pass']:.0%}" for tt in turns],
+        t.add_row(name, *[f"{r['turns'][tt]['avg']:.1%}" for tt in turns],
                   f"{r['avg']:.2%}", f"{r['pass']:.2%}", f"{tr['wrong_to_right']}/{tr['right_to_wrong']}" if tr else "-",
                   f"{pre:.1f}")
     return t
