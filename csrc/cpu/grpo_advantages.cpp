@@ -48,14 +48,22 @@ struct GroupStats {
 
 // Open addressing (linear probing) from int64 id to dense group index, sized to the number of
 // distinct groups (load factor <= 1/2, grown by doubling).
+// Open addressing (linear probing) from int64 id to dense group index, sized to the number of
+// distinct groups (load factor <= 1/2, grown by doubling).
 class GroupTable {
  public:
+  struct Slot {
+    int64_t key;
+    int32_t group;
+  };
   explicit GroupTable(int64_t expected) {
     uint64_t cap = 16;
     while (cap < static_cast<uint64_t>(expected) * 2) cap <<= 1;
     slots_.assign(cap, Slot{0, -1});
     mask_ = cap - 1;
   }
+  // Start loading the slot a later lookup of `hash` will probe (hides the cache miss).
+  void prefetch(uint64_t hash) const { __builtin_prefetch(&slots_[hash & mask_]); }
   // Dense index of `key`, inserting it as group `next` if new.
   int32_t find_or_insert(int64_t key, uint64_t hash, int32_t next) {
     uint64_t h = hash & mask_;
@@ -72,10 +80,6 @@ class GroupTable {
   }
 
  private:
-  struct Slot {
-    int64_t key;
-    int32_t group;
-  };
   void grow() {
     std::vector<Slot> old;
     old.swap(slots_);
@@ -101,8 +105,12 @@ void advantages_kernel(const T* r, const int64_t* ids, const bool* valid, const 
   // t gets the global index g * P + t.
   int P = 1;
 #ifdef _OPENMP
-  if (n >= kParallelRows / 8) P = std::max(1, std::min(omp_get_max_threads(), 8));
+  if (n >= kParallelRows / 8) {
+    const int threads = std::max(1, std::min(omp_get_max_threads(), 8));
+    while (P * 2 <= threads) P *= 2;  // a power of two: owner = index & (P - 1), no division
+  }
 #endif
+  const uint32_t part_mask = static_cast<uint32_t>(P - 1);
   std::vector<int32_t> gidx(n);
   std::vector<std::vector<GroupStats>> parts(P);
   std::vector<double> part_sum(P, 0.0);
@@ -114,13 +122,14 @@ void advantages_kernel(const T* r, const int64_t* ids, const bool* valid, const 
     t = omp_get_thread_num();
 #endif
     std::vector<GroupStats>& groups = parts[t];
-    groups.reserve(std::min<int64_t>(n / P + 1, 1 << 16));
     GroupTable table(std::min<int64_t>(n / P + 1, 4096));
     double bsum = 0.0;
     int64_t bcnt = 0;
     int64_t last_id = 0;
     int32_t last_g = -1;
+    constexpr int64_t kAhead = 16;  // rows of look-ahead for the table prefetch
     for (int64_t i = 0; i < n; ++i) {
+      if (i + kAhead < n) table.prefetch(mix64(static_cast<uint64_t>(ids[i + kAhead])));
       const double ri = static_cast<double>(r[i]);
       const bool ok = (valid == nullptr || valid[i]) && (!skip_nonfinite || std::isfinite(ri));
       if (!ok) {
@@ -133,7 +142,7 @@ void advantages_kernel(const T* r, const int64_t* ids, const bool* valid, const 
         g = last_g;  // contiguous groups (the common layout) skip the hash lookup
       } else {
         const uint64_t h = mix64(static_cast<uint64_t>(id));
-        if (P > 1 && static_cast<int>((h >> 56) % static_cast<uint64_t>(P)) != t) continue;
+        if (P > 1 && static_cast<int>((h >> 56) & part_mask) != t) continue;
         const int32_t next = static_cast<int32_t>(groups.size());
         g = table.find_or_insert(id, h, next);
         if (g == next) groups.push_back(GroupStats{0.0, 0.0, ri, 0, 0});
@@ -159,14 +168,13 @@ void advantages_kernel(const T* r, const int64_t* ids, const bool* valid, const 
     bcnt += part_cnt[t];
     max_groups = std::max(max_groups, parts[t].size());
   }
-  std::vector<GroupStats> groups;
-  if (P == 1) {
-    groups.swap(parts[0]);
-  } else {
-    groups.assign(max_groups * P, GroupStats{0.0, 0.0, 0.0, 1, 0});
+  std::vector<GroupStats> merged;
+  if (P > 1) {
+    merged.assign(max_groups * P, GroupStats{0.0, 0.0, 0.0, 1, 0});
     for (int t = 0; t < P; ++t)
-      for (size_t g = 0; g < parts[t].size(); ++g) groups[g * P + t] = parts[t][g];
+      for (size_t g = 0; g < parts[t].size(); ++g) merged[g * P + t] = parts[t][g];
   }
+  std::vector<GroupStats>& groups = P == 1 ? parts[0] : merged;
   const int64_t num_groups = static_cast<int64_t>(groups.size());
   for (int64_t g = 0; g < num_groups; ++g) groups[g].sum /= groups[g].count;  // sum -> mean
 
@@ -183,7 +191,7 @@ void advantages_kernel(const T* r, const int64_t* ids, const bool* valid, const 
 #endif
       for (int64_t i = 0; i < n; ++i) {
         const int32_t g = gidx[i];
-        if (g < 0 || g % P != t) continue;
+        if (g < 0 || (static_cast<uint32_t>(g) & part_mask) != static_cast<uint32_t>(t)) continue;
         const double d = static_cast<double>(r[i]) - groups[g].sum;
         groups[g].m2 += d * d;
       }
@@ -201,6 +209,13 @@ void advantages_kernel(const T* r, const int64_t* ids, const bool* valid, const 
     batch_std = grpo::std_from(bm2, static_cast<double>(bcnt), o.unbiased);
   }
 
+  // Per group: the affine map A = (r - center) * mul (grpo_common.h), so pass 3 is one FMA a row.
+  std::vector<grpo::Affine> affine(num_groups);
+  for (int64_t g = 0; g < num_groups; ++g) {
+    const GroupStats& s = groups[g];
+    affine[g] = grpo::group_affine(static_cast<double>(s.count), s.sum, s.m2, s.differs == 0, batch_std, o);
+  }
+
   // Pass 3 (parallel): per-row advantage.
   const bool whiten = o.estimator == grpo::kReinforceBaseline;
   std::vector<double> a(whiten ? n : 0);
@@ -209,11 +224,7 @@ void advantages_kernel(const T* r, const int64_t* ids, const bool* valid, const 
   for (int64_t i = 0; i < n; ++i) {
     const int32_t g = gidx[i];
     double adv = 0.0;
-    if (g >= 0) {
-      const GroupStats& s = groups[g];
-      adv = grpo::row_advantage(static_cast<double>(r[i]), static_cast<double>(s.count), s.sum, s.m2,
-                                s.differs == 0, batch_std, o);
-    }
+    if (g >= 0) adv = (static_cast<double>(r[i]) - affine[g].center) * affine[g].mul;
     if (whiten) {
       a[i] = adv;
       if (g >= 0) asum += adv;
