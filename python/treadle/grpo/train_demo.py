@@ -45,11 +45,11 @@ class GRPODemoConfig:
     """
 
     seed: int = 0
-    steps: int = 40
+    steps: int = 60
     prompts_per_step: int = 16
     group_size: int = 8
     num_iterations: int = 2
-    lr: float = 1e-4
+    lr: float = 3e-4
     clip_low: float = 0.2
     clip_high: float = 0.28
     temperature: float = 1.0
