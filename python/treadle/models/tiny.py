@@ -418,8 +418,8 @@ def load_default_model(path: str | os.PathLike | None = None, *, train_if_missin
     """The default backbone/policy: a local HF checkpoint, or the cached tiny model (trained on demand).
 
     Args:
-        path: any local Hugging Face causal-LM checkpoint folder; None -> the tiny model in
-            ``cache_root() / name``.
+        path: any local Hugging Face causal-LM checkpoint folder; None -> ``$TREADLE_MODEL`` when
+            set (and ``name`` is the default), else the tiny model in ``cache_root() / name``.
         train_if_missing: train the tiny model (:func:`train_tiny` with ``config``) when the cache
             folder does not exist, or retrain it when it was trained with other settings than
             ``config`` (e.g. by an older treadle).
@@ -438,6 +438,8 @@ def load_default_model(path: str | os.PathLike | None = None, *, train_if_missin
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    if path is None and name == DEFAULT_NAME and os.environ.get("TREADLE_MODEL"):
+        path = os.environ["TREADLE_MODEL"]
     if path is None:
         dest = cache_root() / name
         if not dest.exists():
