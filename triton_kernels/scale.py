@@ -19,22 +19,13 @@ import torch
 import triton
 import triton.language as tl
 
+from treadle.triton_kernels.common import _mm
+
 
 @triton.jit
 def _tanh(x):
     # tanh(x) = 2 sigmoid(2x) - 1; exact 0 at x = 0 (so zero gates give lambda == 1 exactly)
     return 2.0 / (1.0 + tl.exp(-2.0 * x)) - 1.0
-
-
-@triton.jit
-def _mm(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    # UPCAST: the CPU interpreter's tl.dot mishandles bfloat16 operands, so there they go in as fp32
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    elif IEEE:
-        return tl.dot(a, b, input_precision="ieee")
-    else:
-        return tl.dot(a, b)
 
 
 @triton.jit
