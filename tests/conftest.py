@@ -3,6 +3,10 @@ import os
 import random
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede any @triton.jit decoration
+# Wide rich/typer output, so messages that carry a path (whose length depends on where the repo is
+# cloned) are never wrapped across lines in CLI tests.
+os.environ["COLUMNS"] = "400"
+os.environ["TERMINAL_WIDTH"] = "400"
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
