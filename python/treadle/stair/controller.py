@@ -96,8 +96,15 @@ class StairController(nn.Module):
         shuffle_seed: if set, V is permuted within each row's bank (K/V pairing control).
         inject_mask: optional ``(B, T)`` float/bool: the read-out is added only where it is 1
             (teacher-forced turns: the new turn's prompt tokens, as in prefill).
+        bank_rows: None (a forward's batch row ``i`` reads bank row ``i``), or a list of bank row
+            indices, one per batch row: a forward over a subset of a session's rows reads exactly
+            those rows' banks (the bank is then trimmed to their longest row, so a single row reads
+            what a session of its own would).
         capture: store the controlled layers' pre-RoPE K/V of every forward (for the bank).
-        stats: counters ``readouts`` (read-outs added) and ``decode_skips`` (decode steps seen).
+        stats: counters ``readouts`` (read-outs added) and ``decode_skips`` (decode steps seen),
+            counted in eager forwards only: under ``torch.compile`` a Python int that changes on
+            every call is a guard that fails on every call (a recompile per forward, then a silent
+            fall-back to eager after ``torch._dynamo.config.recompile_limit`` compiles).
     """
 
     def __init__(self, model, info: ArchInfo, layers: tuple, *, eps: float, bank_span: str, mode: str, kind: str,
@@ -109,6 +116,7 @@ class StairController(nn.Module):
         self.eps, self.bank_span, self.mode, self.kind = float(eps), bank_span, mode, kind
         self.budget, self.backend, self.shuffle_seed = budget, backend, None
         self.enabled, self.capture, self.inject_mask = True, False, None
+        self.bank_rows: list[int] | None = None
         self.bank: Bank | None = None
         self.stats = {"readouts": 0, "decode_skips": 0}
         self.model_key = model_key(model)
@@ -280,12 +288,27 @@ class StairController(nn.Module):
         self._rot_cache[key] = hit
         return hit
 
+    def _count(self, name: str) -> None:
+        if not torch.compiler.is_compiling():
+            self.stats[name] += 1
+
+    def _select_rows(self, k, v, lengths, rows, B: int):
+        """Bank rows ``rows`` of a padded read, trimmed to their longest row."""
+        n = self.bank.batch_size
+        if len(rows) != B or not all(isinstance(r, int) and 0 <= r < n for r in rows):
+            raise BankMismatchError(f"bank_rows must list {B} bank row indices in [0, {n}) (one per batch row), "
+                                    f"got {rows!r}")
+        idx = torch.tensor(rows, dtype=torch.long, device=k.device)
+        lengths = lengths.index_select(0, idx.to(lengths.device))
+        m = int(lengths.max()) if lengths.numel() else 0
+        return k.index_select(0, idx)[:, :, :m], v.index_select(0, idx)[:, :, :m], lengths
+
     def _add_readout(self, module, query, key, out, kwargs):
         if not self.enabled:
             return out
         B, Hq, T, _ = query.shape
         if T == 1 and key.shape[2] > 1:  # a decode step: prefill only
-            self.stats["decode_skips"] += 1
+            self._count("decode_skips")
             return out
         li = module.layer_idx
         i = self.layers.index(li)
@@ -294,9 +317,12 @@ class StairController(nn.Module):
         else:
             if self.bank is None:
                 return out
-            if self.bank.batch_size != B:
+            rows = self.bank_rows
+            if rows is None and self.bank.batch_size != B:
                 raise BankMismatchError(f"the bank has {self.bank.batch_size} rows but the batch has {B}")
             k, v, lengths = self._bank_rotated(li, query.dtype)
+            if rows is not None:
+                k, v, lengths = self._select_rows(k, v, lengths, rows, B)
             if k.shape[2] == 0:
                 return out
             q = self._q[li]
@@ -321,7 +347,7 @@ class StairController(nn.Module):
             if m.shape != (B, T):
                 raise ValueError(f"inject_mask must have shape (B={B}, T={T}), got {tuple(m.shape)}")
             dr = dr * m.to(dr.dtype)[:, :, None, None]
-        self.stats["readouts"] += 1
+        self._count("readouts")
         return out + dr.to(out.dtype)
 
     # ------------------------------------------------------------------ save / load
