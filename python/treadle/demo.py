@@ -14,6 +14,7 @@ SECTIONS: list[tuple[str, str]] = [
     ("grpo-train", "treadle.grpo.train_demo:run"),
     ("weft-shop", "treadle.weft.demo:run"),
     ("stair", "treadle.stair.demo:run"),
+    ("scale", "treadle.scale.demo:run"),
 ]
 
 

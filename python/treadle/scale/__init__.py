@@ -1,7 +1,16 @@
-"""SCALE (per-token gated LoRA) integration: gates on PEFT LoRA layers, saving/loading, lambda statistics.
+"""SCALE (per-token gated LoRA; SCALE sec. 3.3, 4.3, 5.3) on PEFT models.
+
+- :mod:`treadle.scale.gates`: gates on PEFT LoRA layers (attach, freeze, save/load, lambda statistics).
+- :mod:`treadle.scale.sft`: Stage I, ordinary LoRA SFT through PEFT (r = 16, alpha = 16, all linear).
+- :mod:`treadle.scale.training`: Stage II, only the gates, on the normalised top-k entropy over
+  response positions (no CE, no KL); ablations (no reverse, no extrapolate, CE calibration);
+  held-out accuracy, entropy and the learned lambda distribution before/after.
+- :mod:`treadle.scale.sweep`: (L, U) grids in parallel processes, with a heatmap.
+- :mod:`treadle.scale.batches`: prompt + response batches (dataset answers or Stage-I samples).
 
 The kernels live in :mod:`treadle.ops` (``gated_lora``, ``topk_entropy``, ``topk_entropy_from_hidden``);
-this package knows PEFT. Stage-II training and sweeps are not here yet (issue 6).
+this package knows PEFT. Command line: ``treadle scale sft | train | sweep``; ``treadle demo
+--sections scale``.
 """
 from treadle.scale.gates import (
     GateConfig,
@@ -14,6 +23,17 @@ from treadle.scale.gates import (
     record_lambda,
     save_gates,
 )
+from treadle.scale.sft import SFTConfig, SFTResult, sft
+from treadle.scale.sweep import sweep
+from treadle.scale.training import (
+    ScaleTrainConfig,
+    clamp_lambda,
+    evaluate,
+    gate_objective,
+    load_stage_one,
+    train,
+)
 
 __all__ = ["GateConfig", "GateError", "attach_gates", "gated_layers", "lambda_report", "lambda_shares", "load_gates",
-           "record_lambda", "save_gates"]
+           "record_lambda", "save_gates", "SFTConfig", "SFTResult", "sft", "ScaleTrainConfig", "clamp_lambda",
+           "evaluate", "gate_objective", "load_stage_one", "train", "sweep"]

@@ -1,0 +1,633 @@
+"""SCALE Stage II (SCALE sec. 4.3, "Stage II: calibrate"): train only the per-token gates.
+
+Starting from a Stage-I PEFT LoRA model (:mod:`treadle.scale.sft`, or any adapter loaded with
+:func:`load_stage_one`), :func:`train` attaches zero-initialised gates to every LoRA Linear
+(:func:`treadle.scale.attach_gates`: lambda = 1, exactly the Stage-I model), freezes everything else
+and minimises the mean normalised top-k entropy (k = 100, divided by log k) of the next-token
+distributions over response positions (:func:`treadle.ops.topk_entropy_from_hidden`; the full logits
+are never materialised). No CE, no KL, no budget term (sec. 4.3). Responses are the dataset's
+answers or completions sampled from the Stage-I model (Stage II needs no labels).
+
+Ablations (SCALE sec. 5.3, mechanism ablation):
+
+- ``no_reverse``: lambda -> max(lambda, 0) (the paper's "w/o reverse": no token can flip the sign of
+  the LoRA delta).
+- ``no_extrapolate``: lambda -> min(lambda, 1) ("w/o extrapolate": the delta is at most kept).
+- ``objective="ce"``: CE on the dataset's responses instead of the entropy ("CE calibration").
+
+The clamps act on lambda itself, after the gate's piecewise-linear map, as in the paper; the
+gate keeps its (L, U) (which :class:`treadle.scale.GateConfig` requires to satisfy L < 0 < 1 < U) and a
+clamped side gets zero gradient where it is active. Clamped layers run a plain-PyTorch forward with
+the fused op's maths (:class:`ClampedGatedLoraLinear`); unclamped training uses the fused op.
+
+Reports (sec. 5.3): entropy and held-out greedy accuracy before/after, and the learned lambda
+distribution on generated tokens: shares with lambda < 0 (reverse), in [0, 1] (suppress), > 1
+(extrapolate), overall, per module type (``q_proj`` ... ``down_proj``) and per layer, plus a histogram.
+"Generated tokens": for each token of the model's own greedy held-out completions, the lambdas applied
+at the position that produced it (the same response positions as the objective's).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+__all__ = ["ScaleTrainConfig", "OBJECTIVES", "RESPONSES", "gate_objective", "clamp_lambda", "load_stage_one",
+           "evaluate", "train", "per_layer_shares", "lambda_histogram", "summary_tables"]
+
+OBJECTIVES = ("entropy", "ce")
+RESPONSES = ("dataset", "sampled")
+
+
+def _finite(name, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"{name} must be a finite number, got {v!r}")
+    return float(v)
+
+
+def _pos_int(name, v, low=1) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class ScaleTrainConfig:
+    """Stage-II settings (SCALE sec. 3.3 / 4.3).
+
+    Attributes:
+        L, U: lambda's range (L, U), ``L < 0 < 1 < U`` (the paper sweeps L in [-6, 0], U in [1, 6]
+            and picks per task; treadle's default (-2, 2) is a middle point, not a paper value).
+        tau: gate temperature ``v = tanh(g / tau)``, > 0.
+        k: top-k of the entropy objective (paper: 100), >= 2. :func:`train` uses ``min(k, vocab)``
+            on models with a smaller vocabulary (then the normaliser is log vocab) and says so.
+        lr: Adam learning rate of the gates; epochs: passes over the training responses;
+            batch_size: rows per step.
+        train_size: training prompts (train split), drawn uniformly over ``levels``.
+        responses: ``"dataset"`` (the verified answers) or ``"sampled"`` (completions of the Stage-I
+            model at ``temperature``, at most ``max_new_tokens``).
+        objective: ``"entropy"`` (SCALE) or ``"ce"`` (the CE-calibration ablation; dataset responses).
+        no_reverse / no_extrapolate: ablations, lambda -> max(lambda, 0) / min(lambda, 1).
+        eval_levels, eval_size: held-out problems per level for accuracy (greedy) and lambda shares.
+        max_new_tokens: completion budget for sampling and evaluation.
+        seed: seeds data, sampling and shuffling.
+    """
+
+    L: float = -2.0
+    U: float = 2.0
+    tau: float = 1.0
+    k: int = 100
+    lr: float = 1e-3
+    epochs: int = 2
+    batch_size: int = 32
+    train_size: int = 256
+    levels: tuple = (1, 2, 3)
+    responses: str = "dataset"
+    temperature: float = 1.0
+    objective: str = "entropy"
+    no_reverse: bool = False
+    no_extrapolate: bool = False
+    eval_levels: tuple = (1, 2, 3)
+    eval_size: int = 32
+    max_new_tokens: int = 10
+    seed: int = 0
+
+    @classmethod
+    def quick(cls, **overrides) -> "ScaleTrainConfig":
+        """Seconds-long settings for tests and ``--quick`` runs."""
+        kw = dict(epochs=1, batch_size=8, train_size=16, eval_size=4, eval_levels=(1,), max_new_tokens=6)
+        kw.update(overrides)
+        return cls(**kw)
+
+    def __post_init__(self) -> None:
+        from treadle.data.arithmetic import difficulty
+        from treadle.scale.gates import GateConfig
+
+        GateConfig(L=self.L, U=self.U, tau=self.tau, adapter="-")  # L < 0 < 1 < U, tau > 0 (GateError)
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 2:
+            raise ValueError(f"k must be an int >= 2 (the top-k entropy is divided by log k), got {self.k!r}")
+        if not _finite("lr", self.lr) > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        for name in ("epochs", "batch_size", "train_size", "eval_size", "max_new_tokens"):
+            _pos_int(name, getattr(self, name))
+        if not _finite("temperature", self.temperature) > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature!r}")
+        if self.responses not in RESPONSES:
+            raise ValueError(f"responses must be one of {RESPONSES}, got {self.responses!r}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.objective == "ce" and self.responses != "dataset":
+            raise ValueError("objective='ce' (the CE-calibration ablation) trains on the dataset's responses; "
+                             "use responses='dataset'")
+        for name in ("levels", "eval_levels"):
+            if not getattr(self, name):
+                raise ValueError(f"{name} must name at least one difficulty level")
+            for lv in getattr(self, name):
+                difficulty(lv)
+
+    @property
+    def lambda_bounds(self) -> tuple:
+        """``(lo, hi)`` clamp of the ablations (None = no clamp)."""
+        return (0.0 if self.no_reverse else None, 1.0 if self.no_extrapolate else None)
+
+
+# ---------------------------------------------------------------- ablation clamps
+_CLAMPED_CLASS = None
+
+
+def _clamped_class():
+    global _CLAMPED_CLASS
+    if _CLAMPED_CLASS is not None:
+        return _CLAMPED_CLASS
+    from treadle.scale.gates import _gated_class
+
+    base = _gated_class()
+
+    class ClampedGatedLoraLinear(base):
+        """A gated LoRA Linear whose lambda is clamped to ``scale_lambda_bounds = (lo, hi)`` (SCALE sec. 5.3
+        ablations: ``lo = 0`` removes reverse, ``hi = 1`` removes extrapolate).
+
+        ``lambda = clamp(1 + (1 - L) min(v, 0) + (U - 1) max(v, 0), lo, hi)``, ``v = tanh((w . sg(h) + b) / tau)``,
+        ``y = W h + lambda * scaling * B (A h)``: the fused op's maths in plain PyTorch (autograd gives
+        ``dw, db`` and ``dh``; no gradient through the gate's input; zero gradient where the clamp binds).
+        """
+
+        def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+            cfg = self.scale_config
+            if (self.disable_adapters or self.merged or kwargs.get("adapter_names") is not None
+                    or cfg.adapter not in self.active_adapters):
+                return super().forward(x, *args, **kwargs)
+            self._check_forward_args(x, *args, **kwargs)
+            lo, hi = self.scale_lambda_bounds
+            result = self.base_layer(x, *args, **kwargs)
+            lora_A = self.lora_A[cfg.adapter].weight
+            lora_B = self.lora_B[cfg.adapter].weight
+            xa = self._cast_input_dtype(x, lora_A.dtype)
+            acc = torch.float64 if xa.dtype == torch.float64 else torch.float32
+            g = xa.detach().to(acc) @ self.scale_gate_weight.to(acc) + self.scale_gate_bias.to(acc).reshape(())
+            v = torch.tanh(g / cfg.tau)
+            lam = 1.0 + (1.0 - cfg.L) * v.clamp(max=0) + (cfg.U - 1.0) * v.clamp(min=0)
+            lam = lam.clamp(min=lo, max=hi)
+            delta = (xa @ lora_A.t()).to(acc) * (float(self.scaling[cfg.adapter]) * lam).unsqueeze(-1)
+            y = result + (delta.to(lora_A.dtype) @ lora_B.t()).to(result.dtype)
+            if self.scale_record_lambda:
+                self.scale_last_lambda = lam.detach()
+            return y
+
+    _CLAMPED_CLASS = ClampedGatedLoraLinear
+    return ClampedGatedLoraLinear
+
+
+def clamp_lambda(peft_model: nn.Module, lo: float | None = None, hi: float | None = None) -> int:
+    """Clamp every gate's lambda to ``[lo, hi]`` (SCALE sec. 5.3 ablations; None = that side open).
+
+    ``lo = 0`` is "w/o reverse" (lambda = max(lambda, 0)), ``hi = 1`` is "w/o extrapolate"
+    (lambda = min(lambda, 1)). With both None the layers go back to the fused op. Gate parameters,
+    names and :func:`treadle.scale.save_gates` files are unchanged (the clamp is not stored there:
+    :func:`train` writes it in its ``config.json``).
+
+    Returns:
+        The number of gated layers changed.
+
+    Raises:
+        GateError: the model has no gates (call :func:`treadle.scale.attach_gates` first).
+        ValueError: ``lo``/``hi`` not finite, or ``lo >= hi``; raised before any change.
+    """
+    from treadle.scale.gates import GateError, _gated_class, gated_layers
+
+    for name, b in (("lo", lo), ("hi", hi)):
+        if b is not None:
+            _finite(name, b)
+    if lo is not None and hi is not None and not lo < hi:
+        raise ValueError(f"lo must be < hi, got lo={lo}, hi={hi}")
+    layers = gated_layers(peft_model)
+    if not layers:
+        raise GateError("the model has no gates; call attach_gates() first")
+    clamped, plain = _clamped_class(), _gated_class()
+    for m in layers.values():
+        if lo is None and hi is None:
+            m.__class__ = plain
+            if hasattr(m, "scale_lambda_bounds"):
+                del m.scale_lambda_bounds
+        else:
+            m.__class__ = clamped
+            m.scale_lambda_bounds = (None if lo is None else float(lo), None if hi is None else float(hi))
+    return len(layers)
+
+
+# ---------------------------------------------------------------- objective
+def _decoder_and_head(model: nn.Module):
+    """``(decoder, head weight)`` when the logits are exactly ``decoder(...) @ head.weight^T``, else None."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    get_dec, get_head = getattr(base, "get_decoder", None), getattr(base, "get_output_embeddings", None)
+    if get_dec is None or get_head is None:
+        return None
+    try:
+        dec, head = get_dec(), get_head()
+    except (AttributeError, NotImplementedError):
+        return None
+    cfg = getattr(base, "config", None)
+    scaled = any(getattr(cfg, a, None) not in (None, 1, 1.0) for a in ("final_logit_softcapping", "logit_scale",
+                                                                       "output_multiplier_scale"))
+    if dec is None or dec is base or type(head) is not nn.Linear or head.bias is not None or scaled:
+        return None
+    return dec, head.weight
+
+
+def gate_objective(model: nn.Module, batch, *, k: int = 100, objective: str = "entropy") -> torch.Tensor:
+    """The Stage-II loss of one batch (SCALE sec. 4.3), a float32 scalar.
+
+    ``objective="entropy"``: mean over response positions of the top-k entropy of the next-token
+    distribution renormalised over its k largest logits, divided by log k (in [0, 1]); computed from the
+    final hidden states and the output head chunk by chunk (:func:`treadle.ops.topk_entropy_from_hidden`)
+    when the model's logits are a plain bias-free linear head, else from the logits
+    (:func:`treadle.ops.topk_entropy`). ``objective="ce"``: mean response-token cross-entropy (nats),
+    the CE-calibration ablation.
+
+    Args:
+        model: a causal LM (PEFT-wrapped or not).
+        batch: a :class:`treadle.scale.batches.ResponseBatch` ``(B, T)`` on the model's device.
+        k: ``2 <= k <= vocab`` (the ops refuse other values).
+
+    Raises:
+        ValueError: no response position in the batch; unknown objective; k out of range (from the op).
+    """
+    from treadle.ops import topk_entropy, topk_entropy_from_hidden
+    from treadle.scale.sft import response_loss
+
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    if not bool(batch.response_mask.any()):
+        raise ValueError("the batch has no response positions: the Stage-II objective is a mean over them")
+    if objective == "ce":
+        return response_loss(model, batch)
+    parts = _decoder_and_head(model)
+    if parts is not None:
+        dec, weight = parts
+        hidden = dec(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+        return topk_entropy_from_hidden(hidden, weight.to(hidden.dtype), k, batch.response_mask)
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    return topk_entropy(logits, k, batch.response_mask)
+
+
+def _vocab(model: nn.Module) -> int:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if head is not None and getattr(head, "weight", None) is not None:
+        return int(head.weight.shape[0])
+    return int(base.config.vocab_size)
+
+
+# ---------------------------------------------------------------- loading
+def load_stage_one(model: nn.Module, adapter_dir: str | Path) -> nn.Module:
+    """Wrap a base model with a Stage-I LoRA adapter saved by PEFT (``PeftModel.from_pretrained``).
+
+    Args:
+        model: the base causal LM the adapter was trained on.
+        adapter_dir: folder with ``adapter_config.json`` and the adapter weights.
+
+    Returns:
+        The ``peft.PeftModel`` (adapter frozen; :func:`train` adds the gates).
+
+    Raises:
+        FileNotFoundError: ``adapter_dir`` does not exist.
+        ValueError: not a folder, no ``adapter_config.json``, not a LoRA adapter, or weights that do not
+            fit the model (PEFT's message).
+    """
+    import peft
+
+    p = Path(adapter_dir).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"adapter path {str(p)!r} does not exist; give a PEFT LoRA adapter folder "
+                                f"(treadle scale sft writes one to <out>/adapter)")
+    if not p.is_dir() or not (p / "adapter_config.json").exists():
+        raise ValueError(f"{p} is not a PEFT adapter folder (no adapter_config.json)")
+    try:
+        kind = json.loads((p / "adapter_config.json").read_text()).get("peft_type")
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{p / 'adapter_config.json'} is not valid JSON: {err}") from None
+    if kind != "LORA":
+        raise ValueError(f"{p} holds a {kind!r} adapter; SCALE gates need a LoRA adapter")
+    try:
+        return peft.PeftModel.from_pretrained(model, str(p), is_trainable=False)
+    except (RuntimeError, KeyError, OSError) as err:
+        raise ValueError(f"could not load the adapter {p} onto this model: {err}") from None
+
+
+# ---------------------------------------------------------------- evaluation
+def _heldout(config: ScaleTrainConfig) -> dict:
+    from treadle.data.arithmetic import ProblemGenerator
+
+    gen = ProblemGenerator(config.seed + 10_007)
+    return {lv: gen.batch(lv, config.eval_size, split="heldout") for lv in config.eval_levels}
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, tokenizer, problems_by_level: dict, *, k: int = 100, max_new_tokens: int = 10,
+             batch_size: int = 64, keep_lambdas: bool = False) -> dict:
+    """Greedy held-out accuracy, entropy of the model's own completions and, on a gated model, the lambda
+    distribution on the generated tokens (SCALE sec. 5.3).
+
+    Args:
+        problems_by_level: level -> list of :class:`treadle.data.Problem`.
+        k: top-k of the entropy (``2 <= k <= vocab``).
+        keep_lambdas: also return the raw lambdas (``"lambdas"``: a float32 1-D tensor over all gated
+            modules and generated tokens) for a histogram.
+
+    Returns:
+        ``{"accuracy": {level: fraction}, "accuracy_mean": mean over problems, "entropy": mean
+        normalised top-k entropy over generated tokens, "lambda": lambda_report-like dict with
+        "overall", "per_type", "per_layer" (None on a model without gates), ["lambdas"]}``.
+        Lambda recording (:func:`treadle.scale.record_lambda`) is left off afterwards.
+
+    Raises:
+        ValueError: no problems, or a level with none.
+    """
+    from treadle.data.verify import is_correct
+    from treadle.models.generation import generate
+    from treadle.scale.batches import collate
+    from treadle.scale.gates import gated_layers, record_lambda
+
+    if not problems_by_level or any(len(v) == 0 for v in problems_by_level.values()):
+        raise ValueError("problems_by_level must map each level to a non-empty list of problems")
+    device = next(model.parameters()).device
+    gated = bool(gated_layers(model))
+    acc, right, total = {}, 0, 0
+    ent_sum, ent_n = 0.0, 0
+    per_type: dict = {}
+    per_module: dict = {}
+    for level, problems in problems_by_level.items():
+        r = 0
+        for i in range(0, len(problems), batch_size):
+            chunk = problems[i:i + batch_size]
+            gen = generate(model, tokenizer, [p.prompt for p in chunk], max_new_tokens=max_new_tokens)
+            r += sum(is_correct(t, p.answer) for t, p in zip(gen.texts, chunk))
+            pairs = []
+            for j in range(len(chunk)):
+                prompt = gen.prompt_ids[j][gen.prompt_mask[j].bool()].tolist()
+                pairs.append((prompt, gen.completion_ids[j][gen.completion_mask[j].bool()].tolist() or
+                              [tokenizer.eos_token_id]))
+            batch = collate(pairs, tokenizer.pad_token_id).to(device)
+            n = int(batch.response_mask.sum())
+            if gated:
+                record_lambda(model, True)
+            try:
+                ent_sum += float(gate_objective(model, batch, k=k)) * n
+                ent_n += n
+                if gated:
+                    for name, m in gated_layers(model).items():
+                        lam = m.scale_last_lambda[batch.response_mask].float().cpu()
+                        per_module.setdefault(name, []).append(lam)
+                        per_type.setdefault(name.rsplit(".", 1)[-1], []).append(lam)
+            finally:
+                if gated:
+                    record_lambda(model, False)
+        acc[level] = r / max(len(problems), 1)
+        right += r
+        total += len(problems)
+    out = {"accuracy": acc, "accuracy_mean": right / max(total, 1), "entropy": ent_sum / max(ent_n, 1),
+           "lambda": None}
+    if gated:
+        from treadle.scale.gates import lambda_shares
+
+        mods = {n: torch.cat(v) for n, v in per_module.items()}
+        all_l = torch.cat(list(mods.values()))
+        out["lambda"] = {"overall": lambda_shares(all_l), "mean": float(all_l.mean()),
+                         "per_type": {t: lambda_shares(torch.cat(v)) for t, v in per_type.items()},
+                         "per_layer": per_layer_shares(mods), "tokens": int(next(iter(mods.values())).numel())}
+        if keep_lambdas:
+            out["lambdas"] = all_l
+    return out
+
+
+def per_layer_shares(lambdas_by_module: dict) -> dict:
+    """Pool per-module lambdas by decoder layer (the ``layers.<i>.`` part of the module name).
+
+    Args:
+        lambdas_by_module: module name -> 1-D lambda tensor (selected tokens).
+
+    Returns:
+        ``{layer index (int): shares}`` as :func:`treadle.scale.lambda_shares`; modules outside a
+        ``layers.<i>`` block are pooled under -1.
+    """
+    from treadle.scale.gates import lambda_shares
+
+    pooled: dict = {}
+    for name, lam in lambdas_by_module.items():
+        m = re.search(r"(?:^|\.)layers\.(\d+)\.", name)
+        pooled.setdefault(int(m.group(1)) if m else -1, []).append(lam.reshape(-1))
+    return {lay: lambda_shares(torch.cat(v)) for lay, v in sorted(pooled.items())}
+
+
+def lambda_histogram(lambdas: torch.Tensor, path: str | Path, *, L: float, U: float, title: str = "") -> Path:
+    """Save a PNG histogram of lambda values with the reverse / suppress / extrapolate regions marked
+    (SCALE sec. 5.3). ``lambdas``: any-shape float tensor; ``(L, U)`` the gate range."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    vals = lambdas.detach().reshape(-1).float().cpu().numpy()
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    ax.axvspan(L, 0, color="tab:red", alpha=0.08, label="reverse (lambda < 0)")
+    ax.axvspan(0, 1, color="tab:gray", alpha=0.08, label="suppress (0..1)")
+    ax.axvspan(1, U, color="tab:green", alpha=0.08, label="extrapolate (lambda > 1)")
+    ax.hist(vals, bins=60, range=(L, U), color="tab:blue")
+    ax.set_xlabel("lambda (per token x module)")
+    ax.set_ylabel("count")
+    ax.set_title(title or f"learned lambda on generated tokens, n = {vals.size}")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------- training
+def _objective_over(model, pairs, pad_id, *, k, objective, batch_size) -> float:
+    from treadle.scale.batches import iterate_batches
+
+    device = next(model.parameters()).device
+    tot, n = 0.0, 0
+    with torch.no_grad():
+        for batch in iterate_batches(pairs, batch_size, pad_id):
+            m = int(batch.response_mask.sum())
+            tot += float(gate_objective(model, batch.to(device), k=k, objective=objective)) * m
+            n += m
+    return tot / max(n, 1)
+
+
+def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = None, out_dir: str | Path | None = None,
+          *, console=None, progress: bool = False, evaluate_model: bool = True,
+          evaluate_before: bool = True) -> dict:
+    """SCALE Stage II (sec. 4.3): attach gates to ``peft_model`` and train only them.
+
+    Args:
+        peft_model: a PEFT model with one active LoRA adapter (Stage I), without gates; gates are
+            attached in place (``attach_gates(..., disable_dropout=True)``) and stay on it.
+        tokenizer: its tokenizer (chat template, EOS, pad).
+        config: :class:`ScaleTrainConfig`.
+        out_dir: run folder: ``config.json``, ``log.jsonl`` (config, evals, one line per step, lambda
+            shares), ``summary.json``, ``gates.safetensors`` (:func:`treadle.scale.save_gates`),
+            ``lambda_hist.png``. None: nothing written.
+        console: rich Console (None: silent); progress: tqdm bar.
+        evaluate_model: run the held-out evaluation before/after (accuracy, entropy, lambda shares).
+        evaluate_before: also before training (the Stage-I model); False when the caller has it already
+            (:func:`treadle.scale.sweep.sweep` evaluates Stage I once for all cells).
+
+    Returns:
+        A summary dict: ``config``, ``k`` (used), ``gate_params``, ``objective_before/after`` (mean over
+        the training responses), ``before``/``after`` (:func:`evaluate` results, without raw lambdas),
+        ``losses`` (per step), ``seconds``, paths.
+
+    Raises:
+        GateError (ValueError): no LoRA layers, several active adapters, unsupported layers, gates
+            already attached (:func:`treadle.scale.attach_gates`), before any change.
+        ValueError: a tokenizer without chat template / EOS / pad; an example without response position.
+    """
+    from tqdm.auto import tqdm
+
+    from treadle.data.arithmetic import ProblemGenerator
+    from treadle.scale.batches import _check_tokenizer, collate, iterate_batches, problem_pairs, sampled_pairs
+    from treadle.scale.gates import _active_adapter, _lora_layers, attach_gates, save_gates
+
+    config = config or ScaleTrainConfig()
+    if not isinstance(config, ScaleTrainConfig):
+        raise TypeError(f"config must be a ScaleTrainConfig, got {type(config).__name__}")
+    _check_tokenizer(tokenizer)
+    # everything attach_gates would refuse, checked before the (possibly slow) data preparation
+    _lora_layers(peft_model, _active_adapter(peft_model), disable_dropout=True, expect_gated=False)
+    vocab = _vocab(peft_model)
+    if vocab < 2:
+        raise ValueError(f"the model's vocabulary has {vocab} entries; the top-k entropy needs >= 2")
+    k = min(config.k, vocab)
+    say = console.print if console is not None else (lambda *a, **kw: None)
+    if k != config.k:
+        say(f"[yellow]k = {config.k} exceeds the vocabulary ({vocab}); using k = {k} (normaliser log {k})[/yellow]")
+
+    torch.manual_seed(config.seed)
+    problems = ProblemGenerator(config.seed).mixture(config.train_size, {lv: 1.0 for lv in config.levels},
+                                                     split="train")
+    if config.responses == "sampled":  # from the Stage-I model (no gates yet: exactly lambda = 1)
+        pairs = sampled_pairs(peft_model, tokenizer, problems, max_new_tokens=config.max_new_tokens,
+                              temperature=config.temperature, seed=config.seed)
+    else:
+        pairs = problem_pairs(tokenizer, problems)
+    collate(pairs, tokenizer.pad_token_id)  # every example has a response position (ValueError otherwise)
+
+    params = attach_gates(peft_model, config.L, config.U, config.tau, disable_dropout=True)
+    lo, hi = config.lambda_bounds
+    if lo is not None or hi is not None:
+        clamp_lambda(peft_model, lo, hi)
+    peft_model.eval()  # no dropout anywhere: Stage II changes only the gates
+    n_gate = sum(p.numel() for p in params)
+
+    out = Path(out_dir) if out_dir is not None else None
+    log = None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        cfg_json = {**dataclasses.asdict(config), "k_used": k, "lambda_bounds": list(config.lambda_bounds)}
+        (out / "config.json").write_text(json.dumps(cfg_json, indent=1))
+        log = open(out / "log.jsonl", "w")
+
+    def write(rec):
+        if log is not None:
+            log.write(json.dumps(rec) + "\n")
+            log.flush()
+
+    heldout = _heldout(config) if evaluate_model else None
+    try:
+        write({"type": "config", **dataclasses.asdict(config), "k_used": k, "gate_params": n_gate})
+        obj_before = _objective_over(peft_model, pairs, tokenizer.pad_token_id, k=k, objective=config.objective,
+                                     batch_size=max(config.batch_size, 64))
+        before = (evaluate(peft_model, tokenizer, heldout, k=k, max_new_tokens=config.max_new_tokens)
+                  if evaluate_model and evaluate_before else None)
+        write({"type": "eval", "when": "before", "objective": obj_before, **(before or {})})
+        opt = torch.optim.Adam(params, lr=config.lr)
+        shuffle = torch.Generator().manual_seed(config.seed + 1)
+        device = next(peft_model.parameters()).device
+        losses = []
+        steps = config.epochs * math.ceil(len(pairs) / config.batch_size)
+        bar = tqdm(total=steps, disable=not progress, desc="scale stage II")
+        t0 = time.perf_counter()
+        step = 0
+        for epoch in range(config.epochs):
+            for batch in iterate_batches(pairs, config.batch_size, tokenizer.pad_token_id, generator=shuffle):
+                loss = gate_objective(peft_model, batch.to(device), k=k, objective=config.objective)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+                write({"type": "step", "step": step, "epoch": epoch, "loss": losses[-1]})
+                step += 1
+                bar.update(1)
+        bar.close()
+        seconds = time.perf_counter() - t0
+        obj_after = _objective_over(peft_model, pairs, tokenizer.pad_token_id, k=k, objective=config.objective,
+                                    batch_size=max(config.batch_size, 64))
+        after = (evaluate(peft_model, tokenizer, heldout, k=k, max_new_tokens=config.max_new_tokens,
+                          keep_lambdas=True) if evaluate_model else None)
+        lambdas = after.pop("lambdas") if after else None
+        write({"type": "eval", "when": "after", "objective": obj_after, **(after or {})})
+    finally:
+        if log is not None:
+            log.close()
+    summary = {"config": dataclasses.asdict(config), "k": k, "gate_params": n_gate, "objective": config.objective,
+               "objective_before": obj_before, "objective_after": obj_after, "before": before, "after": after,
+               "losses": losses, "steps": len(losses), "seconds": seconds, "gates": None, "histogram": None}
+    if out is not None:
+        summary["gates"] = str(save_gates(peft_model, out / "gates.safetensors"))
+        if lambdas is not None and lambdas.numel():
+            summary["histogram"] = str(lambda_histogram(
+                lambdas, out / "lambda_hist.png", L=config.L, U=config.U,
+                title=f"lambda on generated held-out tokens (L={config.L:g}, U={config.U:g}"
+                      + "".join(f", {a}" for a, on in (("no reverse", config.no_reverse),
+                                                       ("no extrapolate", config.no_extrapolate)) if on) + ")"))
+        (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    return summary
+
+
+def summary_tables(summary: dict) -> list:
+    """Rich tables of a :func:`train` summary: before/after (objective, held-out entropy and accuracy, lambda
+    shares) and the lambda shares per module type and per layer (SCALE sec. 5.3)."""
+    from rich.table import Table
+
+    b, a = summary.get("before"), summary.get("after")
+    name = "top-k entropy" if summary["objective"] == "entropy" else "response CE"
+    t = Table(title=f"SCALE Stage II: {summary['gate_params']} gate parameters, {summary['steps']} steps, "
+                    f"{summary['seconds']:.1f}s")
+    t.add_column("metric")
+    t.add_column("before (Stage I)", justify="right")
+    t.add_column("after (gated)", justify="right")
+    t.add_row(f"train {name} (objective)", f"{summary['objective_before']:.4f}", f"{summary['objective_after']:.4f}")
+    tables = [t]
+    if b and a:
+        t.add_row(f"held-out top-k entropy (own completions, k={summary['k']})", f"{b['entropy']:.4f}",
+                  f"{a['entropy']:.4f}")
+        for lv in a["accuracy"]:
+            t.add_row(f"held-out accuracy, level {lv}", f"{b['accuracy'][lv]:.1%}", f"{a['accuracy'][lv]:.1%}")
+        t.add_row("held-out accuracy, all", f"{b['accuracy_mean']:.1%}", f"{a['accuracy_mean']:.1%}")
+        for key in ("reverse", "suppress", "extrapolate"):
+            t.add_row(f"lambda share: {key}", f"{b['lambda']['overall'][key]:.1%}",
+                      f"{a['lambda']['overall'][key]:.1%}")
+        lam = a["lambda"]
+        d = Table(title="learned lambda on generated tokens: share reverse / suppress / extrapolate")
+        for col in ("group", "reverse (<0)", "suppress (0..1)", "extrapolate (>1)"):
+            d.add_column(col, justify="right" if col != "group" else "left")
+        for typ, s in lam["per_type"].items():
+            d.add_row(typ, f"{s['reverse']:.1%}", f"{s['suppress']:.1%}", f"{s['extrapolate']:.1%}")
+        for lay, s in lam["per_layer"].items():
+            d.add_row(f"layer {lay}", f"{s['reverse']:.1%}", f"{s['suppress']:.1%}", f"{s['extrapolate']:.1%}")
+        s = lam["overall"]
+        d.add_row("all", f"{s['reverse']:.1%}", f"{s['suppress']:.1%}", f"{s['extrapolate']:.1%}")
+        tables.append(d)
+    return tables

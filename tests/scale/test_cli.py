@@ -1,0 +1,127 @@
+"""``treadle scale sft | train | sweep`` and the ``scale`` demo section (quick settings, tiny models)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("peft")
+from typer.testing import CliRunner  # noqa: E402
+
+from treadle.cli import app  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _env(tmp_path, monkeypatch):
+    monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))  # the quick tiny model trains here in seconds
+    monkeypatch.delenv("TREADLE_MODEL", raising=False)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # integration: C++ kernels (or the reference), not the interpreter
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _ok(r):
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+def _refused(r, text):
+    assert r.exit_code == 2, r.output
+    assert text in r.output
+    assert "Traceback" not in r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+
+
+def test_scale_help_lists_the_commands():
+    out = _ok(CliRunner().invoke(app, ["scale", "--help"]))
+    for cmd in ("sft", "train", "sweep"):
+        assert cmd in out
+
+
+@pytest.mark.parametrize("args,text", [
+    (["train", "--L", "0"], "L must be < 0"),
+    (["train", "--L", "0.5"], "L must be < 0"),
+    (["train", "--U", "1"], "U must be > 1"),
+    (["train", "--tau", "0"], "tau must be > 0"),
+    (["train", "--tau", "-1"], "tau must be > 0"),
+    (["train", "--k", "0"], "k must be an int >= 2"),
+    (["train", "--objective", "ce", "--responses", "sampled"], "dataset"),
+    (["train", "--max-new-tokens", "0"], "max_new_tokens"),
+    (["train", "--adapter", "/no/such/adapter"], "does not exist"),
+    (["sweep", "--Ls=-2,0"], "every L must be < 0"),
+    (["sweep", "--Us", "1,2"], "every U"),
+    (["sweep", "--jobs", "0"], "--jobs must be >= 1"),
+    (["sft", "--r", "0"], "SFTConfig.r"),
+    (["sft", "--model", "/no/such/model"], "does not exist"),
+])
+def test_bad_input_exits_2_with_a_message_before_any_work(tmp_path, args, text):
+    _refused(CliRunner().invoke(app, ["scale", *args, "--out", str(tmp_path / "run")]), text)
+    assert not (tmp_path / "cache").exists()  # refused before loading (or training) any model
+
+
+def test_adapter_folders_that_are_not_lora_adapters_are_refused(tmp_path):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    r = CliRunner().invoke(app, ["scale", "train", "--quick", "--adapter", str(bare), "--out", str(tmp_path / "r")])
+    _refused(r, "no adapter_config.json")
+    ia3 = tmp_path / "ia3"
+    ia3.mkdir()
+    (ia3 / "adapter_config.json").write_text(json.dumps({"peft_type": "IA3"}))
+    r = CliRunner().invoke(app, ["scale", "train", "--quick", "--adapter", str(ia3), "--out", str(tmp_path / "r")])
+    _refused(r, "SCALE gates need a LoRA adapter")
+    r = CliRunner().invoke(app, ["scale", "sft", "--quick", "--target-modules", "no_such_proj", "--out",
+                                 str(tmp_path / "s")])
+    _refused(r, "no_such_proj")
+    assert not (tmp_path / "s" / "adapter").exists()
+
+
+def test_sft_then_train_then_sweep_quick(tmp_path):
+    runner = CliRunner()
+    out = _ok(runner.invoke(app, ["scale", "sft", "--quick", "--out", str(tmp_path / "sft")]))
+    assert "held-out response CE" in out
+    adapter = tmp_path / "sft" / "adapter"
+    assert (adapter / "adapter_config.json").exists()
+    out = _ok(runner.invoke(app, ["scale", "train", "--quick", "--adapter", str(adapter), "--no-reverse",
+                                  "--L", "-3", "--U", "4", "--out", str(tmp_path / "train")]))
+    for text in ("before (Stage I)", "reverse (<0)", "q_proj", "layer 0"):
+        assert text in out
+    for f in ("gates.safetensors", "lambda_hist.png", "log.jsonl", "summary.json"):
+        assert (tmp_path / "train" / f).exists(), f
+    cfg = json.loads((tmp_path / "train" / "config.json").read_text())
+    assert cfg["no_reverse"] and cfg["lambda_bounds"] == [0.0, None] and (cfg["L"], cfg["U"]) == (-3.0, 4.0)
+    summary = json.loads((tmp_path / "train" / "summary.json").read_text())
+    assert summary["after"]["lambda"]["overall"]["reverse"] == 0.0
+    out = _ok(runner.invoke(app, ["scale", "sweep", "--quick", "--adapter", str(adapter), "--Ls=-2,-0.5",
+                                  "--Us", "2", "--jobs", "1", "--out", str(tmp_path / "sweep")]))
+    assert "best: L=" in out
+    assert (tmp_path / "sweep" / "heatmap.png").exists()
+    assert len(json.loads((tmp_path / "sweep" / "results.json").read_text())["cells"]) == 2
+
+
+def test_train_without_adapter_runs_stage_one_first(tmp_path):
+    out = _ok(CliRunner().invoke(app, ["scale", "train", "--quick", "--out", str(tmp_path / "t")]))
+    assert "running Stage I first" in out
+    assert (tmp_path / "t" / "sft" / "adapter" / "adapter_config.json").exists()
+    assert (tmp_path / "t" / "gates.safetensors").exists()
+
+
+def test_demo_section_quick(tmp_path):
+    from rich.console import Console
+
+    from treadle.demo import resolve_sections
+    from treadle.scale.demo import run
+
+    assert "scale" in resolve_sections("all")
+    with open(tmp_path / "log.txt", "w") as fh:
+        res = run(tmp_path / "scale", True, Console(file=fh, width=200))
+    assert (tmp_path / "scale" / "stage2" / "lambda_hist.png").exists()
+    assert (tmp_path / "scale" / "stage1" / "adapter" / "adapter_config.json").exists()
+    assert res["train"]["after"]["lambda"]["overall"]
+    assert "learned lambda" in (tmp_path / "log.txt").read_text()
+    with open(tmp_path / "log2.txt", "w") as fh:  # deterministic: the same numbers again
+        again = run(tmp_path / "scale2", True, Console(file=fh, width=200))
+    assert again["train"]["losses"] == res["train"]["losses"]
+    assert again["train"]["after"]["accuracy"] == res["train"]["after"]["accuracy"]
