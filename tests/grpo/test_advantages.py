@@ -245,7 +245,7 @@ def test_cuda_backends_agree(backend):
 
 @pytest.mark.parametrize("estimator", ["grpo", "reinforce_baseline"])
 def test_large_batch_uses_partitioned_hash_pass(estimator):
-    # >= 32,768 rows: the C++ kernel splits grouping across OpenMP threads by id partition.
+    # 40,000 rows: the C++ kernel's radix pass spreads them over 32 partitions of hashed ids.
     gen = torch.Generator().manual_seed(5)
     n = 40_000
     ids = torch.randint(0, 3000, (n,), generator=gen) * 1_000_003 - 7
