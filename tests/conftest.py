@@ -28,3 +28,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one CPU thread for the test: tiny models' GEMMs are far faster without OpenMP spinning
+    on a shared 2-core machine. Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """The embedded character-level chat tokenizer (built locally, no download)."""
+    from treadle.models import build_tokenizer
+
+    return build_tokenizer()

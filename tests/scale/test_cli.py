@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 pytest.importorskip("peft")
 from typer.testing import CliRunner  # noqa: E402
@@ -13,14 +12,10 @@ from treadle.cli import app  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def _env(tmp_path, monkeypatch):
+def _env(tmp_path, monkeypatch, one_thread):
     monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))  # the quick tiny model trains here in seconds
     monkeypatch.delenv("TREADLE_MODEL", raising=False)
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # integration: C++ kernels (or the reference), not the interpreter
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _ok(r):

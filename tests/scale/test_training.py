@@ -8,7 +8,7 @@ import torch
 
 peft = pytest.importorskip("peft")
 
-from treadle.models import build_tiny_model, build_tokenizer  # noqa: E402
+from treadle.models import build_tiny_model  # noqa: E402
 from treadle.ops import topk_entropy  # noqa: E402
 from treadle.scale import (  # noqa: E402
     GateError,
@@ -31,19 +31,10 @@ SMALL = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_atte
 
 
 @pytest.fixture(autouse=True)
-def _one_thread(monkeypatch):
+def _integration(monkeypatch, one_thread):
     # integration tests: the kernels' own backends (C++ or the reference) instead of the Triton
     # interpreter that tests/conftest.py turns on (the kernels are checked in test_gated_lora.py etc.)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer()
 
 
 def _model(tok, seed=0):

@@ -8,7 +8,7 @@ bank contents and gradients, with STAIR on and off.
 import pytest
 import torch
 
-from treadle.models import build_tiny_model, build_tokenizer
+from treadle.models import build_tiny_model
 from treadle.stair import BankMismatchError, StairSession, attach
 from treadle.stair.session import has_recurrent_layers
 
@@ -19,17 +19,7 @@ TURNS = [("forward", ["What is 3+4?", "Hi", "What is 12*3-5?"], ["3+4 is 7", "He
          ("generate", ["And 5*5?", "x", "Tell me more about it"], None)]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer()
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _model(tok, arch="qwen3_5", **kw):

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from treadle.models import build_tiny_model, build_tokenizer
+from treadle.models import build_tiny_model
 from treadle.reference.stair import stair_readout_reference
 from treadle.stair import (AlreadyAttachedError, Bank, BankMismatchError, ContextOverflowError, StairSession,
                            UnsupportedModelError, attach)
@@ -14,17 +14,7 @@ ARCHS = ("qwen3", "qwen2", "llama", "qwen3_5", "qwen3_next")
 LAYERS = {"qwen3": (1, 3), "qwen2": (0, 2), "llama": (1, 2), "qwen3_5": (3,), "qwen3_next": (3,)}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the machine is shared: tiny GEMMs are far faster without OpenMP spinning
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer()
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _model(arch, tok, **kw):

@@ -5,23 +5,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from treadle.models import build_tiny_model, build_tokenizer
+from treadle.models import build_tiny_model
 from treadle.stair import NormalsFileError, attach
 from treadle.stair.evaluation import EvalConfig, evaluate
 from treadle.stair.training import StairTrainConfig, make_training_sessions, stair_loss, train, train_step
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer()
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _model(tok, arch="qwen3", **kw):

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from treadle.figures import png_figure
+
 __all__ = ["GRPODemoConfig", "run", "train_grpo", "sequence_logprobs"]
 
 
@@ -179,27 +181,19 @@ def train_grpo(model, tokenizer, cfg: GRPODemoConfig, *, level: int, log=None, p
 
 
 def _plot(records: list[dict], before: float, after: float, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     steps = [r["step"] for r in records]
     rw = [r["reward_mean"] for r in records]
     k = max(1, len(rw) // 8)
     smooth = [sum(rw[max(0, i - k + 1):i + 1]) / len(rw[max(0, i - k + 1):i + 1]) for i in range(len(rw))]
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-    ax.plot(steps, rw, alpha=0.35, label="batch mean reward")
-    ax.plot(steps, smooth, label=f"moving mean ({k})")
-    ax.axhline(before, ls="--", c="gray", label=f"held-out before {before:.2f}")
-    ax.axhline(after, ls=":", c="green", label=f"held-out after {after:.2f}")
-    ax.set_xlabel("GRPO step")
-    ax.set_ylabel("reward (math-verify)")
-    ax.set_ylim(-0.02, 1.02)
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    with png_figure(path, figsize=(6, 3.5), dpi=100) as (fig, ax):
+        ax.plot(steps, rw, alpha=0.35, label="batch mean reward")
+        ax.plot(steps, smooth, label=f"moving mean ({k})")
+        ax.axhline(before, ls="--", c="gray", label=f"held-out before {before:.2f}")
+        ax.axhline(after, ls=":", c="green", label=f"held-out after {after:.2f}")
+        ax.set_xlabel("GRPO step")
+        ax.set_ylabel("reward (math-verify)")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=7, loc="lower right")
 
 
 def run(run_dir: Path, quick: bool, console, *, model_path: str | None = None,

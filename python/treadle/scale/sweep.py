@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from treadle.figures import png_figure
+
 __all__ = ["METRICS", "sweep", "heatmap"]
 
 METRICS = ("accuracy_mean", "entropy")
@@ -70,10 +72,6 @@ def heatmap(cells: list, path: str | Path, *, metric: str = "accuracy_mean", bas
             title: str = "") -> Path:
     """Save a PNG heatmap of ``metric`` over the (L, U) grid (rows L, columns U), each cell annotated;
     ``baseline`` (the Stage-I value) goes in the title."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     Ls = sorted({c["L"] for c in cells})
@@ -81,30 +79,25 @@ def heatmap(cells: list, path: str | Path, *, metric: str = "accuracy_mean", bas
     grid = np.full((len(Ls), len(Us)), np.nan)
     for c in cells:
         grid[Ls.index(c["L"]), Us.index(c["U"])] = c[metric]
-    fig, ax = plt.subplots(figsize=(1.2 * len(Us) + 2.4, 0.9 * len(Ls) + 1.8))
-    im = ax.imshow(grid, cmap="viridis" if metric == "accuracy_mean" else "viridis_r", aspect="auto")
-    ax.set_xticks(range(len(Us)), [f"{u:g}" for u in Us])
-    ax.set_yticks(range(len(Ls)), [f"{v:g}" for v in Ls])
-    ax.set_xlabel("U (upper end of lambda)")
-    ax.set_ylabel("L (lower end of lambda)")
-    fmt = "{:.1%}" if metric == "accuracy_mean" else "{:.4f}"
-    lo, hi = np.nanmin(grid), np.nanmax(grid)
-    for i in range(len(Ls)):
-        for j in range(len(Us)):
-            if not np.isnan(grid[i, j]):
-                bright = hi > lo and (grid[i, j] - lo) / (hi - lo) > 0.5
-                ax.text(j, i, fmt.format(grid[i, j]), ha="center", va="center", fontsize=8,
-                        color="black" if bright == (metric == "accuracy_mean") else "white")
-    fig.colorbar(im, ax=ax)
-    name = "held-out accuracy" if metric == "accuracy_mean" else "held-out top-k entropy"
-    ax.set_title(title or (f"SCALE (L, U) sweep: {name}"
-                           + (f" (Stage I: {fmt.format(baseline)})" if baseline is not None else "")), fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    with png_figure(path, figsize=(1.2 * len(Us) + 2.4, 0.9 * len(Ls) + 1.8)) as (fig, ax):
+        im = ax.imshow(grid, cmap="viridis" if metric == "accuracy_mean" else "viridis_r", aspect="auto")
+        ax.set_xticks(range(len(Us)), [f"{u:g}" for u in Us])
+        ax.set_yticks(range(len(Ls)), [f"{v:g}" for v in Ls])
+        ax.set_xlabel("U (upper end of lambda)")
+        ax.set_ylabel("L (lower end of lambda)")
+        fmt = "{:.1%}" if metric == "accuracy_mean" else "{:.4f}"
+        lo, hi = np.nanmin(grid), np.nanmax(grid)
+        for i in range(len(Ls)):
+            for j in range(len(Us)):
+                if not np.isnan(grid[i, j]):
+                    bright = hi > lo and (grid[i, j] - lo) / (hi - lo) > 0.5
+                    ax.text(j, i, fmt.format(grid[i, j]), ha="center", va="center", fontsize=8,
+                            color="black" if bright == (metric == "accuracy_mean") else "white")
+        fig.colorbar(im, ax=ax)
+        name = "held-out accuracy" if metric == "accuracy_mean" else "held-out top-k entropy"
+        ax.set_title(title or (f"SCALE (L, U) sweep: {name}"
+                               + (f" (Stage I: {fmt.format(baseline)})" if baseline is not None else "")), fontsize=9)
+    return Path(path)
 
 
 def sweep(model_path: str | Path, adapter: str | Path, Ls, Us, config=None, out_dir: str | Path = "runs/scale-sweep",

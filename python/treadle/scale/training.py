@@ -39,6 +39,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from treadle.figures import png_figure
+
 __all__ = ["ScaleTrainConfig", "OBJECTIVES", "RESPONSES", "gate_objective", "clamp_lambda", "load_stage_one",
            "evaluate", "train", "per_layer_shares", "lambda_histogram", "summary_tables"]
 
@@ -429,27 +431,18 @@ def per_layer_shares(lambdas_by_module: dict) -> dict:
 def lambda_histogram(lambdas: torch.Tensor, path: str | Path, *, L: float, U: float, title: str = "") -> Path:
     """Save a PNG histogram of lambda values with the reverse / suppress / extrapolate regions marked
     (SCALE sec. 5.3). ``lambdas``: any-shape float tensor; ``(L, U)`` the gate range."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     vals = lambdas.detach().reshape(-1).float().cpu().numpy()
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    ax.axvspan(L, 0, color="tab:red", alpha=0.08, label="reverse (lambda < 0)")
-    ax.axvspan(0, 1, color="tab:gray", alpha=0.08, label="suppress (0..1)")
-    ax.axvspan(1, U, color="tab:green", alpha=0.08, label="extrapolate (lambda > 1)")
-    ax.hist(vals, bins=60, range=(L, U), color="tab:blue")
-    ax.set_xlabel("lambda (per token x module)")
-    ax.set_ylabel("count")
-    ax.set_title(title or f"learned lambda on generated tokens, n = {vals.size}")
-    ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    with png_figure(path, figsize=(6.4, 3.6)) as (fig, ax):
+        ax.axvspan(L, 0, color="tab:red", alpha=0.08, label="reverse (lambda < 0)")
+        ax.axvspan(0, 1, color="tab:gray", alpha=0.08, label="suppress (0..1)")
+        ax.axvspan(1, U, color="tab:green", alpha=0.08, label="extrapolate (lambda > 1)")
+        ax.hist(vals, bins=60, range=(L, U), color="tab:blue")
+        ax.set_xlabel("lambda (per token x module)")
+        ax.set_ylabel("count")
+        ax.set_title(title or f"learned lambda on generated tokens, n = {vals.size}")
+        ax.legend(fontsize=7, loc="upper left")
+    return Path(path)
 
 
 # ---------------------------------------------------------------- training

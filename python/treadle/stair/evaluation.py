@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from treadle.figures import png_figure
+
 __all__ = ["EvalConfig", "evaluate", "CONDITIONS", "results_table", "bar_chart"]
 
 CONDITIONS = ("vanilla", "native", "stair", "random", "bank_free", "shuffled", "reflected")
@@ -219,28 +221,19 @@ def results_table(res: dict, k: int):
 
 def bar_chart(res: dict, path, k: int) -> Path:
     """PNG bar chart of Avg@k and Pass@k per condition (mean over turns 2..n)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     names = list(res["conditions"])
     avg = [res["conditions"][n]["avg"] * 100 for n in names]
     pas = [res["conditions"][n]["pass"] * 100 for n in names]
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(names)), 3.6))
-    x = range(len(names))
-    ax.bar([i - 0.2 for i in x], avg, width=0.4, label=f"Avg@{k}")
-    ax.bar([i + 0.2 for i in x], pas, width=0.4, label=f"Pass@{k}")
-    ax.set_xticks(list(x), names, rotation=20)
-    ax.set_ylabel("% correct (turns 2..n)")
-    ax.set_title("STAIR: Vanilla / Native / STAIR and controls")
-    ax.legend()
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    with png_figure(path, figsize=(max(6, 1.1 * len(names)), 3.6)) as (fig, ax):
+        x = range(len(names))
+        ax.bar([i - 0.2 for i in x], avg, width=0.4, label=f"Avg@{k}")
+        ax.bar([i + 0.2 for i in x], pas, width=0.4, label=f"Pass@{k}")
+        ax.set_xticks(list(x), names, rotation=20)
+        ax.set_ylabel("% correct (turns 2..n)")
+        ax.set_title("STAIR: Vanilla / Native / STAIR and controls")
+        ax.legend()
+    return Path(path)
 
 
 def write_jsonl(res: dict, path) -> Path:
