@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -43,7 +44,8 @@ def parse_layers(text: str, model) -> tuple:
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise typer.BadParameter(f"layers must be 'auto' or comma-separated ints like 3,11,19, got {text!r}") from None
+        raise typer.BadParameter(f"layers must be 'auto' or comma-separated ints like 3,11,19, got {text!r}",
+                                 param_hint="--layers") from None
 
 
 def _levels(text: str) -> list:
@@ -56,6 +58,36 @@ def _levels(text: str) -> list:
     return out
 
 
+def _budgets(text: str) -> tuple:
+    try:
+        out = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        out = (0,)
+    if any(b < 1 for b in out):
+        raise typer.BadParameter(f"budgets must be comma-separated ints >= 1 (tokens) like 16,64, got {text!r}",
+                                 param_hint="--budgets")
+    return out
+
+
+def _check_out(out: Path) -> None:
+    """``--out`` must be a folder or not exist yet, with no file in its parents (checked before any work)."""
+    for p in (out, *out.parents):
+        if p.exists() and not p.is_dir():
+            raise typer.BadParameter(f"{str(out)!r} is not a folder ({str(p)!r} is a file)", param_hint="--out")
+
+
+def _check_normals(path, hint: str, kind: str) -> None:
+    """``path`` must be a STAIR weights file of ``kind`` (checked before any work)."""
+    from treadle.stair.controller import NormalsFileError, read_normals_config
+
+    try:
+        cfg = read_normals_config(path)
+    except (FileNotFoundError, NormalsFileError) as err:
+        raise typer.BadParameter(str(err), param_hint=hint) from None
+    if cfg.get("kind") != kind:
+        raise typer.BadParameter(f"{path} holds kind={cfg.get('kind')!r} weights, expected {kind!r}", param_hint=hint)
+
+
 def _load(model_path, quick: bool):
     import torch
 
@@ -66,7 +98,7 @@ def _load(model_path, quick: bool):
         name = "tiny-qwen3-quick" if quick and model_path is None else "tiny-qwen3"
         model, tok = load_default_model(model_path, config=cfg, name=name, console=console, progress=False)
     except (CheckpointError, FileNotFoundError) as err:
-        console.print(f"[red]{err}[/red]")
+        console.print(str(err), style="red", markup=False)
         raise typer.Exit(2)
     if torch.cuda.is_available():
         model = model.cuda()
@@ -91,27 +123,40 @@ def train_cmd(
     seed: int = typer.Option(0, help="Seed."),
     out: Path = typer.Option(Path("runs/stair"), help="Run folder (normals.safetensors, optim.pt, log.jsonl)."),
     resume: bool = typer.Option(True, help="Continue from a checkpoint in --out."),
-    threads: int = typer.Option(0, help="torch CPU threads (0: leave as is)."),
+    threads: int = typer.Option(0, min=0, help="torch CPU threads (0: leave as is)."),
     quick: bool = typer.Option(False, help="Use the seconds-long quick tiny model when no --model is given."),
 ) -> None:
     """Train STAIR normals: CE + lambda_kl * KL(native || stair) on teacher-forced turns 2..n."""
     import torch
 
     from treadle.stair.arch import UnsupportedModelError
+    from treadle.stair.controller import KINDS
     from treadle.stair.training import StairTrainConfig, read_log, train
 
+    if kind not in KINDS:
+        raise typer.BadParameter(f"kind must be one of {KINDS}, got {kind!r}", param_hint="--kind")
+    if not 0.0 <= eps < 1.0:
+        raise typer.BadParameter(f"eps must be a number in [0, 1), got {eps!r}", param_hint="--eps")
+    _levels(levels)
+    if layers.strip() != "auto":
+        parse_layers(layers, None)  # syntax only (ranges need the model)
+    _check_out(out)
+    try:  # everything but the layers' range is checked before loading the model
+        cfg = StairTrainConfig(layers=(), kind=kind, eps=eps, steps=steps, sessions=sessions, turns=turns,
+                               levels=_levels(levels), batch_size=batch_size, grad_accum=grad_accum,
+                               lr=lr, lambda_kl=lambda_kl, responses=responses, seed=seed,
+                               save_every=max(1, min(25, steps)))
+    except (ValueError, TypeError) as err:
+        console.print(str(err), style="red", markup=False)
+        raise typer.Exit(2)
     if threads:
         torch.set_num_threads(threads)
     model, tok = _load(model_path, quick)
     try:
-        lay = parse_layers(layers, model)
-        cfg = StairTrainConfig(layers=lay, kind=kind, eps=eps, steps=steps, sessions=sessions, turns=turns,
-                               levels=_levels(levels), batch_size=batch_size, grad_accum=grad_accum,
-                               lr=lr, lambda_kl=lambda_kl, responses=responses, seed=seed,
-                               save_every=max(1, min(25, steps)))
+        cfg = dataclasses.replace(cfg, layers=parse_layers(layers, model))
         result = train(model, tok, cfg, out, resume=resume, console=console)
     except (ValueError, TypeError, UnsupportedModelError) as err:
-        console.print(f"[red]{err}[/red]")
+        console.print(str(err), style="red", markup=False)
         raise typer.Exit(2)
     log = read_log(out)
     console.print(f"trainable parameters: {result['trainable']} | loss {log[0]['loss']:.4f} -> {log[-1]['loss']:.4f} "
@@ -136,7 +181,7 @@ def eval_cmd(
     budgets: str = typer.Option("", help="Bank prefix budgets in tokens, e.g. 16,64."),
     seed: int = typer.Option(1234, help="Problems and sampling seed."),
     out: Path = typer.Option(Path("runs/stair-eval"), help="Output folder (results.jsonl, results.json, avg.png)."),
-    threads: int = typer.Option(0, help="torch CPU threads (0: leave as is)."),
+    threads: int = typer.Option(0, min=0, help="torch CPU threads (0: leave as is)."),
     quick: bool = typer.Option(False, help="Use the quick tiny model when no --model is given."),
 ) -> None:
     """Evaluate Vanilla / Native / STAIR and the controls; table, JSONL and a PNG bar chart."""
@@ -144,18 +189,31 @@ def eval_cmd(
 
     from treadle.stair.evaluation import EvalConfig, evaluate
 
-    if threads:
-        torch.set_num_threads(threads)
-    model, tok = _load(model_path, quick)
+    _levels(levels)
+    if layers and layers.strip() != "auto":
+        parse_layers(layers, None)  # syntax only (ranges need the model)
+    budget_list = _budgets(budgets)
+    _check_out(out)
+    if normals is not None:
+        _check_normals(normals, "--normals", "stair")
+    if bank_free is not None:
+        _check_normals(bank_free, "--bank-free", "bank_free")
     try:
         cfg = EvalConfig(sessions=sessions, turns=turns, levels=_levels(levels), k=k,
                          temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
                          conditions=tuple(c.strip() for c in conditions.split(",") if c.strip()),
-                         budgets=tuple(int(b) for b in budgets.split(",") if b.strip()))
+                         budgets=budget_list)
+    except ValueError as err:  # checked before loading the model
+        console.print(str(err), style="red", markup=False)
+        raise typer.Exit(2)
+    if threads:
+        torch.set_num_threads(threads)
+    model, tok = _load(model_path, quick)
+    try:
         lay = parse_layers(layers, model) if layers else None
         res = evaluate(model, tok, cfg, normals=normals, bank_free=bank_free, layers=lay, console=console)
     except (ValueError, TypeError) as err:
-        console.print(f"[red]{err}[/red]")
+        console.print(str(err), style="red", markup=False)
         raise typer.Exit(2)
     report(res, cfg.k, out, console)
 

@@ -35,7 +35,8 @@ from torch import nn
 from treadle.stair.arch import ArchInfo, UnsupportedModelError, inspect_model
 from treadle.stair.bank import Bank, BankMismatchError, model_key
 
-__all__ = ["attach", "StairController", "BANK_SPANS", "KINDS", "NormalsFileError", "AlreadyAttachedError"]
+__all__ = ["attach", "StairController", "BANK_SPANS", "KINDS", "NormalsFileError", "AlreadyAttachedError",
+           "read_normals_config"]
 
 BANK_SPANS = ("assistant", "answer", "reasoning")
 KINDS = ("stair", "bank_free")
@@ -379,21 +380,11 @@ class StairController(nn.Module):
 
         Raises:
             FileNotFoundError: no such file.
-            NormalsFileError: other kind, layers, heads or shapes; another model (``strict_model``).
-                Nothing is changed when it raises.
+            NormalsFileError: not a STAIR normals file (see :func:`read_normals_config`); other kind,
+                layers, heads or shapes; another model (``strict_model``). Nothing is changed when it raises.
         """
-        from safetensors import safe_open
-
         path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"normals file {str(path)!r} does not exist")
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-        try:
-            cfg = json.loads(meta["stair_config"])
-        except (KeyError, json.JSONDecodeError):
-            raise NormalsFileError(f"{path} has no STAIR config in its metadata: not written by StairController.save") from None
+        cfg, tensors = _read_normals(path, with_tensors=True)
         mine = self.config_dict()
         for k in ("kind", "layers", "num_heads", "num_kv_heads", "head_dim", "value_dim"):
             if cfg.get(k) != mine[k]:
@@ -409,10 +400,47 @@ class StairController(nn.Module):
         with torch.no_grad():
             for n, p in own.items():
                 p.copy_(tensors[n].to(p.device, p.dtype))
-        out = dict(cfg)
+        return cfg
+
+
+def read_normals_config(path) -> dict:
+    """The STAIR config recorded in a normals file written by :meth:`StairController.save` (its
+    ``stair_config`` metadata: kind, layers, eps, heads, ...; plus ``extra`` when saved with one), without
+    loading the tensors.
+
+    Raises:
+        FileNotFoundError: no such file.
+        NormalsFileError: not a STAIR normals file (not safetensors, truncated/corrupted, or no
+            ``stair_config`` of format 1 in its metadata, e.g. a SCALE gates file).
+    """
+    return _read_normals(Path(path), with_tensors=False)[0]
+
+
+def _read_normals(path: Path, *, with_tensors: bool):
+    from safetensors import SafetensorError, safe_open
+
+    if not path.is_file():
+        raise FileNotFoundError(f"normals file {str(path)!r} does not exist"
+                                + (" (it is a folder)" if path.is_dir() else ""))
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()} if with_tensors else {}
+    except (SafetensorError, OSError) as err:
+        raise NormalsFileError(f"{path} is not a STAIR normals file (not a readable safetensors file: {err})") from None
+    try:
+        cfg = json.loads(meta["stair_config"])
         if "extra" in meta:
-            out["extra"] = json.loads(meta["extra"])
-        return out
+            extra = json.loads(meta["extra"])
+    except (KeyError, json.JSONDecodeError):
+        raise NormalsFileError(f"{path} is not a STAIR normals file (no valid 'stair_config' in its metadata: "
+                               f"not written by StairController.save)") from None
+    if not isinstance(cfg, dict) or cfg.get("format") != 1:
+        raise NormalsFileError(f"{path} is not a STAIR normals file (stair_config format "
+                               f"{cfg.get('format') if isinstance(cfg, dict) else cfg!r}, expected 1)")
+    if "extra" in meta:
+        cfg["extra"] = extra
+    return cfg, tensors
 
 
 def attach(model, layers=(3, 11, 19), eps: float = 0.0, bank: str = "assistant", *, mode: str = "diff",

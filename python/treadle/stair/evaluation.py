@@ -57,6 +57,10 @@ class EvalConfig:
             raise ValueError(f"unknown condition(s) {bad}; known: {CONDITIONS}")
         if self.turns < 2 or self.k < 1 or self.sessions < 1:
             raise ValueError(f"need turns >= 2, k >= 1, sessions >= 1; got {self.turns}, {self.k}, {self.sessions}")
+        if (not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1
+                or not 0 <= self.temperature < float("inf")):
+            raise ValueError(f"need max_new_tokens >= 1 and a finite temperature >= 0; got {self.max_new_tokens}, "
+                             f"{self.temperature}")
         if any((not isinstance(b, int)) or b < 1 for b in self.budgets):
             raise ValueError(f"budgets must be ints >= 1 (tokens), got {self.budgets}")
 
@@ -114,25 +118,25 @@ def evaluate(model, tokenizer, cfg: EvalConfig, *, normals=None, bank_free=None,
         {"config", "conditions": {name: {"turns": {t: {"avg", "pass", "prefill_s", "peak_bytes",
         "bank_tokens"}}, "avg", "pass"}}, "transitions": {name: {"wrong_to_right", "right_to_wrong"}},
         "cost": {...}, "skipped": [...]}.
+
+    Raises:
+        FileNotFoundError: ``normals``/``bank_free`` does not exist.
+        NormalsFileError: ``normals``/``bank_free`` is not a STAIR normals file or does not fit the model.
+        ValueError: no layers given or recorded; see attach().
     """
     from tqdm.auto import tqdm
 
-    from treadle.stair.controller import attach
+    from treadle.stair.controller import attach, read_normals_config
     from treadle.stair.training import make_training_sessions, self_responses
 
     meta = None
     if normals is not None:
-        from safetensors import safe_open
-
-        with safe_open(str(normals), framework="pt") as f:
-            meta = json.loads((f.metadata() or {}).get("stair_config", "{}"))
+        meta = read_normals_config(normals)
         layers = tuple(meta.get("layers", ())) if layers is None else layers
         eps = float(meta.get("eps", eps))
-    if bank_free is not None and layers is None:
-        from safetensors import safe_open
-
-        with safe_open(str(bank_free), framework="pt") as f:
-            layers = tuple(json.loads((f.metadata() or {}).get("stair_config", "{}")).get("layers", ()))
+    if bank_free is not None:
+        bf_meta = read_normals_config(bank_free)
+        layers = tuple(bf_meta.get("layers", ())) if layers is None else layers
     if layers is None:
         raise ValueError("give layers=, or a normals/bank_free file that records them")
     sessions = make_training_sessions(cfg.sessions, cfg.turns, cfg.levels, seed=cfg.seed, split="heldout")

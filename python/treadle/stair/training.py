@@ -186,14 +186,19 @@ def train(model, tokenizer, config: StairTrainConfig, run_dir, *, resume: bool =
     from treadle.stair.controller import attach
 
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     cfg_json = {**asdict(config), "layers": list(config.layers),
                 "model_name": str(getattr(model.config, "_name_or_path", "") or type(model).__name__)}
     flags = [(p, p.requires_grad) for p in model.parameters()]
     for p, _ in flags:
         p.requires_grad_(False)
-    ctrl = attach(model, layers=config.layers, eps=config.eps, kind=config.kind, seed=config.seed, backend=backend)
     try:
+        ctrl = attach(model, layers=config.layers, eps=config.eps, kind=config.kind, seed=config.seed, backend=backend)
+    except BaseException:
+        for p, f in flags:  # leave the caller's model as it was
+            p.requires_grad_(f)
+        raise
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)  # only once attach() has validated layers/eps/kind
         opt = torch.optim.AdamW(ctrl.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.99))
         start = 0
         ckpt, optf = run_dir / "normals.safetensors", run_dir / "optim.pt"
