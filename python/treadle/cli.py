@@ -79,6 +79,13 @@ def demo(
         resolve_sections(sections)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--sections") from None
+    from treadle.run_dirs import check_out_dir
+
+    try:
+        check_out_dir(run_dir, "--run-dir")
+    except ValueError as err:
+        console.print(str(err), style="red", markup=False)
+        raise typer.Exit(2) from None
     run_demo(sections, run_dir, quick=quick, console=console)
 
 

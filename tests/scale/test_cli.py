@@ -49,12 +49,63 @@ def test_scale_help_lists_the_commands():
     (["sweep", "--Ls=-2,0"], "every L must be < 0"),
     (["sweep", "--Us", "1,2"], "every U"),
     (["sweep", "--jobs", "0"], "--jobs must be >= 1"),
-    (["sft", "--r", "0"], "SFTConfig.r"),
+    (["sft", "--r", "0"], "--r must be"),
+    (["train", "--objective", "ce", "--responses", "sampled"], "--objective ce"),
+    (["train", "--eval-levels", ""], "--eval-levels"),
+    (["train", "--levels", ""], "--levels"),
+    (["sweep", "--Ls=-2,nan"], "bad values [nan]"),
+    (["sweep", "--Us", "x"], "like 1.5,2,4"),
+    (["train", "--adapter", "/tmp/[red]nope"], "/tmp/[red]nope"),
+    (["sft", "--threads", "-1"], "--threads"),
+    (["train", "--threads", "-1"], "--threads"),
+    (["sweep", "--threads", "-1"], "--threads"),
     (["sft", "--model", "/no/such/model"], "does not exist"),
 ])
 def test_bad_input_exits_2_with_a_message_before_any_work(tmp_path, args, text):
     _refused(CliRunner().invoke(app, ["scale", *args, "--out", str(tmp_path / "run")]), text)
     assert not (tmp_path / "cache").exists()  # refused before loading (or training) any model
+
+
+@pytest.mark.parametrize("cmd", ["sft", "train", "sweep"])
+def test_an_out_that_is_a_file_is_refused_before_any_work(tmp_path, cmd):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for out in (afile, afile / "sub"):
+        r = CliRunner().invoke(app, ["scale", cmd, "--quick", "--out", str(out)])
+        _refused(r, "--out")
+        assert len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / "cache").exists()  # before loading any model
+
+
+def test_demo_run_dir_that_is_a_file_is_refused(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    _refused(CliRunner().invoke(app, ["demo", "--quick", "--sections", "scale", "--run-dir", str(afile)]), "--run-dir")
+    assert not (tmp_path / "cache").exists()
+
+
+def test_adapter_whose_base_model_is_missing_asks_for_model(tmp_path):
+    ad = tmp_path / "ad"
+    ad.mkdir()
+    (ad / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA",
+                                                        "base_model_name_or_path": "/moved/away/model"}))
+    r = CliRunner().invoke(app, ["scale", "train", "--quick", "--adapter", str(ad), "--out", str(tmp_path / "r")])
+    _refused(r, "--model")
+    assert "/moved/away/model" in r.output
+    assert not (tmp_path / "cache").exists()
+
+
+def test_truncated_weights_of_a_plain_checkpoint_exit_2(tmp_path, tok):
+    from treadle.models import build_tiny_model
+
+    ckpt = tmp_path / "m"
+    build_tiny_model("qwen3", vocab_size=len(tok), pad_token_id=tok.pad_token_id, hidden_size=32,
+                     intermediate_size=48, num_hidden_layers=1).save_pretrained(ckpt)
+    tok.save_pretrained(ckpt)
+    w = ckpt / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:100])
+    r = CliRunner().invoke(app, ["scale", "sft", "--quick", "--model", str(ckpt), "--out", str(tmp_path / "s")])
+    _refused(r, "model.safetensors")
 
 
 def test_adapter_folders_that_are_not_lora_adapters_are_refused(tmp_path):
@@ -89,11 +140,25 @@ def test_sft_then_train_then_sweep_quick(tmp_path):
     assert cfg["no_reverse"] and cfg["lambda_bounds"] == [0.0, None] and (cfg["L"], cfg["U"]) == (-3.0, 4.0)
     summary = json.loads((tmp_path / "train" / "summary.json").read_text())
     assert summary["after"]["lambda"]["overall"]["reverse"] == 0.0
+    assert summary["adapter"] == str(adapter) and summary["base_model"]
+    # a truncated adapter: one line naming the file, exit 2
+    import shutil
+
+    cut = tmp_path / "cut"
+    shutil.copytree(adapter, cut)
+    w = cut / "adapter_model.safetensors"
+    w.write_bytes(w.read_bytes()[:50])
+    _refused(runner.invoke(app, ["scale", "train", "--quick", "--adapter", str(cut), "--out", str(tmp_path / "c")]),
+             "adapter_model.safetensors")
+    sw = tmp_path / "sweep"
+    (sw / "cells" / "L-9_U9").mkdir(parents=True)  # a stale cell of an earlier sweep into the same --out
+    (sw / "cells" / "notes").mkdir()  # not a cell folder: kept
     out = _ok(runner.invoke(app, ["scale", "sweep", "--quick", "--adapter", str(adapter), "--Ls=-2,-0.5",
-                                  "--Us", "2", "--jobs", "1", "--out", str(tmp_path / "sweep")]))
-    assert "best: L=" in out
-    assert (tmp_path / "sweep" / "heatmap.png").exists()
-    assert len(json.loads((tmp_path / "sweep" / "results.json").read_text())["cells"]) == 2
+                                  "--Us", "2", "--jobs", "1", "--out", str(sw)]))
+    assert "best: L=" in out and "%)" in out
+    assert (sw / "heatmap.png").exists()
+    assert len(json.loads((sw / "results.json").read_text())["cells"]) == 2
+    assert sorted(p.name for p in (sw / "cells").iterdir()) == ["L-0.5_U2", "L-2_U2", "notes"]
 
 
 def test_train_without_adapter_runs_stage_one_first(tmp_path):

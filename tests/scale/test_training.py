@@ -108,7 +108,7 @@ def test_stage_two_trains_only_gates_and_lowers_the_entropy(tmp_path, tok):
     assert {id(p) for p in pm.parameters() if p.requires_grad} == {
         id(p) for m in gated_layers(pm).values() for p in (m.scale_gate_weight, m.scale_gate_bias)}
     # zero gates = the Stage-I model: lambda is exactly 1 before training
-    assert s["before"]["lambda"]["overall"] == {"reverse": 0.0, "suppress": 1.0, "extrapolate": 0.0}
+    assert s["before"]["lambda"]["overall"] == {"reverse": 0.0, "suppress": 0.0, "keep": 1.0, "extrapolate": 0.0}
     lam = s["after"]["lambda"]
     assert set(lam["per_type"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     assert set(lam["per_layer"]) == {0, 1}
@@ -234,6 +234,80 @@ def test_train_refuses_models_it_cannot_gate_before_any_change(tok):
 def test_k_is_clamped_to_the_vocabulary(tok):
     s = train(_stage_one(tok), tok, ScaleTrainConfig(k=1000, epochs=1, **QUICK), evaluate_model=False)
     assert s["k"] == len(tok)
+
+
+def test_lambda_shares_count_exactly_one_as_keep():
+    from treadle.scale import lambda_shares
+
+    s = lambda_shares(torch.tensor([-0.5, 0.0, 0.5, 1.0, 1.0, 1.5, 2.0, 3.0]))
+    assert s == {"reverse": 1 / 8, "suppress": 2 / 8, "keep": 2 / 8, "extrapolate": 3 / 8}
+
+
+def test_a_bad_out_dir_is_refused_before_the_model_changes(tmp_path, tok):
+    from treadle.scale.sft import _has_lora
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for bad, match in ((afile, "exists and is a file, not a folder"), (afile / "sub", "is a file")):
+        pm = _stage_one(tok)
+        frozen = _others(pm)
+        with pytest.raises(ValueError, match=match):
+            train(pm, tok, ScaleTrainConfig.quick(), bad)
+        assert not gated_layers(pm)
+        assert all(torch.equal(frozen[n], p) for n, p in pm.named_parameters())
+        base = _model(tok)
+        with pytest.raises(ValueError, match=match):
+            sft(base, tok, SFTConfig.quick(), bad)
+        assert not _has_lora(base) and not hasattr(base, "peft_config")
+
+
+def test_all_linear_targets_only_gateable_linears_on_a_moe_model(tok):
+    from treadle.scale.sft import linear_targets
+
+    model = build_tiny_model("qwen3_next", vocab_size=len(tok), pad_token_id=tok.pad_token_id, hidden_size=32,
+                             num_hidden_layers=4).eval()
+    names = linear_targets(model)
+    assert "lm_head" not in names and not any(n.endswith("mlp.gate") or ".experts" in n for n in names)
+    assert any(n.endswith("q_proj") for n in names) and any(n.endswith("in_proj_qkvz") for n in names)
+    res = sft(model, tok, SFTConfig.quick(steps=1, batch_size=2, probe_size=2))
+    wrapped = [type(m).__name__ for m in res.model.modules() if isinstance(m, peft.tuners.lora.LoraLayer)]
+    assert wrapped and set(wrapped) == {"Linear"}  # no ParamWrapper around the router / experts
+    params = attach_gates(res.model, -1.0, 2.0, 1.0)  # Stage II accepts every LoRA layer
+    assert len(params) == 2 * len(names)
+
+
+def test_load_gates_refuses_files_that_are_not_gate_files(tmp_path, tok):
+    pm = _stage_one(tok)
+    (tmp_path / "summary.json").write_text("{}")
+    with pytest.raises(GateError, match="summary.json"):
+        load_gates(pm, tmp_path / "summary.json")
+    from treadle.scale import save_gates
+
+    donor = _stage_one(tok)
+    attach_gates(donor, -1.0, 2.0, 1.0)
+    data = save_gates(donor, tmp_path / "g.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(GateError, match="cut.safetensors"):
+        load_gates(pm, tmp_path / "cut.safetensors")
+    assert not gated_layers(pm)
+
+
+def test_load_stage_one_errors_are_one_line(tmp_path, tok):
+    pm = _stage_one(tok)
+    pm.save_pretrained(tmp_path / "ad")
+    cfg = json.loads((tmp_path / "ad" / "adapter_config.json").read_text())
+    cfg["base_model_name_or_path"] = "/somewhere/base"
+    (tmp_path / "ad" / "adapter_config.json").write_text(json.dumps(cfg))
+    other = build_tiny_model("qwen3", vocab_size=len(tok), pad_token_id=tok.pad_token_id,
+                             **dict(SMALL, hidden_size=64, intermediate_size=96))
+    with pytest.raises(ValueError) as info:
+        load_stage_one(other, tmp_path / "ad")
+    msg = str(info.value)
+    assert "\n" not in msg and "/somewhere/base" in msg and "more)" in msg and "size mismatch" not in msg
+    weights = tmp_path / "ad" / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ValueError, match="adapter_model.safetensors"):
+        load_stage_one(_model(tok), tmp_path / "ad")
 
 
 @pytest.mark.slow  # spawned workers import torch/transformers/peft: ~20 s on 2 busy cores

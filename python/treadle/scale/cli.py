@@ -11,10 +11,12 @@ Stage I when no ``--adapter`` is given). Bad input exits with code 2 and a messa
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 app = typer.Typer(help="SCALE: per-token gated LoRA (Stage I LoRA SFT, Stage II gate training, (L, U) sweeps).",
                   no_args_is_help=True, add_completion=False)
@@ -23,9 +25,37 @@ console = Console()
 _ERRORS = (ValueError, TypeError, FileNotFoundError)
 
 
-def _fail(err) -> None:
-    console.print(f"[red]{err}[/red]")
+# config field -> CLI flag, so that messages of SFTConfig / ScaleTrainConfig name what the user typed
+_FLAGS = {"lora_alpha": "--alpha", "target_modules": "--target-modules", "r": "--r", "L": "--L", "U": "--U"}
+
+
+def _flag(field: str) -> str:
+    return _FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
+def _cli_words(text: str) -> str:
+    """Config-field wording -> CLI flags: ``SFTConfig.r`` -> ``--r``, ``objective='ce'`` -> ``--objective ce``."""
+    text = re.sub(r"\b(?:SFTConfig|ScaleTrainConfig|GateConfig)\.(\w+)", lambda m: _flag(m.group(1)), text)
+    return re.sub(r"\b(objective|responses)='(\w+)'", lambda m: f"{_flag(m.group(1))} {m.group(2)}", text)
+
+
+def _fail(err, flags: bool = False) -> None:
+    """Print ``err`` on one red line (literally: brackets in paths and lists are kept) and exit 2."""
+    text = str(err)
+    if flags:
+        text = _cli_words(text)
+    console.print(escape(text), style="red")
     raise typer.Exit(2)
+
+
+def _check_out(out: Path, opt: str = "--out") -> Path:
+    """Exit 2 naming ``opt`` when ``out`` cannot be a run folder (a file, under a file, not writable)."""
+    from treadle.run_dirs import check_out_dir
+
+    try:
+        return check_out_dir(out, opt)
+    except ValueError as err:
+        _fail(err)
 
 
 def _ints(text: str, opt: str) -> tuple:
@@ -38,13 +68,13 @@ def _ints(text: str, opt: str) -> tuple:
     return out
 
 
-def _floats(text: str, opt: str) -> tuple:
+def _floats(text: str, opt: str, example: str = "-4,-2,-0.5") -> tuple:
     try:
         out = tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
         out = ()
     if not out:
-        raise typer.BadParameter(f"expected comma-separated numbers like -4,-2,-0.5, got {text!r}", param_hint=opt)
+        raise typer.BadParameter(f"expected comma-separated numbers like {example}, got {text!r}", param_hint=opt)
     return out
 
 
@@ -55,6 +85,8 @@ def _load(model_path, quick: bool, threads: int = 0):
 
     from treadle.models.tiny import CheckpointError, TinyTrainConfig, load_default_model
 
+    from safetensors import SafetensorError
+
     if threads:
         torch.set_num_threads(threads)
     try:
@@ -63,6 +95,9 @@ def _load(model_path, quick: bool, threads: int = 0):
         model, tok = load_default_model(model_path, config=cfg, name=name, console=console, progress=False)
     except (CheckpointError, FileNotFoundError) as err:
         _fail(err)
+    except SafetensorError as err:  # a damaged plain HF checkpoint (no treadle manifest to catch it earlier)
+        files = sorted(str(f) for f in Path(model_path or ".").expanduser().glob("*.safetensors")) or [str(model_path)]
+        _fail(f"could not read the model weights {', '.join(files)} (truncated or not a safetensors file?): {err}")
     if torch.cuda.is_available():
         model = model.cuda()
     return model, tok
@@ -76,12 +111,18 @@ def _sft_config(quick: bool, **given):
 
 
 def _base_of(adapter: Path):
-    """The base model folder recorded in a PEFT adapter (when it is a local folder), else None."""
+    """The base model folder recorded in a PEFT adapter, else None (nothing recorded). Exits 2 when the
+    recorded base is not a local folder: running on another model would be silently wrong."""
     try:
         base = json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path")
-    except (OSError, json.JSONDecodeError):
+    except (OSError, json.JSONDecodeError, AttributeError):
         return None
-    return base if base and Path(base).is_dir() else None
+    if not base:
+        return None
+    if not Path(base).expanduser().is_dir():
+        _fail(f"the adapter {adapter} was trained on base model {base!r}, which is not a local folder here; "
+              f"pass the base model's checkpoint folder with --model")
+    return base
 
 
 def _check_adapter(adapter: Path) -> None:
@@ -104,11 +145,11 @@ def _stage_one(model_path, quick: bool, adapter, out: Path, threads: int):
         if model_path is None:
             model_path = _base_of(adapter)
             if model_path is not None:
-                console.print(f"base model (from the adapter's config): {model_path}")
+                console.print(f"base model (from the adapter's config): {model_path}", markup=False)
     model, tok = _load(model_path, quick, threads)
     if adapter is None:
         console.print(f"no --adapter: running Stage I first ({'quick' if quick else 'default'} settings) into "
-                      f"{out / 'sft'}")
+                      f"{out / 'sft'}", markup=False)
         res = sft(model, tok, _sft_config(quick), out / "sft", console=console)
         return res.model, tok, res.adapter_path, model.name_or_path
     return load_stage_one(model, adapter), tok, adapter, model.name_or_path
@@ -122,11 +163,14 @@ def sft_cmd(
     lr: float = typer.Option(None, help="AdamW learning rate (default 2e-3)."),
     r: int = typer.Option(None, "--r", help="LoRA rank (SCALE: 16)."),
     alpha: float = typer.Option(None, "--alpha", help="LoRA alpha (SCALE: 16)."),
-    target_modules: str = typer.Option("all-linear", help="'all-linear' or comma-separated module names."),
+    target_modules: str = typer.Option("all-linear", help="'all-linear' (every nn.Linear but the output head, "
+                                                          "so Stage II can gate each LoRA layer; MoE routers "
+                                                          "and fused experts are left out) or comma-separated "
+                                                          "module names."),
     levels: str = typer.Option("1,2,3", help="Difficulty levels of the worked problems (treadle.data)."),
     seed: int = typer.Option(0, help="Seed."),
     out: Path = typer.Option(Path("runs/scale/sft"), help="Run folder (adapter/, log.jsonl, summary.json)."),
-    threads: int = typer.Option(1, help="torch CPU threads (0: leave as is; 1 suits tiny models)."),
+    threads: int = typer.Option(1, min=0, help="torch CPU threads (0: leave as is; 1 suits tiny models)."),
     quick: bool = typer.Option(False, help="Quick settings (and the quick tiny model when no --model)."),
 ) -> None:
     """Stage I: ordinary LoRA SFT through PEFT (r=16, alpha=16, all linear layers) on worked problems."""
@@ -138,13 +182,15 @@ def sft_cmd(
         cfg = _sft_config(quick, steps=steps, batch_size=batch_size, lr=lr, r=r, lora_alpha=alpha, target_modules=tm,
                           levels=_ints(levels, "--levels"), seed=seed)
     except _ERRORS as err:
-        _fail(err)
+        _fail(err, flags=True)
+    _check_out(out)
     model, tok = _load(model_path, quick, threads)
     try:
         res = sft(model, tok, cfg, out, console=console)
     except _ERRORS as err:
-        _fail(err)
-    console.print(f"next: treadle scale train --adapter {res.adapter_path}" + (" --quick" if quick else ""))
+        _fail(err, flags=True)
+    console.print(f"next: treadle scale train --adapter {res.adapter_path}" + (" --quick" if quick else ""),
+                  markup=False)
 
 
 def _train_config(quick: bool, **given):
@@ -180,7 +226,7 @@ def train_cmd(
     seed: int = typer.Option(0, help="Seed."),
     out: Path = typer.Option(Path("runs/scale/train"), help="Run folder (log.jsonl, summary.json, "
                                                             "gates.safetensors, lambda_hist.png)."),
-    threads: int = typer.Option(1, help="torch CPU threads (0: leave as is; 1 suits tiny models)."),
+    threads: int = typer.Option(1, min=0, help="torch CPU threads (0: leave as is; 1 suits tiny models)."),
     quick: bool = typer.Option(False, help="Quick settings (and the quick tiny model when no --model)."),
 ) -> None:
     """Stage II: train only the gates on the normalised top-k entropy over response positions."""
@@ -191,18 +237,21 @@ def train_cmd(
                             train_size=train_size, levels=_ints(levels, "--levels"), responses=responses,
                             temperature=temperature, objective=objective, no_reverse=no_reverse,
                             no_extrapolate=no_extrapolate,
-                            eval_levels=_ints(eval_levels, "--eval-levels") if eval_levels else None,
+                            eval_levels=(_ints(eval_levels, "--eval-levels") if eval_levels is not None
+                                         else None),
                             eval_size=eval_size, max_new_tokens=max_new_tokens, seed=seed)
     except _ERRORS as err:
-        _fail(err)
+        _fail(err, flags=True)
+    _check_out(out)
     try:
         pm, tok, adapter_dir, _ = _stage_one(model_path, quick, adapter, out, threads)
         summary = train(pm, tok, cfg, out, console=console, progress=True)
     except _ERRORS as err:
-        _fail(err)
+        _fail(err, flags=True)
     for t in summary_tables(summary):
         console.print(t)
-    console.print(f"gates: {summary['gates']} | lambda histogram: {summary['histogram']} | log: {out / 'log.jsonl'}")
+    console.print(f"gates: {summary['gates']} | lambda histogram: {summary['histogram']} | log: {out / 'log.jsonl'}",
+                  markup=False)
 
 
 @app.command("sweep")
@@ -227,7 +276,7 @@ def sweep_cmd(
     no_extrapolate: bool = typer.Option(False, "--no-extrapolate", help="Ablation: lambda = min(lambda, 1)."),
     seed: int = typer.Option(0, help="Seed."),
     out: Path = typer.Option(Path("runs/scale/sweep"), help="Run folder (results.json(l), heatmap.png, cells/)."),
-    threads: int = typer.Option(1, help="torch CPU threads for this process (0: leave as is)."),
+    threads: int = typer.Option(1, min=0, help="torch CPU threads for this process (0: leave as is)."),
     quick: bool = typer.Option(False, help="Quick settings (and the quick tiny model when no --model)."),
 ) -> None:
     """Sweep the gate range (L, U): a Stage-II run per cell in parallel processes, a heatmap of the metric."""
@@ -236,7 +285,7 @@ def sweep_cmd(
     from treadle.scale.sweep import sweep
 
     try:
-        grid_L, grid_U = _floats(Ls, "--Ls"), _floats(Us, "--Us")
+        grid_L, grid_U = _floats(Ls, "--Ls"), _floats(Us, "--Us", example="1.5,2,4")
         bad = [v for v in grid_L if not v < 0] + [v for v in grid_U if not v > 1]
         if bad:
             raise ValueError(f"every L must be < 0 and every U > 1 (L < 0 < 1 < U); bad values {bad}")
@@ -248,22 +297,24 @@ def sweep_cmd(
                             responses=responses, objective=objective, no_reverse=no_reverse,
                             no_extrapolate=no_extrapolate, seed=seed)
     except _ERRORS as err:
-        _fail(err)
+        _fail(err, flags=True)
+    _check_out(out)
     try:
         _, _, adapter_dir, base = _stage_one(model_path, quick, adapter, out, threads)
         res = sweep(base, adapter_dir, grid_L, grid_U, cfg, out, jobs=jobs, metric=metric, console=console,
                     progress=True)
     except _ERRORS as err:
-        _fail(err)
-    t = Table(title=f"SCALE (L, U) sweep: held-out {metric} (Stage I: {res['baseline'][metric]:.4g})")
+        _fail(err, flags=True)
+    fmt = "{:.1%}" if metric == "accuracy_mean" else "{:.4f}"
+    t = Table(title=f"SCALE (L, U) sweep: held-out {metric} (Stage I: {fmt.format(res['baseline'][metric])})")
     t.add_column("L \\ U")
     for u in res["Us"]:
         t.add_column(f"{u:g}", justify="right")
     by = {(c["L"], c["U"]): c for c in res["cells"]}
-    fmt = "{:.1%}" if metric == "accuracy_mean" else "{:.4f}"
     for lo in res["Ls"]:
         t.add_row(f"{lo:g}", *[fmt.format(by[(lo, u)][metric]) for u in res["Us"]])
     console.print(t)
-    console.print(f"best: L={res['best']['L']:g}, U={res['best']['U']:g} ({metric} {res['best'][metric]:.4g}) | "
+    best = fmt.format(res["best"][metric])
+    console.print(f"best: L={res['best']['L']:g}, U={res['best']['U']:g} ({metric} {best}) | "
                   f"{len(res['cells'])} cells in {res['seconds']:.1f}s with {res['jobs']} job(s) | "
-                  f"{res['results']} | {res['heatmap']}")
+                  f"{res['results']} | {res['heatmap']}", markup=False)

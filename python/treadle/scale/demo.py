@@ -51,6 +51,6 @@ def _run(run_dir: Path, quick: bool, console) -> dict:
     summary = train(res.model, tok, s2, run_dir / "stage2", console=console)
     for t in summary_tables(summary):
         console.print(t)
-    console.print(f"lambda histogram: {summary['histogram']} | gates: {summary['gates']}")
+    console.print(f"lambda histogram: {summary['histogram']} | gates: {summary['gates']}", markup=False)
     return {"sft": {"probe_loss_before": res.probe_loss_before, "probe_loss_after": res.probe_loss_after,
                     "adapter": str(res.adapter_path)}, "train": summary}

@@ -278,16 +278,22 @@ def load_gates(peft_model: nn.Module, path: str | Path, *, disable_dropout: bool
     must match the file's. Returns the gate parameters as :func:`attach_gates` does.
 
     Raises:
-        GateError: not a treadle gate file, a different config, or a different adapter layout (module
-            names, d_in, d_out or rank), named in the message; raised before the model is changed.
+        GateError: a missing, unreadable or truncated file, not a treadle gate file, a different config, or a
+            different adapter layout (module names, d_in, d_out or rank), named in the message; raised before
+            the model is changed.
     """
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        if meta.get("format") != FORMAT:
-            raise GateError(f"{path} is not a treadle gate file (format {meta.get('format')!r}, expected {FORMAT!r})")
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            if meta.get("format") != FORMAT:
+                raise GateError(f"{path} is not a treadle gate file (format {meta.get('format')!r}, "
+                                f"expected {FORMAT!r})")
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError) as err:
+        raise GateError(f"could not read the gate file {path} (not a safetensors file written by save_gates, or "
+                        f"truncated): {err}") from None
     cfg = GateConfig(**json.loads(meta["config"]))
     layout = json.loads(meta["layout"])
     existing = gated_layers(peft_model)
@@ -322,7 +328,9 @@ def load_gates(peft_model: nn.Module, path: str | Path, *, disable_dropout: bool
 
 
 def lambda_shares(lam: torch.Tensor, mask: torch.Tensor | None = None) -> dict[str, float]:
-    """Shares of tokens with lambda < 0 (reverse), in [0, 1] (suppress), > 1 (extrapolate) (SCALE sec. 5).
+    """Shares of tokens with lambda < 0 (reverse), in [0, 1) (suppress), exactly 1 (keep: the Stage-I
+    delta unchanged, e.g. every token of freshly attached gates) and > 1 (extrapolate) (SCALE sec. 5).
+    The four shares sum to 1.
 
     Args:
         lam: lambda values of any shape (e.g. ``scale_last_lambda`` of a gated layer).
@@ -339,12 +347,12 @@ def lambda_shares(lam: torch.Tensor, mask: torch.Tensor | None = None) -> dict[s
     if lam.numel() == 0:
         raise ValueError("no tokens selected: shares are undefined")
     n = lam.numel()
-    return {"reverse": float((lam < 0).sum()) / n, "suppress": float(((lam >= 0) & (lam <= 1)).sum()) / n,
-            "extrapolate": float((lam > 1).sum()) / n}
+    return {"reverse": float((lam < 0).sum()) / n, "suppress": float(((lam >= 0) & (lam < 1)).sum()) / n,
+            "keep": float((lam == 1).sum()) / n, "extrapolate": float((lam > 1).sum()) / n}
 
 
 def lambda_report(peft_model: nn.Module, mask: torch.Tensor | None = None) -> dict[str, dict]:
-    """Reverse / suppress / extrapolate shares of the lambdas recorded by the last forward (SCALE sec. 5).
+    """Reverse / suppress / keep / extrapolate shares of the lambdas recorded by the last forward (SCALE sec. 5).
 
     Call :func:`record_lambda` before the forward. ``mask`` (bool, the forward's ``(batch, seq)``
     token shape) selects the tokens to count, e.g. generated ones.

@@ -22,7 +22,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-__all__ = ["SFTConfig", "SFTResult", "sft", "response_loss"]
+from treadle.run_dirs import make_out_dir
+
+__all__ = ["SFTConfig", "SFTResult", "sft", "response_loss", "linear_targets"]
 
 
 @dataclass(frozen=True)
@@ -31,8 +33,12 @@ class SFTConfig:
 
     Attributes:
         r, lora_alpha: LoRA rank and alpha (``scaling = alpha / r``).
-        target_modules: PEFT ``target_modules``: ``"all-linear"`` (every ``nn.Linear`` but the output
-            head) or module names such as ``("q_proj", "v_proj")``.
+        target_modules: PEFT ``target_modules``: ``"all-linear"`` or module names such as
+            ``("q_proj", "v_proj")``. :func:`sft` resolves ``"all-linear"`` itself to the full names of
+            the model's ``nn.Linear`` leaf modules except the output head (:func:`linear_targets`), so
+            that every LoRA layer is one Stage II can gate; unlike PEFT's own ``"all-linear"`` it never
+            wraps MoE routers or fused expert parameters (e.g. Qwen3-Next's ``mlp.gate`` /
+            ``mlp.experts``, which PEFT would wrap in ``ParamWrapper`` layers that have no gate).
         lora_dropout: LoRA dropout during Stage I (Stage II runs without it).
         steps: optimizer steps; batch_size: problems per step (fresh problems each step).
         lr: AdamW learning rate (linear warm-up over the first 10% of steps, then constant);
@@ -126,6 +132,41 @@ def response_loss(model: nn.Module, batch) -> torch.Tensor:
     return nn.functional.cross_entropy(logits[batch.response_mask].float(), nxt[batch.response_mask])
 
 
+def linear_targets(model: nn.Module) -> list[str]:
+    """Full names of the ``nn.Linear`` leaf modules of ``model`` except its output head: what Stage I's
+    ``target_modules="all-linear"`` means in treadle (every resulting LoRA layer can be gated in Stage II).
+
+    Modules of other types (MoE routers such as Qwen3-Next's ``Qwen3NextTopKRouter``, fused expert
+    parameters, convolutions, embeddings) are left out. So are, on MoE models whose PEFT config PEFT
+    converts for transformers v5 (Qwen2-MoE / Qwen3-Next family ...), Linears named like the old
+    per-expert projections (``gate_proj`` / ``up_proj`` / ``down_proj``, e.g. the shared expert's):
+    PEFT maps any target with those names onto the fused expert parameters (``ParamWrapper``), which
+    Stage II cannot gate.
+
+    Raises:
+        ValueError: the model has no such module.
+    """
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    remapped = _peft_moe_remapped(model)
+    names = [n for n, m in model.named_modules()
+             if isinstance(m, nn.Linear) and m is not head and n and n.rsplit(".", 1)[-1] not in {"lm_head", *remapped}]
+    if not names:
+        raise ValueError("the model has no nn.Linear module besides the output head: nothing for LoRA to target")
+    return names
+
+
+def _peft_moe_remapped(model: nn.Module) -> set:
+    """Leaf module names that PEFT (transformers v5 MoE conversion) re-targets to fused expert parameters
+    for this model type; empty when PEFT has no such conversion (or this PEFT has no such table)."""
+    try:
+        from peft.utils import transformers_weight_conversion as conv
+    except ImportError:
+        return set()
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    base_type = getattr(conv, "_MODEL_TO_CONVERSION_PATTERN", {}).get(model_type)
+    return set(getattr(conv, "_MOE_TARGET_MODULE_MAPPING", {}).get(base_type, {}) or ())
+
+
 def _has_lora(model: nn.Module) -> bool:
     from peft.tuners.lora import LoraLayer
 
@@ -152,7 +193,9 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
     Raises:
         TypeError: ``model`` is not an ``nn.Module``.
         ValueError: ``model`` already has LoRA layers; a tokenizer without chat template / EOS / pad;
-            no linear module matches ``target_modules`` (PEFT's message). Raised before training.
+            no linear module matches ``target_modules`` (PEFT's message); ``out_dir`` is a file, under a
+            file, or not writable. Raised before training and (but for PEFT's message) before ``model``
+            is changed.
     """
     import peft
     from tqdm.auto import tqdm
@@ -166,13 +209,14 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
     if _has_lora(model):
         raise ValueError("model already has LoRA layers; Stage I starts from a base model (pass the adapter to "
                          "Stage II instead: treadle scale train --adapter DIR)")
+    out = make_out_dir(out_dir) if out_dir is not None else None  # before the model is wrapped
+    targets = (linear_targets(model) if config.target_modules == "all-linear" else list(config.target_modules))
     weights = {lv: 1.0 for lv in config.levels}
     probe = problem_pairs(tokenizer, ProblemGenerator(config.seed + 10_007).mixture(config.probe_size, weights,
                                                                                   split="heldout"))
     torch.manual_seed(config.seed)
     lcfg = peft.LoraConfig(r=config.r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                           target_modules=(config.target_modules if isinstance(config.target_modules, str)
-                                           else list(config.target_modules)), task_type="CAUSAL_LM")
+                           target_modules=targets, task_type="CAUSAL_LM")
     pm = peft.get_peft_model(model, lcfg)
     device = next(pm.parameters()).device
     params = [p for p in pm.parameters() if p.requires_grad]
@@ -187,10 +231,8 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
             return float(response_loss(pm, probe_batch))
 
     before = probe_loss()
-    out = Path(out_dir) if out_dir is not None else None
     log = None
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
         log = open(out / "log.jsonl", "w")
     gen = ProblemGenerator(config.seed)
     losses = []
@@ -218,6 +260,7 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
     if out is not None:
         adapter = out / "adapter"
         pm.save_pretrained(str(adapter))
+        pm.scale_adapter_path = str(adapter)  # recorded by Stage II's summary
         tokenizer.save_pretrained(str(adapter))
         summary = {"config": dataclasses.asdict(config), "base_model": getattr(model, "name_or_path", "") or None,
                    "probe_loss_before": before, "probe_loss_after": after, "seconds": seconds,
@@ -226,5 +269,6 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
     if console is not None:
         console.print(f"Stage I (LoRA r={config.r}, alpha={config.lora_alpha}, {config.target_modules}): "
                       f"{sum(p.numel() for p in params)} trainable parameters, {config.steps} steps in {seconds:.1f}s; "
-                      f"held-out response CE {before:.4f} -> {after:.4f}" + (f"; adapter {adapter}" if adapter else ""))
+                      f"held-out response CE {before:.4f} -> {after:.4f}" + (f"; adapter {adapter}" if adapter else ""),
+                      markup=False)
     return SFTResult(pm, adapter, before, after, losses, seconds, sum(p.numel() for p in params))

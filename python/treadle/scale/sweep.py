@@ -21,6 +21,8 @@ import json
 import math
 import multiprocessing as mp
 import os
+import re
+import shutil
 import time
 from pathlib import Path
 
@@ -35,6 +37,20 @@ METRICS = ("accuracy_mean", "entropy")
 
 def _cell_name(L: float, U: float) -> str:
     return f"L{L:g}_U{U:g}"
+
+
+_CELL_RE = re.compile(r"^L-[0-9.e+-]+_U[0-9.e+-]+$")  # what _cell_name gives for L < 0
+
+
+def _clear_stale_cells(out: Path) -> None:
+    """Remove the cell run folders (``cells/L<L>_U<U>/``) an earlier sweep left in ``out``, so that
+    ``cells/`` holds this sweep's cells only; anything else in ``cells/`` is left alone."""
+    cells = out / "cells"
+    if not cells.is_dir():
+        return
+    for d in cells.iterdir():
+        if d.is_dir() and not d.is_symlink() and _CELL_RE.match(d.name):
+            shutil.rmtree(d)
 
 
 def _load(model_path: str, adapter: str | None):
@@ -122,12 +138,16 @@ def sweep(model_path: str | Path, adapter: str | Path, Ls, Us, config=None, out_
 
     Raises:
         ValueError: an empty or invalid grid (an L >= 0 or U <= 1, duplicates), ``jobs < 1``, unknown
-            metric; FileNotFoundError / ValueError: a missing model or adapter folder. All raised
-            before any trial runs.
+            metric, an ``out_dir`` that is a file, under a file or not writable; FileNotFoundError /
+            ValueError: a missing model or adapter folder. All raised before any trial runs.
+
+    Cell folders of an earlier sweep in ``out_dir/cells/`` are removed first (only ``L<L>_U<U>``
+    folders), so ``cells/`` matches ``results.json``.
     """
     from rich.progress import Progress
 
     from treadle.models.tiny import check_checkpoint
+    from treadle.run_dirs import check_out_dir, make_out_dir
     from treadle.scale.training import ScaleTrainConfig
 
     config = config or ScaleTrainConfig()
@@ -147,6 +167,7 @@ def sweep(model_path: str | Path, adapter: str | Path, Ls, Us, config=None, out_
     jobs = min(cores, len(cells) + 1) if jobs is None else jobs
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an int >= 1, got {jobs!r}")
+    check_out_dir(out_dir)
     check_checkpoint(model_path)
     adapter = Path(adapter).expanduser()
     if not adapter.exists():
@@ -155,8 +176,8 @@ def sweep(model_path: str | Path, adapter: str | Path, Ls, Us, config=None, out_
     if not (adapter / "adapter_config.json").exists():
         raise ValueError(f"{adapter} is not a PEFT adapter folder (no adapter_config.json)")
     vocab = json.loads((Path(model_path) / "config.json").read_text()).get("vocab_size") or config.k
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_out_dir(out_dir)
+    _clear_stale_cells(out)
     threads = max(1, cores // jobs) if jobs > 1 else 0
     base = dict(model=str(model_path), adapter=str(adapter), threads=threads, vocab=int(vocab))
     tasks = [dict(base, kind="baseline", config=dataclasses.asdict(config))]
@@ -164,7 +185,7 @@ def sweep(model_path: str | Path, adapter: str | Path, Ls, Us, config=None, out_
                    out=str(out / "cells" / _cell_name(L, U))) for L, U in cells]
     say = console.print if console is not None else (lambda *a, **kw: None)
     say(f"sweep: {len(cells)} cells (L in {Ls}, U in {Us}) + the Stage-I baseline, {jobs} worker(s)"
-        + (f" x {threads} thread(s)" if threads else ""))
+        + (f" x {threads} thread(s)" if threads else ""), markup=False)
     t0 = time.perf_counter()
     results = []
     with Progress(console=console, disable=not progress or console is None, transient=True) as bar:

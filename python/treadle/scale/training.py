@@ -21,8 +21,9 @@ clamped side gets zero gradient where it is active. Clamped layers run a plain-P
 the fused op's maths (:class:`ClampedGatedLoraLinear`); unclamped training uses the fused op.
 
 Reports (sec. 5.3): entropy and held-out greedy accuracy before/after, and the learned lambda
-distribution on generated tokens: shares with lambda < 0 (reverse), in [0, 1] (suppress), > 1
-(extrapolate), overall, per module type (``q_proj`` ... ``down_proj``) and per layer, plus a histogram.
+distribution on generated tokens: shares with lambda < 0 (reverse), in [0, 1) (suppress), exactly 1
+(keep: the Stage-I delta unchanged), > 1 (extrapolate), overall, per module type (``q_proj`` ...
+``down_proj``) and per layer, plus a histogram.
 "Generated tokens": for each token of the model's own greedy held-out completions, the lambdas applied
 at the position that produced it (the same response positions as the objective's).
 """
@@ -300,8 +301,9 @@ def load_stage_one(model: nn.Module, adapter_dir: str | Path) -> nn.Module:
 
     Raises:
         FileNotFoundError: ``adapter_dir`` does not exist.
-        ValueError: not a folder, no ``adapter_config.json``, not a LoRA adapter, or weights that do not
-            fit the model (PEFT's message).
+        ValueError: not a folder, no ``adapter_config.json``, not a LoRA adapter, unreadable (e.g.
+            truncated) weights, or weights that do not fit the model (one line: the first size
+            mismatch and how many more).
     """
     import peft
 
@@ -317,10 +319,42 @@ def load_stage_one(model: nn.Module, adapter_dir: str | Path) -> nn.Module:
         raise ValueError(f"{p / 'adapter_config.json'} is not valid JSON: {err}") from None
     if kind != "LORA":
         raise ValueError(f"{p} holds a {kind!r} adapter; SCALE gates need a LoRA adapter")
+    from safetensors import SafetensorError
+
+    trained_on = _recorded_base(p)
     try:
-        return peft.PeftModel.from_pretrained(model, str(p), is_trainable=False)
-    except (RuntimeError, KeyError, OSError) as err:
-        raise ValueError(f"could not load the adapter {p} onto this model: {err}") from None
+        pm = peft.PeftModel.from_pretrained(model, str(p), is_trainable=False)
+    except SafetensorError as err:
+        files = sorted(str(f) for f in p.glob("*.safetensors")) or [str(p)]
+        raise ValueError(f"could not read the adapter weights {', '.join(files)} (truncated or not a safetensors "
+                         f"file?): {err}") from None
+    except (RuntimeError, KeyError, OSError, ValueError) as err:
+        here = getattr(model, "name_or_path", None)
+        raise ValueError(f"could not load the adapter {p} (trained on {trained_on or 'an unrecorded base model'}) "
+                         f"onto this model{f' ({here})' if here else ''}: {_short_load_error(err)}") from None
+    pm.scale_adapter_path = str(p)  # recorded by Stage II's summary
+    return pm
+
+
+def _recorded_base(adapter: Path) -> str | None:
+    """``base_model_name_or_path`` of a PEFT adapter folder (None when absent or unreadable)."""
+    try:
+        return json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path") or None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _short_load_error(err: Exception) -> str:
+    """One line for PEFT's load errors: the first size mismatch and how many more (not dozens of lines)."""
+    text = str(err)
+    mism = re.findall(r"size mismatch for (\S+?): copying a param with shape (torch\.Size\(\[[^\]]*\]\)) from "
+                      r"checkpoint, the shape in current model is (torch\.Size\(\[[^\]]*\]\))", text)
+    if not mism:
+        return text.strip().splitlines()[0] if text.strip() else type(err).__name__
+    name, ckpt, cur = mism[0]
+    more = f" (and {len(mism) - 1} more)" if len(mism) > 1 else ""
+    return (f"the adapter's weights have other shapes than this model's: {name} is {ckpt[len('torch.Size('):-1]} in "
+            f"the adapter, {cur[len('torch.Size('):-1]} in the model{more}")
 
 
 # ---------------------------------------------------------------- evaluation
@@ -435,7 +469,7 @@ def lambda_histogram(lambdas: torch.Tensor, path: str | Path, *, L: float, U: fl
     vals = lambdas.detach().reshape(-1).float().cpu().numpy()
     with png_figure(path, figsize=(6.4, 3.6)) as (fig, ax):
         ax.axvspan(L, 0, color="tab:red", alpha=0.08, label="reverse (lambda < 0)")
-        ax.axvspan(0, 1, color="tab:gray", alpha=0.08, label="suppress (0..1)")
+        ax.axvspan(0, 1, color="tab:gray", alpha=0.08, label="suppress [0, 1)")
         ax.axvspan(1, U, color="tab:green", alpha=0.08, label="extrapolate (lambda > 1)")
         ax.hist(vals, bins=60, range=(L, U), color="tab:blue")
         ax.set_xlabel("lambda (per token x module)")
@@ -480,11 +514,14 @@ def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = No
     Returns:
         A summary dict: ``config``, ``k`` (used), ``gate_params``, ``objective_before/after`` (mean over
         the training responses), ``before``/``after`` (:func:`evaluate` results, without raw lambdas),
-        ``losses`` (per step), ``seconds``, paths.
+        ``losses`` (per step), ``seconds``, paths, ``base_model`` (the base's ``name_or_path``) and
+        ``adapter`` (the Stage-I adapter folder, when loaded by :func:`load_stage_one` or written by
+        :func:`treadle.scale.sft`).
 
     Raises:
         GateError (ValueError): no LoRA layers, several active adapters, unsupported layers, gates
             already attached (:func:`treadle.scale.attach_gates`), before any change.
+        ValueError: ``out_dir`` is a file, under a file, or not writable (before any change).
         ValueError: a tokenizer without chat template / EOS / pad; an example without response position.
     """
     from tqdm.auto import tqdm
@@ -492,6 +529,7 @@ def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = No
     from treadle.data.arithmetic import ProblemGenerator
     from treadle.scale.batches import _check_tokenizer, collate, iterate_batches, problem_pairs, sampled_pairs
     from treadle.scale.gates import _active_adapter, _lora_layers, attach_gates, save_gates
+    from treadle.run_dirs import check_out_dir, make_out_dir
 
     config = config or ScaleTrainConfig()
     if not isinstance(config, ScaleTrainConfig):
@@ -499,6 +537,8 @@ def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = No
     _check_tokenizer(tokenizer)
     # everything attach_gates would refuse, checked before the (possibly slow) data preparation
     _lora_layers(peft_model, _active_adapter(peft_model), disable_dropout=True, expect_gated=False)
+    if out_dir is not None:
+        check_out_dir(out_dir)
     vocab = _vocab(peft_model)
     if vocab < 2:
         raise ValueError(f"the model's vocabulary has {vocab} entries; the top-k entropy needs >= 2")
@@ -516,6 +556,7 @@ def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = No
     else:
         pairs = problem_pairs(tokenizer, problems)
     collate(pairs, tokenizer.pad_token_id)  # every example has a response position (ValueError otherwise)
+    out = make_out_dir(out_dir) if out_dir is not None else None  # before the model gets gates
 
     params = attach_gates(peft_model, config.L, config.U, config.tau, disable_dropout=True)
     lo, hi = config.lambda_bounds
@@ -524,10 +565,8 @@ def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = No
     peft_model.eval()  # no dropout anywhere: Stage II changes only the gates
     n_gate = sum(p.numel() for p in params)
 
-    out = Path(out_dir) if out_dir is not None else None
     log = None
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
         cfg_json = {**dataclasses.asdict(config), "k_used": k, "lambda_bounds": list(config.lambda_bounds)}
         (out / "config.json").write_text(json.dumps(cfg_json, indent=1))
         log = open(out / "log.jsonl", "w")
@@ -576,7 +615,8 @@ def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = No
             log.close()
     summary = {"config": dataclasses.asdict(config), "k": k, "gate_params": n_gate, "objective": config.objective,
                "objective_before": obj_before, "objective_after": obj_after, "before": before, "after": after,
-               "losses": losses, "steps": len(losses), "seconds": seconds, "gates": None, "histogram": None}
+               "losses": losses, "steps": len(losses), "seconds": seconds, "gates": None, "histogram": None,
+               "base_model": _base_name(peft_model), "adapter": getattr(peft_model, "scale_adapter_path", None)}
     if out is not None:
         summary["gates"] = str(save_gates(peft_model, out / "gates.safetensors"))
         if lambdas is not None and lambdas.numel():
@@ -587,6 +627,15 @@ def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = No
                                                        ("no extrapolate", config.no_extrapolate)) if on) + ")"))
         (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return summary
+
+
+def _base_name(peft_model: nn.Module) -> str | None:
+    base = peft_model.get_base_model() if hasattr(peft_model, "get_base_model") else peft_model
+    return getattr(base, "name_or_path", None) or None
+
+
+_SHARE_COLUMNS = (("reverse", "reverse (<0)"), ("suppress", "suppress [0, 1)"), ("keep", "keep (= 1)"),
+                  ("extrapolate", "extrapolate (>1)"))
 
 
 def summary_tables(summary: dict) -> list:
@@ -609,18 +658,22 @@ def summary_tables(summary: dict) -> list:
         for lv in a["accuracy"]:
             t.add_row(f"held-out accuracy, level {lv}", f"{b['accuracy'][lv]:.1%}", f"{a['accuracy'][lv]:.1%}")
         t.add_row("held-out accuracy, all", f"{b['accuracy_mean']:.1%}", f"{a['accuracy_mean']:.1%}")
-        for key in ("reverse", "suppress", "extrapolate"):
-            t.add_row(f"lambda share: {key}", f"{b['lambda']['overall'][key]:.1%}",
-                      f"{a['lambda']['overall'][key]:.1%}")
+        for key, label in _SHARE_COLUMNS:
+            t.add_row(f"lambda share: {label}", f"{b['lambda']['overall'].get(key, 0.0):.1%}",
+                      f"{a['lambda']['overall'].get(key, 0.0):.1%}")
         lam = a["lambda"]
-        d = Table(title="learned lambda on generated tokens: share reverse / suppress / extrapolate")
-        for col in ("group", "reverse (<0)", "suppress (0..1)", "extrapolate (>1)"):
-            d.add_column(col, justify="right" if col != "group" else "left")
+        d = Table(title="learned lambda on generated tokens: share reverse / suppress / keep / extrapolate")
+        d.add_column("group")
+        for _, label in _SHARE_COLUMNS:
+            d.add_column(label, justify="right")
+
+        def row(s):
+            return [f"{s.get(key, 0.0):.1%}" for key, _ in _SHARE_COLUMNS]
+
         for typ, s in lam["per_type"].items():
-            d.add_row(typ, f"{s['reverse']:.1%}", f"{s['suppress']:.1%}", f"{s['extrapolate']:.1%}")
+            d.add_row(typ, *row(s))
         for lay, s in lam["per_layer"].items():
-            d.add_row(f"layer {lay}", f"{s['reverse']:.1%}", f"{s['suppress']:.1%}", f"{s['extrapolate']:.1%}")
-        s = lam["overall"]
-        d.add_row("all", f"{s['reverse']:.1%}", f"{s['suppress']:.1%}", f"{s['extrapolate']:.1%}")
+            d.add_row(f"layer {lay}", *row(s))
+        d.add_row("all", *row(lam["overall"]))
         tables.append(d)
     return tables

@@ -70,10 +70,13 @@ def _budgets(text: str) -> tuple:
 
 
 def _check_out(out: Path) -> None:
-    """``--out`` must be a folder or not exist yet, with no file in its parents (checked before any work)."""
-    for p in (out, *out.parents):
-        if p.exists() and not p.is_dir():
-            raise typer.BadParameter(f"{str(out)!r} is not a folder ({str(p)!r} is a file)", param_hint="--out")
+    """``--out`` must be a folder that exists or can be created (checked before any work, nothing left behind)."""
+    from treadle.run_dirs import check_out_dir
+
+    try:
+        check_out_dir(out, "--out")
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--out") from None
 
 
 def _check_normals(path, hint: str, kind: str) -> None:
