@@ -65,6 +65,8 @@ def test_grpo_advantages(benchmark, peer_table, impl, n, layout):
             pytest.skip("verl not importable")
         if impl == "verl_loop" and n > 65536:
             pytest.skip("verl's per-sample loop takes minutes at 1M rows")
+        if impl == "verl_vectorized" and n > 65536:
+            pytest.skip("verl's vectorized estimator needs more than 24 GB at 1M rows (killed by the OOM killer here)")
         index = np.array([str(i) for i in ids.tolist()], dtype=object)
         est = CORE.get_adv_estimator_fn("grpo" if impl == "verl_loop" else "grpo_vectorized")
         tlr, mask = rewards.unsqueeze(1), torch.ones(n, 1)
