@@ -27,11 +27,12 @@ Backward (chain rule; ``dy = dL/dy (N, d_out)``; A, B, W frozen; the gate reads 
 Saved for backward: x, A, B, ``z (N, r + 1)`` and ``v (N,)``: O(N r) beyond the inputs.
 
 Backends: ``reference`` (the same decomposition in plain PyTorch), ``cpp`` (csrc/cpu/gated_lora.cpp:
-stacked shrink GEMM, then for float32 one OpenMP pass that does the epilogue and the register-blocked
-rank-r expand into ``base_out``'s row, so ``base_out`` is read once and ``y`` written once; backward:
-the thin GEMM ``p = dy B``, a per-token pass, the same register-blocked expand for ``dx = (s p) A``
-and one GEMV for ``dw``), ``triton`` (triton_kernels/scale.py: one kernel for shrink + epilogue +
-expand, one for ``p``, the epilogue and ``dx``). Memory traffic beyond the base linear, forward: one
+stacked shrink GEMM, one OpenMP pass over the tokens for the epilogue (``s * u``, ``(N, r)``), then
+one ``addmm`` for the rank-r expand (in place into the base GEMM's output for
+:func:`gated_lora_linear`); backward: the thin GEMM ``p = dy B``, a per-token pass, one rank-r GEMM
+for ``dx = (s p) A`` and one GEMV for ``dw``; MKL's rank-16 GEMMs measured as fast as a hand-written
+register-blocked row loop here, which was removed), ``triton`` (triton_kernels/scale.py: one kernel
+for shrink + epilogue + expand, one for ``p``, the epilogue and ``dx``). Memory traffic beyond the base linear, forward: one
 read of x (shrink), one read of base_out and one write of y; backward: one read of dy, one write of
 dx, one read of x (dw), plus autograd's in-place sum of x's two gradients (x and base_out enter the
 op with their own shapes, so no reshape view forces that sum out of place).
