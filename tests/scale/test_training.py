@@ -156,6 +156,21 @@ def test_ablation_flags_bound_lambda(tok, no_reverse, no_extrapolate):
     assert ((lam == 0) if no_reverse else (lam == 1)).any()  # the clamp binds on some tokens
 
 
+def test_clamped_layers_match_the_fused_op_at_zero_initialised_gates(tok):
+    """At v = 0 (every token of a zero-initialised gate, where Stage II starts) lambda has a kink: the
+    clamped layers must use the fused op's midpoint slope (U - L) / 2, not the sum of both sides."""
+    a, b = _stage_one(tok), _stage_one(tok)
+    for pm in (a, b):
+        attach_gates(pm, -2.0, 3.0, 0.7)
+    clamp_lambda(b, -10.0, 10.0)
+    ids = collate(problem_pairs(tok, generate_problems(1, 3, seed=1)), tok.pad_token_id)
+    for pm in (a, b):
+        gate_objective(pm, ids, k=50).backward()
+    for ma, mb in zip(gated_layers(a).values(), gated_layers(b).values()):
+        torch.testing.assert_close(ma.scale_gate_weight.grad, mb.scale_gate_weight.grad, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(ma.scale_gate_bias.grad, mb.scale_gate_bias.grad, rtol=1e-4, atol=1e-6)
+
+
 def test_clamped_forward_matches_the_fused_op_when_the_clamp_never_binds(tok):
     torch.manual_seed(0)
     a, b = _stage_one(tok), _stage_one(tok)

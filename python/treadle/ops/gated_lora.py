@@ -48,6 +48,7 @@ import math
 import torch
 
 from treadle import dispatch
+from treadle.reference.scale import gate_lambda_reference as _lambda
 
 OP = "gated_lora"
 OP_LINEAR = "gated_lora_linear"
@@ -59,10 +60,6 @@ _FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _lambda(v: torch.Tensor, L: float, U: float) -> torch.Tensor:
-    return 1.0 + (1.0 - L) * v.clamp(max=0) + (U - 1.0) * v.clamp(min=0)
 
 
 def _lambda_slope(v: torch.Tensor, L: float, U: float) -> torch.Tensor:

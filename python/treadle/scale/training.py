@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from treadle.figures import png_figure
+from treadle.reference.scale import gate_lambda_reference
 
 __all__ = ["ScaleTrainConfig", "OBJECTIVES", "RESPONSES", "gate_objective", "clamp_lambda", "load_stage_one",
            "evaluate", "train", "per_layer_shares", "lambda_histogram", "summary_tables"]
@@ -176,7 +177,7 @@ def _clamped_class():
             acc = torch.float64 if xa.dtype == torch.float64 else torch.float32
             g = xa.detach().to(acc) @ self.scale_gate_weight.to(acc) + self.scale_gate_bias.to(acc).reshape(())
             v = torch.tanh(g / cfg.tau)
-            lam = 1.0 + (1.0 - cfg.L) * v.clamp(max=0) + (cfg.U - 1.0) * v.clamp(min=0)
+            lam = gate_lambda_reference(v, cfg.L, cfg.U)  # slope (U - L) / 2 at v = 0, as the fused op
             lam = lam.clamp(min=lo, max=hi)
             delta = (xa @ lora_A.t()).to(acc) * (float(self.scaling[cfg.adapter]) * lam).unsqueeze(-1)
             y = result + (delta.to(lora_A.dtype) @ lora_B.t()).to(result.dtype)
