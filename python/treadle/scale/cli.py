@@ -18,6 +18,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from treadle.cli_lists import parse_list
+
 app = typer.Typer(help="SCALE: per-token gated LoRA (Stage I LoRA SFT, Stage II gate training, (L, U) sweeps).",
                   no_args_is_help=True, add_completion=False)
 console = Console()
@@ -56,26 +58,6 @@ def _check_out(out: Path, opt: str = "--out") -> Path:
         return check_out_dir(out, opt)
     except ValueError as err:
         _fail(err)
-
-
-def _ints(text: str, opt: str) -> tuple:
-    try:
-        out = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        out = ()
-    if not out:
-        raise typer.BadParameter(f"expected comma-separated ints like 1,2,3, got {text!r}", param_hint=opt)
-    return out
-
-
-def _floats(text: str, opt: str, example: str = "-4,-2,-0.5") -> tuple:
-    try:
-        out = tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        out = ()
-    if not out:
-        raise typer.BadParameter(f"expected comma-separated numbers like {example}, got {text!r}", param_hint=opt)
-    return out
 
 
 def _load(model_path, quick: bool, threads: int = 0):
@@ -180,7 +162,7 @@ def sft_cmd(
                                                                      if m.strip())
     try:
         cfg = _sft_config(quick, steps=steps, batch_size=batch_size, lr=lr, r=r, lora_alpha=alpha, target_modules=tm,
-                          levels=_ints(levels, "--levels"), seed=seed)
+                          levels=parse_list(levels, "--levels"), seed=seed)
     except _ERRORS as err:
         _fail(err, flags=True)
     _check_out(out)
@@ -234,10 +216,10 @@ def train_cmd(
 
     try:
         cfg = _train_config(quick, L=L, U=U, tau=tau, k=k, lr=lr, epochs=epochs, batch_size=batch_size,
-                            train_size=train_size, levels=_ints(levels, "--levels"), responses=responses,
+                            train_size=train_size, levels=parse_list(levels, "--levels"), responses=responses,
                             temperature=temperature, objective=objective, no_reverse=no_reverse,
                             no_extrapolate=no_extrapolate,
-                            eval_levels=(_ints(eval_levels, "--eval-levels") if eval_levels is not None
+                            eval_levels=(parse_list(eval_levels, "--eval-levels") if eval_levels is not None
                                          else None),
                             eval_size=eval_size, max_new_tokens=max_new_tokens, seed=seed)
     except _ERRORS as err:
@@ -285,7 +267,8 @@ def sweep_cmd(
     from treadle.scale.sweep import sweep
 
     try:
-        grid_L, grid_U = _floats(Ls, "--Ls"), _floats(Us, "--Us", example="1.5,2,4")
+        grid_L = parse_list(Ls, "--Ls", kind=float, example="-4,-2,-0.5")
+        grid_U = parse_list(Us, "--Us", kind=float, example="1.5,2,4")
         bad = [v for v in grid_L if not v < 0] + [v for v in grid_U if not v > 1]
         if bad:
             raise ValueError(f"every L must be < 0 and every U > 1 (L < 0 < 1 < U); bad values {bad}")

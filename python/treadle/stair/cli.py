@@ -12,6 +12,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from treadle.cli_lists import parse_list
+
 app = typer.Typer(help="STAIR: reflected read-out of earlier responses' K/V (train the normals, evaluate).",
                   no_args_is_help=True, add_completion=False)
 console = Console()
@@ -49,24 +51,7 @@ def parse_layers(text: str, model) -> tuple:
 
 
 def _levels(text: str) -> list:
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        out = []
-    if not out:
-        raise typer.BadParameter(f"levels must be comma-separated ints like 1,2, got {text!r}", param_hint="--levels")
-    return out
-
-
-def _budgets(text: str) -> tuple:
-    try:
-        out = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        out = (0,)
-    if any(b < 1 for b in out):
-        raise typer.BadParameter(f"budgets must be comma-separated ints >= 1 (tokens) like 16,64, got {text!r}",
-                                 param_hint="--budgets")
-    return out
+    return list(parse_list(text, "--levels", example="1,2"))
 
 
 def _check_out(out: Path) -> None:
@@ -195,7 +180,7 @@ def eval_cmd(
     _levels(levels)
     if layers and layers.strip() != "auto":
         parse_layers(layers, None)  # syntax only (ranges need the model)
-    budget_list = _budgets(budgets)
+    budget_list = parse_list(budgets, "--budgets", example="16,64", minimum=1, allow_empty=True)
     _check_out(out)
     if normals is not None:
         _check_normals(normals, "--normals", "stair")
