@@ -26,6 +26,7 @@ AREAS = [
     ("scale", "treadle.scale.cli"),
     ("weft", "treadle.weft.cli"),
     ("rsi", "treadle.rsi.cli"),
+    ("llm", "treadle.llm.cli"),
 ]
 for _name, _module in AREAS:
     try:

@@ -1,0 +1,128 @@
+"""Append-only JSONL ledger of every model call (role, operator tag, tokens, latency, cache hit, cost).
+
+One line per call, written with a single ``write`` and flushed, so a killed process leaves whole
+lines (a torn last line, if the OS cut one, is skipped with a warning by :func:`read_ledger`).
+API keys are never part of a record.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+import warnings
+from collections import defaultdict
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["LedgerRecord", "Ledger", "Totals", "read_ledger", "totals"]
+
+
+class LedgerRecord(BaseModel):
+    """One model call as accounted."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    schema_version: Literal[1] = 1
+    time: float = Field(description="Unix time the call ended.")
+    role: str = Field(description="Config role that made the call.")
+    tag: str = Field(description="Operator tag given by the caller (e.g. 'rollout', 'repair', 'judge').")
+    model: str
+    kind: str = Field(description="'chat' or 'completion'.")
+    key: str | None = Field(description="Cache key of the request.")
+    tokens_in: int = Field(description="Prompt tokens (0 for cache hits: nothing was paid).")
+    tokens_out: int = Field(description="Completion tokens (0 for cache hits).")
+    latency_s: float
+    cache_hit: bool
+    recorded: bool = False
+    cost_usd: float = Field(description="tokens x prices of the role (0 without prices or for cache hits).")
+    ok: bool
+    failure: str | None = Field(None, description="FailureKind value when not ok.")
+    attempts: int = 1
+
+
+class Totals(BaseModel):
+    """Sums over a set of ledger records."""
+
+    model_config = ConfigDict(extra="forbid")
+    calls: int = 0
+    cache_hits: int = 0
+    failures: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_usd: float = 0.0
+    latency_s: float = 0.0
+
+
+def _sum(records: list[LedgerRecord]) -> Totals:
+    return Totals(calls=len(records), cache_hits=sum(r.cache_hit for r in records),
+                  failures=sum(not r.ok for r in records), tokens_in=sum(r.tokens_in for r in records),
+                  tokens_out=sum(r.tokens_out for r in records), cost_usd=math.fsum(r.cost_usd for r in records),
+                  latency_s=math.fsum(r.latency_s for r in records))
+
+
+def totals(records: list[LedgerRecord]) -> dict:
+    """``{"all": Totals, "role": {role: Totals}, "tag": {tag: Totals}, "role_tag": {"role/tag": Totals}}``."""
+    groups: dict[str, dict[str, list]] = {"role": defaultdict(list), "tag": defaultdict(list), "role_tag": defaultdict(list)}
+    for r in records:
+        groups["role"][r.role].append(r)
+        groups["tag"][r.tag].append(r)
+        groups["role_tag"][f"{r.role}/{r.tag}"].append(r)
+    out: dict = {"all": _sum(records)}
+    for name, g in groups.items():
+        out[name] = {k: _sum(v) for k, v in sorted(g.items())}
+    return out
+
+
+def read_ledger(path: str | os.PathLike) -> list[LedgerRecord]:
+    """All whole records of a ledger file (a torn final line is skipped with a warning)."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    out = []
+    lines = p.read_text().split("\n")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(LedgerRecord.model_validate_json(line))
+        except ValueError:
+            if i == len(lines) - 1:  # last line without its newline: a write cut by a kill
+                warnings.warn(f"{p}: skipping a torn last line")
+                continue
+            raise
+    return out
+
+
+class Ledger:
+    """Appends :class:`LedgerRecord` lines to ``path`` (created with its folder); thread-safe."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def append(self, record: LedgerRecord) -> None:
+        line = record.model_dump_json() + "\n"
+        with self._lock:
+            self._f.write(line)
+            self._f.flush()
+
+    def record(self, **fields) -> LedgerRecord:
+        rec = LedgerRecord(time=time.time(), **fields)
+        self.append(rec)
+        return rec
+
+    def records(self) -> list[LedgerRecord]:
+        return read_ledger(self.path)
+
+    def totals(self) -> dict:
+        """See :func:`totals`."""
+        return totals(self.records())
+
+    def close(self) -> None:
+        with self._lock:
+            self._f.close()
