@@ -133,3 +133,37 @@ def make_config(fake):
         return LLMConfig.single(FAKE_MODEL, fake.base_url, roles=roles, **fields)
 
     return make
+
+
+def save_tiny_checkpoint(path):
+    """A tiny UNTRAINED Qwen3 with the embedded ChatML tokenizer, saved as a HF checkpoint (no download,
+    no training). Its generation config suppresses newline and the special/role tokens (all an untrained
+    model tends to emit, and the server strips), so replies hold visible characters."""
+    from treadle.models import build_tiny_model, build_tokenizer
+
+    tok = build_tokenizer()
+    model = build_tiny_model("qwen3", vocab_size=len(tok), pad_token_id=tok.pad_token_id,
+                             eos_token_id=tok.eos_token_id, bos_token_id=None)
+    suppress = [tok.convert_tokens_to_ids(t) for t in ("<|pad|>", "<|unk|>", "<|im_start|>", "system", "user",
+                                                        "assistant", "\n")]
+    model.generation_config.suppress_tokens = suppress
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path, tok
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tmp_path_factory):
+    """One real `transformers serve` over a tiny untrained checkpoint for the whole session:
+    ``(LocalServer, tokenizer)``."""
+    import torch
+
+    from treadle.llm import local_server
+
+    path, tok = save_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llm"))
+    n = torch.get_num_threads()
+    with local_server(path, startup_timeout_s=300) as srv:
+        yield srv, tok
+    torch.set_num_threads(n)
