@@ -57,6 +57,7 @@ class FakeEndpoint:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # no 40 ms delayed-ACK stalls between headers and body
 
             def log_message(self, *a):  # quiet
                 pass
