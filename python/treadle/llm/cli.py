@@ -27,18 +27,16 @@ def serve_cmd(
     if model is not None and not model.exists():
         console.print(f"--model: no checkpoint folder at {model}", style="red", markup=False)
         raise typer.Exit(2)
-    try:
-        free_port_ok = True
-        import socket
+    import socket
 
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                free_port_ok = False
-        if not free_port_ok:
-            console.print(f"--port: 127.0.0.1:{port} is already in use (e.g. --port {free_port()})", style="red", markup=False)
-            raise typer.Exit(2)
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            console.print(f"--port: 127.0.0.1:{port} is already in use (free now: --port {free_port()})",
+                          style="red", markup=False)
+            raise typer.Exit(2) from None
+    try:
         with local_server(model, port=port, device=device, startup_timeout_s=startup_timeout) as srv:
             console.print(f"base URL: {srv.base_url}", markup=False)
             console.print(f"model:    {srv.model}", markup=False)
@@ -76,3 +74,96 @@ def ledger_cmd(path: Path = typer.Argument(..., help="A ledger JSONL file writte
         table.add_row(name, str(s.calls), str(s.cache_hits), str(s.failures), str(s.tokens_in), str(s.tokens_out),
                       f"{s.cost_usd:.6f}")
     console.print(table)
+
+
+def _config(config: Path | None, model: str | None, base_url: str | None, overrides: list[str] | None):
+    from treadle.llm.config import ConfigError, LLMConfig
+
+    try:
+        if config is not None:
+            cfg = LLMConfig.load(config)
+        elif model is not None:
+            cfg = LLMConfig.single(model, base_url or "http://127.0.0.1:8000/v1")
+        else:
+            console.print("--config: give a model config file, or --model (and --base-url)", style="red", markup=False)
+            raise typer.Exit(2)
+        return cfg.with_overrides(overrides or [])
+    except ConfigError as err:
+        flag = "--set" if str(err).startswith("override") else ("--config" if config is not None else "--model")
+        console.print(f"{flag}: " + "; ".join(ln.strip() for ln in str(err).splitlines() if ln.strip()),
+                      style="red", markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
+_CONFIG = typer.Option(None, "--config", help="Model config file (.toml, .yaml, .json) with a [roles.*] table per role.")
+_MODEL = typer.Option(None, "--model", help="Without --config: the model name of a single 'default' role.")
+_BASE_URL = typer.Option(None, "--base-url", help="Without --config: the endpoint (default http://127.0.0.1:8000/v1).")
+_SET = typer.Option(None, "--set", help="Override a field: role.field=value (repeatable; '*.' for every role).")
+
+
+@app.command("probe")
+def probe_cmd(config: Path = _CONFIG, model: str = _MODEL, base_url: str = _BASE_URL, overrides: list[str] = _SET,
+              role: list[str] = typer.Option(None, "--role", help="Roles to probe (default: all).")) -> None:
+    """Check that each role's endpoint is reachable and serves its model (one cheap request each)."""
+    import asyncio
+
+    from treadle.llm.backends import EndpointError
+    from treadle.llm.client import LLMClient
+    from treadle.llm.config import ConfigError
+
+    cfg = _config(config, model, base_url, overrides)
+    roles = role or list(cfg.roles)
+    unknown = [r for r in roles if r not in cfg.roles]
+    if unknown:
+        console.print(f"--role: unknown role(s) {unknown}; the config defines {sorted(cfg.roles)}", style="red", markup=False)
+        raise typer.Exit(2)
+
+    async def go():
+        bad = 0
+        async with LLMClient(cfg) as llm:
+            for r in roles:
+                rc = cfg.role(r)
+                try:
+                    await llm.probe(r)
+                    console.print(f"ok    {r}: {rc.model} at {rc.base_url}", markup=False)
+                except (EndpointError, ConfigError) as err:
+                    bad += 1
+                    console.print(f"FAIL  {r}: {err}", style="red", markup=False)
+        return bad
+
+    raise typer.Exit(1 if asyncio.run(go()) else 0)
+
+
+@app.command("ask")
+def ask_cmd(prompt: str = typer.Argument(..., help="User message."),
+            config: Path = _CONFIG, model: str = _MODEL, base_url: str = _BASE_URL, overrides: list[str] = _SET,
+            role: str = typer.Option("default", "--role", help="Role to use."),
+            cache: Path = typer.Option(None, "--cache", help="SQLite cache file (default: no cache)."),
+            ledger: Path = typer.Option(None, "--ledger", help="Append a ledger line to this JSONL file."),
+            as_json: bool = typer.Option(False, "--json", help="Print the whole ChatResult as JSON.")) -> None:
+    """One chat call through the client (smoke test of an endpoint and a config)."""
+    import asyncio
+
+    from treadle.llm.client import LLMClient
+    from treadle.llm.records import LLMCallError
+
+    cfg = _config(config, model, base_url, overrides)
+    if role not in cfg.roles:
+        console.print(f"--role: unknown role {role!r}; the config defines {sorted(cfg.roles)}", style="red", markup=False)
+        raise typer.Exit(2)
+
+    async def go():
+        async with LLMClient(cfg, cache=cache, ledger=ledger) as llm:
+            return await llm.chat([{"role": "user", "content": prompt}], role=role, tag="cli")
+
+    try:
+        r = asyncio.run(go())
+    except LLMCallError as err:
+        console.print(str(err), style="red", markup=False)
+        raise typer.Exit(1) from None
+    if as_json:
+        print(r.model_dump_json(indent=1))
+    else:
+        print(r.text)
+        console.print(f"[finish_reason={r.finish_reason} tokens in/out={r.usage.prompt_tokens}/"
+                      f"{r.usage.completion_tokens} cached={r.cached}]", style="dim", markup=False)
