@@ -8,9 +8,10 @@ Cases:
   own cost: bare ``AsyncOpenAI.chat.completions.create`` vs ``LLMClient.chat`` (cache key, cache write,
   ledger line, parsing). Target: overhead < 1 ms per call.
 - ``cache hit``: ``LLMClient.chat`` answered from the SQLite cache (ledger line included). Target < 0.2 ms.
-- ``N requests, transformers serve``: ``LLM_BENCH_N`` (default 64) chat requests (max_tokens 2) to a real
-  ``transformers serve`` over a tiny untrained Qwen3, sequential vs concurrent (``gather``,
-  max_concurrency = N).
+- ``N requests, transformers serve [--continuous-batching]``: ``LLM_BENCH_N`` (default 64) chat requests
+  (max_tokens 2) to a real ``transformers serve`` over a tiny untrained Qwen3, sequential vs concurrent
+  (``gather``, max_concurrency = N); without continuous batching the server decodes one request at a time,
+  so concurrency cannot help there.
 """
 from __future__ import annotations
 
@@ -125,19 +126,30 @@ def test_cache_hit(benchmark, peer_table, echo_url, loop, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tiny_server():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.llm.conftest import save_tiny_checkpoint
+def tiny_checkpoint():
+    from treadle.llm.tiny_checkpoint import save_untrained_checkpoint
 
     with tempfile.TemporaryDirectory() as d:
-        path, _ = save_tiny_checkpoint(Path(d) / "tiny")
-        with local_server(path, startup_timeout_s=300) as srv:
-            yield srv
+        yield save_untrained_checkpoint(Path(d) / "tiny")[0]
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["plain", "continuous_batching"])
+def tiny_server(request, tiny_checkpoint):
+    with local_server(tiny_checkpoint, startup_timeout_s=300, continuous_batching=request.param) as srv:
+        cfg = LLMConfig.single(srv.model, srv.base_url, timeout_s=600, sampling={"max_tokens": 2})
+
+        async def warm():
+            async with LLMClient(cfg) as llm:
+                await llm.chat([{"role": "user", "content": "warm up"}])
+
+        asyncio.run(warm())  # the continuous-batching server's first request compiles/allocates for seconds
+        yield request.param, srv
 
 
 @pytest.mark.parametrize("mode", ["sequential", "concurrent"])
 def test_n_requests_transformers_serve(benchmark, peer_table, tiny_server, mode):
-    cfg = LLMConfig.single(tiny_server.model, tiny_server.base_url, max_concurrency=N, timeout_s=600,
+    cb, srv = tiny_server
+    cfg = LLMConfig.single(srv.model, srv.base_url, max_concurrency=N, timeout_s=600,
                            sampling={"max_tokens": 2, "temperature": 0.0})
 
     async def batch():
@@ -150,4 +162,5 @@ def test_n_requests_transformers_serve(benchmark, peer_table, tiny_server, mode)
     out = benchmark.pedantic(lambda: asyncio.run(batch()), rounds=1, warmup_rounds=0)
     assert len(out) == N and all(r.finish_reason in ("length", "stop") for r in out)
     impl = "treadle_llm" if mode == "concurrent" else "sequential"
-    peer_table.record(f"{N} requests, transformers serve", impl, benchmark)
+    server = "transformers serve --continuous-batching" if cb else "transformers serve"
+    peer_table.record(f"{N} requests, {server}", impl, benchmark)

@@ -137,22 +137,9 @@ def make_config(fake):
 
 
 def save_tiny_checkpoint(path):
-    """A tiny UNTRAINED Qwen3 with the embedded ChatML tokenizer, saved as a HF checkpoint (no download,
-    no training). Its generation config suppresses newline and the special/role tokens (all an untrained
-    model tends to emit, and the server strips), so replies hold visible characters."""
-    from treadle.models import build_tiny_model, build_tokenizer
+    from treadle.llm.tiny_checkpoint import save_untrained_checkpoint
 
-    tok = build_tokenizer()
-    model = build_tiny_model("qwen3", vocab_size=len(tok), pad_token_id=tok.pad_token_id,
-                             eos_token_id=tok.eos_token_id, bos_token_id=None)
-    suppress = [tok.convert_tokens_to_ids(t) for t in ("<|pad|>", "<|unk|>", "<|im_start|>", "system", "user",
-                                                        "assistant", "\n")]
-    model.generation_config.suppress_tokens = suppress
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path, tok
+    return save_untrained_checkpoint(path)
 
 
 @pytest.fixture(scope="session")

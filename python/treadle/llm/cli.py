@@ -19,6 +19,8 @@ def serve_cmd(
     port: int = typer.Option(8000, "--port", min=1, max=65535, help="TCP port on 127.0.0.1."),
     device: str = typer.Option("cpu", "--device", help="Torch device of the server (cpu, cuda:0, auto)."),
     startup_timeout: float = typer.Option(180.0, "--startup-timeout", min=1, help="Seconds to wait for /health."),
+    continuous_batching: bool = typer.Option(False, "--continuous-batching",
+                                             help="Decode concurrent requests together (paged attention)."),
 ) -> None:
     """Start `transformers serve` on 127.0.0.1 over a local checkpoint; print the base URL; Ctrl-C stops it."""
     from treadle.llm.server import ServerStartError, free_port, local_server
@@ -37,7 +39,8 @@ def serve_cmd(
                           style="red", markup=False)
             raise typer.Exit(2) from None
     try:
-        with local_server(model, port=port, device=device, startup_timeout_s=startup_timeout) as srv:
+        with local_server(model, port=port, device=device, startup_timeout_s=startup_timeout,
+                          continuous_batching=continuous_batching) as srv:
             console.print(f"base URL: {srv.base_url}", markup=False)
             console.print(f"model:    {srv.model}", markup=False)
             console.print("Ctrl-C to stop", style="dim")

@@ -4,7 +4,8 @@ FastAPI + Uvicorn) on 127.0.0.1 over a local checkpoint, the embedded tiny model
 ``transformers serve PATH`` pins the server to that checkpoint; requests must name the model exactly
 as ``PATH`` (:attr:`LocalServer.model`). It serves ``/v1/chat/completions``, ``/v1/completions``,
 ``/v1/models`` and ``/health``; it ignores ``n``, ``logprobs`` and ``response_format`` (the client
-asks for one sample per request and extracts JSON tolerantly, so neither matters).
+asks for one sample per request and extracts JSON tolerantly, so neither matters). Without
+``continuous_batching`` it decodes one request at a time.
 """
 from __future__ import annotations
 
@@ -94,7 +95,8 @@ def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 
 @contextlib.contextmanager
 def local_server(model: str | os.PathLike | None = None, *, port: int | None = None, host: str = "127.0.0.1",
-                 startup_timeout_s: float = 180.0, device: str = "cpu", log: str | os.PathLike | None = None):
+                 startup_timeout_s: float = 180.0, device: str = "cpu", continuous_batching: bool = False,
+                 log: str | os.PathLike | None = None):
     """Start ``transformers serve`` over ``model`` on ``host:port``, wait for ``/health``, yield a
     :class:`LocalServer`, stop it on exit (SIGINT, then SIGKILL after 10 s).
 
@@ -103,6 +105,8 @@ def local_server(model: str | os.PathLike | None = None, *, port: int | None = N
         port: TCP port (None -> a free one). host: bind address (loopback by default).
         startup_timeout_s: how long to wait for ``/health``.
         device: torch device of the server (``cpu``, ``cuda:0``, ``auto``).
+        continuous_batching: ``--continuous-batching`` (paged attention; concurrent requests are decoded
+            together instead of one after another; its first request is slow while it warms up).
         log: file for the server's output (default: a temp file).
 
     Raises:
@@ -114,6 +118,8 @@ def local_server(model: str | os.PathLike | None = None, *, port: int | None = N
     log_path = Path(log) if log is not None else Path(tempfile.mkstemp(prefix="treadle-llm-serve-", suffix=".log")[1])
     cmd = [sys.executable, "-c", "import sys; from transformers.cli.transformers import main; sys.argv[0] = 'transformers'; "
            "sys.exit(main())", "serve", str(path), "--host", host, "--port", str(port), "--device", device]
+    if continuous_batching:
+        cmd.append("--continuous-batching")
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
