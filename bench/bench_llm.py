@@ -36,7 +36,8 @@ ECHO = r"""
 import json, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 BODY = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "echo",
-                   "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}],
+                   "choices": [{"index": 0, "finish_reason": "stop",
+                                "message": {"role": "assistant", "content": "ok"}}],
                    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}).encode()
 class H(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"

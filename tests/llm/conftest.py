@@ -63,7 +63,8 @@ class FakeEndpoint:
                 pass
 
             def _send(self, status, body, headers=None):
-                data = body if isinstance(body, bytes) else (body if isinstance(body, str) else json.dumps(body)).encode()
+                text = body if isinstance(body, (str, bytes)) else json.dumps(body)
+                data = text if isinstance(text, bytes) else text.encode()
                 try:
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")
@@ -96,7 +97,8 @@ class FakeEndpoint:
                         time.sleep(step.delay)
                     body = step.body
                     if body is None:
-                        body = echo_completion(req, self.path) if step.status == 200 else {"error": {"message": "scripted"}}
+                        ok = step.status == 200
+                        body = echo_completion(req, self.path) if ok else {"error": {"message": "scripted"}}
                     elif callable(body):
                         body = body(req)
                     self._send(step.status, body, step.headers)

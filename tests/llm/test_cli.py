@@ -2,7 +2,6 @@
 import json
 import socket
 
-import pytest
 from typer.testing import CliRunner
 
 from treadle.cli import app

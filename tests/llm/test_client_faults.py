@@ -9,7 +9,7 @@ import pytest
 
 from treadle.llm import EndpointError, FailureKind, LLMCallError, LLMClient, LLMConfig
 
-from .conftest import FAKE_MODEL, Step  # noqa: F401  (importlib mode: relative import of the conftest module)
+from .conftest import Step
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -178,7 +178,8 @@ def test_api_key_sent_but_never_logged_or_stored(fake, make_config, tmp_path, mo
     caplog.set_level(logging.DEBUG)
 
     async def go():
-        async with LLMClient(cfg, cache=tmp_path / "c.sqlite", ledger=tmp_path / "l.jsonl", record_to=tmp_path / "r.jsonl") as llm:
+        async with LLMClient(cfg, cache=tmp_path / "c.sqlite", ledger=tmp_path / "l.jsonl",
+                             record_to=tmp_path / "r.jsonl") as llm:
             ok = await llm.chat(MSG)
             with pytest.raises(LLMCallError) as ei:
                 await llm.chat([{"role": "user", "content": "other"}])
@@ -206,7 +207,8 @@ def test_bad_input_raises_before_any_request(fake, make_config):
         async with LLMClient(make_config()) as llm:
             await llm.chat(messages, **kw)
 
-    for bad, kw in [([], {}), ("hi", {}), ([{"content": "x"}], {}), (MSG, {"role": "nobody"}), (MSG, {"sample_index": -1})]:
+    for bad, kw in [([], {}), ("hi", {}), ([{"content": "x"}], {}), (MSG, {"role": "nobody"}),
+                    (MSG, {"sample_index": -1})]:
         with pytest.raises(ValueError):
             run(go(bad, **kw))
     assert fake.requests == []

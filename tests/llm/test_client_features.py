@@ -72,7 +72,8 @@ def test_token_ids_and_logprobs_kept_vllm_format(fake, make_config):
 
     r = run(go())
     assert r.prompt_token_ids == (1, 2, 3) and r.token_ids == (7, 8)
-    assert [(t.token, t.logprob, t.top) for t in r.logprobs] == [("a", -0.5, {"a": -0.5, "b": -1.5}), ("b", -0.25, None)]
+    assert [(t.token, t.logprob, t.top) for t in r.logprobs] == [("a", -0.5, {"a": -0.5, "b": -1.5}),
+                                                                 ("b", -0.25, None)]
     sent = fake.requests[0][2]
     assert sent["logprobs"] is True and sent["top_logprobs"] == 2 and sent["return_token_ids"] is True
 
@@ -150,7 +151,8 @@ def test_structured_tolerant_extraction(fake, make_config):
 
 
 def _reply(text):
-    return Step(200, {"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}]})
+    msg = {"role": "assistant", "content": text}
+    return Step(200, {"choices": [{"index": 0, "finish_reason": "stop", "message": msg}]})
 
 
 def test_structured_repair_reask(fake, make_config):

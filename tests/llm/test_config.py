@@ -36,7 +36,8 @@ def test_same_config_from_toml_yaml_json(tmp_path):
     cfgs = [LLMConfig.load(tmp_path / f"c.{ext}") for ext in ("toml", "yaml", "json")]
     assert cfgs[0] == cfgs[1] == cfgs[2]
     j = cfgs[0].role("judge")
-    assert j.base_url == "https://api.example.com/v1" and j.prices == Prices(input_per_million=1.25, output_per_million=10)
+    assert j.base_url == "https://api.example.com/v1"
+    assert j.prices == Prices(input_per_million=1.25, output_per_million=10)
     assert cfgs[0].role("policy").sampling == Sampling(temperature=1.0, max_tokens=1024, seed=7)
     assert LLMConfig.model_validate_json(cfgs[0].model_dump_json()) == cfgs[0]  # round trip (run folders)
 

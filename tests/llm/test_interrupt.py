@@ -21,7 +21,8 @@ asyncio.run(main())
 
 def test_ctrl_c_mid_batch_then_resume(fake, tmp_path):
     fake.default_delay = 0.2
-    proc = subprocess.Popen([sys.executable, "-c", BATCH, fake.base_url, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", BATCH, fake.base_url, str(tmp_path)], stdout=subprocess.PIPE,
+                            text=True)
     ledger = tmp_path / "l.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:

@@ -67,8 +67,8 @@ def test_concurrent_batch_and_samples(tiny_server, tmp_path):
     async def go():
         cfg = _cfg(srv, sampling={"max_tokens": 4, "temperature": 1.0, "seed": 5}, max_concurrency=4)
         async with LLMClient(cfg, cache=tmp_path / "c.sqlite") as llm:
-            return await llm.gather([llm.chat([{"role": "user", "content": f"{i}+1="}], role="policy") for i in range(4)]
-                                    + [llm.sample(MSG, 3, role="policy")])
+            singles = [llm.chat([{"role": "user", "content": f"{i}+1="}], role="policy") for i in range(4)]
+            return await llm.gather(singles + [llm.sample(MSG, 3, role="policy")])
 
     *singles, group = run(go())
     assert all(isinstance(r, ChatResult) and r.finish_reason in ("length", "stop") for r in singles + group)
@@ -134,3 +134,20 @@ def test_cli_serve_prints_url_and_stops_on_ctrl_c(tmp_path):
     assert rc == 0
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+@pytest.mark.slow
+def test_server_that_cannot_start_is_a_clear_error(tiny_server):
+    import socket
+
+    from treadle.llm import ServerStartError
+
+    srv, _ = tiny_server
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ServerStartError, match="exited with code") as ei:
+            with local_server(srv.model, port=port, startup_timeout_s=300):
+                pass
+    assert "log " in str(ei.value)

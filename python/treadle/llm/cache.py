@@ -52,7 +52,8 @@ class Cache:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         con = self._con()
-        con.execute("CREATE TABLE IF NOT EXISTS entries (key TEXT PRIMARY KEY, value TEXT NOT NULL, created REAL NOT NULL)")
+        con.execute("CREATE TABLE IF NOT EXISTS entries "
+                    "(key TEXT PRIMARY KEY, value TEXT NOT NULL, created REAL NOT NULL)")
 
     def _con(self) -> sqlite3.Connection:
         con = getattr(self._local, "con", None)

@@ -98,7 +98,8 @@ def _config(config: Path | None, model: str | None, base_url: str | None, overri
         raise typer.Exit(2) from None
 
 
-_CONFIG = typer.Option(None, "--config", help="Model config file (.toml, .yaml, .json) with a [roles.*] table per role.")
+_CONFIG = typer.Option(None, "--config",
+                       help="Model config file (.toml, .yaml, .json) with a [roles.*] table per role.")
 _MODEL = typer.Option(None, "--model", help="Without --config: the model name of a single 'default' role.")
 _BASE_URL = typer.Option(None, "--base-url", help="Without --config: the endpoint (default http://127.0.0.1:8000/v1).")
 _SET = typer.Option(None, "--set", help="Override a field: role.field=value (repeatable; '*.' for every role).")
@@ -118,7 +119,8 @@ def probe_cmd(config: Path = _CONFIG, model: str = _MODEL, base_url: str = _BASE
     roles = role or list(cfg.roles)
     unknown = [r for r in roles if r not in cfg.roles]
     if unknown:
-        console.print(f"--role: unknown role(s) {unknown}; the config defines {sorted(cfg.roles)}", style="red", markup=False)
+        console.print(f"--role: unknown role(s) {unknown}; the config defines {sorted(cfg.roles)}",
+                      style="red", markup=False)
         raise typer.Exit(2)
 
     async def go():
@@ -152,7 +154,8 @@ def ask_cmd(prompt: str = typer.Argument(..., help="User message."),
 
     cfg = _config(config, model, base_url, overrides)
     if role not in cfg.roles:
-        console.print(f"--role: unknown role {role!r}; the config defines {sorted(cfg.roles)}", style="red", markup=False)
+        console.print(f"--role: unknown role {role!r}; the config defines {sorted(cfg.roles)}",
+                      style="red", markup=False)
         raise typer.Exit(2)
 
     async def go():

@@ -147,7 +147,8 @@ class LLMClient:
         if not isinstance(sample_index, int) or sample_index < 0:
             raise ValueError(f"sample_index must be an int >= 0, got {sample_index!r}")
         s = cfg.sampling.merged(sampling)
-        payload: dict[str, Any] = {"model": cfg.model, "messages": list(messages), **self._sampling_fields(s, sample_index)}
+        payload: dict[str, Any] = {"model": cfg.model, "messages": list(messages),
+                                   **self._sampling_fields(s, sample_index)}
         if tools:
             payload["tools"] = list(tools)
         if tool_choice is not None:
@@ -212,7 +213,8 @@ class LLMClient:
             self._account(role, tag, kind, key, result, cfg, attempts=attempts)
             return result
 
-    def _account(self, role, tag, kind, key, outcome, cfg: RoleConfig, *, attempts: int, latency_s: float | None = None):
+    def _account(self, role, tag, kind, key, outcome, cfg: RoleConfig, *, attempts: int,
+                 latency_s: float | None = None):
         if self.ledger is None:
             return
         if isinstance(outcome, Failure):
@@ -309,8 +311,10 @@ class LLMClient:
                 return StructuredResult(value=value, result=out, attempts=attempt)
             last = out.text
             msgs = [*msgs, {"role": "assistant", "content": out.text},
-                    {"role": "user", "content": f"That reply did not validate: {error}\nReply again with only the JSON object."}]
-        return Failure.of(FailureKind.invalid_output, f"no reply validated as {schema.__name__} in {repairs + 1} attempts",
+                    {"role": "user",
+                     "content": f"That reply did not validate: {error}\nReply again with only the JSON object."}]
+        return Failure.of(FailureKind.invalid_output,
+                          f"no reply validated as {schema.__name__} in {repairs + 1} attempts",
                           role, key=key, attempts=repairs + 1, last_output=last)
 
     async def gather(self, calls: Iterable[Awaitable], *, probe: Iterable[str] = ()) -> list:

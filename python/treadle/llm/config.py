@@ -73,20 +73,24 @@ class RoleConfig(_Frozen):
     """How one role talks to its model endpoint (OpenAI-compatible: vLLM, SGLang, ``transformers serve``,
     hosted APIs)."""
 
-    model: str = Field(description="Model name as the endpoint knows it (for `transformers serve`: the path it serves).")
+    model: str = Field(
+        description="Model name as the endpoint knows it (for `transformers serve`: the path it serves).")
     base_url: str = Field("http://127.0.0.1:8000/v1", description="Endpoint root, ending in /v1.")
     api_key_env: str | None = Field(
-        None, description="Name of the environment variable holding the API key; None -> a placeholder key (local servers).")
+        None,
+        description="Name of the environment variable holding the API key; None -> a placeholder key (local servers).")
     sampling: Sampling = Field(default_factory=Sampling, description="Default sampling parameters of the role.")
     timeout_s: float = Field(60.0, gt=0, description="Per-attempt timeout, seconds.")
     max_retries: int = Field(3, ge=0, le=20, description="Retries on connection errors, timeouts, 429 and 5xx.")
     backoff_s: float = Field(0.5, ge=0, description="First backoff delay, seconds (doubles per retry, full jitter).")
     backoff_max_s: float = Field(30.0, ge=0, description="Cap of one backoff delay (and of an honoured Retry-After).")
-    max_concurrency: int = Field(16, ge=1, description="Requests in flight to this base_url at once (shared by roles on it).")
+    max_concurrency: int = Field(
+        16, ge=1, description="Requests in flight to this base_url at once (shared by roles on it).")
     prices: Prices | None = Field(None, description="Optional prices; cost is 0 without them.")
     structured_mode: Literal["json_schema", "json_object", "prompt"] = Field(
         "json_schema", description="How `structured` asks for JSON: response_format json_schema, json_object, or "
-                                   "only the prompt (for servers that support neither); extraction is tolerant in all modes.")
+                                   "only the prompt (for servers that support neither); extraction is tolerant "
+                                   "in all modes.")
     max_repairs: int = Field(2, ge=0, le=10, description="Re-asks after an output that does not validate.")
 
     @field_validator("base_url")
@@ -102,7 +106,8 @@ class RoleConfig(_Frozen):
             return "EMPTY"
         key = os.environ.get(self.api_key_env)
         if not key:
-            raise ConfigError(f"environment variable {self.api_key_env} (api_key_env of model {self.model!r}) is not set")
+            raise ConfigError(f"environment variable {self.api_key_env} (api_key_env of model {self.model!r}) "
+                              f"is not set")
         return key
 
 
@@ -126,7 +131,8 @@ class LLMConfig(_Frozen):
             raise ConfigError(f"unknown role {name!r}; the config defines {sorted(self.roles)}") from None
 
     @classmethod
-    def single(cls, model: str, base_url: str = "http://127.0.0.1:8000/v1", *, roles=("default",), **fields) -> "LLMConfig":
+    def single(cls, model: str, base_url: str = "http://127.0.0.1:8000/v1", *, roles=("default",),
+               **fields) -> "LLMConfig":
         """One endpoint for the given roles (convenience for scripts and tests)."""
         rc = RoleConfig(model=model, base_url=base_url, **fields)
         return cls(roles={r: rc for r in roles})
@@ -175,7 +181,8 @@ class LLMConfig(_Frozen):
             path, sep, raw = item.partition("=")
             parts = path.strip().split(".")
             if not sep or len(parts) < 2 or not all(parts):
-                raise ConfigError(f"override {item!r}: expected role.field=value (e.g. policy.sampling.temperature=0.7)")
+                raise ConfigError(f"override {item!r}: expected role.field=value "
+                                  f"(e.g. policy.sampling.temperature=0.7)")
             try:
                 value = json.loads(raw)
             except json.JSONDecodeError:

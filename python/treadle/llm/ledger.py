@@ -6,7 +6,6 @@ API keys are never part of a record.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import threading
@@ -65,7 +64,8 @@ def _sum(records: list[LedgerRecord]) -> Totals:
 
 def totals(records: list[LedgerRecord]) -> dict:
     """``{"all": Totals, "role": {role: Totals}, "tag": {tag: Totals}, "role_tag": {"role/tag": Totals}}``."""
-    groups: dict[str, dict[str, list]] = {"role": defaultdict(list), "tag": defaultdict(list), "role_tag": defaultdict(list)}
+    groups: dict[str, dict[str, list]] = {"role": defaultdict(list), "tag": defaultdict(list),
+                                          "role_tag": defaultdict(list)}
     for r in records:
         groups["role"][r.role].append(r)
         groups["tag"][r.tag].append(r)

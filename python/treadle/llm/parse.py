@@ -68,4 +68,5 @@ def parse_response(data: dict, *, kind: str, model: str, key: str, sample_index:
     except (KeyError, TypeError, AttributeError, ValueError) as err:
         if isinstance(err, BadResponseError):
             raise
-        raise BadResponseError(f"malformed {kind} response ({type(err).__name__}: {err}): {json.dumps(data)[:200]}") from None
+        raise BadResponseError(f"malformed {kind} response ({type(err).__name__}: {err}): "
+                               f"{json.dumps(data)[:200]}") from None

@@ -56,7 +56,8 @@ class ChatResult(_Record):
     tool_calls: tuple[ToolCall, ...] = Field((), description="Native tool calls, in order.")
     finish_reason: str = Field(description="'stop', 'length', 'tool_calls', 'content_filter' or what the server said.")
     usage: Usage = Field(default_factory=Usage)
-    prompt_token_ids: tuple[int, ...] | None = Field(None, description="Prompt token ids, when the endpoint returns them.")
+    prompt_token_ids: tuple[int, ...] | None = Field(None,
+                                                     description="Prompt token ids, when the endpoint returns them.")
     token_ids: tuple[int, ...] | None = Field(None, description="Generated token ids, when the endpoint returns them.")
     logprobs: tuple[TokenLogprob, ...] | None = Field(None, description="Per generated token, when returned.")
     key: str = Field(description="Cache key (hash of the canonical request incl. sample index).")

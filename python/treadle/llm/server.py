@@ -115,9 +115,15 @@ def local_server(model: str | os.PathLike | None = None, *, port: int | None = N
     """
     path = resolve_model_path(model)
     port = free_port(host) if port is None else int(port)
-    log_path = Path(log) if log is not None else Path(tempfile.mkstemp(prefix="treadle-llm-serve-", suffix=".log")[1])
-    cmd = [sys.executable, "-c", "import sys; from transformers.cli.transformers import main; sys.argv[0] = 'transformers'; "
-           "sys.exit(main())", "serve", str(path), "--host", host, "--port", str(port), "--device", device]
+    if log is None:
+        fd, name = tempfile.mkstemp(prefix="treadle-llm-serve-", suffix=".log")
+        os.close(fd)
+        log_path = Path(name)
+    else:
+        log_path = Path(log)
+    cmd = [sys.executable, "-c", "import sys; from transformers.cli.transformers import main; "
+           "sys.argv[0] = 'transformers'; sys.exit(main())",
+           "serve", str(path), "--host", host, "--port", str(port), "--device", device]
     if continuous_batching:
         cmd.append("--continuous-batching")
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
@@ -128,12 +134,16 @@ def local_server(model: str | os.PathLike | None = None, *, port: int | None = N
         deadline = time.monotonic() + startup_timeout_s
         while not _healthy(health):
             if proc.poll() is not None:
-                raise ServerStartError(f"transformers serve exited with code {proc.returncode} before becoming healthy; "
-                                       f"log {log_path}:\n{_tail(log_path)}")
+                raise ServerStartError(f"transformers serve exited with code {proc.returncode} before becoming "
+                                       f"healthy; log {log_path}:\n{_tail(log_path)}")
             if time.monotonic() > deadline:
                 raise ServerStartError(f"transformers serve not healthy at {health} after {startup_timeout_s:.0f} s; "
                                        f"log {log_path}:\n{_tail(log_path)}")
             time.sleep(0.25)
         yield LocalServer(base_url=f"http://{host}:{port}/v1", model=str(path), pid=proc.pid, log=log_path)
-    finally:
+    except BaseException:
         _stop(proc)
+        raise  # the log (named in the message) is kept for a failed start or run
+    _stop(proc)
+    if log is None:
+        log_path.unlink(missing_ok=True)
