@@ -212,3 +212,56 @@ def test_bad_input_raises_before_any_request(fake, make_config):
         with pytest.raises(ValueError):
             run(go(bad, **kw))
     assert fake.requests == []
+
+
+def test_usage_limits_stop_calls_before_sending(fake, make_config, tmp_path):
+    from treadle.llm import Failure, Prices, UsageLimits
+
+    cfg = make_config(prices=Prices(input_per_million=1e6, output_per_million=0.0))  # 1 USD per prompt token
+
+    async def go(limits, n=5):
+        async with LLMClient(cfg, limits=limits, cache=tmp_path / "c.sqlite", ledger=tmp_path / "l.jsonl") as llm:
+            out = await llm.gather([llm.chat([{"role": "user", "content": f"q{i}"}]) for i in range(n)])
+            return out, dict(llm.usage)
+
+    llm_calls = len(fake.requests)
+    out, usage = run(go(UsageLimits(max_calls=2)))
+    sent = len(fake.requests) - llm_calls
+    exhausted = [o for o in out if isinstance(o, Failure)]
+    assert sent == 2 and usage["calls"] == 2 and len(exhausted) == 3
+    assert all(f.kind == FailureKind.budget_exhausted and f.blame == "user" and f.attempts == 0 for f in exhausted)
+    assert "max_calls=2" in exhausted[0].message
+    # cache hits are free: the two answered requests come back even with a zero budget
+    out, usage = run(go(UsageLimits(max_calls=0)))
+    assert sum(getattr(o, "cached", False) for o in out) == 2 and usage["calls"] == 0
+    assert len(fake.requests) - llm_calls == 2
+    # cost budget: a prompt of 2 characters costs 2 USD here; sequential calls stop once 3 USD are spent
+    async def seq(limits):
+        async with LLMClient(cfg, limits=limits) as llm:
+            return [await llm.gather([llm.chat([{"role": "user", "content": f"z{i}"}])]) for i in range(4)], llm.usage
+
+    out, usage = run(seq(UsageLimits(max_cost_usd=3.0)))
+    kinds = [o[0].kind if isinstance(o[0], Failure) else None for o in out]
+    assert kinds == [None, None, FailureKind.budget_exhausted, FailureKind.budget_exhausted]
+    assert usage["cost_usd"] == 4.0 and usage["calls"] == 2
+    with pytest.raises(TypeError, match="UsageLimits"):
+        LLMClient(cfg, limits={"max_calls": 1})
+
+
+def test_client_closes_only_what_it_opened(make_config, tmp_path):
+    from treadle.llm import Ledger
+
+    own = Ledger(tmp_path / "mine.jsonl")
+
+    async def go():
+        async with LLMClient(make_config(), ledger=own) as llm:
+            await llm.chat(MSG)
+        async with LLMClient(make_config(), ledger=tmp_path / "opened.jsonl") as llm2:
+            await llm2.chat(MSG)
+        return llm2
+
+    llm2 = run(go())
+    own.record(role="x", tag="", model="m", kind="chat", key=None, tokens_in=0, tokens_out=0, latency_s=0.0,
+               cache_hit=False, cost_usd=0.0, ok=True)  # still usable: the client did not close it
+    assert len(own.records()) == 2
+    assert llm2.ledger._f is None and len(llm2.ledger.records()) == 1

@@ -5,7 +5,8 @@ Knows nothing of WEFT or RSI; they call it. The public surface:
 
 - :class:`LLMConfig` / :class:`RoleConfig` / :class:`Sampling` / :class:`Prices`: per-role settings
   (model, base URL, key variable, sampling, timeout, retries, concurrency, prices), from TOML/YAML/JSON
-  (:meth:`LLMConfig.load`) and ``role.field=value`` overrides (:meth:`LLMConfig.with_overrides`).
+  (:meth:`LLMConfig.load`) and ``role.field=value`` overrides (:meth:`LLMConfig.with_overrides`);
+  :class:`UsageLimits` (calls / tokens / cost budgets, checked before each live call).
 - :class:`LLMClient`: async ``chat``, ``complete``, ``sample`` (n samples), ``structured`` (pydantic
   output with repair re-asks), ``gather`` (batch; failures returned in place), ``probe`` (fail fast).
 - :class:`ChatResult` (text, tool_calls, finish_reason, usage, token ids / logprobs if returned,
@@ -35,14 +36,14 @@ from treadle.llm.backends import (BadResponseError, EndpointError, OpenAIBackend
                                   UnrecordedRequestError)
 from treadle.llm.cache import Cache, request_key
 from treadle.llm.client import LLMClient
-from treadle.llm.config import ConfigError, LLMConfig, Prices, RoleConfig, Sampling
+from treadle.llm.config import ConfigError, LLMConfig, Prices, RoleConfig, Sampling, UsageLimits
 from treadle.llm.ledger import Ledger, LedgerRecord, Totals, read_ledger, totals
 from treadle.llm.records import (ChatResult, Failure, FailureKind, LLMCallError, StructuredResult, TokenLogprob,
                                  ToolCall, Usage)
 from treadle.llm.server import LocalServer, ServerStartError, local_server
 
-__all__ = ["LLMConfig", "RoleConfig", "Sampling", "Prices", "ConfigError", "LLMClient", "ChatResult", "ToolCall",
-           "Usage", "TokenLogprob", "StructuredResult", "Failure", "FailureKind", "LLMCallError", "EndpointError",
-           "BadResponseError", "Cache", "request_key", "Ledger", "LedgerRecord", "Totals", "read_ledger", "totals",
-           "OpenAIBackend", "RecordedBackend", "Recorder", "UnrecordedRequestError", "local_server", "LocalServer",
-           "ServerStartError"]
+__all__ = ["LLMConfig", "RoleConfig", "Sampling", "Prices", "UsageLimits", "ConfigError", "LLMClient", "ChatResult",
+           "ToolCall", "Usage", "TokenLogprob", "StructuredResult", "Failure", "FailureKind", "LLMCallError",
+           "EndpointError", "BadResponseError", "Cache", "request_key", "Ledger", "LedgerRecord", "Totals",
+           "read_ledger", "totals", "OpenAIBackend", "RecordedBackend", "Recorder", "UnrecordedRequestError",
+           "local_server", "LocalServer", "ServerStartError"]

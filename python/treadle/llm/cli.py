@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-app = typer.Typer(help="Model endpoints: a local OpenAI-compatible server, the call ledger.",
+app = typer.Typer(help="Model endpoints: a local OpenAI-compatible server, probes, one-off calls, the call ledger.",
                   no_args_is_help=True, add_completion=False)
 console = Console()
 

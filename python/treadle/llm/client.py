@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from treadle.llm.backends import Backend, BadResponseError, OpenAIBackend, Recorder
 from treadle.llm.cache import Cache, CacheMode, request_key
-from treadle.llm.config import LLMConfig, RoleConfig, Sampling
+from treadle.llm.config import LLMConfig, RoleConfig, Sampling, UsageLimits
 from treadle.llm.ledger import Ledger
 from treadle.llm.parse import parse_response
 from treadle.llm.records import ChatResult, Failure, FailureKind, LLMCallError, StructuredResult
@@ -80,7 +80,12 @@ class LLMClient:
         ledger: a :class:`Ledger`, a path for one, or None (no accounting).
         cache_mode: ``use`` / ``refresh`` / ``off``; default the cache's own mode.
         backend: where requests go (default :class:`OpenAIBackend`; :class:`RecordedBackend` for fixtures).
-        record_to: also append every live response to this JSONL fixture file (for :class:`RecordedBackend`).
+        record_to: also append every live response to this JSONL fixture file (for :class:`RecordedBackend`;
+            record with ``cache_mode="refresh"`` or ``"off"``: a cache hit has no raw response to record).
+        limits: :class:`UsageLimits` (calls, tokens, cost of live calls), checked before each live call; a call
+            over budget is not sent and fails with kind ``budget_exhausted``. ``usage`` holds what was spent.
+            Calls are counted when sent (exact under concurrency); tokens and cost when answered, so calls
+            already in flight may overshoot a token or cost budget by their own size.
 
     Use it inside one event loop (``async with LLMClient(...) as llm:``); concurrency per ``base_url`` is
     bounded by the smallest ``max_concurrency`` of the roles on it.
@@ -88,23 +93,31 @@ class LLMClient:
 
     def __init__(self, config: LLMConfig, *, cache: Cache | str | os.PathLike | None = None,
                  ledger: Ledger | str | os.PathLike | None = None, cache_mode: CacheMode | None = None,
-                 backend: Backend | None = None, record_to: str | os.PathLike | None = None):
+                 backend: Backend | None = None, record_to: str | os.PathLike | None = None,
+                 limits: UsageLimits | None = None):
         if not isinstance(config, LLMConfig):
             raise TypeError(f"config must be an LLMConfig, got {type(config).__name__}")
         self.config = config
-        self.cache = cache if isinstance(cache, Cache) or cache is None else Cache(cache)
+        self._owns_cache = cache is not None and not isinstance(cache, Cache)
+        self._owns_ledger = ledger is not None and not isinstance(ledger, Ledger)
         if cache_mode is not None and cache_mode not in ("use", "refresh", "off"):
             raise ValueError(f"cache_mode must be 'use', 'refresh' or 'off', got {cache_mode!r}")
+        if limits is not None and not isinstance(limits, UsageLimits):
+            raise TypeError(f"limits must be a UsageLimits, got {type(limits).__name__}")
+        self.cache = cache if isinstance(cache, Cache) or cache is None else Cache(cache)
         self.cache_mode: CacheMode = cache_mode or (self.cache.mode if self.cache is not None else "off")
         self.ledger = ledger if isinstance(ledger, Ledger) or ledger is None else Ledger(ledger)
         self.backend = backend or OpenAIBackend()
         self.recorder = Recorder(record_to) if record_to is not None else None
-        limits: dict[str, int] = {}
+        per_url: dict[str, int] = {}
         for rc in config.roles.values():
-            limits[rc.base_url] = min(limits.get(rc.base_url, rc.max_concurrency), rc.max_concurrency)
-        self._limits = limits
+            per_url[rc.base_url] = min(per_url.get(rc.base_url, rc.max_concurrency), rc.max_concurrency)
+        self._concurrency = per_url
         self._sems: dict[str, asyncio.Semaphore] = {}
         self._probed: set[tuple[str, str]] = set()
+        self.limits = limits or UsageLimits()
+        self.usage = {"calls": 0, "tokens": 0, "cost_usd": 0.0}
+        """Live usage of this client so far: calls sent, tokens (in + out), cost in USD."""
 
     async def __aenter__(self) -> "LLMClient":
         return self
@@ -113,13 +126,18 @@ class LLMClient:
         await self.aclose()
 
     async def aclose(self) -> None:
+        """Close the backend's connections, and the cache / ledger this client opened from paths."""
         await self.backend.aclose()
+        if self.ledger is not None and self._owns_ledger:
+            self.ledger.close()
+        if self.cache is not None and self._owns_cache:
+            self.cache.close()
 
     # ---------------------------------------------------------------- requests
     def _sem(self, base_url: str) -> asyncio.Semaphore:
         s = self._sems.get(base_url)
         if s is None:
-            s = self._sems[base_url] = asyncio.Semaphore(self._limits[base_url])
+            s = self._sems[base_url] = asyncio.Semaphore(self._concurrency[base_url])
         return s
 
     @staticmethod
@@ -182,6 +200,13 @@ class LLMClient:
             if hit is not None:
                 self._account(role, tag, kind, key, hit, cfg, attempts=1)
                 return hit
+        over = self._over_budget()
+        if over:
+            failure = Failure.of(FailureKind.budget_exhausted, f"{over}; the call was not sent", role, key=key,
+                                 attempts=0)
+            self._account(role, tag, kind, key, failure, cfg, attempts=0)
+            return failure
+        self.usage["calls"] += 1  # counted when sent, so concurrent calls cannot all pass a max_calls check
         attempts = 0
         t_start = time.perf_counter()
         while True:
@@ -213,8 +238,23 @@ class LLMClient:
             self._account(role, tag, kind, key, result, cfg, attempts=attempts)
             return result
 
+    def _over_budget(self) -> str | None:
+        lim, u = self.limits, self.usage
+        if lim.max_calls is not None and u["calls"] >= lim.max_calls:
+            return f"UsageLimits.max_calls={lim.max_calls} reached"
+        if lim.max_tokens is not None and u["tokens"] >= lim.max_tokens:
+            return f"UsageLimits.max_tokens={lim.max_tokens} reached ({u['tokens']} spent)"
+        if lim.max_cost_usd is not None and u["cost_usd"] >= lim.max_cost_usd:
+            return f"UsageLimits.max_cost_usd={lim.max_cost_usd} reached ({u['cost_usd']:.6f} spent)"
+        return None
+
     def _account(self, role, tag, kind, key, outcome, cfg: RoleConfig, *, attempts: int,
                  latency_s: float | None = None):
+        if isinstance(outcome, ChatResult) and not outcome.cached and not outcome.recorded:
+            self.usage["tokens"] += outcome.usage.prompt_tokens + outcome.usage.completion_tokens
+            if cfg.prices:
+                self.usage["cost_usd"] += cfg.prices.cost(outcome.usage.prompt_tokens,
+                                                          outcome.usage.completion_tokens)
         if self.ledger is None:
             return
         if isinstance(outcome, Failure):

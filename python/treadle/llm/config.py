@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-__all__ = ["Sampling", "Prices", "RoleConfig", "LLMConfig", "ConfigError", "SAMPLING_FIELDS"]
+__all__ = ["Sampling", "Prices", "RoleConfig", "LLMConfig", "UsageLimits", "ConfigError", "SAMPLING_FIELDS"]
 
 
 class ConfigError(ValueError):
@@ -67,6 +67,15 @@ class Prices(_Frozen):
     def cost(self, tokens_in: int, tokens_out: int) -> float:
         """USD for one call."""
         return (tokens_in * self.input_per_million + tokens_out * self.output_per_million) / 1e6
+
+
+class UsageLimits(_Frozen):
+    """Budgets of one :class:`~treadle.llm.LLMClient`, checked BEFORE each live call (cache hits and recorded
+    replays are free and always allowed). ``None`` = unlimited."""
+
+    max_calls: int | None = Field(None, ge=0, description="Live calls (each retry attempt is part of its call).")
+    max_tokens: int | None = Field(None, ge=0, description="Prompt + completion tokens of live calls.")
+    max_cost_usd: float | None = Field(None, ge=0, description="Cost of live calls, from the roles' prices.")
 
 
 class RoleConfig(_Frozen):

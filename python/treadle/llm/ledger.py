@@ -103,11 +103,14 @@ class Ledger:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._f = open(self.path, "a", encoding="utf-8")
+        self._f = None
 
     def append(self, record: LedgerRecord) -> None:
+        """Write one whole line and flush it (the file is opened on first use and after :meth:`close`)."""
         line = record.model_dump_json() + "\n"
         with self._lock:
+            if self._f is None:
+                self._f = open(self.path, "a", encoding="utf-8")
             self._f.write(line)
             self._f.flush()
 
@@ -125,4 +128,6 @@ class Ledger:
 
     def close(self) -> None:
         with self._lock:
-            self._f.close()
+            if self._f is not None:
+                self._f.close()
+                self._f = None

@@ -78,10 +78,12 @@ class FailureKind(str, Enum):
     auth = "auth"                      # 401/403
     bad_response = "bad_response"      # unparseable body, empty choices, missing fields
     invalid_output = "invalid_output"  # structured output never validated within max_repairs
+    budget_exhausted = "budget_exhausted"  # a UsageLimits budget was spent before this call: not sent
 
     @property
     def blame(self) -> str:
-        return {"bad_request": "user", "auth": "user", "invalid_output": "model"}.get(self.value, "provider")
+        return {"bad_request": "user", "auth": "user", "budget_exhausted": "user",
+                "invalid_output": "model"}.get(self.value, "provider")
 
     @property
     def retryable(self) -> bool:
