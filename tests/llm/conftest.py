@@ -148,12 +148,8 @@ def save_tiny_checkpoint(path):
 def tiny_server(tmp_path_factory):
     """One real `transformers serve` over a tiny untrained checkpoint for the whole session:
     ``(LocalServer, tokenizer)``."""
-    import torch
-
     from treadle.llm import local_server
 
     path, tok = save_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llm"))
-    n = torch.get_num_threads()
     with local_server(path, startup_timeout_s=300) as srv:
         yield srv, tok
-    torch.set_num_threads(n)

@@ -151,3 +151,15 @@ def test_server_that_cannot_start_is_a_clear_error(tiny_server):
             with local_server(srv.model, port=port, startup_timeout_s=300):
                 pass
     assert "log " in str(ei.value)
+
+
+def test_resolve_model_path(tmp_path, monkeypatch, tiny_server):
+    from treadle.llm.server import resolve_model_path
+
+    srv, _ = tiny_server
+    monkeypatch.setenv("TREADLE_MODEL", srv.model)
+    assert str(resolve_model_path(None)) == srv.model
+    assert str(resolve_model_path(srv.model)) == srv.model
+    monkeypatch.setenv("TREADLE_MODEL", str(tmp_path / "gone"))
+    with pytest.raises(FileNotFoundError, match="gone"):
+        resolve_model_path(None)
