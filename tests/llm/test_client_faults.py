@@ -174,7 +174,7 @@ def test_api_key_sent_but_never_logged_or_stored(fake, make_config, tmp_path, mo
     secret = "sk-test-SECRET-0123456789"
     monkeypatch.setenv("TREADLE_TEST_KEY", secret)
     cfg = make_config(api_key_env="TREADLE_TEST_KEY", max_retries=1)
-    fake.script = [Step(500), Step(200), Step(400)]
+    fake.script = [Step(500), Step(200), Step(401, {"error": {"message": f"Incorrect API key provided: {secret}"}})]
     caplog.set_level(logging.DEBUG)
 
     async def go():
@@ -187,6 +187,7 @@ def test_api_key_sent_but_never_logged_or_stored(fake, make_config, tmp_path, mo
 
     ok, err = run(go())
     assert fake.requests[0][1].get("authorization") == f"Bearer {secret}"
+    assert err.failure.kind == FailureKind.auth and "Incorrect API key provided: ***" in err.failure.message
     for text in (caplog.text, str(err), repr(err.failure), ok.model_dump_json(), repr(cfg),
                  (tmp_path / "l.jsonl").read_text(), (tmp_path / "r.jsonl").read_text(),
                  (tmp_path / "c.sqlite").read_bytes().decode("latin-1")):

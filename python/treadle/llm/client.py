@@ -66,9 +66,12 @@ def classify(err: BaseException) -> tuple[FailureKind, int | None]:
 
 
 def _message(err: BaseException, cfg: RoleConfig) -> str:
+    """What failed, for humans; the role's API key is masked even when the server echoes it back."""
     body = getattr(err, "body", None)
     detail = body if isinstance(body, (str, dict)) and body else str(err)
-    return f"{type(err).__name__} from {cfg.base_url} (model {cfg.model!r}): {str(detail)[:300]}"
+    msg = f"{type(err).__name__} from {cfg.base_url} (model {cfg.model!r}): {str(detail)[:300]}"
+    key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
+    return msg.replace(key, "***") if key else msg
 
 
 class LLMClient:
