@@ -12,6 +12,12 @@ Cases:
   (max_tokens 2) to a real ``transformers serve`` over a tiny untrained Qwen3, sequential vs concurrent
   (``gather``, max_concurrency = N); without continuous batching the server decodes one request at a time,
   so concurrency cannot help there.
+
+Last measured (2026-11-30, this 2-core shared "Intel(R) Xeon(R) Processor" machine, load average ~19 from
+other jobs; medians): per-call overhead over the bare SDK 0.65 ms (20.05 ms vs 21.05 ms per call; the
+instant endpoint's round trip dominates on this loaded machine; target < 1 ms); cache hit 0.10 ms (target
+< 0.2 ms); 64 requests to transformers serve 43.1 s sequential vs 33.0 s concurrent (1.3x), and with
+--continuous-batching 39.1 s vs 5.97 s (6.6x).
 """
 from __future__ import annotations
 
