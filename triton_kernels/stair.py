@@ -317,8 +317,10 @@ def stair_readout_fwd_triton(q, k_bank, v_bank, normals, bank_lengths, eps, scal
         if lens is None:
             vbar = v_.to(acc).mean(dim=2)
         else:
-            valid = (torch.arange(M, device=q.device)[None, :] < lens[:, None].long()).to(acc)  # (B, M)
-            vbar = torch.einsum("bm,bkmd->bkd", valid, v_.to(acc)) / lens.clamp(min=1).to(acc)[:, None, None]
+            valid = torch.arange(M, device=q.device)[None, :] < lens[:, None].long()  # (B, M)
+            # where, not a 0/1 product: padded slots may hold NaN/inf (0 * NaN = NaN)
+            vsum = torch.where(valid[:, None, :, None], v_.to(acc), 0.0).sum(dim=2)
+            vbar = vsum / lens.clamp(min=1).to(acc)[:, None, None]
         vbar = vbar.contiguous()
     else:
         vbar = rows  # unused
