@@ -198,7 +198,7 @@ def make_gated_lora(lead=(3, 7), d_in=40, d_out=24, r=6, dtype=torch.float32, ga
 
     def r_(*s, scale=1.0, dt=dtype):
         return (torch.randn(*s, generator=g, dtype=torch.float64) * scale).to(dt)
-    inputs = {"x": r_(*lead, d_in), "base_out": r_(*lead, d_out), "lora_A": r_(r, d_in, scale=d_in ** -0.5),
+    inputs = {"x": r_(*lead, d_in), "base_out": r_(*lead, d_out), "lora_A": r_(r, d_in, scale=max(d_in, 1) ** -0.5),
               "lora_B": r_(d_out, r, scale=0.5), "gate_weight": r_(d_in, scale=0.25, dt=gate_dtype),
               "gate_bias": torch.tensor([0.1], dtype=gate_dtype)}
     return Case("gated_lora", inputs, ("x", "base_out", "gate_weight", "gate_bias"), _gate_options(options))
@@ -210,7 +210,7 @@ def make_gated_lora_linear(lead=(3, 7), d_in=40, d_out=24, r=6, dtype=torch.floa
     g = torch.Generator().manual_seed(1)
     inputs = dict(base.inputs)
     del inputs["base_out"]
-    inputs["weight"] = (torch.randn(d_out, d_in, generator=g, dtype=torch.float64) * d_in ** -0.5).to(dtype)
+    inputs["weight"] = (torch.randn(d_out, d_in, generator=g, dtype=torch.float64) * max(d_in, 1) ** -0.5).to(dtype)
     inputs["bias"] = torch.randn(d_out, generator=g, dtype=torch.float64).to(dtype) if bias else None
     return Case("gated_lora_linear", inputs, ("x", "gate_weight", "gate_bias"), _gate_options(options))
 

@@ -57,14 +57,20 @@ def test_topk_shift_invariance(op, backend):
     torch.testing.assert_close(out1, out0, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("eps", [0.0, 0.1])
 @pytest.mark.parametrize("op,backend", cases.op_backend_params(("stair_readout",)))
-def test_stair_large_logits(op, backend):
-    # logits of order 1e3 (softmax saturates): online-softmax rescaling must not overflow or cancel
-    case = cases.make(op, eps=0.1)
+def test_stair_large_logits(op, backend, eps):
+    # logits up to ~170 (e^170 overflows float32): the online softmax must subtract running maxima
+    # (no inf/NaN), and the error stays at the conditioning of the problem: rounding the logits
+    # alone moves each weight by ~eps32 * |s|, so |error| <= c * eps32 * max|s| * max|v|.
+    case = cases.make(op, eps=eps)
     case.inputs["q"] = case.inputs["q"] * 60.0
     out, g = cases.run_with_grads(case, backend)
-    plain, gp = cases.run_with_grads(case, backend, ref=True)
     ref, gr = cases.run_with_grads(case, backend, dtype=torch.float64, ref=True)
-    cases.assert_rule(out, plain, ref, factor=2, dtype=torch.float32, name="output")
+    q, k = case.inputs["q"].double(), case.inputs["k_bank"].double()
+    s_max = (q.abs().amax() * k.abs().amax() * q.shape[-1] ** 0.5).item()  # bound on |scale q . k|
+    bound = 8 * torch.finfo(torch.float32).eps * s_max * case.inputs["v_bank"].abs().max().item()
+    assert bool(torch.isfinite(out).all()) and all(bool(torch.isfinite(t).all()) for t in g.values())
+    assert (out.double() - ref).abs().max().item() <= bound
     for name in g:
-        cases.assert_rule(g[name], gp[name], gr[name], factor=3, dtype=torch.float32, name=f"d{name}")
+        assert (g[name].double() - gr[name]).abs().max().item() <= bound * max(1.0, gr[name].abs().max().item())

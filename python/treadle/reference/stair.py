@@ -62,7 +62,7 @@ def stair_readout_reference(
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if scale is None:
-        scale = 1.0 / math.sqrt(D)
+        scale = 1.0 / math.sqrt(D) if D > 0 else 1.0
     if M == 0:
         return q.new_zeros(B, Hq, T, Dv) + 0.0 * q.sum() + 0.0 * normals.sum()
     if bank_lengths is None:
