@@ -45,9 +45,8 @@ OP = "topk_entropy"
 OP_HIDDEN = "topk_entropy_from_hidden"
 # Listed in treadle.backends() as running the PyTorch path on every device: there is no C++ or
 # Triton kernel for top-k entropy yet, so TREADLE_BACKEND does not apply to these two ops.
-_ONLY_TORCH = "PyTorch ops only (torch.topk + elementwise, in float32): no C++/Triton kernel for this op"
-dispatch.register(OP, cpu=(), gpu=(), note=_ONLY_TORCH)
-dispatch.register(OP_HIDDEN, cpu=(), gpu=(), note=_ONLY_TORCH + "; logits chunked, recomputed in the backward")
+dispatch.register(OP, cpu=(), gpu=(), note="PyTorch ops (torch.topk); no C++/Triton kernel")
+dispatch.register(OP_HIDDEN, cpu=(), gpu=(), note="PyTorch ops (chunked matmul + torch.topk); no C++/Triton kernel")
 
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _CHUNK_ELEMENTS = 1 << 26  # default chunk: about 2^26 logits (256 MiB in fp32) at a time
