@@ -52,6 +52,8 @@ def no_autocast(fn):
     """Decorator: run ``fn`` (a custom op body or a backward) with autocast disabled."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        if not (torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")):
+            return fn(*args, **kwargs)  # the common case: no context manager to enter
         with disabled():
             return fn(*args, **kwargs)
     return wrapper

@@ -304,8 +304,14 @@ def stair_readout(
                 raise ValueError(f"normals[{int(zero[0])}] (query head {int(zero[0])}) has zero length: a zero "
                                  f"normal has no reflection direction")
     if debug and not tracing:
+        # the bank is checked over its valid slots only: padding past bank_lengths may hold anything
+        slots = None if bank_lengths is None else (
+            torch.arange(M, device=q.device)[None, :] < bank_lengths.to(torch.int64)[:, None])[:, None, :, None]
         for name, x in (("q", q), ("k_bank", k_bank), ("v_bank", v_bank), ("normals", normals)):
-            if x.numel() and not bool(torch.isfinite(x).all()):
+            finite = torch.isfinite(x)
+            if slots is not None and name in ("k_bank", "v_bank"):
+                finite = finite | ~slots
+            if x.numel() and not bool(finite.all()):
                 raise ValueError(f"{name} contains NaN or inf values (debug=True)")
     if B * Hq * T * Dv == 0 or M == 0:  # empty output, or every bank empty: exactly 0 (zero gradients)
         return q.new_zeros((B, Hq, T, Dv)) + 0.0 * q.sum() + 0.0 * normals.sum().to(q.dtype)
