@@ -9,7 +9,6 @@ on the inputs as given (plain PyTorch in the same dtypes: the rule's yardstick).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -249,7 +248,3 @@ MAKERS: dict[str, Callable[..., Case]] = {
 
 def make(op: str, **kw) -> Case:
     return MAKERS[op](**kw)
-
-
-def log(k: int) -> float:
-    return math.log(k)

@@ -4,7 +4,6 @@
 reach a result or a gradient, whatever they hold. (``gated_lora``/``gated_lora_linear`` have no
 padding or mask argument: every row is a token.) The float64 expectation is computed on the valid
 region alone (banks cut to their length, masked rows dropped, invalid rows removed)."""
-import math
 
 import pytest
 import torch

@@ -320,7 +320,7 @@ def _validate(x, d_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, t
     U = _check_scalar("U", U, lambda s: s > 1, "a finite number > 1 (lambda's upper end; L < 0 < 1 < U)")
     tau = _check_scalar("tau", tau, lambda s: s > 0, "a finite number > 0 (the gate temperature)")
     if x.dim() < 1:
-        raise ValueError(f"x must have shape (..., d_in), got a scalar")
+        raise ValueError("x must have shape (..., d_in), got a scalar")
     d_in = x.shape[-1]
     if lora_A.dim() != 2 or lora_A.shape[1] != d_in:
         raise ValueError(f"lora_A must have shape (r, d_in={d_in}), got {tuple(lora_A.shape)}")
@@ -417,7 +417,7 @@ def gated_lora(
     if base_out.dtype != x.dtype:
         raise TypeError(f"base_out must have x's dtype {x.dtype}, got {base_out.dtype}")
     if base_out.dim() < 1:
-        raise ValueError(f"base_out must have shape (..., d_out), got a scalar")
+        raise ValueError("base_out must have shape (..., d_out), got a scalar")
     d_out = base_out.shape[-1]
     scaling, L, U, tau = _validate(x, d_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau, ())
     if base_out.dim() != x.dim() or base_out.shape[:-1] != x.shape[:-1]:
