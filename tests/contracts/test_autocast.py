@@ -44,7 +44,9 @@ def _check(op, backend, device, amp):
     leaves2 = case.clone(device=device)
     out2 = cases.call(case, _policy_cast(op, leaves2, amp), backend)
     g2 = cases.grads(out2, leaves2, case.grad_names) if case.grad_names else {}
-    torch.testing.assert_close(out, out2, rtol=0, atol=0)
+    # bitwise equal, except the GPU grpo kernels' float64 atomics (order-dependent last bits)
+    tol = dict(rtol=1e-6, atol=1e-9) if device == "cuda" and op == "grpo_advantages" else dict(rtol=0, atol=0)
+    torch.testing.assert_close(out, out2, **tol)
     for name in g:
         assert g[name].dtype == leaves[name].dtype, f"d{name} must come back in the leaf's dtype"
         torch.testing.assert_close(g[name], g2[name], rtol=0, atol=0, msg=f"{op} d{name}")
