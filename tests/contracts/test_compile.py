@@ -83,3 +83,22 @@ def test_fullgraph_all_options_no_recompile(op, backend):
                 gr = cases.grads(ref, eager_inputs, case.grad_names)
                 for name in g:
                     torch.testing.assert_close(g[name], gr[name], rtol=1e-5, atol=1e-6, msg=f"d{name}")
+
+
+@pytest.mark.parametrize("op,backend", cases.op_backend_params(cases.GRAD_OPS))
+def test_fullgraph_under_autocast_matches_eager(op, backend):
+    # the autocast policy is decided while tracing (treadle/ops/_amp.py) exactly as in eager mode
+    torch._dynamo.reset()
+    case = cases.make(op)
+    f = _fn(op, backend)
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager", dynamic=False)
+    inputs, eager_inputs = case.clone(), case.clone()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = compiled(**inputs)
+        ref = f(**eager_inputs)
+    assert out.dtype == ref.dtype
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    g, gr = cases.grads(out, inputs, case.grad_names), cases.grads(ref, eager_inputs, case.grad_names)
+    for name in g:
+        assert g[name].dtype == inputs[name].dtype
+        torch.testing.assert_close(g[name], gr[name], rtol=1e-6, atol=1e-6, msg=f"d{name}")
