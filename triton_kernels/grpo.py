@@ -8,8 +8,10 @@ gives every row a group index in [0, N). Four launches follow, each one pass ove
 2. ``_dev_kernel``: per group sum of squared deviations and "differs from the representative" flag
    (int32 atomic max); batch sum of squared deviations (for ``scale="batch"``).
 3. ``_advantage_kernel``: the per-row advantage (same maths as csrc/grpo_common.h), flags clamp, and
-   for ``reinforce_baseline`` partial sums of the pre-whitening advantages.
-4. ``_whiten_kernel`` (``reinforce_baseline`` only).
+   for ``reinforce_baseline`` partial sums of the pre-whitening advantages and a representative one.
+4. ``reinforce_baseline`` only: ``_whiten_dev_kernel`` (sum of squared deviations from the batch mean
+   of the pre-whitening advantages, i.e. two-pass statistics as everywhere else, and whether any
+   differs from the representative) and ``_whiten_kernel``; all equal gives exactly 0 (no 0/0 at eps=0).
 
 Shapes of every buffer are static (N groups at most), so the op never waits on the device.
 """
@@ -27,7 +29,7 @@ def _stats_kernel(r_ptr, g_ptr, ok_ptr, cnt_ptr, sum_ptr, rep_ptr, bsum_ptr, n, 
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inb = offs < n
     ok = tl.load(ok_ptr + offs, mask=inb, other=0) != 0
-    r = tl.load(r_ptr + offs, mask=inb, other=0.0).to(tl.float64)
+    r = tl.where(ok, tl.load(r_ptr + offs, mask=inb, other=0.0).to(tl.float64), 0.0)  # invalid rows: never read
     g = tl.load(g_ptr + offs, mask=inb, other=0)
     tl.atomic_add(cnt_ptr + g, tl.where(ok, 1.0, 0.0).to(tl.float64), mask=ok)
     tl.atomic_add(sum_ptr + g, r, mask=ok)
@@ -41,7 +43,7 @@ def _dev_kernel(r_ptr, g_ptr, ok_ptr, cnt_ptr, sum_ptr, rep_ptr, m2_ptr, diff_pt
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inb = offs < n
     ok = tl.load(ok_ptr + offs, mask=inb, other=0) != 0
-    r = tl.load(r_ptr + offs, mask=inb, other=0.0).to(tl.float64)
+    r = tl.where(ok, tl.load(r_ptr + offs, mask=inb, other=0.0).to(tl.float64), 0.0)  # invalid rows: never read
     g = tl.load(g_ptr + offs, mask=inb, other=0)
     c = tl.load(cnt_ptr + g, mask=ok, other=1.0)
     mean = tl.load(sum_ptr + g, mask=ok, other=0.0) / c
@@ -63,7 +65,7 @@ def _advantage_kernel(r_ptr, g_ptr, ok_ptr, flag_ptr, cnt_ptr, sum_ptr, m2_ptr, 
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inb = offs < n
     ok = tl.load(ok_ptr + offs, mask=inb, other=0) != 0
-    r = tl.load(r_ptr + offs, mask=inb, other=0.0).to(tl.float64)
+    r = tl.where(ok, tl.load(r_ptr + offs, mask=inb, other=0.0).to(tl.float64), 0.0)  # invalid rows: never read
     g = tl.load(g_ptr + offs, mask=inb, other=0)
     c = tl.load(cnt_ptr + g, mask=ok, other=1.0)
     mean = tl.load(sum_ptr + g, mask=ok, other=0.0) / c
@@ -107,7 +109,7 @@ def _advantage_kernel(r_ptr, g_ptr, ok_ptr, flag_ptr, cnt_ptr, sum_ptr, m2_ptr, 
     if ESTIMATOR == 3:
         tl.store(a_ptr + offs, adv, mask=inb)
         tl.atomic_add(bsum_ptr + 3, tl.sum(adv, axis=0))
-        tl.atomic_add(bsum_ptr + 4, tl.sum(adv * adv, axis=0))
+        tl.store(bsum_ptr + 5 + offs * 0, adv, mask=ok)  # representative pre-whitening advantage: a benign race
     else:
         if HAS_FLAGS:
             f = tl.load(flag_ptr + offs, mask=inb, other=0) != 0
@@ -116,7 +118,23 @@ def _advantage_kernel(r_ptr, g_ptr, ok_ptr, flag_ptr, cnt_ptr, sum_ptr, m2_ptr, 
 
 
 @triton.jit
-def _whiten_kernel(a_ptr, ok_ptr, flag_ptr, bsum_ptr, out_ptr, n, eps, UNBIASED: tl.constexpr,
+def _whiten_dev_kernel(a_ptr, ok_ptr, bsum_ptr, adiff_ptr, n, BLOCK: tl.constexpr):
+    # second pass over the pre-whitening advantages: sum (a - mean(a))^2 (no E[a^2] - E[a]^2
+    # cancellation) and "some a differs from the representative"
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inb = offs < n
+    ok = tl.load(ok_ptr + offs, mask=inb, other=0) != 0
+    a = tl.load(a_ptr + offs, mask=inb, other=0.0)
+    bcnt = tl.load(bsum_ptr + 1)
+    amean = tl.load(bsum_ptr + 3) / tl.maximum(bcnt, 1.0)
+    d = tl.where(ok, a - amean, 0.0)
+    tl.atomic_add(bsum_ptr + 4, tl.sum(d * d, axis=0))
+    rep = tl.load(bsum_ptr + 5)
+    tl.atomic_max(adiff_ptr + 0, tl.max(tl.where(ok & (a != rep), 1, 0).to(tl.int32), axis=0))
+
+
+@triton.jit
+def _whiten_kernel(a_ptr, ok_ptr, flag_ptr, bsum_ptr, adiff_ptr, out_ptr, n, eps, UNBIASED: tl.constexpr,
                    HAS_FLAGS: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inb = offs < n
@@ -124,13 +142,14 @@ def _whiten_kernel(a_ptr, ok_ptr, flag_ptr, bsum_ptr, out_ptr, n, eps, UNBIASED:
     a = tl.load(a_ptr + offs, mask=inb, other=0.0)
     bcnt = tl.load(bsum_ptr + 1)
     amean = tl.load(bsum_ptr + 3) / tl.maximum(bcnt, 1.0)
-    am2 = tl.maximum(tl.load(bsum_ptr + 4) - bcnt * amean * amean, 0.0)
+    am2 = tl.load(bsum_ptr + 4)
+    differs = tl.load(adiff_ptr) != 0
     if UNBIASED:
         avar = am2 / tl.maximum(bcnt - 1.0, 1.0)
     else:
         avar = am2 / tl.maximum(bcnt, 1.0)
     astd = tl.where(bcnt > 1.5, tl.sqrt(avar), 0.0)
-    adv = tl.where(ok, (a - amean) / (astd + eps), 0.0)
+    adv = tl.where(ok & differs, (a - amean) / (astd + eps), 0.0)
     if HAS_FLAGS:
         f = tl.load(flag_ptr + offs, mask=inb, other=0) != 0
         adv = tl.where(f, tl.minimum(adv, 0.0), adv)
@@ -164,7 +183,7 @@ def grpo_advantages_triton(rewards, group_ids, valid, flags, estimator, unbiased
     rep = torch.zeros(n, **f64)
     m2 = torch.zeros(n, **f64)
     diff = torch.zeros(n, dtype=torch.int32, device=dev)
-    bsum = torch.zeros(8, **f64)  # [sum r, count, sum (r - mean)^2, sum a, sum a^2]
+    bsum = torch.zeros(8, **f64)  # [sum r, count, sum (r - mean)^2, sum a, sum (a - mean a)^2, representative a]
     out = torch.empty_like(rewards)
     a = torch.empty(n if estimator == 3 else 1, **f64)
     fl = flags.to(torch.int8) if flags is not None else ok8
@@ -175,6 +194,8 @@ def grpo_advantages_triton(rewards, group_ids, valid, flags, estimator, unbiased
                             ESTIMATOR=estimator, UNBIASED=unbiased, EPS_IN_SQRT=eps_in_sqrt,
                             SINGLETON_RAW=singleton_raw, SCALE=scale, HAS_FLAGS=flags is not None, BLOCK=BLOCK)
     if estimator == 3:
-        _whiten_kernel[grid](a, ok8, fl, bsum, out, n, float(eps), UNBIASED=unbiased, HAS_FLAGS=flags is not None,
-                             BLOCK=BLOCK)
+        adiff = torch.zeros(1, dtype=torch.int32, device=dev)
+        _whiten_dev_kernel[grid](a, ok8, bsum, adiff, n, BLOCK=BLOCK)
+        _whiten_kernel[grid](a, ok8, fl, bsum, adiff, out, n, float(eps), UNBIASED=unbiased,
+                             HAS_FLAGS=flags is not None, BLOCK=BLOCK)
     return out

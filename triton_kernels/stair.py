@@ -59,7 +59,6 @@ def _stair_fwd_kernel(
     qf = q.to(tl.float32)
     u = tl.load(U + h * D + offs_d, mask=dmask, other=0.0)
     alpha = tl.sum(qf * u[None, :], axis=1)
-    qs = (qf * scale).to(q.dtype)
 
     m_s = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     m_x = tl.full((BLOCK_M,), float("-inf"), tl.float32)
@@ -78,7 +77,7 @@ def _stair_fwd_kernel(
         k = tl.load(kbase + offs_n[:, None] * D + offs_d[None, :], mask=nmask[:, None] & dmask[None, :], other=0.0)
         v = tl.load(vbase + offs_n[:, None] * DV + offs_v[None, :], mask=nmask[:, None] & vmask[None, :], other=0.0)
         beta = tl.load(BETA + bh * M + offs_n, mask=nmask, other=0.0)
-        s = _mm(qs, tl.trans(k), IEEE, UPCAST)
+        s = _mm(q, tl.trans(k), IEEE, UPCAST) * scale  # scaled after the dot, as S = scale (Q K^T): q is never re-rounded
         t = alpha[:, None] * beta[None, :]
         s = tl.where(nmask[None, :], s, float("-inf"))
         x = s + t
@@ -174,7 +173,6 @@ def _stair_bwd_kernel(
     qf = q.to(tl.float32)
     u = tl.load(U + h * D + offs_d, mask=dmask, other=0.0)
     alpha = tl.sum(qf * u[None, :], axis=1)
-    qs = (qf * scale).to(q.dtype)
     omask = mmask[:, None] & vmask[None, :]
     do = tl.load(DO + rows[:, None] * DV + offs_v[None, :], mask=omask, other=0.0)
     dof = do.to(tl.float32)
@@ -200,7 +198,7 @@ def _stair_bwd_kernel(
         k = tl.load(kbase + offs_n[:, None] * D + offs_d[None, :], mask=nmask[:, None] & dmask[None, :], other=0.0)
         v = tl.load(vbase + offs_n[:, None] * DV + offs_v[None, :], mask=nmask[:, None] & vmask[None, :], other=0.0)
         beta = tl.load(BETA + bh * M + offs_n, mask=nmask, other=0.0)
-        s = _mm(qs, tl.trans(k), IEEE, UPCAST)
+        s = _mm(q, tl.trans(k), IEEE, UPCAST) * scale  # scaled after the dot, as S = scale (Q K^T): q is never re-rounded
         g = _mm(do, tl.trans(v), IEEE, UPCAST)
         t = alpha[:, None] * beta[None, :]
         p = tl.where(tmask, tl.exp(s - lse[:, None]), 0.0)
@@ -317,8 +315,10 @@ def stair_readout_fwd_triton(q, k_bank, v_bank, normals, bank_lengths, eps, scal
         if lens is None:
             vbar = v_.to(acc).mean(dim=2)
         else:
-            valid = (torch.arange(M, device=q.device)[None, :] < lens[:, None].long()).to(acc)  # (B, M)
-            vbar = torch.einsum("bm,bkmd->bkd", valid, v_.to(acc)) / lens.clamp(min=1).to(acc)[:, None, None]
+            valid = torch.arange(M, device=q.device)[None, :] < lens[:, None].long()  # (B, M)
+            # where, not a 0/1 product: padded slots may hold NaN/inf (0 * NaN = NaN)
+            vsum = torch.where(valid[:, None, :, None], v_.to(acc), 0.0).sum(dim=2)
+            vbar = vsum / lens.clamp(min=1).to(acc)[:, None, None]
         vbar = vbar.contiguous()
     else:
         vbar = rows  # unused

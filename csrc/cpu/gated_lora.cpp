@@ -2,7 +2,8 @@
 // backward derivation: python/treadle/ops/gated_lora.py).
 //
 // Forward, over (N, d) views of the contiguous x (..., d_in), base_out (..., d_out):
-//   shrink:   z = x [A; w]^T          one GEMM over x gives (x A^T, x . w)  -> (N, r + 1)
+//   shrink:   z = x [A; w]^T          one GEMM over x gives (x A^T, x . w)  -> (N, r + 1); for bf16/fp16 x
+//             the gate logit x . w is a separate float32 row pass (the gate is never rounded to x's dtype)
 //   epilogue: g = z[:, r] + b, v = tanh(g / tau), lambda(v), s = scaling * lambda    (per token)
 //   expand:   y = base_out + (s * z[:, :r]) B^T
 // The epilogue is one OpenMP pass over the tokens (float32) producing s * x A^T (N, r); the expand adds
@@ -65,12 +66,38 @@ std::tuple<at::Tensor, at::Tensor> forward_core(const at::Tensor& x2, const at::
   TORCH_CHECK(base2.size(0) == n && lora_A.size(1) == d_in && lora_B.size(0) == d_out && lora_B.size(1) == r,
               "gated_lora: inconsistent shapes");
   TORCH_CHECK(gate_weight.numel() == d_in && gate_bias.numel() == 1, "gated_lora: gate shapes");
-  // shrink: one GEMM over x for the LoRA down-projection and the gate logit together
-  at::Tensor stacked = at::cat({lora_A, gate_weight.reshape({1, d_in}).to(lora_A.scalar_type())}, 0);
-  at::Tensor z = at::mm(x2, stacked.t());  // (N, r + 1)
   const auto acc_type = x2.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const bool low = x2.scalar_type() == at::kBFloat16 || x2.scalar_type() == at::kHalf;
   at::Tensor v = at::empty({n}, x2.options().dtype(acc_type));
   const double b = gate_bias.to(at::kDouble).item<double>();
+  at::Tensor z;  // (N, r + 1): x A^T and the gate logit x . w
+  at::Tensor g;  // (N,) the gate logit in the accumulation dtype (low-precision x only)
+  if (!low) {
+    // shrink: one GEMM over x for the LoRA down-projection and the gate logit together (the gate,
+    // float32 or x's dtype, is exact in x's dtype here: float32 or float64)
+    at::Tensor stacked = at::cat({lora_A, gate_weight.reshape({1, d_in}).to(lora_A.scalar_type())}, 0);
+    z = at::mm(x2, stacked.t());
+  } else {
+    // bf16/fp16 x: the gate logit is accumulated in float32 from x and the gate as given (a float32
+    // gate is never rounded to x's dtype, and the logit is not rounded before tanh)
+    at::Tensor u = at::mm(x2, lora_A.t());  // (N, r) in x's dtype, as a plain x @ A^T
+    g = at::empty({n}, x2.options().dtype(at::kFloat));
+    const at::Tensor w32 = gate_weight.to(at::kFloat).contiguous();
+    AT_DISPATCH_REDUCED_FLOATING_TYPES(x2.scalar_type(), "gated_lora_gate", [&] {
+      const scalar_t* xp = x2.data_ptr<scalar_t>();
+      const float* wp = w32.data_ptr<float>();
+      float* gp = g.data_ptr<float>();
+      at::parallel_for(0, n, 64, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) {
+          const scalar_t* xi = xp + i * d_in;
+          float acc = 0.f;
+          for (int64_t k = 0; k < d_in; ++k) acc += static_cast<float>(xi[k]) * wp[k];
+          gp[i] = acc;
+        }
+      });
+    });
+    z = at::cat({u, g.to(x2.scalar_type()).unsqueeze(1)}, 1);
+  }
   if (n == 0) return {z, v};
   // epilogue: su = scaling * lambda(v) * x A^T per token (N, r); float32 in one OpenMP pass
   at::Tensor su;
@@ -89,9 +116,10 @@ std::tuple<at::Tensor, at::Tensor> forward_core(const at::Tensor& x2, const at::
         for (int64_t k = 0; k < r; ++k) sup[i * r + k] = s * zi[k];
       }
     });
-  } else {
-    at::Tensor zf = z.to(at::kDouble);
-    at::Tensor vv = at::tanh((zf.select(1, r) + b) / tau);
+  } else {  // float64, or bf16/fp16 with the float32 logit g: epilogue in the accumulation dtype
+    at::Tensor zf = z.to(acc_type);
+    at::Tensor logit = low ? g : zf.select(1, r);
+    at::Tensor vv = at::tanh((logit + b) / tau);
     v.copy_(vv);
     at::Tensor lam = 1.0 + (1.0 - L) * at::clamp_max(vv, 0.0) + (U - 1.0) * at::clamp_min(vv, 0.0);
     su = (zf.narrow(1, 0, r) * (scaling * lam).unsqueeze(1)).to(x2.scalar_type());

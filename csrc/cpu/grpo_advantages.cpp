@@ -375,9 +375,14 @@ void advantages_kernel(const T* r, const int64_t* ids, const bool* valid, const 
         return d * d;
       });
       const double std = grpo::std_from(m2, cnt, o.unbiased);
+      // all considered a equal (e.g. every group all-equal): exactly 0, never 0/0 at eps = 0
+      int64_t first = 0;
+      while (first < n && code[first] == kSkip) ++first;
+      const double a0 = first < n ? a[first] : 0.0;
+      const bool differs = blocked_sum(code, n, partial.data(), [&](int64_t i) { return a[i] != a0 ? 1.0 : 0.0; }) > 0.0;
 #pragma omp for schedule(static)
       for (int64_t i = 0; i < n; ++i) {
-        double adv = code[i] == kSkip ? 0.0 : (a[i] - mean) / (std + o.eps);
+        double adv = (code[i] == kSkip || !differs) ? 0.0 : (a[i] - mean) / (std + o.eps);
         if (flags != nullptr && flags[i] && adv > 0.0) adv = 0.0;
         out[i] = static_cast<T>(adv);
       }

@@ -8,8 +8,9 @@ namespace grpo {
 namespace {
 
 constexpr int kThreads = 256;
-// work_f64 layout: [cnt n][sum n][rep n][m2 n][batch 8: sum r, count, m2, sum a, sum a^2]; a reuses `rep`
-// after pass 2 for reinforce_baseline.
+// work_f64 layout: [cnt n][sum n][rep n][m2 n][batch 8: sum r, count, m2, sum a, sum (a - mean a)^2,
+// representative a, count of a differing from it]; a reuses `rep` after pass 2 for reinforce_baseline,
+// whose whitening statistics are two-pass like every other (whiten_dev_kernel).
 
 __device__ __forceinline__ double warp_sum(double v) {
   for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
@@ -72,14 +73,32 @@ __global__ void advantage_kernel(const T* __restrict__ r, const int64_t* __restr
   }
   if (o.estimator == kReinforceBaseline) {
     if (i < n) a[i] = adv;
+    // a representative pre-whitening advantage: the first considered lane of each warp writes it
+    // (a benign race between warps: any considered value will do)
+    const unsigned lanes = __ballot_sync(0xffffffffu, considered);
+    if (considered && static_cast<int>(threadIdx.x & 31) == __ffs(lanes) - 1) batch[5] = adv;
     block_add(adv, batch + 3);
-    block_add(adv * adv, batch + 4);
     return;
   }
   if (i < n) {
     if (flags != nullptr && flags[i] && adv > 0.0) adv = 0.0;
     out[i] = static_cast<T>(adv);
   }
+}
+
+// second pass over the pre-whitening advantages: sum (a - mean a)^2 (no E[a^2] - E[a]^2 cancellation)
+// and how many differ from the representative (all equal: exactly 0, never 0/0 at eps = 0)
+__global__ void whiten_dev_kernel(const double* __restrict__ a, const int8_t* __restrict__ ok, double* batch,
+                                  int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  double d2 = 0.0, diff = 0.0;
+  if (i < n && ok[i]) {
+    const double d = a[i] - batch[3] / fmax(batch[1], 1.0);
+    d2 = d * d;
+    diff = a[i] != batch[5] ? 1.0 : 0.0;
+  }
+  block_add(d2, batch + 4);
+  block_add(diff, batch + 6);
 }
 
 template <typename T>
@@ -89,9 +108,8 @@ __global__ void whiten_kernel(const double* __restrict__ a, const int8_t* __rest
   if (i >= n) return;
   const double cnt = batch[1];
   const double mean = batch[3] / fmax(cnt, 1.0);
-  const double m2 = fmax(batch[4] - cnt * mean * mean, 0.0);
-  const double s = std_from(m2, cnt, o.unbiased);
-  double adv = ok[i] ? (a[i] - mean) / (s + o.eps) : 0.0;
+  const double s = std_from(batch[4], cnt, o.unbiased);
+  double adv = (ok[i] && batch[6] > 0.0) ? (a[i] - mean) / (s + o.eps) : 0.0;
   if (flags != nullptr && flags[i] && adv > 0.0) adv = 0.0;
   out[i] = static_cast<T>(adv);
 }
@@ -109,6 +127,7 @@ cudaError_t launch_typed(const T* r, const int64_t* g, const int8_t* ok, const i
   dev_kernel<T><<<blocks, kThreads, 0, stream>>>(r, g, ok, cnt, sum, rep, m2, differs, batch, n);
   advantage_kernel<T><<<blocks, kThreads, 0, stream>>>(r, g, ok, flags, cnt, sum, m2, differs, batch, rep, out, n, o);
   if (o.estimator == kReinforceBaseline) {
+    whiten_dev_kernel<<<blocks, kThreads, 0, stream>>>(rep, ok, batch, n);
     whiten_kernel<T><<<blocks, kThreads, 0, stream>>>(rep, ok, flags, batch, out, n, o);
   }
   return cudaGetLastError();

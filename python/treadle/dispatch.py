@@ -33,15 +33,20 @@ class OpSpec:
     name: str
     cpu: tuple[str, ...]   # backends implementing the op on CPU tensors (besides the reference)
     gpu: tuple[str, ...]   # backends for CUDA tensors, in order of preference
+    note: str = ""         # what runs when the op has no kernel at all (cpu == gpu == ())
 
 
 _REGISTRY: dict[str, OpSpec] = {}
 _warned: set[str] = set()
 
 
-def register(name: str, *, cpu: tuple[str, ...] = ("cpp",), gpu: tuple[str, ...] = ("triton",)) -> OpSpec:
-    """Declare an op and the backends it has (called once by each ``treadle/ops`` module)."""
-    spec = OpSpec(name, tuple(cpu), tuple(gpu))
+def register(name: str, *, cpu: tuple[str, ...] = ("cpp",), gpu: tuple[str, ...] = ("triton",),
+             note: str = "") -> OpSpec:
+    """Declare an op and the backends it has (called once by each ``treadle/ops`` module).
+
+    An op with no kernel (``cpu=()``, ``gpu=()``) runs its PyTorch path everywhere; ``note`` says
+    exactly what that is, and :func:`table` shows it as the reason."""
+    spec = OpSpec(name, tuple(cpu), tuple(gpu), note)
     _REGISTRY[name] = spec
     return spec
 
@@ -65,7 +70,9 @@ def _why_not(op: str, backend: str, device_type: str) -> str | None:
     if backend == "reference":
         return None
     if backend == "cpp":
-        if device_type != "cpu" or "cpp" not in spec.cpu:
+        if "cpp" not in spec.cpu:
+            return f"{op} has no C++ kernel" + (f" ({spec.note})" if spec.note else "")
+        if device_type != "cpu":
             return f"the C++ backend of {op} runs on CPU tensors only"
         return None if _extension.has_kernel(op, "CPU") else _extension.status()
     if backend == "cuda":
@@ -76,7 +83,7 @@ def _why_not(op: str, backend: str, device_type: str) -> str | None:
         return None
     if backend == "triton":
         if "triton" not in spec.gpu and "triton" not in spec.cpu:
-            return f"{op} has no Triton kernel"
+            return f"{op} has no Triton kernel" + (f" ({spec.note})" if spec.note else "")
         if not triton_available():
             return "triton is not installed"
         if device_type == "cpu" and not triton_interpret():
@@ -112,6 +119,8 @@ def _choose(op: str, device_type: str, backend: str | None, env_backend: str | N
             raise BackendUnavailableError(f"backend {requested!r} cannot run {op} on {device_type}: {why}")
         return requested, "requested" if backend else "TREADLE_BACKEND"
     spec = _REGISTRY[op]
+    if not spec.cpu and not spec.gpu and spec.note:
+        return "reference", spec.note
     if device_type == "cuda":
         for cand in spec.gpu:
             if _why_not(op, cand, "cuda") is None:

@@ -255,3 +255,46 @@ def test_large_batch_uses_partitioned_hash_pass(estimator):
     ref = grpo_advantages_reference(r, ids, valid, flags, estimator=estimator)
     out = grpo_advantages(r, ids, valid=valid, flags=flags, estimator=estimator, backend="cpp")
     assert_close_verbose(out, ref, atol=1e-10, rtol=1e-10)
+
+
+# ---------------------------------------------------------------- issue 23 item 4: exact zero, not by luck
+INEXACT = [0.1, 0.1, 0.1]  # float64: sum 0.30000000000000004, mean 0.10000000000000002 != 0.1
+INEXACT7 = [0.7] * 7       # float64: mean 0.7000000000000001
+
+
+def test_the_exact_zero_cases_really_have_an_inexact_mean():
+    # what makes the cases below mean something: a mean that differs from the value it averages
+    for vals in (INEXACT, INEXACT7):
+        t = torch.tensor(vals, dtype=torch.float64)
+        assert t.mean().item() != vals[0] and t.sum().item() / len(vals) != vals[0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("estimator,scale", [("grpo", "group"), ("grpo", "batch"), ("grpo", "none"), ("dr_grpo", None),
+                                             ("rloo", None)])
+@pytest.mark.parametrize("eps_placement", ["std", "var"])
+def test_equal_rewards_exact_zero_at_eps_zero(backend, dtype, estimator, scale, eps_placement):
+    # eps = 0: a missing all-equal guard divides 0 by 0 (NaN) or rounding noise by rounding noise
+    # (an O(1) advantage); the contract is exactly 0 in every dtype and backend
+    rewards = INEXACT + INEXACT7 + [0.0, 1.0, 0.5]
+    ids = [3] * 3 + [8] * 7 + [1, 1, 1]
+    a = adv(rewards, ids, backend, dtype=dtype, estimator=estimator, scale_rewards=scale, eps=0.0,
+            eps_placement=eps_placement)
+    assert bool(torch.isfinite(a).all())
+    assert torch.equal(a[:10], torch.zeros(10, dtype=a.dtype)), a[:10]
+    assert bool((a[10:] != 0).any())  # the varied group is not zeroed by mistake
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("singleton", ["zero", "raw"])
+def test_reinforce_baseline_all_equal_batch_is_exactly_zero(backend, dtype, singleton):
+    # every group all-equal: pre-whitening advantages are all exactly 0; whitening them must give 0,
+    # not 0 / (0 + eps) = NaN at eps = 0
+    a = adv(INEXACT + INEXACT7, [3] * 3 + [8] * 7, backend, dtype=dtype, estimator="reinforce_baseline", eps=0.0,
+            singleton=singleton)
+    assert torch.equal(a, torch.zeros(10, dtype=a.dtype)), a
+    # all singletons with one raw reward whose mean is inexact: equal pre-whitening advantages again
+    b = adv([0.1] * 3, [1, 2, 3], backend, dtype=dtype, estimator="reinforce_baseline", eps=0.0, singleton="raw")
+    assert torch.equal(b, torch.zeros(3, dtype=b.dtype)), b

@@ -170,11 +170,14 @@ def test_bad_input():
 
 def test_opcheck():
     z = torch.randn(5, 30, requires_grad=True)
-    torch.library.opcheck(torch.ops.treadle.topk_entropy_rows.default, (z, 6),
-                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    mask = torch.tensor([True, False, True, True, False])
+    for m in (None, mask):
+        torch.library.opcheck(torch.ops.treadle.topk_entropy_rows.default, (z, 6, m),
+                              test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
     h, w = torch.randn(5, 8, requires_grad=True), torch.randn(30, 8, requires_grad=True)
-    torch.library.opcheck(torch.ops.treadle.topk_entropy_hidden.default, (h, w, 6, 2),
-                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    for m in (None, mask):
+        torch.library.opcheck(torch.ops.treadle.topk_entropy_hidden.default, (h, w, m, 6, 2),
+                              test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 
 
 def test_torch_compile_runs():

@@ -48,6 +48,7 @@ import math
 import torch
 
 from treadle import dispatch
+from treadle.ops import _amp
 from treadle.reference.scale import gate_lambda_reference as _lambda
 
 OP = "gated_lora"
@@ -70,27 +71,32 @@ def _lambda_slope(v: torch.Tensor, L: float, U: float) -> torch.Tensor:
 def _fwd_torch(x, base_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau):
     acc = _acc_dtype(x.dtype)
     d_in, d_out = x.shape[-1], base_out.shape[-1]
-    x2 = x.reshape(-1, d_in)
-    stacked = torch.cat([lora_A, gate_weight.reshape(1, -1).to(lora_A.dtype)], 0)
-    z = x2 @ stacked.t()
-    v = torch.tanh((z[:, -1].to(acc) + gate_bias.reshape(()).to(acc)) / tau)
-    su = (z[:, :-1].to(acc) * (scaling * _lambda(v, L, U)).unsqueeze(1)).to(x.dtype)
+    n = math.prod(x.shape[:-1])  # explicit: reshape(-1, 0) is ambiguous when d_in or d_out is 0
+    x2 = x.reshape(n, d_in)
+    u = x2 @ lora_A.t()
+    # the gate logit is accumulated in the accumulation dtype from x and the gate as given (a float32
+    # gate on bf16 x is not rounded to bf16, and the logit is not rounded before tanh)
+    g = x2.to(acc) @ gate_weight.to(acc)
+    z = torch.cat([u, g.to(x.dtype).unsqueeze(1)], 1)
+    v = torch.tanh((g + gate_bias.reshape(()).to(acc)) / tau)
+    su = (u.to(acc) * (scaling * _lambda(v, L, U)).unsqueeze(1)).to(x.dtype)
     y = torch.empty_like(base_out)
-    torch.addmm(base_out.reshape(-1, d_out), su, lora_B.t(), out=y.view(-1, d_out))
+    torch.addmm(base_out.reshape(n, d_out), su, lora_B.t(), out=y.view(n, d_out))
     return y, z, v
 
 
 def _bwd_torch(dy, x, lora_A, lora_B, z, v, scaling, L, U, tau, need_dx, need_dgate):
     acc = v.dtype
     d_in = x.shape[-1]
-    x2 = x.reshape(-1, d_in)
-    p = dy.reshape(-1, dy.shape[-1]) @ lora_B
+    n = v.shape[0]
+    x2 = x.reshape(n, d_in)
+    p = dy.reshape(n, dy.shape[-1]) @ lora_B
     ds = (p.to(acc) * z[:, :-1].to(acc)).sum(1)
     dg = scaling * ds * _lambda_slope(v, L, U) * (1 - v * v) / tau
     q = (p.to(acc) * (scaling * _lambda(v, L, U)).unsqueeze(1)).to(x.dtype)
     dx = torch.zeros_like(x)
     if need_dx:
-        torch.mm(q, lora_A, out=dx.view(-1, d_in))
+        torch.mm(q, lora_A, out=dx.view(n, d_in))
     if need_dgate:
         dw, db = x2.to(acc).t() @ dg, dg.sum().reshape(1)
     else:
@@ -100,6 +106,7 @@ def _bwd_torch(dy, x, lora_A, lora_B, z, v, scaling, L, U, tau, need_dx, need_dg
 
 # ---------------------------------------------------------------- custom ops
 @torch.library.custom_op("treadle::gated_lora_fwd", mutates_args=())
+@_amp.no_autocast
 def _gated_lora_fwd(x: torch.Tensor, base_out: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tensor,
                     gate_weight: torch.Tensor, gate_bias: torch.Tensor, scaling: float, L: float, U: float,
                     tau: float, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -123,6 +130,7 @@ def _(x, base_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau, b
 
 
 @torch.library.custom_op("treadle::gated_lora_bwd", mutates_args=())
+@_amp.no_autocast
 def _gated_lora_bwd(grad_y: torch.Tensor, x: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tensor,
                     z: torch.Tensor, v: torch.Tensor, scaling: float, L: float, U: float, tau: float,
                     need_dx: bool, need_dgate: bool, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -156,6 +164,7 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)  # z and v never receive gradients: do not allocate zeros for them
 
 
+@_amp.no_autocast
 def _backward(ctx, grad_y, grad_z, grad_v):
     x, lora_A, lora_B, z, v = ctx.saved_tensors
     scaling, L, U, tau, backend = ctx.args
@@ -181,6 +190,7 @@ _gated_lora_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 # ---------------------------------------------------------------- variant with the base linear fused in
 @torch.library.custom_op("treadle::gated_lora_linear_fwd", mutates_args=())
+@_amp.no_autocast
 def _gated_lora_linear_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lora_A: torch.Tensor,
                            lora_B: torch.Tensor, gate_weight: torch.Tensor, gate_bias: torch.Tensor, scaling: float,
                            L: float, U: float, tau: float, backend: str
@@ -202,6 +212,7 @@ def _(x, weight, bias, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, ta
 
 
 @torch.library.custom_op("treadle::gated_lora_linear_bwd", mutates_args=())
+@_amp.no_autocast
 def _gated_lora_linear_bwd(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, lora_A: torch.Tensor,
                            lora_B: torch.Tensor, z: torch.Tensor, v: torch.Tensor, scaling: float, L: float, U: float,
                            tau: float, need_dx: bool, need_dgate: bool, backend: str
@@ -235,6 +246,7 @@ def _linear_setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
+@_amp.no_autocast
 def _linear_backward(ctx, grad_y, grad_z, grad_v):
     x, weight, lora_A, lora_B, z, v = ctx.saved_tensors
     scaling, L, U, tau, backend = ctx.args
@@ -271,6 +283,26 @@ def _check_scalar(name: str, value, cond, expected: str) -> float:
     return value
 
 
+def _autocast_inputs(x, others, gate_weight, gate_bias, nested=False):
+    """The autocast policy (see :mod:`treadle.ops._amp`): under autocast, x and the matrices (base_out or
+    the base weight/bias, A, B) run in the autocast dtype like ``F.linear``; the gate runs in float32."""
+    amp = _amp.autocast_dtype(x.device.type)
+    if amp is None:
+        return (x, others, gate_weight, gate_bias) if nested else (x, *others, gate_weight, gate_bias)
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        amp = None  # float64 is never cast
+    x = _amp.cast(x, amp)
+    others = tuple(_amp.cast(t, amp) if isinstance(t, torch.Tensor) else t for t in others)
+    gate32 = torch.float32 if amp is not None else None
+    gate_weight = _amp.cast(gate_weight, gate32) if isinstance(gate_weight, torch.Tensor) else gate_weight
+    gate_bias = _amp.cast(gate_bias, gate32) if isinstance(gate_bias, torch.Tensor) else gate_bias
+    return (x, others, gate_weight, gate_bias) if nested else (x, *others, gate_weight, gate_bias)
+
+
+def _zero_size(x, lora_A, d_out) -> bool:
+    return x.numel() == 0 or lora_A.shape[0] == 0 or d_out == 0
+
+
 def _validate(x, d_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau, frozen):
     """Checks shared by both entry points; returns (scaling, L, U, tau) as floats. ``frozen``: more
     ``(name, tensor)`` pairs that must not require grad."""
@@ -287,11 +319,11 @@ def _validate(x, d_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, t
     L = _check_scalar("L", L, lambda s: s < 0, "a finite number < 0 (lambda's lower end; L < 0 < 1 < U)")
     U = _check_scalar("U", U, lambda s: s > 1, "a finite number > 1 (lambda's upper end; L < 0 < 1 < U)")
     tau = _check_scalar("tau", tau, lambda s: s > 0, "a finite number > 0 (the gate temperature)")
-    if x.dim() < 1 or x.shape[-1] < 1:
-        raise ValueError(f"x must have shape (..., d_in) with d_in >= 1, got {tuple(x.shape)}")
+    if x.dim() < 1:
+        raise ValueError("x must have shape (..., d_in), got a scalar")
     d_in = x.shape[-1]
-    if lora_A.dim() != 2 or lora_A.shape[1] != d_in or lora_A.shape[0] < 1:
-        raise ValueError(f"lora_A must have shape (r, d_in={d_in}) with r >= 1, got {tuple(lora_A.shape)}")
+    if lora_A.dim() != 2 or lora_A.shape[1] != d_in:
+        raise ValueError(f"lora_A must have shape (r, d_in={d_in}), got {tuple(lora_A.shape)}")
     r = lora_A.shape[0]
     if lora_B.dim() != 2 or tuple(lora_B.shape) != (d_out, r):
         raise ValueError(f"lora_B must have shape (d_out={d_out}, r={r}), got {tuple(lora_B.shape)}")
@@ -356,19 +388,36 @@ def gated_lora(
     None for ``lora_A``, ``lora_B``. The derivation is in this module's docstring. At ``v = 0``
     ``d lambda / d v = (U - L) / 2`` (midpoint of the kink).
 
+    Contract (every backend; tests/contracts):
+        dtypes: x, base_out, A and B share one dtype; the gate is x's dtype or float32. Products
+            ``x A^T`` and ``(s u) B^T`` run as a plain ``x @ A.T`` would in x's dtype; the gate logit
+            ``x . w + b`` is accumulated in float32 (float64 for float64 x) from x and the gate *as
+            given* (a float32 gate is never rounded to bf16, the logit never before tanh), and
+            lambda, ``s`` and the gate gradients are float32/float64; one cast at the end.
+        autocast: under ``torch.autocast`` x, base_out, A and B are cast to the autocast dtype (as
+            ``F.linear`` is) and the gate to float32, then the op runs with autocast off (also in
+            its backward): every backend gives what it gives outside autocast on those inputs.
+            float64 inputs are never cast. Gradients reach the caller's tensors in their dtypes.
+        masking: none; every row is a token (padding rows cost compute and never mix with others).
+        zero sizes: any of N, d_in, d_out, r may be 0 (the PyTorch path runs: nothing to compute);
+            tensors that require grad get zero gradients of their own shape.
+
     Raises:
         TypeError: a non-tensor, a non-float dtype, dtypes that differ (gates may be float32), or a
             non-float scalar.
         ValueError: ``L >= 0``, ``U <= 1``, ``tau <= 0``, non-finite scalars, inconsistent shapes,
             tensors on different devices, ``lora_A``/``lora_B`` requiring grad while grad is enabled.
+            (All before any work.)
         treadle.dispatch.BackendUnavailableError: ``backend`` cannot run here.
     """
     _check_tensor("x", x)
     _check_tensor("base_out", base_out)
+    x, base_out, lora_A, lora_B, gate_weight, gate_bias = _autocast_inputs(
+        x, (base_out, lora_A, lora_B), gate_weight, gate_bias)
     if base_out.dtype != x.dtype:
         raise TypeError(f"base_out must have x's dtype {x.dtype}, got {base_out.dtype}")
-    if base_out.dim() < 1 or base_out.shape[-1] < 1:
-        raise ValueError(f"base_out must have shape (..., d_out) with d_out >= 1, got {tuple(base_out.shape)}")
+    if base_out.dim() < 1:
+        raise ValueError("base_out must have shape (..., d_out), got a scalar")
     d_out = base_out.shape[-1]
     scaling, L, U, tau = _validate(x, d_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau, ())
     if base_out.dim() != x.dim() or base_out.shape[:-1] != x.shape[:-1]:
@@ -378,13 +427,9 @@ def gated_lora(
         raise ValueError(f"base_out is on {base_out.device} but x is on {x.device}; put them on one device")
 
     lead = x.shape[:-1]
-    n = math.prod(lead)
-    if n == 0:
-        y = base_out.clone()
-        if return_lambda:
-            return y, x.new_empty(lead, dtype=_acc_dtype(x.dtype))
-        return y
     name = dispatch.resolve(OP, x.device, backend)
+    if _zero_size(x, lora_A, d_out):
+        name = "reference"  # nothing to compute: the PyTorch path gives the zero-size results and gradients
     # x and base_out go in with their own shapes: a reshape view around the op would make autograd
     # sum x's two gradients (base path + LoRA path) out of place, one more (N, d_in) buffer per backward
     y, _, v = _gated_lora_fwd(
@@ -434,15 +479,22 @@ def gated_lora_linear(
     Gradients: ``x`` (base path ``dy W`` and LoRA path), ``gate_weight``, ``gate_bias``; none for
     ``weight``, ``bias``, ``lora_A``, ``lora_B``.
 
+    Contract: as :func:`gated_lora` (dtypes, autocast, zero sizes); under autocast the base
+    ``weight`` and ``bias`` are cast to the autocast dtype too, like ``F.linear``.
+
     Raises:
         TypeError / ValueError: as :func:`gated_lora`; also a weight/bias of the wrong shape, dtype or
             device, or one that requires grad while grad is enabled.
     """
     _check_tensor("x", x)
     _check_tensor("weight", weight)
+    if bias is not None:
+        _check_tensor("bias", bias)
+    x, (weight, bias, lora_A, lora_B), gate_weight, gate_bias = _autocast_inputs(
+        x, (weight, bias, lora_A, lora_B), gate_weight, gate_bias, nested=True)
     if weight.dtype != x.dtype:
         raise TypeError(f"weight must have x's dtype {x.dtype}, got {weight.dtype}")
-    if weight.dim() != 2 or weight.shape[0] < 1 or x.dim() < 1 or weight.shape[1] != x.shape[-1]:
+    if weight.dim() != 2 or x.dim() < 1 or weight.shape[1] != x.shape[-1]:
         raise ValueError(f"weight must have shape (d_out, d_in={x.shape[-1] if x.dim() else '?'}), "
                          f"got {tuple(weight.shape)}")
     d_out = weight.shape[0]
@@ -458,10 +510,9 @@ def gated_lora_linear(
     scaling, L, U, tau = _validate(x, d_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau,
                                    (("weight", weight), ("bias", bias)))
     lead = x.shape[:-1]
-    if math.prod(lead) == 0:
-        y = torch.nn.functional.linear(x, weight, bias)
-        return (y, x.new_empty(lead, dtype=_acc_dtype(x.dtype))) if return_lambda else y
     name = dispatch.resolve(OP_LINEAR, x.device, backend)
+    if _zero_size(x, lora_A, d_out):
+        name = "reference"  # nothing to compute: the PyTorch path gives the zero-size results and gradients
     y, _, v = _gated_lora_linear_fwd(
         x.contiguous(), weight.contiguous(), None if bias is None else bias.contiguous(), lora_A.contiguous(),
         lora_B.contiguous(), gate_weight.contiguous(), gate_bias.reshape(1), scaling, L, U, tau, name)

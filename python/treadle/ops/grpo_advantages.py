@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from treadle import dispatch
+from treadle.ops import _amp
 from treadle.reference.grpo import ESTIMATORS, grpo_advantages_reference
 
 OP = "grpo_advantages"
@@ -54,6 +55,7 @@ def _quick_sum(rewards: torch.Tensor) -> float:
 
 
 @torch.library.custom_op("treadle::grpo_advantages", mutates_args=())
+@_amp.no_autocast
 def _grpo_advantages_op(
     rewards: torch.Tensor,
     group_ids: torch.Tensor,
@@ -154,8 +156,18 @@ def grpo_advantages(
 
     Returns:
         ``(N,)`` advantages, float64 for float64 rewards, else float32, on the rewards' device.
-        Groups whose considered rewards are all equal give exactly 0. An empty batch gives an
-        empty tensor.
+        Groups whose considered rewards are all equal give exactly 0, at any ``eps`` including 0
+        (for ``reinforce_baseline``: before the batch whitening, which itself gives exactly 0 when
+        all considered pre-whitening advantages are equal). An empty batch gives an empty tensor.
+
+    Contract (every backend; tests/contracts):
+        dtypes: rewards of any float dtype and group ids of any integer dtype are read as given;
+            every statistic is two-pass in float64 (mean, then squared deviations from it: no
+            ``E[x^2] - E[x]^2`` cancellation), one cast to the output dtype at the end.
+        autocast: no effect: the inputs are used as given and the op runs with autocast off.
+        masking: rows with ``valid=False`` (and, with ``nonfinite="skip"``, non-finite rewards)
+            never reach any statistic or other row's result, whatever they hold; they get 0.
+        zero sizes: an empty batch gives an empty result. There are no gradients.
 
     Raises:
         TypeError: a non-tensor argument, non-float rewards, non-integer group ids, non-bool masks.

@@ -20,6 +20,7 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from treadle import dispatch
+from treadle.ops import _amp
 from treadle.reference.stair import MODES, stair_readout_reference
 
 OP = "stair_readout"
@@ -42,6 +43,7 @@ def _resolve_backend(device_type: str, backend: str | None) -> str:
 
 
 @torch.library.custom_op("treadle::stair_readout", mutates_args=())
+@_amp.no_autocast
 def _stair_fwd_op(
     q: torch.Tensor,
     k_bank: torch.Tensor,
@@ -55,11 +57,11 @@ def _stair_fwd_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     a, b = _COEF[mode]
     if backend == "reference":
-        out = stair_readout_reference(q, k_bank, v_bank, normals, bank_lengths=bank_lengths, eps=eps, scale=scale,
-                                      mode=mode).to(q.dtype)
+        acc = _acc_dtype(q.dtype)  # computed in the accumulation dtype, cast once at the end
+        out = stair_readout_reference(q.to(acc), k_bank.to(acc), v_bank.to(acc), normals.to(acc),
+                                      bank_lengths=bank_lengths, eps=eps, scale=scale, mode=mode).to(q.dtype)
         B, Hq, T, _ = q.shape
         Dv = v_bank.shape[-1]
-        acc = _acc_dtype(q.dtype)
         return (out, q.new_zeros((B, Hq, T, 2, Dv), dtype=acc), q.new_zeros((B, Hq, T, 2), dtype=acc))
     if backend == "triton":
         from treadle.triton_kernels.stair import stair_readout_fwd_triton
@@ -81,6 +83,7 @@ def _(q, k_bank, v_bank, normals, bank_lengths, eps, scale, mode, backend):
 
 
 @torch.library.custom_op("treadle::stair_readout_backward", mutates_args=())
+@_amp.no_autocast
 def _stair_bwd_op(
     dout: torch.Tensor,
     q: torch.Tensor,
@@ -114,11 +117,12 @@ def _(dout, q, k_bank, v_bank, normals, bank_lengths, rows, stats, eps, scale, m
 
 def _reference_grads(dout, q, k_bank, v_bank, normals, bank_lengths, eps, scale, mode):
     """Backward of the reference backend: autograd through the literal maths (the ground truth)."""
+    acc = _acc_dtype(q.dtype)
     with torch.enable_grad():
-        qq = q.detach().requires_grad_(True)
-        nn_ = normals.detach().requires_grad_(True)
-        out = stair_readout_reference(qq, k_bank, v_bank, nn_, bank_lengths=bank_lengths, eps=eps, scale=scale,
-                                      mode=mode)
+        qq = q.detach().to(acc).requires_grad_(True)
+        nn_ = normals.detach().to(acc).requires_grad_(True)
+        out = stair_readout_reference(qq, k_bank.to(acc), v_bank.to(acc), nn_, bank_lengths=bank_lengths, eps=eps,
+                                      scale=scale, mode=mode)
         dq, dn = torch.autograd.grad(out, (qq, nn_), dout.to(out.dtype), allow_unused=True, materialize_grads=True)
     return dq.to(q.dtype), dn.to(normals.dtype)
 
@@ -130,6 +134,7 @@ def _setup_context(ctx, inputs, output):
     ctx.cfg = (eps, scale, mode, backend)
 
 
+@_amp.no_autocast
 def _backward(ctx, dout, drows, dstats):
     q, k_bank, v_bank, normals, bank_lengths, rows, stats = ctx.saved_tensors
     eps, scale, mode, backend = ctx.cfg
@@ -201,6 +206,21 @@ def stair_readout(
     Returns:
         ``(B, Hq, T, Dv)`` in q's dtype (accumulation in float32, float64 for float64 inputs).
 
+    Contract (every backend; tests/contracts):
+        dtypes: q, k_bank, v_bank share one dtype; normals may have any float dtype and are
+            normalised in the accumulation dtype (float32, float64 for float64 q), never rounded to
+            q's dtype; softmax statistics and accumulators in that dtype; one cast at the end.
+            ``dq`` comes back in q's dtype, ``d normals`` in the normals' dtype.
+        autocast: under ``torch.autocast`` q, k_bank and v_bank (float16/bfloat16/float32) are cast
+            to the autocast dtype, as ``scaled_dot_product_attention`` is; the normals stay as given;
+            then the op (and its backward) runs with autocast off, so every backend gives what it
+            gives outside autocast on those inputs. float64 inputs are never cast.
+        masking: bank slots ``j >= bank_lengths[b]`` are never read into the result or the
+            gradient, whatever they hold (NaN, inf, stale data).
+        zero sizes: any of B, Hq (= Hkv = 0), T, M, D, Dv may be 0; an empty bank reads exactly 0;
+            ``D = 0`` (uniform weights over the bank) runs the PyTorch path; q and the normals get
+            gradients of their own shapes.
+
     Raises:
         TypeError: a non-tensor argument, non-float q/bank/normals, q/k_bank/v_bank dtypes that
             differ, non-integer bank_lengths.
@@ -220,6 +240,9 @@ def stair_readout(
     """
     for name, x in (("q", q), ("k_bank", k_bank), ("v_bank", v_bank), ("normals", normals)):
         _check_float(name, x)
+    amp = _amp.autocast_dtype(q.device.type)
+    if amp is not None and q.dtype != torch.float64:  # autocast policy: q, k, v like sdpa; normals as given
+        q, k_bank, v_bank = _amp.cast(q, amp), _amp.cast(k_bank, amp), _amp.cast(v_bank, amp)
     if k_bank.dtype != q.dtype or v_bank.dtype != q.dtype:
         raise TypeError(f"q, k_bank and v_bank must share one dtype, got q {q.dtype}, k_bank {k_bank.dtype}, "
                         f"v_bank {v_bank.dtype}")
@@ -235,7 +258,7 @@ def stair_readout(
     if k_bank.shape[0] != B or k_bank.shape[3] != D:
         raise ValueError(f"k_bank must have shape (B={B}, Hkv, M, D={D}) to match q {tuple(q.shape)}, "
                          f"got {tuple(k_bank.shape)}")
-    if Hkv == 0 or Hq % Hkv != 0:
+    if (Hkv == 0 and Hq != 0) or (Hkv != 0 and Hq % Hkv != 0):
         raise ValueError(f"Hq (q.shape[1] = {Hq}) must be a multiple of Hkv (k_bank.shape[1] = {Hkv})")
     if tuple(v_bank.shape[:3]) != (B, Hkv, M):
         raise ValueError(f"v_bank must have shape (B={B}, Hkv={Hkv}, M={M}, Dv) like k_bank, got "
@@ -275,17 +298,25 @@ def stair_readout(
             lo, hi = int(bank_lengths.min()), int(bank_lengths.max())
             if lo < 0 or hi > M:
                 raise ValueError(f"bank_lengths must lie in [0, M={M}], got values in [{lo}, {hi}]")
-        if Hq > 0:
+        if Hq > 0 and D > 0:  # D = 0: no direction to reflect, nothing to check
             zero = (normals.detach().to(torch.float64).norm(dim=-1) == 0).nonzero().flatten()
             if zero.numel():
                 raise ValueError(f"normals[{int(zero[0])}] (query head {int(zero[0])}) has zero length: a zero "
                                  f"normal has no reflection direction")
     if debug and not tracing:
+        # the bank is checked over its valid slots only: padding past bank_lengths may hold anything
+        slots = None if bank_lengths is None else (
+            torch.arange(M, device=q.device)[None, :] < bank_lengths.to(torch.int64)[:, None])[:, None, :, None]
         for name, x in (("q", q), ("k_bank", k_bank), ("v_bank", v_bank), ("normals", normals)):
-            if x.numel() and not bool(torch.isfinite(x).all()):
+            finite = torch.isfinite(x)
+            if slots is not None and name in ("k_bank", "v_bank"):
+                finite = finite | ~slots
+            if x.numel() and not bool(finite.all()):
                 raise ValueError(f"{name} contains NaN or inf values (debug=True)")
-    if q.numel() == 0 or Dv == 0:
+    if B * Hq * T * Dv == 0 or M == 0:  # empty output, or every bank empty: exactly 0 (zero gradients)
         return q.new_zeros((B, Hq, T, Dv)) + 0.0 * q.sum() + 0.0 * normals.sum().to(q.dtype)
     name = _resolve_backend(q.device.type, backend)
+    if D == 0:
+        name = "reference"  # no query/key dims: uniform weights over the bank, the PyTorch path computes it
     out, _, _ = _stair_fwd_op(q, k_bank, v_bank, normals, bank_lengths, eps, scale, mode, name)
     return out

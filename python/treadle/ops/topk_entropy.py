@@ -16,9 +16,17 @@ gradient lands on those lowest-index entries, whatever order ``torch.topk`` uses
 ``k > V`` raises (no silent clamp: a clamped k would change the ``log k`` normaliser and the
 meaning of the objective); ``k < 2`` raises (``log 1 = 0``).
 
+Non-finite logits at a considered position: ``-inf`` entries have probability 0 and ``0 log 0 = 0``
+(fewer than k finite logits is fine: ``[0, 0, -inf x 7]`` with k = 4 gives ``log 2 / log 4``), with
+zero gradient on them; a row of all ``-inf`` gives 0 with zero gradient; a row with ``+inf`` entries
+gives the limit distribution, uniform over its ``+inf`` entries, with zero gradient (finite
+changes do not move it); NaN gives NaN (value and the selected entries' gradient). Positions outside
+``mask`` are never read, whatever they hold.
+
 Implementation: plain PyTorch ops (``torch.topk`` + elementwise), in float32 (float64 for float64
 inputs), wrapped as ``torch.library`` custom ops with fake implementations and registered
-autograd. The backward is one elementwise pass over the logits using per-row statistics saved by
+autograd. There is no C++ or Triton kernel for these two ops (``treadle backends`` says so): the
+same code runs on every device. The backward is one elementwise pass over the logits using per-row statistics saved by
 the forward (``lse_k``, ``H``, ``t``: O(N) memory). The chunked form
 :func:`topk_entropy_from_hidden` computes ``logits = hidden @ lm_head_weight^T`` ``chunk_size`` rows at
 a time and recomputes each chunk in the backward (the approach of fused linear cross-entropy), so
@@ -31,11 +39,14 @@ import math
 import torch
 
 from treadle import dispatch
+from treadle.ops import _amp
 
 OP = "topk_entropy"
-# Listed in treadle.backends() as running the PyTorch path on every device; there is no other
-# backend to choose, so TREADLE_BACKEND does not apply to it.
-dispatch.register(OP, cpu=(), gpu=())
+OP_HIDDEN = "topk_entropy_from_hidden"
+# Listed in treadle.backends() as running the PyTorch path on every device: there is no C++ or
+# Triton kernel for top-k entropy yet, so TREADLE_BACKEND does not apply to these two ops.
+dispatch.register(OP, cpu=(), gpu=(), note="PyTorch ops (torch.topk); no C++/Triton kernel")
+dispatch.register(OP_HIDDEN, cpu=(), gpu=(), note="PyTorch ops (chunked matmul + torch.topk); no C++/Triton kernel")
 
 _FLOAT = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _CHUNK_ELEMENTS = 1 << 26  # default chunk: about 2^26 logits (256 MiB in fp32) at a time
@@ -46,18 +57,35 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
 
 
 def _row_stats(z: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``z (M, V)`` in the accumulation dtype -> ``(lse_k, H, t)`` each ``(M,)``; H in nats."""
+    """``z (M, V)`` in the accumulation dtype -> ``(lse_k, H, t)`` each ``(M,)``; H in nats.
+
+    Non-finite logits (module docstring): ``-inf`` entries have probability 0 and ``0 log 0 = 0``;
+    a row of all ``-inf`` gets H = 0; a row with ``+inf`` entries gets the limit distribution,
+    uniform over its ``+inf`` entries (``lse_k`` is then ``+inf``, which the backward reads as "no
+    gradient"); NaN logits give NaN.
+    """
     vals = torch.topk(z, k, dim=-1, sorted=False).values
+    thr = vals.amin(-1)
     lse = torch.logsumexp(vals, dim=-1)
-    logp = vals - lse.unsqueeze(-1)
-    h = -(logp.exp() * logp).sum(-1)
-    return lse, h, vals.amin(-1)
+    inf = float("inf")
+    pinf = (lse == inf).unsqueeze(-1)
+    if bool(pinf.any()):  # the limit as the +inf entries grow: uniform over them
+        vals = torch.where(pinf, torch.where(vals == inf, 0.0, -inf), vals)
+        lse_h = torch.logsumexp(vals, dim=-1)
+    else:
+        lse_h = lse
+    logp = vals - torch.where(lse_h == -inf, 0.0, lse_h).unsqueeze(-1)  # all -inf: logp = -inf, p = 0
+    p = logp.exp()
+    h = 0.0 - torch.where(p == 0, 0.0, p * logp).sum(-1)  # 0 log 0 = 0; an all -inf row gives +0
+    return lse, h, thr
 
 
 def _row_grad(z: torch.Tensor, k: int, lse: torch.Tensor, h: torch.Tensor, thr: torch.Tensor,
               coef: torch.Tensor) -> torch.Tensor:
     """``coef_m * dH_m/dz`` for ``z (M, V)`` (accumulation dtype): ``-p (z - lse + H)`` on the selected
-    entries (ties at the threshold: lowest indices first), 0 elsewhere."""
+    entries (ties at the threshold: lowest indices first), 0 elsewhere, 0 on entries of probability 0
+    (``-inf`` logits) and on rows whose ``lse`` is infinite (all ``-inf``, or ``+inf`` entries: the
+    value does not move under finite changes); NaN on the selected entries of a NaN row."""
     sel = z > thr.unsqueeze(-1)
     need = k - sel.sum(-1)
     eq = z == thr.unsqueeze(-1)
@@ -69,51 +97,73 @@ def _row_grad(z: torch.Tensor, k: int, lse: torch.Tensor, h: torch.Tensor, thr: 
     sel |= eq
     t = z - lse.unsqueeze(-1)
     g = t.exp()
+    keep = sel & ((g > 0) | torch.isnan(h).unsqueeze(-1)) & ~torch.isinf(lse).unsqueeze(-1)
     t.add_(h.unsqueeze(-1)).mul_(g).mul_((-coef).unsqueeze(-1))
-    return t.masked_fill_(~sel, 0.0)
+    return t.masked_fill_(~keep, 0.0)
+
+
+def _select(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    return x if mask is None else x[mask]
+
+
+def _scatter(vals: torch.Tensor, mask: torch.Tensor | None, m: int) -> torch.Tensor:
+    """Per selected row ``vals`` -> ``(m, ...)`` with zeros at rows outside ``mask``."""
+    if mask is None:
+        return vals
+    out = vals.new_zeros((m, *vals.shape[1:]))
+    out[mask] = vals
+    return out
 
 
 # ---------------------------------------------------------------- from logits
 @torch.library.custom_op("treadle::topk_entropy_rows", mutates_args=())
-def _topk_entropy_rows(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``logits (M, V)`` -> ``(H / log k, lse_k, t)`` each ``(M,)`` in fp32 (fp64 for fp64 logits)."""
-    lse, h, thr = _row_stats(logits.to(_acc(logits.dtype)), k)
-    return h / math.log(k), lse, thr
+@_amp.no_autocast
+def _topk_entropy_rows(logits: torch.Tensor, k: int, mask: torch.Tensor | None
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``logits (M, V)`` -> ``(H / log k, lse_k, t)`` each ``(M,)`` in fp32 (fp64 for fp64 logits).
+
+    Rows outside ``mask`` (``(M,)`` bool) are never read: their outputs are 0."""
+    m = logits.shape[0]
+    lse, h, thr = _row_stats(_select(logits, mask).to(_acc(logits.dtype)), k)
+    return _scatter(h / math.log(k), mask, m), _scatter(lse, mask, m), _scatter(thr, mask, m)
 
 
 @_topk_entropy_rows.register_fake
-def _(logits, k):
+def _(logits, k, mask):
     m = logits.shape[0]
     acc = _acc(logits.dtype)
     return tuple(logits.new_empty((m,), dtype=acc) for _ in range(3))
 
 
 @torch.library.custom_op("treadle::topk_entropy_rows_backward", mutates_args=())
+@_amp.no_autocast
 def _topk_entropy_rows_backward(grad: torch.Tensor, logits: torch.Tensor, hn: torch.Tensor, lse: torch.Tensor,
-                                thr: torch.Tensor, k: int) -> torch.Tensor:
-    """``grad (M,)`` on ``H / log k`` -> ``grad_logits (M, V)`` in the logits' dtype."""
+                                thr: torch.Tensor, k: int, mask: torch.Tensor | None) -> torch.Tensor:
+    """``grad (M,)`` on ``H / log k`` -> ``grad_logits (M, V)`` in the logits' dtype (0 outside ``mask``)."""
     logk = math.log(k)
     acc = _acc(logits.dtype)
-    g = _row_grad(logits.to(acc), k, lse, hn * logk, thr, grad.to(acc) / logk)
-    return g.to(logits.dtype)
+    g = _row_grad(_select(logits, mask).to(acc), k, _select(lse, mask), _select(hn, mask) * logk,
+                  _select(thr, mask), _select(grad, mask).to(acc) / logk)
+    return _scatter(g.to(logits.dtype), mask, logits.shape[0])
 
 
 @_topk_entropy_rows_backward.register_fake
-def _(grad, logits, hn, lse, thr, k):
+def _(grad, logits, hn, lse, thr, k, mask):
     return torch.empty_like(logits)
 
 
 def _rows_setup(ctx, inputs, output):
-    logits, k = inputs
+    logits, k, mask = inputs
     hn, lse, thr = output
-    ctx.save_for_backward(logits, hn, lse, thr)
+    ctx.save_for_backward(logits, hn, lse, thr, mask)
     ctx.k = k
     ctx.mark_non_differentiable(lse, thr)
 
 
+@_amp.no_autocast
 def _rows_backward(ctx, grad_hn, grad_lse, grad_thr):
-    logits, hn, lse, thr = ctx.saved_tensors
-    return _topk_entropy_rows_backward(grad_hn, logits, hn, lse, thr, ctx.k), None
+    logits, hn, lse, thr, mask = ctx.saved_tensors
+    return _topk_entropy_rows_backward(grad_hn, logits, hn, lse, thr, ctx.k, mask), None, None
 
 
 _topk_entropy_rows.register_autograd(_rows_backward, setup_context=_rows_setup)
@@ -126,32 +176,38 @@ def _chunks(m: int, chunk: int):
 
 
 @torch.library.custom_op("treadle::topk_entropy_hidden", mutates_args=())
-def _topk_entropy_hidden(hidden: torch.Tensor, weight: torch.Tensor, k: int, chunk_size: int) -> torch.Tensor:
-    """``hidden (M, d)``, ``weight (V, d)`` -> ``H / log k (M,)``; logits ``chunk_size`` rows at a time."""
+@_amp.no_autocast
+def _topk_entropy_hidden(hidden: torch.Tensor, weight: torch.Tensor, mask: torch.Tensor | None, k: int,
+                         chunk_size: int) -> torch.Tensor:
+    """``hidden (M, d)``, ``weight (V, d)`` -> ``H / log k (M,)`` (0 at rows outside ``mask``, never read);
+    logits ``chunk_size`` rows at a time."""
     acc = _acc(hidden.dtype)
-    out = hidden.new_empty((hidden.shape[0],), dtype=acc)
-    for s, e in _chunks(hidden.shape[0], chunk_size):
-        z = (hidden[s:e] @ weight.t()).to(acc)
+    rows = _select(hidden, mask)
+    out = hidden.new_empty((rows.shape[0],), dtype=acc)
+    for s, e in _chunks(rows.shape[0], chunk_size):
+        z = (rows[s:e] @ weight.t()).to(acc)
         out[s:e] = _row_stats(z, k)[1]
-    return out / math.log(k)
+    return _scatter(out / math.log(k), mask, hidden.shape[0])
 
 
 @_topk_entropy_hidden.register_fake
-def _(hidden, weight, k, chunk_size):
+def _(hidden, weight, mask, k, chunk_size):
     return hidden.new_empty((hidden.shape[0],), dtype=_acc(hidden.dtype))
 
 
 @torch.library.custom_op("treadle::topk_entropy_hidden_backward", mutates_args=())
-def _topk_entropy_hidden_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, k: int,
-                                  chunk_size: int, need_hidden: bool, need_weight: bool
-                                  ) -> tuple[torch.Tensor, torch.Tensor]:
+@_amp.no_autocast
+def _topk_entropy_hidden_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
+                                  mask: torch.Tensor | None, k: int, chunk_size: int, need_hidden: bool,
+                                  need_weight: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Recomputes each chunk's logits: ``d hidden = G W``, ``d weight = sum_chunks G^T hidden``."""
     acc = _acc(hidden.dtype)
     logk = math.log(k)
-    dh = torch.zeros_like(hidden)
+    rows, grad = _select(hidden, mask), _select(grad, mask)
+    dh = torch.zeros_like(rows)
     dw = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_weight else None
-    for s, e in _chunks(hidden.shape[0], chunk_size):
-        hc = hidden[s:e]
+    for s, e in _chunks(rows.shape[0], chunk_size):
+        hc = rows[s:e]
         z = (hc @ weight.t()).to(acc)
         lse, h, thr = _row_stats(z, k)
         g = _row_grad(z, k, lse, h, thr, grad[s:e].to(acc) / logk).to(hidden.dtype)
@@ -160,28 +216,29 @@ def _topk_entropy_hidden_backward(grad: torch.Tensor, hidden: torch.Tensor, weig
             dh[s:e] = g @ weight
         if need_weight:
             dw.addmm_(g.t().to(acc), hc.to(acc))
-    return dh, (dw.to(weight.dtype) if need_weight else torch.zeros_like(weight))
+    return _scatter(dh, mask, hidden.shape[0]), (dw.to(weight.dtype) if need_weight else torch.zeros_like(weight))
 
 
 @_topk_entropy_hidden_backward.register_fake
-def _(grad, hidden, weight, k, chunk_size, need_hidden, need_weight):
+def _(grad, hidden, weight, mask, k, chunk_size, need_hidden, need_weight):
     return torch.empty_like(hidden), torch.empty_like(weight)
 
 
 def _hidden_setup(ctx, inputs, output):
-    hidden, weight, k, chunk_size = inputs
-    ctx.save_for_backward(hidden, weight)
+    hidden, weight, mask, k, chunk_size = inputs
+    ctx.save_for_backward(hidden, weight, mask)
     ctx.args = (k, chunk_size)
 
 
+@_amp.no_autocast
 def _hidden_backward(ctx, grad):
-    hidden, weight = ctx.saved_tensors
+    hidden, weight, mask = ctx.saved_tensors
     k, chunk_size = ctx.args
     need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     if not (need_h or need_w):
-        return None, None, None, None
-    dh, dw = _topk_entropy_hidden_backward(grad, hidden, weight, k, chunk_size, need_h, need_w)
-    return (dh if need_h else None), (dw if need_w else None), None, None
+        return None, None, None, None, None
+    dh, dw = _topk_entropy_hidden_backward(grad, hidden, weight, mask, k, chunk_size, need_h, need_w)
+    return (dh if need_h else None), (dw if need_w else None), None, None, None
 
 
 _topk_entropy_hidden.register_autograd(_hidden_backward, setup_context=_hidden_setup)
@@ -210,7 +267,7 @@ def _check_mask(mask, lead: torch.Size, device: torch.device) -> None:
         raise ValueError(f"mask must have shape {tuple(lead)} (the positions), got {tuple(mask.shape)}")
     if mask.device != device:
         raise ValueError(f"mask is on {mask.device} but the logits/hidden states are on {device}")
-    if not bool(mask.any()):
+    if not torch.compiler.is_compiling() and not bool(mask.any()):  # a data check: skipped while tracing
         raise ValueError("mask has no True (response) positions: the mean top-k entropy over them is undefined")
 
 
@@ -233,6 +290,17 @@ def topk_entropy(logits: torch.Tensor, k: int = 100, mask: torch.Tensor | None =
     Gradient with respect to ``logits`` is non-zero only on the k selected entries of each position;
     ties at the k-th value go to the lowest vocabulary indices (module docstring).
 
+    Contract (tests/contracts):
+        dtypes: logits of any float dtype are read as given and computed in float32 (float64 for
+            float64); the gradient comes back in the logits' dtype.
+        autocast: no effect (like ``log_softmax``, autocast's float32 list): logits used as given.
+        masking: positions outside ``mask`` are never read (NaN/inf there change nothing) and get
+            exactly zero gradient; non-finite logits at considered positions: module docstring.
+        zero sizes: ``reduction="none"`` on zero positions gives an empty result connected to the
+            graph; ``"mean"`` over zero positions raises ValueError (undefined). Under
+            ``torch.compile`` the all-False mask check (a data check) is skipped and such a mean is
+            0 / 0 = NaN.
+
     Raises:
         TypeError: non-tensor logits, a non-float dtype, non-int k, non-bool mask.
         ValueError: ``k < 2``, ``k > V``, a mask of the wrong shape/device or with no True position,
@@ -251,16 +319,16 @@ def topk_entropy(logits: torch.Tensor, k: int = 100, mask: torch.Tensor | None =
         raise ValueError("mask applies to reduction='mean' only; with reduction='none' index the result instead")
     lead = logits.shape[:-1]
     _check_mask(mask, lead, logits.device)
-    if math.prod(lead) == 0:
-        if reduction == "none":
-            return logits.new_empty(lead, dtype=_acc(logits.dtype))
+    m = math.prod(lead)
+    if m == 0 and reduction == "mean":
         raise ValueError(f"logits has no positions (shape {tuple(logits.shape)}): the mean is undefined")
-    hn = _topk_entropy_rows(logits.reshape(-1, logits.shape[-1]), k)[0].reshape(lead)
+    flat_mask = None if mask is None else mask.reshape(m)
+    hn = _topk_entropy_rows(logits.reshape(m, logits.shape[-1]), k, flat_mask)[0].reshape(lead)
     if reduction == "none":
         return hn
     if mask is None:
         return hn.mean()
-    return torch.where(mask, hn, torch.zeros((), dtype=hn.dtype, device=hn.device)).sum() / mask.sum()
+    return hn.sum() / mask.sum()  # rows outside the mask are exactly 0 (never read)
 
 
 def topk_entropy_from_hidden(hidden: torch.Tensor, lm_head_weight: torch.Tensor, k: int = 100,
@@ -281,6 +349,12 @@ def topk_entropy_from_hidden(hidden: torch.Tensor, lm_head_weight: torch.Tensor,
         ``topk_entropy(hidden @ lm_head_weight.T, k, mask)`` (same logits chunk by chunk), with the
         same gradients for ``hidden`` and ``lm_head_weight``; the backward recomputes each chunk.
 
+    Contract: as :func:`topk_entropy`, except autocast: under ``torch.autocast`` hidden and the
+    head's weight (float16/bfloat16/float32) are cast to the autocast dtype, so the chunked GEMM runs
+    as ``lm_head`` would, and the entropy in float32 (the same as ``topk_entropy(lm_head(hidden))``
+    under autocast). Rows outside ``mask`` are never read or computed. ``d = 0`` is allowed (all
+    logits 0); zero positions raise (the mean is undefined).
+
     Raises:
         TypeError / ValueError: as :func:`topk_entropy`, plus shape/dtype/device mismatch between
             ``hidden`` and ``lm_head_weight``, and ``chunk_size < 1``.
@@ -291,6 +365,9 @@ def topk_entropy_from_hidden(hidden: torch.Tensor, lm_head_weight: torch.Tensor,
         raise TypeError(f"lm_head_weight must be a torch.Tensor, got {type(lm_head_weight).__name__}")
     if hidden.dtype not in _FLOAT:
         raise TypeError(f"hidden must have a floating dtype (one of {_FLOAT}), got {hidden.dtype}")
+    amp = _amp.autocast_dtype(hidden.device.type)
+    if amp is not None and hidden.dtype != torch.float64:  # the GEMM runs like lm_head would under autocast
+        hidden, lm_head_weight = _amp.cast(hidden, amp), _amp.cast(lm_head_weight, amp)
     if lm_head_weight.dtype != hidden.dtype:
         raise TypeError(f"lm_head_weight must have hidden's dtype {hidden.dtype}, got {lm_head_weight.dtype}")
     if hidden.dim() < 1:
@@ -308,7 +385,9 @@ def topk_entropy_from_hidden(hidden: torch.Tensor, lm_head_weight: torch.Tensor,
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     lead = hidden.shape[:-1]
     _check_mask(mask, lead, hidden.device)
-    rows = hidden[mask] if mask is not None else hidden.reshape(-1, d)
-    if rows.shape[0] == 0:
+    m = math.prod(lead)
+    if m == 0:
         raise ValueError(f"hidden has no positions (shape {tuple(hidden.shape)}): the mean is undefined")
-    return _topk_entropy_hidden(rows.contiguous(), lm_head_weight.contiguous(), k, chunk_size).mean()
+    flat_mask = None if mask is None else mask.reshape(m)
+    hn = _topk_entropy_hidden(hidden.reshape(m, d).contiguous(), lm_head_weight.contiguous(), flat_mask, k, chunk_size)
+    return hn.mean() if mask is None else hn.sum() / mask.sum()

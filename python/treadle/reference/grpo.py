@@ -15,7 +15,8 @@ flagged turns: WEFT sec. 4.1). For each group g, over its *considered* rows S_g 
                           A_i = (a_i - mean(a)) / (std(a) + eps)
 
 Then: a group whose considered rewards are all equal (max == min) gives exactly 0 (before the
-batch whitening of ``reinforce_baseline``); a group of one gives 0 (``singleton="zero"``) or, with
+batch whitening of ``reinforce_baseline``, whose whitening gives exactly 0 when all the considered
+pre-whitening advantages are equal); a group of one gives 0 (``singleton="zero"``) or, with
 ``singleton="raw"``, verl's convention m = 0, s = 1 (so ``grpo`` gives r / (1 + eps) and the others
 r); flagged rows get min(A_i, 0); rows not considered get 0.
 """
@@ -86,8 +87,11 @@ def grpo_advantages_reference(
             raise ValueError(f"unknown estimator {estimator!r}; expected one of {ESTIMATORS}")
     if estimator == "reinforce_baseline" and considered.numel() > 0:
         a = adv[considered]
-        s = _std(a, unbiased) if a.numel() > 1 else torch.tensor(0.0, dtype=torch.float64)
-        adv[considered] = (a - a.mean()) / (s + eps)
+        if bool(a.max() == a.min()):
+            adv[considered] = 0.0  # exactly 0 (no 0/0 at eps = 0, no rounding noise of an inexact mean)
+        else:
+            s = _std(a, unbiased) if a.numel() > 1 else torch.tensor(0.0, dtype=torch.float64)
+            adv[considered] = (a - a.mean()) / (s + eps)
     if flags is not None:
         f = flags.detach().cpu().bool()
         adv = torch.where(f, adv.clamp(max=0.0), adv)

@@ -73,11 +73,19 @@ def topk_entropy_rows_reference(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Per-position normalised top-k entropy ``H_k / log k`` of ``logits (..., V)``: shape ``(...)``.
 
     ``softmax`` over the ``k`` largest logits of each position (ties at the k-th value do not
-    change the value), entropy in nats, divided by ``log k``.
+    change the value), entropy in nats, divided by ``log k``. Non-finite logits: ``-inf`` entries
+    have probability 0 and ``0 log 0 = 0`` (so fewer than k finite logits is fine); a row of all
+    ``-inf`` gives 0; a row with ``+inf`` entries gives the limit distribution, uniform over them;
+    NaN gives NaN.
     """
+    inf = float("inf")
     vals = torch.topk(logits, k, dim=-1).values
+    pinf = (vals == inf).any(-1, keepdim=True)
+    vals = torch.where(pinf, torch.where(vals == inf, 0.0, -inf), vals)
     logp = torch.log_softmax(vals, dim=-1)
-    return -(logp.exp() * logp).sum(-1) / math.log(k)
+    p = logp.exp()
+    h = -torch.where(p == 0, 0.0, p * logp).sum(-1) / math.log(k)
+    return torch.where((vals == -inf).all(-1), 0.0, h)
 
 
 def topk_entropy_reference(logits: torch.Tensor, k: int = 100, mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -12,7 +12,8 @@ j < L_b (the row's bank length), with q~ and k~ already rotated by the caller:
 
 and the read-out ``mode="diff"``: ``sum_j (pi_R_j - pi_ref_j) v_j``; ``"reflected"``: ``sum_j pi_R_j
 v_j`` (the direct reflected read control); ``"reference"``: ``sum_j pi_ref_j v_j``. A row with an
-empty bank (L_b = 0) gives exactly 0. With eps = 0, ``diff = attn(q~R, k~, v) - attn(q~, k~, v)``.
+empty bank (L_b = 0) gives exactly 0. Bank slots ``j >= L_b`` never enter the result or the
+gradient, whatever they hold (NaN, inf). With eps = 0, ``diff = attn(q~R, k~, v) - attn(q~, k~, v)``.
 
 This module materialises the ``(B, Hq, T, M)`` weights on purpose: it is short and literal, works in
 float64, and autograd through it is the ground truth for the kernels' gradients. ``pi_R`` is formed
@@ -61,9 +62,18 @@ def stair_readout_reference(
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if scale is None:
-        scale = 1.0 / math.sqrt(D)
+        scale = 1.0 / math.sqrt(D) if D > 0 else 1.0
     if M == 0:
         return q.new_zeros(B, Hq, T, Dv) + 0.0 * q.sum() + 0.0 * normals.sum()
+    if bank_lengths is None:
+        lengths = torch.full((B,), M, dtype=torch.int64, device=q.device)
+    else:
+        lengths = bank_lengths.to(device=q.device, dtype=torch.int64)
+    valid = torch.arange(M, device=q.device)[None, :] < lengths[:, None]      # (B, M)
+    # slots past a row's length may hold anything (NaN, inf, stale data): they never enter the maths
+    zero = torch.zeros((), dtype=k_bank.dtype, device=k_bank.device)
+    k_bank = torch.where(valid[:, None, :, None], k_bank, zero)
+    v_bank = torch.where(valid[:, None, :, None], v_bank, zero.to(v_bank.dtype))
     group = Hq // Hkv
     k = k_bank.repeat_interleave(group, dim=1)                     # (B, Hq, M, D)
     v = v_bank.repeat_interleave(group, dim=1)                     # (B, Hq, M, Dv)
@@ -73,11 +83,6 @@ def stair_readout_reference(
     s = scale * q @ k.transpose(-1, -2)                            # (B, Hq, T, M)
     t = -2.0 * scale * uq[..., :, None] * uk[..., None, :]         # (B, Hq, T, M)
 
-    if bank_lengths is None:
-        lengths = torch.full((B,), M, dtype=torch.int64, device=q.device)
-    else:
-        lengths = bank_lengths.to(device=q.device, dtype=torch.int64)
-    valid = torch.arange(M, device=q.device)[None, :] < lengths[:, None]      # (B, M)
     has_bank = lengths > 0
     # empty rows: soft-max over everything (finite, so no NaN reaches autograd) and zero the result
     mask = (valid | ~has_bank[:, None])[:, None, None, :]                      # (B, 1, 1, M)
