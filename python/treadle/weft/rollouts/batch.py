@@ -1,0 +1,189 @@
+"""The build and batch layers: names and config -> objects; concurrent rollouts into a run folder.
+
+Run folder: ``config.json`` (the resolved :class:`SampleConfig`), ``trajectories.jsonl`` (one
+:class:`~treadle.weft.rollouts.records.Trajectory` per line, appended and flushed per record).
+A rerun skips the keys already saved and refuses to mix runs whose config differs. A rollout that
+raises is written as a failed trajectory (``failure`` set); it never cancels its siblings.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from treadle.weft.rollouts import harnesses as _h, policies as _p, views as _v  # noqa: F401  (registration)
+from treadle.weft.rollouts.records import Trajectory
+from treadle.weft.rollouts.registry import HARNESSES, POLICIES, VIEWS
+from treadle.weft.rollouts.rollout import METHODS, ROLLOUTS, Env, Setup, trajectory_key
+from treadle.weft.rollouts.tasks import RolloutTask
+
+TRAJECTORIES = "trajectories.jsonl"
+
+
+class ConfigMismatchError(ValueError):
+    """The run folder holds a different config (resume would mix runs)."""
+
+
+class Component(BaseModel):
+    """A registered component as stored in the run folder: ``{name, args}``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class SampleConfig(BaseModel):
+    """One rejection-sampling batch: components, methods, retry budgets ``ks``, seed, concurrency."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    view: Component = Component(name="agentic")
+    harness: Component = Component(name="hermes")
+    policy: Component = Component(name="replay")
+    methods: tuple[str, ...] = ("prefix",)
+    ks: tuple[int, ...] = (1,)
+    seed: int = 0
+    max_steps: int = Field(8, description="Model calls per attempt of one turn (cap).")
+    concurrency: int = Field(4, description="Rollouts in flight at once.")
+
+    @field_validator("ks")
+    @classmethod
+    def _ks(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v or any(not isinstance(k, int) or k < 1 for k in v):
+            raise ValueError(f"every k (attempts per turn / per task) must be an int >= 1, got {list(v)}")
+        return v
+
+    @field_validator("methods")
+    @classmethod
+    def _methods(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [m for m in v if m not in METHODS]
+        if not v or bad:
+            raise ValueError(f"methods must be some of {list(METHODS)}, got {list(v)}")
+        return v
+
+    @field_validator("max_steps", "concurrency")
+    @classmethod
+    def _positive(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"must be >= 1, got {v}")
+        return v
+
+
+def build_setup(cfg: SampleConfig, *, client: Any = None) -> Setup:
+    """Components from names (UnknownComponentError / TypeError / ValueError before any rollout)."""
+    view = VIEWS.build(cfg.view.name, **cfg.view.args)
+    harness = HARNESSES.build(cfg.harness.name, **cfg.harness.args)
+    pargs = dict(cfg.policy.args)
+    if cfg.policy.name == "llm":
+        if client is None:
+            raise ValueError("the llm policy needs an LLMClient (CLI: --llm-config)")
+        pargs["client"] = client
+    policy = POLICIES.build(cfg.policy.name, **pargs)
+    return Setup(view=view, harness=harness, policy=policy, max_steps=cfg.max_steps, seed=cfg.seed)
+
+
+async def shop_env(rt: Any) -> Env:
+    """Register the shop server and read its tools."""
+    from treadle.weft.envs import shop
+
+    h = rt.register(shop)
+    snap = shop.initial_snapshot()
+    sid = await rt.create_session(h, snap)
+    try:
+        tools = tuple(await rt.list_tools(sid))
+    finally:
+        await rt.close(sid)
+    return Env(server_hash=h, snapshot=snap, tools=tools)
+
+
+ENVS = {"shop": shop_env}
+
+
+def read_trajectories(path: str | Path) -> list[Trajectory]:
+    """Trajectories of a JSONL file (a torn last line from a killed run is skipped)."""
+    out = []
+    p = Path(path)
+    if not p.exists():
+        return out
+    for line in p.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(Trajectory.model_validate_json(line))
+        except ValueError:
+            continue
+    return out
+
+
+async def sample_async(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: SampleConfig, *, client: Any = None,
+                       console: Any = None) -> list[Trajectory]:
+    """Run every (task, method, k) rollout not yet in ``run_dir``; return all trajectories of the run."""
+    from treadle.weft.runtime import Runtime
+
+    setup = build_setup(cfg, client=client)
+    for t in tasks:  # typed errors before the batch
+        if not isinstance(t, RolloutTask):
+            raise TypeError(f"tasks must be RolloutTask, got {type(t).__name__}")
+        t.ordered()
+        if t.env not in ENVS:
+            raise ValueError(f"task {t.name!r}: unknown env {t.env!r}; expected one of {sorted(ENVS)}")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg_path = run_dir / "config.json"
+    doc = cfg.model_dump(mode="json")
+    if cfg_path.exists():
+        old = json.loads(cfg_path.read_text(encoding="utf-8"))
+        if old != doc:
+            diff = sorted(k for k in set(old) | set(doc) if old.get(k) != doc.get(k))
+            raise ConfigMismatchError(f"{cfg_path} holds another config (differs in {diff}); use a new run folder")
+    else:
+        tmp = cfg_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+        tmp.replace(cfg_path)
+    out_path = run_dir / TRAJECTORIES
+    done = {t.key for t in read_trajectories(out_path)}
+    jobs = [(t, m, k) for t in tasks for m in cfg.methods for k in cfg.ks
+            if trajectory_key(t, m, k, setup) not in done]
+    lock = anyio.Lock()
+    limiter = anyio.CapacityLimiter(cfg.concurrency)
+    progress = None
+    if console is not None:
+        from rich.progress import Progress
+
+        progress = Progress(console=console, transient=True)
+        bar = progress.add_task("rollouts", total=len(jobs))
+        progress.start()
+    try:
+        async with Runtime() as rt:
+            envs = {name: await ENVS[name](rt) for name in {t.env for t in tasks}}
+            with out_path.open("a", encoding="utf-8") as fh:
+                async def one(task: RolloutTask, method: str, k: int) -> None:
+                    async with limiter:
+                        env = envs[task.env]
+                        try:
+                            tr = await ROLLOUTS[method](rt, env, task, k, setup)
+                        except Exception as err:  # noqa: BLE001  (recorded; siblings go on)
+                            from treadle.weft.rollouts.rollout import _trajectory
+
+                            tr = _trajectory(task, env, method, k, setup, [], [], [], [], False,
+                                             failure=f"{type(err).__name__}: {err}"[:1000])
+                        async with lock:
+                            fh.write(tr.model_dump_json() + "\n")
+                            fh.flush()
+                            if progress is not None:
+                                progress.advance(bar)
+
+                async with anyio.create_task_group() as tg:
+                    for job in jobs:
+                        tg.start_soon(one, *job)
+    finally:
+        if progress is not None:
+            progress.stop()
+    return read_trajectories(out_path)
+
+
+def sample(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: SampleConfig, *, client: Any = None,
+           console: Any = None) -> list[Trajectory]:
+    """Synchronous :func:`sample_async` (its own event loop: call from plain code, not from async)."""
+    return anyio.run(lambda: sample_async(run_dir, tasks, cfg, client=client, console=console))

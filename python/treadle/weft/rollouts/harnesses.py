@@ -1,0 +1,201 @@
+"""Harnesses: how the model is wired to tools (seed: WEFT 4.1, "harness" in the WEFT sense).
+
+Each harness renders the conversation for the model's chat template (tools always passed to it),
+has ONE tolerant parser used for data generation, training and evaluation alike, and says how a
+call and a tool result look in the history. ``parser`` and ``tolerance`` are stored in every
+trajectory. An unparseable span becomes a :class:`ParseFailure` (a policy error, shown to the model
+as an observation), a made-up tool name is dispatched and comes back ``unknown_tool``: never a crash.
+
+Adding a harness is one class registered with ``@HARNESSES.register("name")``. OpenClaw (the
+paper's third harness) is not reproduced here.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from treadle.llm.records import ToolCall as NativeCall
+from treadle.weft.callparse import ToolCall
+from treadle.weft.rollouts.records import ParsedCall, ParsedStep, ParseFailure, PolicyOutput
+from treadle.weft.rollouts.registry import HARNESSES
+
+
+@runtime_checkable
+class Harness(Protocol):
+    name: str
+    parser: ClassVar[str]
+    tolerance: ClassVar[str]
+    native_tools: ClassVar[bool]
+
+    def instructions(self, tools: Sequence[dict]) -> str: ...
+    def parse(self, out: PolicyOutput) -> ParsedStep: ...
+    def assistant_message(self, out: PolicyOutput) -> dict[str, Any]: ...
+    def tool_messages(self, calls: Sequence[ParsedCall], texts: Sequence[str]) -> list[dict[str, Any]]: ...
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> PolicyOutput: ...
+    def render_malformed(self, call: ToolCall) -> PolicyOutput: ...
+
+
+def openai_tools(tools: Sequence[dict]) -> list[dict]:
+    """Runtime tool definitions (name, description, input_schema) -> OpenAI tool specs."""
+    return [{"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
+                                              "parameters": t.get("input_schema", {"type": "object"})}}
+            for t in tools]
+
+
+def _args_obj(raw: Any) -> dict[str, Any]:
+    """Tolerant arguments: a dict, a JSON object string, '' / None (no arguments). Raises ValueError otherwise."""
+    if raw is None or raw == "":
+        return {}
+    if isinstance(raw, str):
+        raw = json.loads(_unfence(raw))
+    if not isinstance(raw, dict):
+        raise ValueError(f"arguments must be a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def _unfence(s: str) -> str:
+    s = s.strip()
+    m = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", s, flags=re.S)
+    return m.group(1) if m else s
+
+
+class _TextHarness:
+    native_tools: ClassVar[bool] = False
+
+    def assistant_message(self, out: PolicyOutput) -> dict[str, Any]:
+        return {"role": "assistant", "content": out.text}
+
+
+@HARNESSES.register("hermes")
+class HermesHarness(_TextHarness):
+    """Hermes / Qwen style: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks in the text;
+    results come back as ``tool`` messages (the chat template wraps them in ``<tool_response>``)."""
+
+    parser: ClassVar[str] = "hermes-json-v1"
+    tolerance: ClassVar[str] = ("missing closing tag at end of text; ```json fences; 'parameters' for 'arguments'; "
+                                "arguments as a JSON string; whitespace")
+    _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.S)
+
+    def instructions(self, tools: Sequence[dict]) -> str:
+        return ("To call a tool, write <tool_call>{\"name\": <tool>, \"arguments\": <object>}</tool_call>; "
+                "several blocks call several tools. Without a tool call, your text is the reply to the user.")
+
+    def parse(self, out: PolicyOutput) -> ParsedStep:
+        calls, fails = [], []
+        for i, m in enumerate(self._BLOCK.finditer(out.text)):
+            raw = m.group(1)
+            try:
+                obj = json.loads(_unfence(raw))
+                if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+                    raise ValueError("expected an object with a string 'name'")
+                calls.append(ParsedCall(id=f"call_{i}", name=obj["name"],
+                                        arguments=_args_obj(obj.get("arguments", obj.get("parameters")))))
+            except (ValueError, TypeError) as err:
+                fails.append(ParseFailure(raw=raw[:500], message=f"{type(err).__name__}: {err}"))
+        reply = self._BLOCK.sub("", out.text).strip()
+        return ParsedStep(calls=tuple(calls), failures=tuple(fails), reply=reply)
+
+    def tool_messages(self, calls: Sequence[ParsedCall], texts: Sequence[str]) -> list[dict[str, Any]]:
+        return [{"role": "tool", "name": c.name, "content": t} for c, t in zip(calls, texts)]
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> PolicyOutput:
+        blocks = "\n".join("<tool_call>\n" + json.dumps({"name": c.name, "arguments": c.arguments}) + "\n</tool_call>"
+                           for c in calls)
+        return PolicyOutput(text=(text + "\n" + blocks).strip() if blocks else text)
+
+    def render_malformed(self, call: ToolCall) -> PolicyOutput:
+        return PolicyOutput(text="<tool_call>\n{\"name\": \"" + call.name + "\", \"arguments\": {" + "\n</tool_call>")
+
+
+@HARNESSES.register("react")
+class ReActHarness(_TextHarness):
+    """ReAct text: ``Thought: ...`` / ``Action: <tool>`` / ``Action Input: <JSON object>``; observations
+    return as user messages ``Observation: ...``; ``Final Answer: ...`` (or no Action) is the reply."""
+
+    parser: ClassVar[str] = "react-v1"
+    tolerance: ClassVar[str] = ("case-insensitive keys; several Action blocks; empty or missing Action Input = {}; "
+                                "```json fences; 'Final Answer:' optional")
+    _ACTION = re.compile(r"^\s*Action\s*:\s*(.*?)\s*$\n?(?:^\s*Action\s+Input\s*:\s*(.*?)"
+                         r"(?=^\s*(?:Action\s*:|Thought\s*:|Observation\s*:|Final\s+Answer\s*:)|\Z))?",
+                         re.I | re.M | re.S)
+
+    def instructions(self, tools: Sequence[dict]) -> str:
+        return ("Answer in this format: 'Thought: <reasoning>' then either 'Action: <tool name>' and "
+                "'Action Input: <JSON object>' (the result comes back as 'Observation: ...'), or "
+                "'Final Answer: <reply to the user>'.")
+
+    def parse(self, out: PolicyOutput) -> ParsedStep:
+        calls, fails = [], []
+        for i, m in enumerate(self._ACTION.finditer(out.text)):
+            name, raw = m.group(1).strip(), (m.group(2) or "").strip()
+            if not re.fullmatch(r"[A-Za-z_][\w.\-]*", name):
+                fails.append(ParseFailure(raw=m.group(0)[:500], message=f"Action {name!r} is not a tool name"))
+                continue
+            try:
+                calls.append(ParsedCall(id=f"call_{i}", name=name, arguments=_args_obj(raw)))
+            except (ValueError, TypeError) as err:
+                fails.append(ParseFailure(raw=m.group(0)[:500], message=f"Action Input: {type(err).__name__}: {err}"))
+        fa = re.search(r"Final\s+Answer\s*:\s*(.*)\Z", out.text, re.I | re.S)
+        reply = fa.group(1).strip() if fa else ("" if calls or fails else
+                                                re.sub(r"^\s*Thought\s*:.*$", "", out.text, flags=re.I | re.M).strip())
+        return ParsedStep(calls=tuple(calls), failures=tuple(fails), reply=reply)
+
+    def tool_messages(self, calls: Sequence[ParsedCall], texts: Sequence[str]) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": "\n".join(f"Observation: {t}" for t in texts)}] if texts else []
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> PolicyOutput:
+        if not calls:
+            return PolicyOutput(text=f"Thought: done.\nFinal Answer: {text}")
+        acts = "\n".join(f"Action: {c.name}\nAction Input: {json.dumps(c.arguments)}" for c in calls)
+        return PolicyOutput(text=f"Thought: I will call {', '.join(c.name for c in calls)}.\n{acts}")
+
+    def render_malformed(self, call: ToolCall) -> PolicyOutput:
+        return PolicyOutput(text=f"Thought: calling {call.name}.\nAction: {call.name}\nAction Input: {{'oops': ")
+
+
+@HARNESSES.register("native")
+class NativeHarness:
+    """Native OpenAI tool calls: the endpoint returns ``tool_calls``; results are ``tool`` messages with
+    ``tool_call_id``; the text is the reply."""
+
+    parser: ClassVar[str] = "openai-tool-calls-v1"
+    tolerance: ClassVar[str] = "empty arguments = {}; ```json fences around the arguments string"
+    native_tools: ClassVar[bool] = True
+
+    def instructions(self, tools: Sequence[dict]) -> str:
+        return ""
+
+    def parse(self, out: PolicyOutput) -> ParsedStep:
+        calls, fails = [], []
+        for tc in out.tool_calls:
+            try:
+                calls.append(ParsedCall(id=tc.id, name=tc.name, arguments=_args_obj(tc.arguments)))
+            except (ValueError, TypeError) as err:
+                fails.append(ParseFailure(raw=f"{tc.name}({tc.arguments[:400]})", message=f"{type(err).__name__}: {err}"))
+        return ParsedStep(calls=tuple(calls), failures=tuple(fails), reply=out.text.strip())
+
+    def assistant_message(self, out: PolicyOutput) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": "assistant", "content": out.text}
+        if out.tool_calls:
+            msg["tool_calls"] = [{"id": t.id, "type": "function",
+                                  "function": {"name": t.name, "arguments": t.arguments}} for t in out.tool_calls]
+        return msg
+
+    def tool_messages(self, calls: Sequence[ParsedCall], texts: Sequence[str]) -> list[dict[str, Any]]:
+        return [{"role": "tool", "tool_call_id": c.id, "name": c.name, "content": t} for c, t in zip(calls, texts)]
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> PolicyOutput:
+        tcs = tuple(NativeCall(id=f"call_{i}", name=c.name, arguments=json.dumps(c.arguments))
+                    for i, c in enumerate(calls))
+        return PolicyOutput(text=text, tool_calls=tcs, finish_reason="tool_calls" if tcs else "stop")
+
+    def render_malformed(self, call: ToolCall) -> PolicyOutput:
+        return PolicyOutput(tool_calls=(NativeCall(id="call_0", name=call.name, arguments='{"oops": '),),
+                            finish_reason="tool_calls")
+
+
+def harness_label(h: Harness) -> dict[str, Any]:
+    """``{name, parser, tolerance}`` stored in every trajectory."""
+    return {"name": h.name, "parser": h.parser, "tolerance": h.tolerance}

@@ -1,0 +1,154 @@
+"""Policies: who writes the assistant turns.
+
+- ``llm``: any role of :class:`treadle.llm.LLMClient` (OpenAI-compatible endpoint, the local
+  server); endpoint failures (timeouts, garbage) come back as a :class:`PolicyOutput` with
+  ``finish_reason="error"`` (a recorded failure), never an exception.
+- ``replay``: plays the atomic task's reference (gold) calls through the harness, with seeded
+  perturbations at chosen rates: ``wrong_argument``, ``skipped_call``, ``extra_call`` (the call is
+  repeated), ``malformed_call`` and ``made_up_tool`` (both followed by the right call: a recovered
+  error). Every step is labelled with its perturbations. Deterministic in ``(seed, task, atomic, attempt)``.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from treadle.weft.callparse import ToolCall
+from treadle.weft.rollouts.harnesses import Harness
+from treadle.weft.rollouts.records import PolicyOutput
+from treadle.weft.rollouts.registry import POLICIES
+from treadle.weft.rollouts.tasks import AtomicTask, RolloutTask
+
+PERTURBATIONS = ("wrong_argument", "skipped_call", "extra_call", "malformed_call", "made_up_tool")
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """Where a policy is asked to act: task, atomic task, its index, attempt, step, run seed."""
+
+    task: RolloutTask
+    atomic: AtomicTask
+    index: int
+    attempt: int
+    step: int
+    seed: int
+
+
+@runtime_checkable
+class Policy(Protocol):
+    name: str
+
+    def args(self) -> dict[str, Any]: ...
+    async def act(self, messages: Sequence[dict], tools: Sequence[dict], harness: Harness,
+                  ctx: PolicyContext) -> PolicyOutput: ...
+
+
+@POLICIES.register("llm")
+class LLMPolicy:
+    """A role of an :class:`~treadle.llm.LLMClient` (the caller owns the client's lifetime)."""
+
+    def __init__(self, client: Any, role: str = "policy", tag: str = "weft-rollouts"):
+        self.client, self.role, self.tag = client, role, tag
+
+    def args(self) -> dict[str, Any]:
+        return {"role": self.role}
+
+    async def act(self, messages, tools, harness, ctx):
+        from treadle.llm import LLMCallError
+
+        try:
+            r = await self.client.chat(list(messages), role=self.role, tag=self.tag,
+                                       tools=list(tools) if harness.native_tools else None,
+                                       sample_index=ctx.attempt)
+        except LLMCallError as err:
+            f = err.failure
+            return PolicyOutput(finish_reason="error", error=f"{f.kind.value}: {f.message}"[:500])
+        except Exception as err:  # noqa: BLE001  (a rollout records the failure; the batch goes on)
+            return PolicyOutput(finish_reason="error", error=f"{type(err).__name__}: {err}"[:500])
+        return PolicyOutput(text=r.text, tool_calls=r.tool_calls, finish_reason=r.finish_reason,
+                            token_ids=r.token_ids)
+
+
+def _mutate(call: ToolCall) -> ToolCall:
+    if not call.arguments:
+        return ToolCall(name=call.name, arguments={"unexpected": 1})
+    key = sorted(call.arguments)[0]
+    v = call.arguments[key]
+    if isinstance(v, bool):
+        w: Any = not v
+    elif isinstance(v, (int, float)):
+        w = v + 7
+    elif isinstance(v, str):
+        w = "wrong-" + v
+    else:
+        w = []
+    return ToolCall(name=call.name, arguments={**call.arguments, key: w})
+
+
+@POLICIES.register("replay")
+class ReplayPolicy:
+    """Reference calls with seeded perturbations at ``rates`` (each in [0, 1], summing to <= 1)."""
+
+    def __init__(self, rates: dict[str, float] | None = None, seed: int = 0):
+        rates = dict(rates or {})
+        bad = sorted(set(rates) - set(PERTURBATIONS))
+        if bad:
+            raise ValueError(f"unknown perturbation(s) {bad}; expected some of {list(PERTURBATIONS)}")
+        if any(not isinstance(v, (int, float)) or not 0 <= v <= 1 for v in rates.values()) or sum(rates.values()) > 1:
+            raise ValueError(f"perturbation rates must be in [0, 1] and sum to <= 1, got {rates}")
+        self.rates, self.seed = rates, seed
+
+    def args(self) -> dict[str, Any]:
+        return {"rates": dict(sorted(self.rates.items())), "seed": self.seed}
+
+    def plan(self, harness: Harness, ctx: PolicyContext) -> list[PolicyOutput]:
+        """Every step of this attempt (the last one is the reply without calls)."""
+        h = hashlib.sha256(f"{self.seed}|{ctx.seed}|{ctx.task.name}|{ctx.atomic.name}|{ctx.attempt}".encode())
+        rng = random.Random(int.from_bytes(h.digest()[:8], "big"))
+        steps: list[PolicyOutput] = []
+        batch: list[ToolCall] = []
+        labels: list[str] = []
+
+        def flush() -> None:
+            if batch:
+                steps.append(harness.render(batch).model_copy(update={"perturbations": tuple(labels)}))
+                batch.clear()
+                labels.clear()
+
+        for call in ctx.atomic.checkpoint.gold_calls or []:
+            u, acc, p = rng.random(), 0.0, None
+            for name in PERTURBATIONS:
+                acc += self.rates.get(name, 0.0)
+                if u < acc:
+                    p = name
+                    break
+            if p == "skipped_call":
+                labels.append(p)
+            elif p == "wrong_argument":
+                batch.append(_mutate(call))
+                labels.append(p)
+            elif p == "extra_call":
+                batch.extend([call, call])
+                labels.append(p)
+            elif p in ("malformed_call", "made_up_tool"):
+                flush()
+                bad = (harness.render_malformed(call) if p == "malformed_call"
+                       else harness.render([ToolCall(name=call.name + "_v2", arguments=call.arguments)]))
+                steps.append(bad.model_copy(update={"perturbations": (p,)}))
+                batch.append(call)
+            else:
+                batch.append(call)
+        final = harness.render([], f"Done with {ctx.atomic.name}.")
+        if batch:
+            flush()
+        elif labels:  # only skipped calls left: the label goes on the reply
+            final = final.model_copy(update={"perturbations": tuple(labels)})
+        steps.append(final)
+        return steps
+
+    async def act(self, messages, tools, harness, ctx):
+        steps = self.plan(harness, ctx)
+        return steps[min(ctx.step, len(steps) - 1)]

@@ -1,0 +1,201 @@
+"""The execute layer: one turn, one prefix-preserving rollout, one end-to-end rollout (no files).
+
+Seed: WEFT 4.1, prefix-preserving rejection sampling. The unit of rejection is one atomic-task
+turn. Turns run in dependency order. Each attempt runs in a fork of the turn-start session (a
+copy of the runtime's state at the turn start, no replay of earlier calls); an accepted attempt's
+session and messages become the new prefix, a failed one is closed and discarded, and only that
+turn is re-sampled, at most ``k`` times. End-to-end rejection sampling (for comparison) reruns
+the whole task from the initial snapshot up to ``k`` times and keeps a run only if every
+checkpoint passes.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from treadle.weft.rollouts.harnesses import Harness, harness_label, openai_tools
+from treadle.weft.rollouts.policies import Policy, PolicyContext
+from treadle.weft.rollouts.records import CallRecord, ParsedCall, Step, Trajectory, TurnAttempt
+from treadle.weft.rollouts.tasks import AtomicTask, RolloutTask
+from treadle.weft.rollouts.views import View
+from treadle.weft.runtime import Runtime, ToolOutcome
+from treadle.weft.state import Snapshot
+
+Method = Literal["prefix", "end_to_end"]
+METHODS: tuple[Method, ...] = ("prefix", "end_to_end")
+
+
+@dataclass(frozen=True)
+class Env:
+    """A registered server, its initial snapshot and its tool definitions (runtime form)."""
+
+    server_hash: str
+    snapshot: Snapshot
+    tools: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Already-built components of a rollout."""
+
+    view: View
+    harness: Harness
+    policy: Policy
+    max_steps: int = 8
+    seed: int = 0
+
+
+def system_message(env: Env, harness: Harness) -> dict[str, Any]:
+    text = "You are a support agent. Use the tools to do what the user asks."
+    extra = harness.instructions(env.tools)
+    if extra:  # text harnesses: the tool list is also given in text (endpoints do not render it)
+        extra += "\nTools:\n" + "\n".join(json.dumps(t) for t in openai_tools(env.tools))
+    return {"role": "system", "content": text + ("\n" + extra if extra else "")}
+
+
+async def run_turn(rt: Runtime, sid: str, start: Snapshot, env: Env, task: RolloutTask, atomic: AtomicTask,
+                   index: int, attempt: int, history: Sequence[dict], s: Setup) -> TurnAttempt:
+    """Run one attempt of one atomic task in session ``sid`` (whose state is ``start``) and judge it."""
+    msgs: list[dict[str, Any]] = list(s.view.turn_start(task, atomic, index))
+    steps: list[Step] = []
+    outcomes: list[ToolOutcome] = []
+    tools = openai_tools(env.tools)
+    exchange, done, verdict, truncated, ended = 0, False, None, False, False
+    for step in range(s.max_steps):
+        ctx = PolicyContext(task=task, atomic=atomic, index=index, attempt=attempt, step=step, seed=s.seed)
+        out = await s.policy.act([*history, *msgs], tools, s.harness, ctx)
+        if out.finish_reason == "error":
+            steps.append(Step(output=out))
+            ended = True
+            break
+        msgs.append(s.harness.assistant_message(out))
+        if out.finish_reason == "length":  # cut turn: masked and flagged, nothing dispatched
+            steps.append(Step(output=out))
+            truncated = ended = True
+            break
+        parsed = s.harness.parse(out)
+        records, texts, answered = [], [], []
+        for c in parsed.calls:
+            o = await rt.call_tool(sid, c.name, c.arguments)
+            outcomes.append(o)
+            records.append(CallRecord(name=c.name, arguments=c.arguments, ok=o.ok,
+                                      error_kind=o.error_kind.value if o.error_kind else None, text=o.text[:2000]))
+            texts.append(o.text if o.ok else f"Error ({o.error_kind.value}): {o.text}")
+            answered.append(c)
+        for i, f in enumerate(parsed.failures):
+            records.append(CallRecord(name="<unparsed>", arguments={"raw": f.raw}, ok=False,
+                                      error_kind="unparseable", text=f.message))
+            texts.append(f"Error (unparseable tool call): {f.message}")
+            native_id = out.tool_calls[len(parsed.calls) + i].id if len(out.tool_calls) > len(parsed.calls) + i else ""
+            answered.append(ParsedCall(id=native_id or f"bad_{i}", name="<unparsed>"))
+        steps.append(Step(output=out, calls=tuple(records), parse_failures=parsed.failures))
+        if answered:
+            msgs.extend(s.harness.tool_messages(answered, texts))
+            continue
+        verdict = await rt.verify_turn(sid, start, atomic.checkpoint, outcomes)
+        done = verdict.r == 1
+        follow = s.view.after_reply(task, atomic, parsed.reply, done, exchange)
+        if follow is None:
+            ended = True
+            break
+        msgs.extend(follow)
+        exchange += 1
+    if verdict is None or not ended:
+        verdict = await rt.verify_turn(sid, start, atomic.checkpoint, outcomes)
+    r = verdict.r if not truncated and not (steps and steps[-1].output.finish_reason == "error") else 0
+    reasons = tuple(x.value for x in verdict.reasons)
+    if steps and steps[-1].output.finish_reason == "error":
+        reasons += ("policy_endpoint_error",)
+    if truncated:
+        reasons += ("finish_reason_length",)
+    return TurnAttempt(atomic=atomic.name, attempt=attempt, messages=tuple(msgs), steps=tuple(steps), r=r,
+                       reasons=reasons, stalled=not ended, policy_calls=len(steps), truncated=truncated)
+
+
+def trajectory_key(task: RolloutTask, method: str, k: int, s: Setup) -> str:
+    doc = {"task": task.key, "method": method, "k": k, "seed": s.seed, "max_steps": s.max_steps,
+           "view": [s.view.name, s.view.args()], "harness": s.harness.name, "policy": [s.policy.name, s.policy.args()]}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def _trajectory(task, env, method, k, s, messages, attempts, selected, rewards, accepted, failure=None) -> Trajectory:
+    return Trajectory(key=trajectory_key(task, method, k, s), task=task.name, task_key=task.key, env=task.env,
+                      method=method, k=k, seed=s.seed, view={"name": s.view.name, "args": s.view.args()},
+                      harness=harness_label(s.harness), policy={"name": s.policy.name, "args": s.policy.args()},
+                      tools=tuple(openai_tools(env.tools)), messages=tuple(messages), attempts=tuple(attempts),
+                      selected=tuple(selected),
+                      rewards=tuple(rewards), reward=trajectory_reward_of(rewards, len(task.atomic)),
+                      accepted=accepted, policy_calls=sum(a.policy_calls for a in attempts), failure=failure)
+
+
+def trajectory_reward_of(rewards: Sequence[int], n: int) -> float:
+    """``R = mean_k r_k`` over all ``n`` atomic tasks (a turn never reached counts 0)."""
+    return float(sum(rewards)) / n if n else 0.0
+
+
+async def prefix_rollout(rt: Runtime, env: Env, task: RolloutTask, k: int, s: Setup) -> Trajectory:
+    """Prefix-preserving rejection sampling of one task (at most ``k`` attempts per turn)."""
+    order = task.ordered()
+    history: list[dict[str, Any]] = [system_message(env, s.harness)]
+    attempts: list[TurnAttempt] = []
+    rewards: list[int] = []
+    selected: list[int] = []
+    sid = await rt.create_session(env.server_hash, env.snapshot)
+    try:
+        for idx, atomic in enumerate(order):
+            start = rt.snapshot(sid)
+            for a in range(k):
+                trial = await rt.fork(sid)
+                try:
+                    ta = await run_turn(rt, trial, start, env, task, atomic, idx, a, history, s)
+                except BaseException:
+                    await rt.close(trial)
+                    raise
+                attempts.append(ta)
+                if ta.r == 1:
+                    selected.append(len(attempts) - 1)
+                    await rt.close(sid)
+                    sid = trial
+                    history.extend(ta.messages)
+                    break
+                await rt.close(trial)
+            else:
+                rewards.append(0)
+                break
+            rewards.append(1)
+    finally:
+        await rt.close(sid)
+    ok = len(rewards) == len(order) and all(rewards)
+    return _trajectory(task, env, "prefix", k, s, history, attempts, selected, rewards, ok)
+
+
+async def end_to_end_rollout(rt: Runtime, env: Env, task: RolloutTask, k: int, s: Setup) -> Trajectory:
+    """End-to-end rejection sampling: up to ``k`` whole runs from the initial snapshot; keep the first
+    whose checkpoints all pass (else the last run, not accepted)."""
+    order = task.ordered()
+    attempts: list[TurnAttempt] = []
+    history: list[dict[str, Any]] = []
+    rewards: list[int] = []
+    for a in range(k):
+        history = [system_message(env, s.harness)]
+        rewards = []
+        sid = await rt.create_session(env.server_hash, env.snapshot)
+        try:
+            for idx, atomic in enumerate(order):
+                ta = await run_turn(rt, sid, rt.snapshot(sid), env, task, atomic, idx, a, history, s)
+                attempts.append(ta)
+                history.extend(ta.messages)
+                rewards.append(ta.r)
+        finally:
+            await rt.close(sid)
+        if all(rewards):
+            break
+    selected = list(range(len(attempts) - len(rewards), len(attempts)))
+    return _trajectory(task, env, "end_to_end", k, s, history, attempts, selected, rewards,
+                       bool(rewards) and all(rewards))
+
+
+ROLLOUTS = {"prefix": prefix_rollout, "end_to_end": end_to_end_rollout}
