@@ -63,7 +63,7 @@ async def run_turn(rt: Runtime, sid: str, start: Snapshot, env: Env, task: Rollo
     steps: list[Step] = []
     outcomes: list[ToolOutcome] = []
     tools = openai_tools(env.tools)
-    exchange, done, verdict, truncated, ended = 0, False, None, False, False
+    exchange, done, verdict, truncated, ended, capped = 0, False, None, False, False, False
     for step in range(s.max_steps):
         ctx = PolicyContext(task=task, atomic=atomic, index=index, attempt=attempt, step=step, seed=s.seed)
         out = await s.policy.act([*history, *msgs], tools, s.harness, ctx)
@@ -100,6 +100,7 @@ async def run_turn(rt: Runtime, sid: str, start: Snapshot, env: Env, task: Rollo
         follow = s.view.after_reply(task, atomic, parsed.reply, done, exchange)
         if follow is None:
             ended = True
+            capped = not done and exchange + 1 >= getattr(s.view, "max_exchanges", float("inf"))
             break
         msgs.extend(follow)
         exchange += 1
@@ -112,7 +113,7 @@ async def run_turn(rt: Runtime, sid: str, start: Snapshot, env: Env, task: Rollo
     if truncated:
         reasons += ("finish_reason_length",)
     return TurnAttempt(atomic=atomic.name, attempt=attempt, messages=tuple(msgs), steps=tuple(steps), r=r,
-                       reasons=reasons, stalled=not ended, policy_calls=len(steps), truncated=truncated)
+                       reasons=reasons, stalled=capped or not ended, policy_calls=len(steps), truncated=truncated)
 
 
 def trajectory_key(task: RolloutTask, method: str, k: int, s: Setup) -> str:

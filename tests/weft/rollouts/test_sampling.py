@@ -1,0 +1,166 @@
+"""Prefix-preserving vs end-to-end rejection sampling, the resumable batch, and bad input."""
+import asyncio
+import json
+
+import pytest
+
+from treadle.llm import LLMClient, LLMConfig
+from treadle.weft.rollouts.batch import Component, ConfigMismatchError, SampleConfig, sample
+from treadle.weft.rollouts.harnesses import HermesHarness
+from treadle.weft.rollouts.metrics import selected_call_errors, summarize
+from treadle.weft.rollouts.policies import ReplayPolicy
+from treadle.weft.rollouts.registry import UnknownComponentError
+from treadle.weft.rollouts.rollout import Setup, prefix_rollout
+from treadle.weft.rollouts.tasks import AtomicTask, DependencyCycleError, RolloutTask, from_shop, replicate
+from treadle.weft.rollouts.views import AgenticView
+from treadle.weft.verify import CheckpointSpec, StateAssertion
+
+RATES = {"wrong_argument": 0.06, "skipped_call": 0.06, "extra_call": 0.06, "malformed_call": 0.06,
+         "made_up_tool": 0.06}
+
+
+class FailFirst:
+    """Replay with an extra (repeated) call on attempt 0 of ``atomic``: two orders instead of one."""
+
+    name = "fail-first"
+
+    def __init__(self, atomic):
+        self.atomic, self.bad, self.good = atomic, ReplayPolicy({"extra_call": 1.0}), ReplayPolicy()
+
+    def args(self):
+        return {}
+
+    async def act(self, messages, tools, harness, ctx):
+        p = self.bad if (ctx.atomic.name == self.atomic and ctx.attempt == 0) else self.good
+        return await p.act(messages, tools, harness, ctx)
+
+
+def test_failed_attempt_state_is_discarded_not_replayed(with_shop):
+    base = from_shop()[0]
+    count = AtomicTask(name="count-orders", request="How many orders are there?", depends_on=("ada-2-order",),
+                       checkpoint=CheckpointSpec(name="count-orders", gold_calls=[], assertions=[
+                           StateAssertion(sql="SELECT COUNT(*) FROM orders", expected=[[3]])]))
+    task = base.model_copy(update={"atomic": base.atomic[:2] + (count,)})
+
+    async def go(rt, env):
+        return await prefix_rollout(rt, env, task, 2, Setup(AgenticView(), HermesHarness(), FailFirst("ada-2-order")))
+    tr = with_shop(go)
+    assert [(a.atomic, a.attempt, a.r) for a in tr.attempts] == [
+        ("ada-1-lookup", 0, 1), ("ada-2-order", 0, 0), ("ada-2-order", 1, 1), ("count-orders", 0, 1)]
+    assert tr.accepted and tr.rewards == (1, 1, 1) and tr.selected == (0, 2, 3)
+    # the accepted conversation holds exactly one place_order (the discarded attempt's messages are gone)
+    assert sum(m["content"].count('"place_order"') for m in tr.messages if m["role"] == "assistant") == 1
+    assert tr.policy_calls == 2 + 2 + 2 + 1
+
+
+def _table(tmp_path):
+    cfg = SampleConfig(policy=Component(name="replay", args={"rates": RATES, "seed": 0}),
+                       methods=("prefix", "end_to_end"), ks=(1, 3, 5), concurrency=3)
+    trs = sample(tmp_path / "run", replicate(from_shop(), 4), cfg)
+    return {(r["method"], r["k"]): r for r in summarize(trs)}, trs
+
+
+def test_acceptance_table_is_deterministic_and_favours_prefix(tmp_path):
+    rows, trs = _table(tmp_path)
+    again, _ = _table(tmp_path / "again")
+    assert rows == again                                    # deterministic at a fixed perturbation rate
+    assert len(trs) == 8 * 3 * 2
+    # k = 1: both methods draw attempt 0 of every turn, so they accept the same trajectories
+    assert rows["prefix", 1]["accepted"] == rows["end_to_end", 1]["accepted"]
+    for k in (3, 5):
+        assert rows["prefix", k]["accepted"] >= rows["end_to_end", k]["accepted"]
+        assert rows["prefix", k]["accepted_per_call"] > rows["end_to_end", k]["accepted_per_call"]
+    assert rows["prefix", 1]["accepted"] <= rows["prefix", 3]["accepted"] <= rows["prefix", 5]["accepted"]
+    for t in trs:  # labels in every output
+        assert t.policy == {"name": "replay", "args": {"rates": RATES, "seed": 0}}
+        assert t.harness["parser"] == "hermes-json-v1" and t.harness["tolerance"]
+        assert t.accepted == (t.reward == 1.0)
+        if t.accepted:
+            assert [t.attempts[i].r for i in t.selected] == [1] * len(t.rewards)
+
+
+def test_tool_error_rate_counts_recovered_errors(tmp_path):
+    cfg = SampleConfig(policy=Component(name="replay", args={"rates": {"made_up_tool": 1.0}}))
+    trs = sample(tmp_path, from_shop()[1:], cfg)
+    (t,) = trs
+    assert t.accepted  # every made-up call was followed by the right one
+    bad, n = selected_call_errors(t)
+    assert (bad, n) == (4, 8)  # 4 gold calls, each preceded by one unknown_tool call
+    errs = [c.error_kind for i in t.selected for st in t.attempts[i].steps for c in st.calls if not c.ok]
+    assert errs == ["unknown_tool"] * 4
+    assert summarize(trs)[0]["tool_error_rate_selected"] == 0.5
+
+
+def test_rerun_resumes_and_config_change_refuses(tmp_path):
+    cfg = SampleConfig(ks=(1, 2))
+    first = sample(tmp_path, from_shop(), cfg)
+    lines = (tmp_path / "trajectories.jsonl").read_text().splitlines()
+    assert len(first) == len(lines) == 4
+    with (tmp_path / "trajectories.jsonl").open("a") as fh:
+        fh.write('{"torn": ')  # a killed run's last line
+    again = sample(tmp_path, from_shop(), cfg)
+    assert [t.key for t in again] == [t.key for t in first]
+    with pytest.raises(ConfigMismatchError, match="ks"):
+        sample(tmp_path, from_shop(), SampleConfig(ks=(1, 3)))
+
+
+@pytest.mark.parametrize("make, err, match", [
+    (lambda: SampleConfig(ks=(0,)), ValueError, "k .* >= 1"),
+    (lambda: SampleConfig(methods=("best",)), ValueError, "methods"),
+    (lambda: sample("unused", from_shop(), SampleConfig(harness=Component(name="xml"))), UnknownComponentError,
+     "unknown harness 'xml'"),
+    (lambda: sample("unused", [RolloutTask(name="c", env="shop", atomic=(
+        AtomicTask(name="a", request="x", depends_on=("a",), checkpoint=CheckpointSpec(name="a")),))],
+        SampleConfig()), DependencyCycleError, "cycle"),
+    (lambda: sample("unused", from_shop(), SampleConfig(policy=Component(name="replay", args={"rates": {"typo": .1}}))),
+     ValueError, "unknown perturbation"),
+])
+def test_bad_input_fails_before_the_batch(tmp_path, monkeypatch, make, err, match):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(err, match=match):
+        make()
+    assert not (tmp_path / "unused").exists()
+
+
+class Backend:
+    """A scripted endpoint: garbage, a timeout, or one Hermes call then a reply."""
+
+    recorded = False
+
+    def __init__(self, mode):
+        self.mode = mode
+
+    async def aclose(self):
+        pass
+
+    async def send(self, cfg, kind, payload, key):
+        if self.mode == "garbage":
+            return {"not": "a completion"}
+        if self.mode == "timeout":
+            raise asyncio.TimeoutError()
+        last = payload["messages"][-1]
+        text = ("All done." if last["role"] == "tool" else
+                '<tool_call>{"name": "find_customer", "arguments": {"email": "ada@example.com"}}</tool_call>')
+        return {"model": cfg.model, "choices": [{"message": {"role": "assistant", "content": text},
+                                                 "finish_reason": "stop"}], "usage": {}}
+
+
+@pytest.mark.parametrize("mode", ["garbage", "timeout", "ok"])
+def test_llm_policy_failures_are_records(tmp_path, mode):
+    cfg_llm = LLMConfig.single("m", roles=("policy",), max_retries=0)
+
+    async def go():
+        from treadle.weft.rollouts.batch import sample_async
+
+        async with LLMClient(cfg_llm, backend=Backend(mode)) as client:
+            return await sample_async(tmp_path, from_shop(), SampleConfig(policy=Component(name="llm")), client=client)
+    trs = asyncio.run(go())
+    assert len(trs) == 2 and all(t.failure is None for t in trs)  # not crashed rollouts: recorded policy failures
+    first = trs[0].attempts[0]
+    if mode == "ok":
+        assert first.steps[0].calls[0].name == "find_customer" and first.steps[0].calls[0].ok
+        assert first.r == 0  # list_orders is missing: a policy failure, judged by the checkpoint
+    else:
+        assert first.r == 0 and "policy_endpoint_error" in first.reasons
+        assert first.steps[-1].output.error.startswith("bad_response" if mode == "garbage" else "timeout")
+    assert json.loads((tmp_path / "config.json").read_text())["policy"]["name"] == "llm"
