@@ -1,0 +1,97 @@
+"""``treadle weft sample``: prefix-preserving (and end-to-end) rejection sampling into a run folder.
+
+Bad input is one line naming the flag, exit code 2, before any rollout; a rerun on the same run
+folder resumes. Writes ``config.json``, ``trajectories.jsonl``, ``metrics.jsonl`` and, with
+``--sft``, ``sft.jsonl`` (TRL ``SFTTrainer`` conversational format: ``messages`` + ``tools``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(help="WEFT rollouts: rejection sampling of SFT trajectories.", add_completion=False)
+console = Console()
+
+
+def _fail(flag: str, msg: str) -> None:
+    console.print(f"error: {flag}: {msg}", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+@app.command("sample")
+def sample_cmd(run_dir: Path = typer.Argument(..., help="Run folder (created; a rerun resumes)."),
+               env: str = typer.Option("shop", "--env", help="Environment (tasks): shop."),
+               view: str = typer.Option("agentic", "--view", help="agentic | simuser."),
+               disclosure: str = typer.Option("full", "--disclosure", help="SimUser disclosure: vague | partial | full."),
+               harness: str = typer.Option("hermes", "--harness", help="hermes | react | native."),
+               policy: str = typer.Option("replay", "--policy", help="replay | llm."),
+               rate: list[str] = typer.Option([], "--rate", help="Replay perturbation NAME=RATE (repeatable)."),
+               method: list[str] = typer.Option(["prefix", "end_to_end"], "--method", help="prefix | end_to_end."),
+               k: list[int] = typer.Option([1, 3, 5], "--k", help="Attempts per turn (prefix) / per task (end_to_end)."),
+               replicas: int = typer.Option(1, "--replicas", help="Independent draws per task."),
+               seed: int = typer.Option(0, "--seed"),
+               concurrency: int = typer.Option(4, "--concurrency", help="Rollouts in flight."),
+               llm_config: Path | None = typer.Option(None, "--llm-config", help="treadle.llm config (llm policy)."),
+               role: str = typer.Option("policy", "--role", help="Role of the llm config to sample from."),
+               sft: bool = typer.Option(True, "--sft/--no-sft", help="Also write accepted prefix trajectories "
+                                                                     "as sft.jsonl.")) -> None:
+    """Sample trajectories with rejection sampling and print accepted trajectories per policy call."""
+    import anyio
+    from pydantic import ValidationError
+
+    from treadle.weft.rollouts.batch import Component, SampleConfig, sample_async
+    from treadle.weft.rollouts.metrics import print_table, summarize, write_jsonl
+    from treadle.weft.rollouts.registry import HARNESSES, POLICIES, VIEWS
+    from treadle.weft.rollouts.tasks import DISCLOSURES, DependencyCycleError, from_shop, replicate
+    from treadle.weft.rollouts.tokens import write_sft
+
+    for flag, name, reg in (("--view", view, VIEWS), ("--harness", harness, HARNESSES), ("--policy", policy, POLICIES)):
+        if name not in reg.names():
+            _fail(flag, f"unknown {reg.kind} {name!r}; expected one of {reg.names()}")
+    if env != "shop":
+        _fail("--env", f"unknown env {env!r}; expected 'shop'")
+    if disclosure not in DISCLOSURES:
+        _fail("--disclosure", f"expected one of {list(DISCLOSURES)}, got {disclosure!r}")
+    rates = {}
+    for r in rate:
+        name, _, val = r.partition("=")
+        try:
+            rates[name] = float(val)
+        except ValueError:
+            _fail("--rate", f"expected NAME=RATE (e.g. wrong_argument=0.1), got {r!r}")
+    if policy == "llm" and llm_config is None:
+        _fail("--llm-config", "the llm policy needs a treadle.llm config file")
+    pargs = {"rates": rates, "seed": seed} if policy == "replay" else {"role": role}
+    try:
+        cfg = SampleConfig(view=Component(name=view), harness=Component(name=harness),
+                           policy=Component(name=policy, args=pargs), methods=tuple(method), ks=tuple(k), seed=seed,
+                           concurrency=concurrency)
+        tasks = replicate(from_shop(disclosure), replicas)
+    except ValidationError as err:
+        e = err.errors()[0]
+        _fail("--" + str(e["loc"][0]).rstrip("s").replace("_", "-"), e["msg"])
+    except ValueError as err:
+        _fail("--replicas", str(err))
+
+    async def go():
+        if policy != "llm":
+            return await sample_async(run_dir, tasks, cfg, console=console)
+        from treadle.llm import LLMClient, LLMConfig
+
+        async with LLMClient(LLMConfig.load(llm_config), cache=run_dir / "llm_cache.sqlite",
+                             ledger=run_dir / "llm_ledger.jsonl") as client:
+            return await sample_async(run_dir, tasks, cfg, client=client, console=console)
+    try:
+        trs = anyio.run(go)
+    except DependencyCycleError as err:
+        _fail("--env", str(err))
+    except ValueError as err:  # component arguments (e.g. an unknown perturbation) or a config mismatch
+        _fail("--rate" if "perturbation" in str(err) else "RUN_DIR", str(err))
+    rows = summarize(trs)
+    write_jsonl(rows, run_dir / "metrics.jsonl")
+    print_table(rows, console)
+    if sft:
+        n = write_sft([t for t in trs if t.accepted and t.method == "prefix"], run_dir / "sft.jsonl")
+        console.print(f"{n} accepted trajectories -> {run_dir / 'sft.jsonl'}")
