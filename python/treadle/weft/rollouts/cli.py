@@ -15,6 +15,11 @@ app = typer.Typer(help="WEFT rollouts: rejection sampling of SFT trajectories.",
 console = Console()
 
 
+@app.callback()
+def _group() -> None:
+    """WEFT rollouts (a command group, so ``sample`` stays a sub-command)."""
+
+
 def _fail(flag: str, msg: str) -> None:
     console.print(f"error: {flag}: {msg}", markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(2)
