@@ -53,3 +53,4 @@ def test_demo_section(tmp_path):
     assert "rejection sampling" in text and "views x harnesses" in text
     rows = [json.loads(x) for x in (tmp_path / "methods" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and (tmp_path / "methods" / "sft.jsonl").stat().st_size > 0
+    assert (tmp_path / "methods" / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

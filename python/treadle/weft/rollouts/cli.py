@@ -1,7 +1,7 @@
 """``treadle weft sample``: prefix-preserving (and end-to-end) rejection sampling into a run folder.
 
 Bad input is one line naming the flag, exit code 2, before any rollout; a rerun on the same run
-folder resumes. Writes ``config.json``, ``trajectories.jsonl``, ``metrics.jsonl`` and, with
+folder resumes. Writes ``config.json``, ``trajectories.jsonl``, ``metrics.jsonl``, ``summary.png`` and, with
 ``--sft``, ``sft.jsonl`` (TRL ``SFTTrainer`` conversational format: ``messages`` + ``tools``).
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ def sample_cmd(run_dir: Path = typer.Argument(..., help="Run folder (created; a 
     from pydantic import ValidationError
 
     from treadle.weft.rollouts.batch import Component, SampleConfig, sample_async
-    from treadle.weft.rollouts.metrics import print_table, summarize, write_jsonl
+    from treadle.weft.rollouts.metrics import plot_summary, print_table, summarize, write_jsonl
     from treadle.weft.rollouts.registry import HARNESSES, POLICIES, VIEWS
     from treadle.weft.rollouts.tasks import DISCLOSURES, DependencyCycleError, from_shop, replicate
     from treadle.weft.rollouts.tokens import write_sft
@@ -97,6 +97,7 @@ def sample_cmd(run_dir: Path = typer.Argument(..., help="Run folder (created; a 
     rows = summarize(trs)
     write_jsonl(rows, run_dir / "metrics.jsonl")
     print_table(rows, console)
+    plot_summary(rows, run_dir / "summary.png")
     if sft:
         n = write_sft([t for t in trs if t.accepted and t.method == "prefix"], run_dir / "sft.jsonl")
         console.print(f"{n} accepted trajectories -> {run_dir / 'sft.jsonl'}")

@@ -16,7 +16,7 @@ RATES = {"wrong_argument": 0.06, "skipped_call": 0.06, "extra_call": 0.06, "malf
 def run(run_dir: Path, quick: bool, console) -> None:
     """Run the section (under 60 s on 2 CPU cores with ``quick``)."""
     from treadle.weft.rollouts.batch import Component, SampleConfig, sample
-    from treadle.weft.rollouts.metrics import print_table, summarize, write_jsonl
+    from treadle.weft.rollouts.metrics import plot_summary, print_table, summarize, write_jsonl
     from treadle.weft.rollouts.tasks import from_shop, replicate
     from treadle.weft.rollouts.tokens import write_sft
 
@@ -29,6 +29,7 @@ def run(run_dir: Path, quick: bool, console) -> None:
     write_jsonl(rows, run_dir / "methods" / "metrics.jsonl")
     print_table(rows, console, title=f"rejection sampling, replay policy (total perturbation rate "
                                      f"{sum(RATES.values()):.2f}), {replicas}x shop tasks")
+    plot_summary(rows, run_dir / "methods" / "summary.png")
     n = write_sft([t for t in trs if t.method == "prefix"], run_dir / "methods" / "sft.jsonl")
     all_rows = []
     for view, disclosure in (("agentic", "full"), ("simuser", "vague")):
