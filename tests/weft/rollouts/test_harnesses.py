@@ -78,3 +78,14 @@ def test_native_tolerance_and_tool_messages():
 def test_unknown_harness_name():
     with pytest.raises(UnknownComponentError, match="unknown harness 'openclaw'.*hermes"):
         HARNESSES.build("openclaw")
+
+
+@pytest.mark.parametrize("name", ["hermes", "react"])
+def test_text_harness_also_reads_server_parsed_native_calls(name):
+    h = HARNESSES.build(name)
+    out = PolicyOutput(text="", tool_calls=(NativeCall(id="x", name="f", arguments='{"a": 1}'),
+                                            NativeCall(id="y", name="g", arguments="{bad")))
+    p = h.parse(out)
+    assert [(c.id, c.name, c.arguments) for c in p.calls] == [("x", "f", {"a": 1})]
+    assert [f.id for f in p.failures] == ["y"]
+    assert h.assistant_message(out)["tool_calls"][0]["function"]["name"] == "f"

@@ -62,10 +62,20 @@ def _unfence(s: str) -> str:
 
 
 class _TextHarness:
+    """Calls written in the text. Tolerance shared by text harnesses: when a server-side tool parser
+    already turned them into native ``tool_calls``, those are read too (and kept in the history)."""
+
     native_tools: ClassVar[bool] = False
 
     def assistant_message(self, out: PolicyOutput) -> dict[str, Any]:
-        return {"role": "assistant", "content": out.text}
+        return NativeHarness.assistant_message(self, out)  # type: ignore[arg-type]
+
+    def parse(self, out: PolicyOutput) -> ParsedStep:
+        text = self.parse_text(out)
+        if not out.tool_calls:
+            return text
+        nat = NativeHarness.parse(self, out)  # type: ignore[arg-type]
+        return ParsedStep(calls=nat.calls + text.calls, failures=nat.failures + text.failures, reply=text.reply)
 
 
 @HARNESSES.register("hermes")
@@ -74,7 +84,7 @@ class HermesHarness(_TextHarness):
     results come back as ``tool`` messages (the chat template wraps them in ``<tool_response>``)."""
 
     parser: ClassVar[str] = "hermes-json-v1"
-    tolerance: ClassVar[str] = ("missing closing tag at end of text; ```json fences; 'parameters' for 'arguments'; "
+    tolerance: ClassVar[str] = ("native tool_calls from a server-side parser; missing closing tag at end of text; ```json fences; 'parameters' for 'arguments'; "
                                 "arguments as a JSON string; whitespace")
     _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.S)
 
@@ -82,7 +92,7 @@ class HermesHarness(_TextHarness):
         return ("To call a tool, write <tool_call>{\"name\": <tool>, \"arguments\": <object>}</tool_call>; "
                 "several blocks call several tools. Without a tool call, your text is the reply to the user.")
 
-    def parse(self, out: PolicyOutput) -> ParsedStep:
+    def parse_text(self, out: PolicyOutput) -> ParsedStep:
         calls, fails = [], []
         for i, m in enumerate(self._BLOCK.finditer(out.text)):
             raw = m.group(1)
@@ -115,7 +125,7 @@ class ReActHarness(_TextHarness):
     return as user messages ``Observation: ...``; ``Final Answer: ...`` (or no Action) is the reply."""
 
     parser: ClassVar[str] = "react-v1"
-    tolerance: ClassVar[str] = ("case-insensitive keys; several Action blocks; empty or missing Action Input = {}; "
+    tolerance: ClassVar[str] = ("native tool_calls from a server-side parser; case-insensitive keys; several Action blocks; empty or missing Action Input = {}; "
                                 "```json fences; 'Final Answer:' optional")
     _ACTION = re.compile(r"^\s*Action\s*:\s*(.*?)\s*$\n?(?:^\s*Action\s+Input\s*:\s*(.*?)"
                          r"(?=^\s*(?:Action\s*:|Thought\s*:|Observation\s*:|Final\s+Answer\s*:)|\Z))?",
@@ -126,7 +136,7 @@ class ReActHarness(_TextHarness):
                 "'Action Input: <JSON object>' (the result comes back as 'Observation: ...'), or "
                 "'Final Answer: <reply to the user>'.")
 
-    def parse(self, out: PolicyOutput) -> ParsedStep:
+    def parse_text(self, out: PolicyOutput) -> ParsedStep:
         calls, fails = [], []
         for i, m in enumerate(self._ACTION.finditer(out.text)):
             name, raw = m.group(1).strip(), (m.group(2) or "").strip()
@@ -162,7 +172,7 @@ class NativeHarness:
 
     parser: ClassVar[str] = "openai-tool-calls-v1"
     tolerance: ClassVar[str] = "empty arguments = {}; ```json fences around the arguments string"
-    native_tools: ClassVar[bool] = True
+    native_tools: ClassVar[bool] = True  # calls arrive as native tool_calls (all harnesses pass the tools on)
 
     def instructions(self, tools: Sequence[dict]) -> str:
         return ""
@@ -173,7 +183,8 @@ class NativeHarness:
             try:
                 calls.append(ParsedCall(id=tc.id, name=tc.name, arguments=_args_obj(tc.arguments)))
             except (ValueError, TypeError) as err:
-                fails.append(ParseFailure(raw=f"{tc.name}({tc.arguments[:400]})", message=f"{type(err).__name__}: {err}"))
+                fails.append(ParseFailure(raw=f"{tc.name}({tc.arguments[:400]})", message=f"{type(err).__name__}: {err}",
+                                          id=tc.id))
         return ParsedStep(calls=tuple(calls), failures=tuple(fails), reply=out.text.strip())
 
     def assistant_message(self, out: PolicyOutput) -> dict[str, Any]:

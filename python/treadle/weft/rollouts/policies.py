@@ -61,7 +61,7 @@ class LLMPolicy:
 
         try:
             r = await self.client.chat(list(messages), role=self.role, tag=self.tag,
-                                       tools=list(tools) if harness.native_tools else None,
+                                       tools=list(tools),
                                        sample_index=ctx.attempt)
         except LLMCallError as err:
             f = err.failure

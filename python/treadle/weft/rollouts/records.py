@@ -43,6 +43,7 @@ class ParseFailure(_Record):
 
     raw: str
     message: str
+    id: str = Field("", description="Native tool-call id of the failed call ('' for text harnesses).")
 
 
 class ParsedStep(_Record):

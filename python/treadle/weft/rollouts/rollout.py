@@ -50,9 +50,7 @@ class Setup:
 
 def system_message(env: Env, harness: Harness) -> dict[str, Any]:
     text = "You are a support agent. Use the tools to do what the user asks."
-    extra = harness.instructions(env.tools)
-    if extra:  # text harnesses: the tool list is also given in text (endpoints do not render it)
-        extra += "\nTools:\n" + "\n".join(json.dumps(t) for t in openai_tools(env.tools))
+    extra = harness.instructions(env.tools)  # the tools themselves go to the chat template / endpoint
     return {"role": "system", "content": text + ("\n" + extra if extra else "")}
 
 
@@ -89,8 +87,7 @@ async def run_turn(rt: Runtime, sid: str, start: Snapshot, env: Env, task: Rollo
             records.append(CallRecord(name="<unparsed>", arguments={"raw": f.raw}, ok=False,
                                       error_kind="unparseable", text=f.message))
             texts.append(f"Error (unparseable tool call): {f.message}")
-            native_id = out.tool_calls[len(parsed.calls) + i].id if len(out.tool_calls) > len(parsed.calls) + i else ""
-            answered.append(ParsedCall(id=native_id or f"bad_{i}", name="<unparsed>"))
+            answered.append(ParsedCall(id=f.id or f"bad_{i}", name="<unparsed>"))
         steps.append(Step(output=out, calls=tuple(records), parse_failures=parsed.failures))
         if answered:
             msgs.extend(s.harness.tool_messages(answered, texts))
