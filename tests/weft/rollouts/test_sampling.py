@@ -164,3 +164,14 @@ def test_llm_policy_failures_are_records(tmp_path, mode):
         assert first.r == 0 and "policy_endpoint_error" in first.reasons
         assert first.steps[-1].output.error.startswith("bad_response" if mode == "garbage" else "timeout")
     assert json.loads((tmp_path / "config.json").read_text())["policy"]["name"] == "llm"
+    assert trs[0].policy["args"]["model"] == "m" and summarize(trs)[0]["policy"] == "llm:m"
+
+
+def test_llm_policy_needs_a_client_role():
+    from treadle.weft.rollouts.policies import LLMPolicy
+
+    with pytest.raises(TypeError, match="LLMClient"):
+        LLMPolicy(object())
+    client = LLMClient(LLMConfig.single("m", roles=("policy",)), backend=Backend("ok"))
+    with pytest.raises(ValueError, match="role 'judge'"):
+        LLMPolicy(client, role="judge")

@@ -46,7 +46,7 @@ def sample_cmd(run_dir: Path = typer.Argument(..., help="Run folder (created; a 
     import anyio
     from pydantic import ValidationError
 
-    from treadle.weft.rollouts.batch import Component, SampleConfig, sample_async
+    from treadle.weft.rollouts.batch import Component, ConfigMismatchError, SampleConfig, sample_async
     from treadle.weft.rollouts.metrics import plot_summary, print_table, summarize, write_jsonl
     from treadle.weft.rollouts.registry import HARNESSES, POLICIES, VIEWS
     from treadle.weft.rollouts.tasks import DISCLOSURES, DependencyCycleError, from_shop, replicate
@@ -90,10 +90,13 @@ def sample_cmd(run_dir: Path = typer.Argument(..., help="Run folder (created; a 
             return await sample_async(run_dir, tasks, cfg, client=client, console=console)
     try:
         trs = anyio.run(go)
+    except ConfigMismatchError as err:
+        _fail("RUN_DIR", str(err))
     except DependencyCycleError as err:
         _fail("--env", str(err))
-    except ValueError as err:  # component arguments (e.g. an unknown perturbation) or a config mismatch
-        _fail("--rate" if "perturbation" in str(err) else "RUN_DIR", str(err))
+    except ValueError as err:  # component arguments, raised before any rollout
+        msg = str(err)
+        _fail("--rate" if "perturbation" in msg else "--role" if "role" in msg else "--policy", msg)
     rows = summarize(trs)
     write_jsonl(rows, run_dir / "metrics.jsonl")
     print_table(rows, console)

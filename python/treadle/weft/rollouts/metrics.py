@@ -13,7 +13,8 @@ from treadle.weft.rollouts.records import Trajectory
 
 def group_key(t: Trajectory) -> tuple:
     rates = t.policy["args"].get("rates", {}) if t.policy["name"] == "replay" else {}
-    pol = t.policy["name"] + (f"(p={sum(rates.values()):.2f})" if t.policy["name"] == "replay" else "")
+    pol = t.policy["name"] + (f"(p={sum(rates.values()):.2f})" if t.policy["name"] == "replay" else
+                              f":{t.policy['args'].get('model', '?')}" if t.policy["name"] == "llm" else "")
     return (t.env, t.view["name"], t.harness["name"], pol, t.method, t.k)
 
 

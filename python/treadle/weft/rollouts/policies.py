@@ -51,10 +51,17 @@ class LLMPolicy:
     """A role of an :class:`~treadle.llm.LLMClient` (the caller owns the client's lifetime)."""
 
     def __init__(self, client: Any, role: str = "policy", tag: str = "weft-rollouts"):
+        roles = getattr(getattr(client, "config", None), "roles", None)
+        if roles is None or not hasattr(client, "chat"):
+            raise TypeError(f"client must be a treadle.llm.LLMClient, got {type(client).__name__}")
+        if role not in roles:
+            raise ValueError(f"role {role!r} is not in the LLM config; expected one of {sorted(roles)}")
         self.client, self.role, self.tag = client, role, tag
 
     def args(self) -> dict[str, Any]:
-        return {"role": self.role}
+        """Role, model and sampling: what changes the outputs (part of every trajectory's key)."""
+        rc = self.client.config.roles[self.role]
+        return {"role": self.role, "model": rc.model, "sampling": rc.sampling.model_dump(mode="json")}
 
     async def act(self, messages, tools, harness, ctx):
         from treadle.llm import LLMCallError
