@@ -175,3 +175,30 @@ def test_llm_policy_needs_a_client_role():
     client = LLMClient(LLMConfig.single("m", roles=("policy",)), backend=Backend("ok"))
     with pytest.raises(ValueError, match="role 'judge'"):
         LLMPolicy(client, role="judge")
+
+
+def test_hf_policy_in_process_tiny_model(with_shop):
+    """An untrained tiny model mostly fails: its turns are recorded (cut by max_new_tokens), never a crash."""
+    import torch
+
+    from treadle.models import build_tiny_model, build_tokenizer
+    from treadle.weft.rollouts.policies import HFPolicy
+
+    torch.set_num_threads(1)
+    tok = build_tokenizer()
+    model = build_tiny_model("qwen3", vocab_size=len(tok), pad_token_id=tok.pad_token_id,
+                             eos_token_id=tok.eos_token_id, bos_token_id=None)
+    task = from_shop()[1]
+
+    async def go(rt, env):
+        pol = HFPolicy(model, tok, max_new_tokens=6)
+        return await prefix_rollout(rt, env, task, 2, Setup(AgenticView(), HermesHarness(), pol, max_steps=2))
+    tr = with_shop(go)
+    assert not tr.accepted and tr.policy_calls >= 1
+    for a in tr.attempts:
+        for st in a.steps:
+            assert st.output.token_ids is not None and 1 <= len(st.output.token_ids) <= 6
+            if st.output.finish_reason == "length":
+                assert a.truncated and "finish_reason_length" in a.reasons and a.r == 0
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        HFPolicy(model, tok, max_new_tokens=0)

@@ -3,6 +3,7 @@
 - ``llm``: any role of :class:`treadle.llm.LLMClient` (OpenAI-compatible endpoint, the local
   server); endpoint failures (timeouts, garbage) come back as a :class:`PolicyOutput` with
   ``finish_reason="error"`` (a recorded failure), never an exception.
+- ``hf``: a local Hugging Face model in process (generated token ids kept).
 - ``replay``: plays the atomic task's reference (gold) calls through the harness, with seeded
   perturbations at chosen rates: ``wrong_argument``, ``skipped_call``, ``extra_call`` (the call is
   repeated), ``malformed_call`` and ``made_up_tool`` (both followed by the right call: a recovered
@@ -159,3 +160,55 @@ class ReplayPolicy:
     async def act(self, messages, tools, harness, ctx):
         steps = self.plan(harness, ctx)
         return steps[min(ctx.step, len(steps) - 1)]
+
+
+@POLICIES.register("hf")
+class HFPolicy:
+    """A local Hugging Face causal LM in process: the prompt is rendered with the tokenizer's chat template
+    and the tools, generated with ``model.generate`` on a worker thread (one at a time), and the generated
+    token ids are kept on the output. ``finish_reason`` is ``"length"`` when ``max_new_tokens`` ran out.
+    The text is decoded without special tokens; native tool calls are not produced (use a text harness)."""
+
+    def __init__(self, model: Any, tokenizer: Any, max_new_tokens: int = 256, temperature: float = 0.0):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("tokenizer has no chat_template; the hf policy renders prompts with it")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        self.model, self.tokenizer = model, tokenizer
+        self.max_new_tokens, self.temperature = max_new_tokens, float(temperature)
+        self._lock = None
+
+    def args(self) -> dict[str, Any]:
+        return {"model": str(getattr(self.model, "name_or_path", "") or type(self.model).__name__),
+                "max_new_tokens": self.max_new_tokens, "temperature": self.temperature}
+
+    def _generate(self, messages: list[dict], tools: list[dict], seed: int) -> PolicyOutput:
+        import torch
+
+        tok = self.tokenizer
+        prompt = tok.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True)
+        enc = tok(prompt, add_special_tokens=False, return_tensors="pt")
+        kw: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "pad_token_id": tok.pad_token_id,
+                              "eos_token_id": tok.eos_token_id, "do_sample": self.temperature > 0}
+        if self.temperature > 0:
+            kw["temperature"] = self.temperature
+            torch.manual_seed(seed)
+        with torch.no_grad():
+            out = self.model.generate(**enc, **kw)
+        new = out[0, enc["input_ids"].shape[1]:].tolist()
+        stopped = bool(new) and new[-1] == tok.eos_token_id
+        return PolicyOutput(text=tok.decode(new, skip_special_tokens=True), token_ids=tuple(new),
+                            finish_reason="stop" if stopped or len(new) < self.max_new_tokens else "length")
+
+    async def act(self, messages, tools, harness, ctx):
+        import anyio
+
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        seed = int.from_bytes(hashlib.sha256(f"{ctx.seed}|{ctx.task.name}|{ctx.atomic.name}|{ctx.attempt}|"
+                                             f"{ctx.step}".encode()).digest()[:4], "big")
+        try:
+            async with self._lock:
+                return await anyio.to_thread.run_sync(self._generate, list(messages), list(tools), seed)
+        except Exception as err:  # noqa: BLE001  (a failed generation is a recorded failure)
+            return PolicyOutput(finish_reason="error", error=f"{type(err).__name__}: {err}"[:500])
