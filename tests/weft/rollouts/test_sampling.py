@@ -177,6 +177,7 @@ def test_llm_policy_needs_a_client_role():
         LLMPolicy(client, role="judge")
 
 
+@pytest.mark.slow
 def test_hf_policy_in_process_tiny_model(with_shop):
     """An untrained tiny model mostly fails: its turns are recorded (cut by max_new_tokens), never a crash."""
     import torch
@@ -202,3 +203,19 @@ def test_hf_policy_in_process_tiny_model(with_shop):
                 assert a.truncated and "finish_reason_length" in a.reasons and a.r == 0
     with pytest.raises(ValueError, match="max_new_tokens"):
         HFPolicy(model, tok, max_new_tokens=0)
+
+
+def test_a_crashing_rollout_is_recorded_and_siblings_finish(tmp_path):
+    from treadle.weft.rollouts.registry import POLICIES
+
+    @POLICIES.register("test-boom")
+    class Boom(ReplayPolicy):
+        async def act(self, messages, tools, harness, ctx):
+            if ctx.task.name == "alan-cancel":
+                raise RuntimeError("policy bug")
+            return await super().act(messages, tools, harness, ctx)
+
+    trs = sample(tmp_path, from_shop(), SampleConfig(policy=Component(name="test-boom"), concurrency=2))
+    by_task = {t.task: t for t in trs}
+    assert by_task["alan-cancel"].failure == "RuntimeError: policy bug" and not by_task["alan-cancel"].accepted
+    assert by_task["ada-replacement"].accepted and by_task["ada-replacement"].failure is None

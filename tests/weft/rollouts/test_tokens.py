@@ -79,6 +79,7 @@ def test_bad_input(tok):
         tokenize_conversation(CONV, TOOLS, tok, max_tokens=0)
 
 
+@pytest.mark.slow
 def test_one_trl_sft_step_on_sampled_trajectories(tok, tmp_path):
     """The sampler's sft.jsonl goes straight into TRL's SFTTrainer (tiny untrained Qwen3, one step)."""
     pytest.importorskip("trl")

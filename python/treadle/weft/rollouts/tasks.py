@@ -17,7 +17,7 @@ import json
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from treadle.weft.verify import CheckpointSpec
 
