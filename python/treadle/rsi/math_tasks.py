@@ -61,8 +61,11 @@ class MathTask(BaseModel):
         pre = " ".join(self.distractors) + (" " if self.distractors else "")
         if self.kind == "eval":
             return f"{pre}Compute {render_expr(self.tree)}."
-        rhs = evaluate_tree(self.tree, Fraction(self.x_value))
-        return f"{pre}Solve {render_expr(self.tree)}={_frac(rhs)} for x."
+        try:
+            rhs = _frac(evaluate_tree(self.tree, Fraction(self.x_value)))
+        except ZeroDivisionError:
+            rhs = "undefined"  # the verifier rejects it
+        return f"{pre}Solve {render_expr(self.tree)}={rhs} for x."
 
     @property
     def key(self) -> str:
@@ -93,11 +96,15 @@ def evaluate_tree(tree, x: Fraction | None = None) -> Fraction:
         return x
     op, a, b = tree
     va, vb = evaluate_tree(a, x), evaluate_tree(b, x)
-    return {"+": va + vb, "-": va - vb, "*": va * vb, "/": va / vb if vb else _zdiv()}[op]
-
-
-def _zdiv():
-    raise ZeroDivisionError("division by zero in the expression")
+    if op == "+":
+        return va + vb
+    if op == "-":
+        return va - vb
+    if op == "*":
+        return va * vb
+    if vb == 0:
+        raise ZeroDivisionError("division by zero in the expression")
+    return va / vb
 
 
 def render_expr(tree, parent: str | None = None, right: bool = False) -> str:

@@ -47,6 +47,8 @@ def check_task(text: str, reference: str) -> TaskCheck:
             if val.has(sympy.zoo, sympy.nan) or not val.is_Rational:
                 return TaskCheck(False, "no_unique_solution", None)
         else:
+            if not _NUM.fullmatch(m.group("r")):
+                return TaskCheck(False, "no_unique_solution", None)
             sols = sympy.solve(sympy.Eq(_parse(m.group("l")), _parse(m.group("r"))), _X)
             if len(sols) != 1:
                 return TaskCheck(False, "no_unique_solution", None)
