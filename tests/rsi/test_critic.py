@@ -40,7 +40,7 @@ def test_r_d_one_is_rejected_on_difficulty_even_at_equal_cost():
     (dict(validity=0.89, accuracy=0.5, cost=100), False, "validity"),
     (dict(validity=1.0, accuracy=0.59, cost=100), False, "difficulty"),   # inside the noise margin
     (dict(validity=1.0, accuracy=0.7, cost=50), False, "difficulty"),
-    (dict(validity=1.0, accuracy=0.5, cost=130), False, "cost"),          # r_D = 1.2 -> bound 1.3 x 100... 
+    (dict(validity=1.0, accuracy=0.5, cost=131), False, "cost"),  # r_D = 1.2: bound 1.3 x 100
 ])
 def test_truth_table(cand, accepted, why):
     v = Critic(margin=0.02).judge(Evaluation(**cand), BASE)
