@@ -19,7 +19,7 @@ VERIFIER_VERSION = "math-sympy-1"
 MAX_ABS = 10 ** 6
 _X = sympy.Symbol("x")
 _Q = re.compile(r"(?:^|\. )(Compute (?P<e>[^ ]+)\.|Solve (?P<l>[^ =]+)=(?P<r>[^ ]+) for x\.)$")
-_NUM = re.compile(r"-?\d+(?:/\d+)?")
+_NUM = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 
 
 @dataclass(frozen=True)
