@@ -89,3 +89,22 @@ def test_seed_file_errors(tmp_path):
     p.write_text(json.dumps({"id": "a", "expression": "(1+2)*3"}))
     (t,) = load_seed_file(p)
     assert t.answer == "9" and t.seed_id == "a"
+
+
+def test_tiny_model_solver_plumbing():
+    """n answers per task, deterministic for a seed (a randomly initialised tiny Qwen3: plumbing only)."""
+    import torch
+
+    from treadle.models.tiny import TinyTrainConfig, _build_model, build_tokenizer
+    from treadle.rsi.solvers import Solver, TinyModelSolver
+
+    torch.set_num_threads(1)
+    tok = build_tokenizer()
+    model = _build_model(TinyTrainConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                                         intermediate_size=32), tok)
+    s = TinyModelSolver(model=model, tokenizer=tok, max_new_tokens=4, batch_size=2)
+    assert isinstance(s, Solver)
+    texts = ["Compute 1+2.", "Solve 2*x+1=7 for x.", "Ann has 3 cats. Compute 4-9."]
+    a = s.attempt(texts, 4, 0)
+    assert len(a) == 3 and all(len(r) == 4 and all(isinstance(x, str) for x in r) for r in a)
+    assert a == s.attempt(texts, 4, 0)

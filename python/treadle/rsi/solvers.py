@@ -96,14 +96,27 @@ class TinyModelSolver:
         path: a local checkpoint, else the cached tiny model (trained on demand when missing).
         temperature: sampling temperature (> 0).
         max_new_tokens: answer length cap.
+        model, tokenizer: an already loaded causal LM and its tokenizer (then ``path`` is ignored).
+        quick: use the quick tiny model (``TinyTrainConfig.quick()``, cache ``tiny-qwen3-quick``).
     """
 
     name = "tiny-model"
 
-    def __init__(self, path=None, temperature: float = 0.7, max_new_tokens: int = 12, batch_size: int = 64):
-        from treadle.models import load_default_model
+    def __init__(self, path=None, temperature: float = 0.7, max_new_tokens: int = 12, batch_size: int = 64,
+                 model=None, tokenizer=None, quick: bool = False):
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature!r}")
+        if model is None or tokenizer is None:
+            from treadle.models import load_default_model
 
-        self.model, self.tokenizer = load_default_model(path, progress=False)
+            if quick:  # the seconds-long quick tiny model (its own cache folder)
+                from treadle.models.tiny import TinyTrainConfig
+
+                model, tokenizer = load_default_model(path, config=TinyTrainConfig.quick(), name="tiny-qwen3-quick",
+                                                      progress=False)
+            else:
+                model, tokenizer = load_default_model(path, progress=False)
+        self.model, self.tokenizer = model, tokenizer
         self.temperature, self.max_new_tokens, self.batch_size = temperature, max_new_tokens, batch_size
 
     def attempt(self, texts: list[str], n: int, seed: int) -> list[list[str]]:
