@@ -1,7 +1,6 @@
 import math
 
 import pytest
-
 from treadle.rsi.critic import Critic, Evaluation, PostBatchGate, cost_bound, relative_difficulty_gain
 from treadle.rsi.harness import Harness
 
@@ -36,11 +35,11 @@ def test_r_d_one_is_rejected_on_difficulty_even_at_equal_cost():
 
 
 @pytest.mark.parametrize("cand,accepted,why", [
-    (dict(validity=0.9, accuracy=0.5, cost=100), True, "all conditions hold"),
-    (dict(validity=0.89, accuracy=0.5, cost=100), False, "validity"),
-    (dict(validity=1.0, accuracy=0.59, cost=100), False, "difficulty"),   # inside the noise margin
-    (dict(validity=1.0, accuracy=0.7, cost=50), False, "difficulty"),
-    (dict(validity=1.0, accuracy=0.5, cost=131), False, "cost"),  # r_D = 1.2: bound 1.3 x 100
+    ({"validity": 0.9, "accuracy": 0.5, "cost": 100}, True, "all conditions hold"),
+    ({"validity": 0.89, "accuracy": 0.5, "cost": 100}, False, "validity"),
+    ({"validity": 1.0, "accuracy": 0.59, "cost": 100}, False, "difficulty"),   # inside the noise margin
+    ({"validity": 1.0, "accuracy": 0.7, "cost": 50}, False, "difficulty"),
+    ({"validity": 1.0, "accuracy": 0.5, "cost": 131}, False, "cost"),  # r_D = 1.2: bound 1.3 x 100
 ])
 def test_truth_table(cand, accepted, why):
     v = Critic(margin=0.02).judge(Evaluation(**cand), BASE)

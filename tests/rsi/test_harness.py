@@ -1,6 +1,5 @@
 import pytest
 from pydantic import ValidationError
-
 from treadle.rsi.harness import Harness, Provenance, Skill, Workflow, diff
 
 

@@ -2,9 +2,16 @@ import json
 import random
 
 import pytest
-
-from treadle.rsi.math_tasks import (PRIMITIVES, MathTask, NotApplicable, SeedError, apply_method, load_seed_file,
-                                    make_seeds, parse_seed_expression)
+from treadle.rsi.math_tasks import (
+    PRIMITIVES,
+    MathTask,
+    NotApplicable,
+    SeedError,
+    apply_method,
+    load_seed_file,
+    make_seeds,
+    parse_seed_expression,
+)
 from treadle.rsi.solvers import CapacitySolver, text_features
 from treadle.rsi.verifier import check_answer, check_task
 
@@ -94,7 +101,6 @@ def test_seed_file_errors(tmp_path):
 def test_tiny_model_solver_plumbing():
     """n answers per task, deterministic for a seed (a randomly initialised tiny Qwen3: plumbing only)."""
     import torch
-
     from treadle.models.tiny import TinyTrainConfig, _build_model, build_tokenizer
     from treadle.rsi.solvers import Solver, TinyModelSolver
 

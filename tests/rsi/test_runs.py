@@ -1,11 +1,10 @@
 import json
 
 import pytest
-from typer.testing import CliRunner
-
 from treadle.rsi.loop import LoopConfig
 from treadle.rsi.math_tasks import make_seeds
 from treadle.rsi.runs import RunMismatchError, run
+from typer.testing import CliRunner
 
 
 def _files(d):

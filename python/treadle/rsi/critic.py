@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from treadle.rsi.harness import Harness
 
-__all__ = ["Evaluation", "Verdict", "Critic", "PostBatchGate", "cost_bound", "relative_difficulty_gain"]
+__all__ = ["Critic", "Evaluation", "PostBatchGate", "Verdict", "cost_bound", "relative_difficulty_gain"]
 
 
 class Evaluation(BaseModel):

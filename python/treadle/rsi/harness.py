@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["Provenance", "Skill", "RolePrompts", "Workflow", "Harness", "diff", "SCHEMA_VERSION"]
+__all__ = ["SCHEMA_VERSION", "Harness", "Provenance", "RolePrompts", "Skill", "Workflow", "diff"]
 
 SCHEMA_VERSION = 1
 
@@ -119,7 +119,7 @@ class Harness(_Record):
     """Workflow and Verify/Revise positions."""
 
     @model_validator(mode="after")
-    def _unique(self) -> "Harness":
+    def _unique(self) -> Harness:
         names = [s.name for s in self.skills]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -139,7 +139,7 @@ class Harness(_Record):
                 return s
         raise KeyError(f"no skill {name!r} in harness v{self.version}; have {[s.name for s in self.skills]}")
 
-    def evolve(self, **changes) -> "Harness":
+    def evolve(self, **changes) -> Harness:
         """A new version with ``changes`` (fields of Harness) applied, ``parent`` = this version."""
         data = self.model_dump()
         data.update({k: (v.model_dump() if isinstance(v, BaseModel) else
@@ -148,7 +148,7 @@ class Harness(_Record):
         data["parent"], data["version"] = self.version, self.version + 1
         return Harness.model_validate(data)
 
-    def with_skill(self, skill: Skill) -> "Harness":
+    def with_skill(self, skill: Skill) -> Harness:
         """A new version with ``skill`` appended (ValueError if the name is taken)."""
         if any(s.name == skill.name for s in self.skills):
             raise ValueError(f"skill {skill.name!r} is already in harness v{self.version}")
@@ -159,7 +159,7 @@ class Harness(_Record):
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> "Harness":
+    def from_json(cls, text: str) -> Harness:
         """Inverse of :meth:`to_json`; pydantic ValidationError on a malformed record."""
         return cls.model_validate_json(text)
 
@@ -167,10 +167,8 @@ class Harness(_Record):
 def diff(old: Harness, new: Harness) -> list[str]:
     """Readable differences from ``old`` to ``new``: ``+ skill``, ``- skill``, ``~ skill.field``,
     ``~ workflow.field``, ``~ prompts.role`` lines (empty when the content is equal)."""
-    out: list[str] = []
     a, b = {s.name: s for s in old.skills}, {s.name: s for s in new.skills}
-    for n in a.keys() - b.keys():
-        out.append(f"- skill {n}")
+    out = [f"- skill {n}" for n in sorted(a.keys() - b.keys())]
     for n in [s.name for s in new.skills if s.name not in a]:
         out.append(f"+ skill {n}: {' > '.join(b[n].method)} (effect {b[n].difficulty_effect:+.3f})")
     for n in [s.name for s in new.skills if s.name in a]:
@@ -183,7 +181,7 @@ def diff(old: Harness, new: Harness) -> list[str]:
         for f in type(pa).model_fields:
             if getattr(pa, f) != getattr(pb, f):
                 out.append(f"~ {part}.{f}: {_short(getattr(pa, f))} -> {_short(getattr(pb, f))}")
-    return sorted(out[: len(a.keys() - b.keys())]) + out[len(a.keys() - b.keys()):]
+    return out
 
 
 def _short(v) -> str:

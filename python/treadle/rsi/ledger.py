@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["CostEntry", "CostLedger", "OPERATORS"]
+__all__ = ["OPERATORS", "CostEntry", "CostLedger"]
 
 OPERATORS = ("extend", "revise", "verify", "director", "skill_update", "init")
 Operator = Literal["extend", "revise", "verify", "director", "skill_update", "init"]
@@ -67,11 +67,10 @@ class CostLedger:
 
     def write_jsonl(self, path, mode: str = "a", entries: list[CostEntry] | None = None) -> None:
         with Path(path).open(mode) as f:
-            for e in (self.entries if entries is None else entries):
-                f.write(e.model_dump_json() + "\n")
+            f.writelines(e.model_dump_json() + "\n" for e in (self.entries if entries is None else entries))
 
     @classmethod
-    def read_jsonl(cls, path) -> "CostLedger":
+    def read_jsonl(cls, path) -> CostLedger:
         p = Path(path)
         return cls([CostEntry.model_validate(json.loads(line)) for line in p.read_text().splitlines() if line.strip()]
                    if p.exists() else [])

@@ -21,7 +21,7 @@ from treadle.rsi.math_tasks import PRIMITIVES, MathTask, NotApplicable, apply_me
 from treadle.rsi.solvers import Solver, SolverError
 from treadle.rsi.verifier import VERIFIER_VERSION, check_task
 
-__all__ = ["LoopConfig", "RSILoop", "ChainResult", "Director", "initial_harness", "INITIAL_PRIMITIVES"]
+__all__ = ["INITIAL_PRIMITIVES", "ChainResult", "Director", "LoopConfig", "RSILoop", "initial_harness"]
 
 #: primitives extracted into H_0; the rest form the catalogue post-batch proposals may add from.
 INITIAL_PRIMITIVES = ("add_term", "widen_digits", "add_distractor")
@@ -245,7 +245,8 @@ class RSILoop:
                                     "text": working.text, "answer": working.answer,
                                     "skills_used": list(working.skills_used), "solver_accuracy": acc,
                                     "verifier_version": VERIFIER_VERSION})
-                if online and prev_acc is not None and prev_acc > cfg.failure_threshold and acc <= cfg.failure_threshold:
+                crossed = prev_acc is not None and prev_acc > cfg.failure_threshold >= acc
+                if online and crossed:
                     h = self._admit(h, working, acc, rnd, res, passed_len)
                 if acc > cfg.failure_threshold:
                     passed_len = len(working.skills_used)
@@ -256,8 +257,8 @@ class RSILoop:
 
     def _admit(self, h: Harness, failed: MathTask, acc: float, rnd: int, res: ChainResult, passed_len: int) -> Harness:
         """Online admission: the recipe (the skills applied since the chain's last task the solver passed,
-        plus the one before it, at most ``max_method_len`` primitives) that produced a *valid* task the solver failed becomes a skill
-        if it applies to the probes (applicability), is new and short (reusability) and makes the
+        plus the one before it, at most ``max_method_len`` primitives) that produced a *valid* task the solver
+        failed becomes a skill if it applies to the probes (applicability), is new and short (reusability) and makes the
         probes harder by ``min_drop`` (evidence)."""
         cfg = self.config
         used = failed.skills_used[max(passed_len - 1, 0):]
@@ -313,7 +314,8 @@ class RSILoop:
                         provenance=Provenance(source="post_batch", round=self.round, evidence=eff)))))
         weak = [s for s in h.skills if s.difficulty_effect > -0.05]
         if weak and len(h.skills) > 2:
-            out.append((f"delete skill {weak[0].name}", h.evolve(skills=tuple(s for s in h.skills if s is not weak[0]))))
+            kept = tuple(s for s in h.skills if s is not weak[0])
+            out.append((f"delete skill {weak[0].name}", h.evolve(skills=kept)))
         w = h.workflow
         if w.max_extends < 8:
             out.append(("workflow max_extends +1", h.evolve(workflow=w.model_copy(

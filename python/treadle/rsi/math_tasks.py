@@ -15,13 +15,24 @@ import ast
 import hashlib
 import json
 import random
+from collections.abc import Callable
 from fractions import Fraction
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
-__all__ = ["MathTask", "PRIMITIVES", "NotApplicable", "apply_method", "make_seeds", "parse_seed_expression",
-           "evaluate_tree", "render_expr", "load_seed_file", "SeedError"]
+__all__ = [
+    "PRIMITIVES",
+    "MathTask",
+    "NotApplicable",
+    "SeedError",
+    "apply_method",
+    "evaluate_tree",
+    "load_seed_file",
+    "make_seeds",
+    "parse_seed_expression",
+    "render_expr",
+]
 
 _NAMES = ("Ann", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gus", "Ivy")
 _THINGS = ("pens", "cats", "books", "cups", "apples", "coins", "hats", "keys")
@@ -87,7 +98,7 @@ def _frac(v: Fraction) -> str:
 def evaluate_tree(tree, x: Fraction | None = None) -> Fraction:
     """Exact value of a tree (ZeroDivisionError on division by zero; ValueError for x without a value)."""
     if isinstance(tree, bool):
-        raise ValueError("booleans are not expression leaves")
+        raise TypeError("booleans are not expression leaves")
     if isinstance(tree, int):
         return Fraction(tree)
     if tree == "x":
@@ -292,7 +303,7 @@ def load_seed_file(path) -> list[MathTask]:
             rec = json.loads(line)
         except json.JSONDecodeError as err:
             raise SeedError(f"{p}:{i}: not JSON ({err.msg}); expected {{\"id\": ..., \"expression\": ...}}") from None
-        if not isinstance(rec, dict) or not isinstance(rec.get("id"), str) or not isinstance(rec.get("expression"), str):
+        if not (isinstance(rec, dict) and isinstance(rec.get("id"), str) and isinstance(rec.get("expression"), str)):
             raise SeedError(f"{p}:{i}: expected an object with string fields 'id' and 'expression', got {line[:80]!r}")
         if rec["id"] in seen:
             raise SeedError(f"{p}:{i}: duplicated seed id {rec['id']!r} (first on line {seen[rec['id']]})")

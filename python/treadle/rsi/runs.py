@@ -30,11 +30,12 @@ from treadle.rsi.loop import LoopConfig, RSILoop
 from treadle.rsi.math_tasks import MathTask
 from treadle.rsi.solvers import CapacitySolver, Solver, TinyModelSolver
 
-__all__ = ["SolverSpec", "RunConfig", "RunMismatchError", "run", "build_solver", "plot_curves", "ablate", "ABLATIONS"]
+__all__ = ["ABLATIONS", "RunConfig", "RunMismatchError", "SolverSpec", "ablate", "build_solver", "plot_curves", "run"]
 
 SOLVERS = {"capacity": CapacitySolver, "tiny-model": TinyModelSolver}
-ABLATIONS = {"full": dict(online=True, post_batch=True), "task-only": dict(online=False, post_batch=False),
-             "online-only": dict(online=True, post_batch=False), "post-batch-only": dict(online=False, post_batch=True)}
+ABLATIONS = {"full": {"online": True, "post_batch": True}, "task-only": {"online": False, "post_batch": False},
+             "online-only": {"online": True, "post_batch": False},
+             "post-batch-only": {"online": False, "post_batch": True}}
 
 
 class RunMismatchError(ValueError):

@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 import sympy
 
-__all__ = ["Solver", "CapacitySolver", "TinyModelSolver", "SolverError", "text_features"]
+__all__ = ["CapacitySolver", "Solver", "SolverError", "TinyModelSolver", "text_features"]
 
 _NUM = re.compile(r"\d+")
 

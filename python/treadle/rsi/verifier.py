@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from types import MappingProxyType
 
 import sympy
 
-__all__ = ["VERIFIER_VERSION", "MAX_ABS", "TaskCheck", "check_task", "check_answer"]
+__all__ = ["MAX_ABS", "VERIFIER_VERSION", "TaskCheck", "check_answer", "check_task"]
 
 VERIFIER_VERSION = "math-sympy-1"
 MAX_ABS = 10 ** 6
@@ -74,6 +73,3 @@ def check_answer(answer: str, reference: str) -> bool:
     except (TypeError, ValueError, sympy.SympifyError):
         return False
 
-
-REASONS = MappingProxyType({"unparsable": "repair", "no_unique_solution": "repair", "non_integer_answer": "repair",
-                            "too_large": "repair", "wrong_reference_answer": "repair"})
