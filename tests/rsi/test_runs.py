@@ -70,7 +70,7 @@ def test_cli_run_and_diff(tmp_path):
 
     r = CliRunner()
     out = tmp_path / "run"
-    res = r.invoke(app, ["rsi", "run", "--out", str(out), "--rounds", "2", "--seeds", "5", "--heldout", "2"])
+    res = r.invoke(app, ["rsi", "run", "--out", str(out), "--rounds", "2", "--seeds", "8"])
     assert res.exit_code == 0, res.output
     assert "held-out transfer" in res.output
     rows = [json.loads(x) for x in (out / "problems.jsonl").read_text().splitlines()]
@@ -80,3 +80,17 @@ def test_cli_run_and_diff(tmp_path):
     assert res.exit_code == 0 and "(no differences)" in res.output
     res = r.invoke(app, ["rsi", "diff", str(vs[0]), str(out / "config.json")])
     assert res.exit_code == 2 and res.output.startswith("NEW:")
+
+
+def test_contaminated_exports_go_to_repairs(tmp_path):
+    seeds = make_seeds(4, 0)
+    run(tmp_path / "a", seeds, (), LoopConfig(rounds=1))
+    rows = [json.loads(x) for x in (tmp_path / "a" / "problems.jsonl").read_text().splitlines()]
+    bench = tmp_path / "bench.txt"
+    bench.write_text(rows[-1]["text"] + "\n")
+    run(tmp_path / "b", seeds, (), LoopConfig(rounds=1), decontamination=(str(bench),))
+    kept = [json.loads(x) for x in (tmp_path / "b" / "problems.jsonl").read_text().splitlines()]
+    rep = [json.loads(x) for x in (tmp_path / "b" / "repairs.jsonl").read_text().splitlines()]
+    assert rows[-1]["text"] not in {r["text"] for r in kept}
+    assert any(r["reason"] == "contaminated" and r["text"] == rows[-1]["text"] for r in rep)
+    assert len(kept) < len(rows)

@@ -1,6 +1,7 @@
 """``treadle rsi ...``: the offline harness self-improvement loop (issue 16).
 
-    treadle rsi run --out runs/rsi [--rounds 3] [--seeds 12 | --seed-file seeds.jsonl] [--heldout 6]
+    treadle rsi run --out runs/rsi [--rounds 3] [--seeds 16 | --seed-file seeds.jsonl] [--heldout-fraction 0.3]
+                    [--decontaminate bench.jsonl ...]
     treadle rsi ablate --out runs/rsi-ablate [--rounds 3] [--runs 3]
     treadle rsi diff runs/rsi/harness/v0.json runs/rsi/harness/v3.json
 """
@@ -34,6 +35,30 @@ def _seeds(n: int, seed_file: Path | None, seed: int):
     return make_seeds(n, seed)
 
 
+def _hygiene(pool, benchmark_files, heldout_fraction: float, seed: int):
+    """Dedup, decontaminate, split by near-duplicate family; exits 2 naming the flag on bad input."""
+    from treadle.rsi.decontam import BenchmarkIndex, DecontaminationFileError, dedup, split_by_family
+
+    notes = []
+    pool, dropped = dedup(pool)
+    if dropped:
+        notes.append(f"dedup: dropped {len(dropped)} duplicated seed(s)")
+    if benchmark_files:
+        index = BenchmarkIndex()
+        try:
+            for p in benchmark_files:
+                index.add_file(p)
+        except DecontaminationFileError as err:
+            _fail("--decontaminate", str(err))
+        kept = [t for t in pool if not index.contaminated(t.text)]
+        notes.append(f"decontamination: dropped {len(pool) - len(kept)} seed(s) overlapping the benchmark files")
+        pool = kept
+    train, heldout = split_by_family(pool, heldout_fraction, seed)
+    if not train:
+        _fail("--seeds", "no training seeds left after dedup, decontamination and the held-out split")
+    return train, heldout, notes
+
+
 def _check_out(out: Path) -> None:
     from treadle.run_dirs import check_out_dir
 
@@ -47,9 +72,13 @@ def _check_out(out: Path) -> None:
 def run_cmd(
     out: Path = typer.Option(..., "--out", help="Run folder (created; an existing run there is resumed)."),
     rounds: int = typer.Option(3, "--rounds", min=1, max=100, help="Rounds of synthesis."),
-    n_seeds: int = typer.Option(12, "--seeds", min=1, max=10000, help="Generated training seeds (if no --seed-file)."),
+    n_seeds: int = typer.Option(16, "--seeds", min=1, max=10000, help="Generated seeds (if no --seed-file)."),
     seed_file: Path = typer.Option(None, "--seed-file", help='JSONL of {"id": ..., "expression": "3+4"} seeds.'),
-    n_heldout: int = typer.Option(6, "--heldout", min=0, max=10000, help="Generated held-out seeds (transfer only)."),
+    heldout_fraction: float = typer.Option(0.3, "--heldout-fraction", min=0.0, max=0.9,
+                                           help="Share of seed families held out (transfer evaluation only)."),
+    decontaminate: list[Path] = typer.Option(None, "--decontaminate",
+                                             help="Benchmark file (.jsonl or text lines); repeatable. Seeds and "
+                                                  "exported problems sharing a 13-gram with it are dropped."),
     seed: int = typer.Option(0, "--seed", help="Seeds every random choice."),
     solver: str = typer.Option("capacity", "--solver", help="Fixed solver: capacity (programmatic) or tiny-model."),
     online: bool = typer.Option(True, "--online/--no-online", help="Online skill admission."),
@@ -59,19 +88,19 @@ def run_cmd(
 ) -> None:
     """Run the offline loop; writes problems.jsonl, log.jsonl, ledger.jsonl, harness/, curve.png."""
     from treadle.rsi.loop import LoopConfig
-    from treadle.rsi.math_tasks import make_seeds
     from treadle.rsi.runs import SOLVERS, RunMismatchError, SolverSpec, run
 
     if solver not in SOLVERS:
         _fail("--solver", f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)}")
     _check_out(out)
-    seeds = _seeds(n_seeds, seed_file, seed)
-    train_texts = {t.text for t in seeds}
-    heldout = [t for t in make_seeds(n_heldout, seed + 10_000, prefix="heldout") if t.text not in train_texts] \
-        if n_heldout else []
+    pool = _seeds(n_seeds, seed_file, seed)
+    seeds, heldout, notes = _hygiene(pool, decontaminate or [], heldout_fraction, seed)
+    for n in notes:
+        console.print(n, markup=False)
     cfg = LoopConfig(seed=seed, rounds=rounds, online=online, post_batch=post_batch, margin=margin)
     try:
         summ = run(out, seeds, heldout, cfg, SolverSpec(name=solver), resume=resume,
+                   decontamination=tuple(str(p) for p in decontaminate or []),
                    on_round=lambda r: console.print(f"round {r['round']}: accuracy {r['accuracy']:.3f}, "
                                                     f"{len(r['exports'])} verified, {len(r['repairs'])} repairs, "
                                                     f"harness v{r['harness'].version}", markup=False))

@@ -58,6 +58,8 @@ class RunConfig(BaseModel):
     solver: SolverSpec = Field(default_factory=SolverSpec)
     seed_ids: tuple[str, ...] = ()
     heldout_ids: tuple[str, ...] = ()
+    decontamination: tuple[str, ...] = ()
+    """Benchmark files whose 13-grams no exported problem may share."""
 
 
 def build_solver(spec: SolverSpec) -> Solver:
@@ -92,8 +94,12 @@ def _keep_rounds(path: Path, upto: int) -> list[dict]:
 
 def run(out_dir, seeds: list[MathTask], heldout: list[MathTask] = (), loop: LoopConfig | None = None,
         solver: SolverSpec | None = None, *, resume: bool = True, solver_obj: Solver | None = None,
-        on_round=None) -> dict:
+        on_round=None, decontamination: tuple[str, ...] = ()) -> dict:
     """Run (or resume) the offline loop into ``out_dir``; returns the summary (also ``summary.json``).
+
+    ``decontamination``: benchmark files (see :class:`treadle.rsi.decontam.BenchmarkIndex`); a verified
+    problem sharing a 13-gram with one of them is not exported but recorded in ``repairs.jsonl``
+    (reason ``contaminated``).
 
     Raises:
         ValueError: no seeds, duplicated ids, a held-out id that is also a training id.
@@ -111,7 +117,15 @@ def run(out_dir, seeds: list[MathTask], heldout: list[MathTask] = (), loop: Loop
     both = sorted(set(ids) & {t.seed_id for t in heldout})
     if both:
         raise ValueError(f"seed ids both in training and held-out seeds: {both}")
-    cfg = RunConfig(loop=loop, solver=solver, seed_ids=tuple(ids), heldout_ids=tuple(t.seed_id for t in heldout))
+    cfg = RunConfig(loop=loop, solver=solver, seed_ids=tuple(ids), heldout_ids=tuple(t.seed_id for t in heldout),
+                    decontamination=tuple(str(p) for p in decontamination))
+    index = None
+    if decontamination:
+        from treadle.rsi.decontam import BenchmarkIndex
+
+        index = BenchmarkIndex()
+        for p in decontamination:
+            index.add_file(p)
     out = Path(out_dir)
     cfg_path, state_path = out / "config.json", out / "state.json"
     if cfg_path.exists():
@@ -123,7 +137,7 @@ def run(out_dir, seeds: list[MathTask], heldout: list[MathTask] = (), loop: Loop
         new_rounds = new["loop"].pop("rounds")
         if old != new:
             keys = sorted(k for k in set(old["loop"]) | set(new["loop"]) if old["loop"].get(k) != new["loop"].get(k))
-            other = [k for k in ("solver", "seed_ids", "heldout_ids") if old.get(k) != new.get(k)]
+            other = [k for k in ("solver", "seed_ids", "heldout_ids", "decontamination") if old.get(k) != new.get(k)]
             raise RunMismatchError(f"{out} holds a run with another config: differs in {keys + other}")
         new["loop"]["rounds"] = new_rounds
         _write_atomic(cfg_path, json.dumps(new, indent=1))
@@ -154,8 +168,13 @@ def run(out_dir, seeds: list[MathTask], heldout: list[MathTask] = (), loop: Loop
     while L.round < loop.rounds:
         n_log, n_led = len(L.log), len(L.ledger.entries)
         rec = L.step_round()
-        _append(out / "problems.jsonl", rec["exports"])
-        _append(out / "repairs.jsonl", rec["repairs"])
+        exports, repairs = rec["exports"], rec["repairs"]
+        if index is not None:
+            bad = [e for e in exports if index.contaminated(e["text"])]
+            exports = [e for e in exports if not index.contaminated(e["text"])]
+            repairs = repairs + [{**e, "reason": "contaminated"} for e in bad]
+        _append(out / "problems.jsonl", exports)
+        _append(out / "repairs.jsonl", repairs)
         _append(out / "log.jsonl", L.log[n_log:])
         _append(out / "ledger.jsonl", [e.model_dump(mode="json") for e in L.ledger.entries[n_led:]])
         for h in (rec["harness_online"], rec["harness"]):
