@@ -146,3 +146,17 @@ def test_bad_seeds():
     s = make_seeds(2, 0)
     with pytest.raises(ValueError, match="duplicated seed ids"):
         RSILoop([s[0], s[0]], CapacitySolver())
+
+
+def test_bootstrap_ci_brackets_the_mean(full_run):
+    from treadle.rsi.loop import bootstrap_ci
+
+    L, _ = full_run
+    assert len(L.curve_ci) == len(L.curve)
+    for m, (lo, hi) in zip(L.curve, L.curve_ci):
+        assert lo <= m + 1e-12 and m <= hi + 1e-12
+    assert bootstrap_ci([1.0] * 5) == (1.0, 1.0)
+    lo, hi = bootstrap_ci([0.0, 0.25, 0.5, 1.0] * 4)
+    assert 0.0 < lo < 0.4375 < hi < 1.0
+    with pytest.raises(ValueError):
+        bootstrap_ci([])

@@ -109,8 +109,9 @@ def run_cmd(
     t = Table(title="difficulty curve (fixed-solver accuracy on the fixed queue)")
     t.add_column("round")
     t.add_column("accuracy")
-    for i, a in enumerate(summ["curve"]):
-        t.add_row(str(i), f"{a:.3f}")
+    t.add_column("95% CI (bootstrap over tasks)")
+    for i, (a, ci) in enumerate(zip(summ["curve"], summ["curve_ci95"])):
+        t.add_row(str(i), f"{a:.3f}", f"[{ci[0]:.3f}, {ci[1]:.3f}]")
     console.print(t)
     led = summ["ledger"]
     console.print(f"cost units by operator: {json.dumps(led['by_operator'])}", markup=False)

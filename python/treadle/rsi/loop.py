@@ -21,7 +21,7 @@ from treadle.rsi.math_tasks import PRIMITIVES, MathTask, NotApplicable, apply_me
 from treadle.rsi.solvers import Solver, SolverError
 from treadle.rsi.verifier import VERIFIER_VERSION, check_task
 
-__all__ = ["INITIAL_PRIMITIVES", "ChainResult", "Director", "LoopConfig", "RSILoop", "initial_harness"]
+__all__ = ["INITIAL_PRIMITIVES", "ChainResult", "Director", "LoopConfig", "RSILoop", "bootstrap_ci", "initial_harness"]
 
 #: primitives extracted into H_0; the rest form the catalogue post-batch proposals may add from.
 INITIAL_PRIMITIVES = ("add_term", "widen_digits", "add_distractor")
@@ -57,6 +57,18 @@ class LoopConfig(BaseModel):
     """Admission: solver accuracy drop on the probes the skill must cause (evidence)."""
     max_method_len: int = Field(6, ge=1, le=32)
     """Admission: longest composite skill (reusability: short recipes generalise)."""
+
+
+def bootstrap_ci(values: list[float], *, seed: int = 0, level: float = 0.95, n_boot: int = 2000) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean over tasks (tasks resampled; the 4 attempts of a task
+    stay together, since with 4 attempts a task's accuracy has only 5 possible values)."""
+    if not values:
+        raise ValueError("bootstrap_ci needs at least one value")
+    r = random.Random(f"ci:{seed}")
+    n = len(values)
+    means = sorted(sum(values[r.randrange(n)] for _ in range(n)) / n for _ in range(n_boot))
+    lo, hi = means[int((1 - level) / 2 * n_boot)], means[min(n_boot - 1, int((1 + level) / 2 * n_boot))]
+    return lo, hi
 
 
 def _rng(*parts) -> random.Random:
@@ -150,7 +162,9 @@ class RSILoop:
         self.h0 = self.harness
         self.chains: dict[str, MathTask] = {t.seed_id: t for t in self.seeds}
         self.round = 0
-        self.curve: list[float] = [self.measure(list(self.chains.values()))]
+        self.curve: list[float] = []
+        self.curve_ci: list[tuple[float, float]] = []
+        self._measure_point()
 
     # --- measurement --------------------------------------------------------------------------------
     def solve_accuracy(self, tasks: list[MathTask], seed_tag: str) -> list[float]:
@@ -166,6 +180,11 @@ class RSILoop:
         """Difficulty-curve point: mean fixed-solver accuracy on ``tasks`` (fixed measuring seed)."""
         accs = self.solve_accuracy(tasks, "measure")
         return sum(accs) / len(accs)
+
+    def _measure_point(self) -> None:
+        accs = self.solve_accuracy(list(self.chains.values()), "measure")
+        self.curve.append(sum(accs) / len(accs))
+        self.curve_ci.append(bootstrap_ci(accs, seed=self.config.seed))
 
     def skill_effect(self, method: tuple[str, ...], name: str, rnd: int, phase: str) -> dict[str, float]:
         """Apply ``method`` to every probe seed: applicability, accuracy before / after, effect."""
@@ -363,11 +382,12 @@ class RSILoop:
         if cfg.post_batch:
             h_next = self.post_batch(h_online, dict(self.chains))  # S_n: frozen queue at the batch boundary
         self.harness = h_next
-        self.curve.append(self.measure(list(self.chains.values())))
+        self._measure_point()
         self.round += 1
         return {"round": rnd, "exports": [e for r in res.values() for e in r.exports],
                 "repairs": [e for r in res.values() for e in r.repairs], "harness_start": h_start,
-                "harness_online": h_online, "harness": h_next, "accuracy": self.curve[-1]}
+                "harness_online": h_online, "harness": h_next, "accuracy": self.curve[-1],
+                "accuracy_ci": self.curve_ci[-1]}
 
     def transfer(self, heldout: list[MathTask], h: Harness, rounds: int) -> float:
         """Final-round accuracy of frozen ``h`` on held-out seeds (task-only recursion, no update, nothing

@@ -154,7 +154,7 @@ def run(out_dir, seeds: list[MathTask], heldout: list[MathTask] = (), loop: Loop
         L = RSILoop(seeds, solver_impl, loop, harness=Harness.model_validate(st["harness"]))
         L.h0 = Harness.model_validate(st["h0"])
         L.chains = {k: MathTask.model_validate(v) for k, v in st["chains"].items()}
-        L.round, L.curve = done, st["curve"]
+        L.round, L.curve, L.curve_ci = done, st["curve"], [tuple(c) for c in st["curve_ci"]]
         L.log = [r for r in _keep_rounds(out / "log.jsonl", done)]
         L.ledger = CostLedger([CostEntry.model_validate(r) for r in _keep_rounds(out / "ledger.jsonl", done)])
         for name in ("problems.jsonl", "repairs.jsonl"):
@@ -181,22 +181,28 @@ def run(out_dir, seeds: list[MathTask], heldout: list[MathTask] = (), loop: Loop
             _write_atomic(out / "harness" / f"v{h.version}.json", h.to_json())
         _write_atomic(state_path, json.dumps({"round": L.round, "harness": L.harness.model_dump(mode="json"),
                                               "h0": L.h0.model_dump(mode="json"), "curve": L.curve,
+                                              "curve_ci": L.curve_ci,
                                               "chains": {k: v.model_dump(mode="json") for k, v in L.chains.items()}}))
         if on_round is not None:
             on_round(rec)
-    summary = {"curve": L.curve, "harness_version": L.harness.version, "skills": [s.name for s in L.harness.skills],
+    summary = {"curve": L.curve, "curve_ci95": L.curve_ci, "harness_version": L.harness.version,
+               "skills": [s.name for s in L.harness.skills],
                "ledger": L.ledger.summary(), "n_problems": sum(1 for _ in (out / "problems.jsonl").open())}
     if heldout:
         summary["transfer"] = {"h_final": L.transfer(list(heldout), L.harness, loop.rounds),
                                "h0": L.transfer(list(heldout), L.h0, loop.rounds)}
-    _write_atomic(out / "curve.json", json.dumps({"round": list(range(len(L.curve))), "accuracy": L.curve}))
+    _write_atomic(out / "curve.json", json.dumps({"round": list(range(len(L.curve))), "accuracy": L.curve,
+                                                  "ci95": L.curve_ci, "n_tasks": len(L.chains),
+                                                  "attempts": loop.attempts}))
     _write_atomic(out / "summary.json", json.dumps(summary, indent=1, default=str))
-    plot_curves({"run": L.curve}, out / "curve.png", title="fixed-solver accuracy on the fixed queue")
+    plot_curves({"run": L.curve}, out / "curve.png", title="fixed-solver accuracy on the fixed queue",
+                cis={"run": L.curve_ci})
     return summary
 
 
-def plot_curves(curves: dict[str, list[float]], path, title: str) -> None:
-    """Difficulty curves (accuracy per round) to a PNG with matplotlib's object API (no pyplot)."""
+def plot_curves(curves: dict[str, list[float]], path, title: str, cis: dict | None = None) -> None:
+    """Difficulty curves (accuracy per round; shaded 95% intervals where ``cis`` has them) to a PNG with
+    matplotlib's object API (no pyplot)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -205,6 +211,8 @@ def plot_curves(curves: dict[str, list[float]], path, title: str) -> None:
     ax = fig.add_subplot()
     for name, ys in curves.items():
         ax.plot(range(len(ys)), ys, marker="o", label=name)
+        if cis and name in cis:
+            ax.fill_between(range(len(ys)), [c[0] for c in cis[name]], [c[1] for c in cis[name]], alpha=0.2)
     ax.set_xlabel("round (0 = seeds)")
     ax.set_ylabel("fixed-solver accuracy (4 attempts)")
     ax.set_ylim(-0.02, 1.02)
