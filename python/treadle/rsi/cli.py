@@ -101,7 +101,7 @@ def run_cmd(
     try:
         summ = run(out, seeds, heldout, cfg, SolverSpec(name=solver), resume=resume,
                    decontamination=tuple(str(p) for p in decontaminate or []),
-                   on_round=lambda r: console.print(f"round {r['round']}: accuracy {r['accuracy']:.3f}, "
+                   on_round=lambda r: console.print(f"after round {r['round'] + 1}: accuracy {r['accuracy']:.3f}, "
                                                     f"{len(r['exports'])} verified, {len(r['repairs'])} repairs, "
                                                     f"harness v{r['harness'].version}", markup=False))
     except RunMismatchError as err:

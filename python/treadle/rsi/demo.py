@@ -16,6 +16,7 @@ def run(run_dir: Path, quick: bool, console) -> dict:
     import torch
     from rich.table import Table
 
+    from treadle.rsi.decontam import dedup, split_by_family
     from treadle.rsi.loop import LoopConfig
     from treadle.rsi.math_tasks import make_seeds
     from treadle.rsi.runs import SolverSpec
@@ -25,14 +26,14 @@ def run(run_dir: Path, quick: bool, console) -> dict:
     torch.set_num_threads(1)
     try:
         n, rounds = (6, 2) if quick else (12, 3)
-        seeds = make_seeds(n, 0)
-        texts = {t.text for t in seeds}
-        heldout = [t for t in make_seeds(n // 2, 10_000, prefix="heldout") if t.text not in texts]
+        pool, _ = dedup(make_seeds(n + n // 2, 0))
+        seeds, heldout = split_by_family(pool, 0.3, seed=0)
         summ = run_rsi(Path(run_dir), seeds, heldout, LoopConfig(rounds=rounds),
                        SolverSpec(name="tiny-model", args={"quick": quick}),
                        on_round=lambda r: console.print(
-                           f"round {r['round']}: fixed-solver accuracy {r['accuracy']:.3f}, {len(r['exports'])} "
-                           f"verified, {len(r['repairs'])} repairs, harness v{r['harness'].version}", markup=False))
+                           f"after round {r['round'] + 1}: fixed-solver accuracy {r['accuracy']:.3f}, "
+                           f"{len(r['exports'])} verified, {len(r['repairs'])} repairs, "
+                           f"harness v{r['harness'].version}", markup=False))
     finally:
         torch.set_num_threads(threads)
     t = Table(title="RSI difficulty curve (tiny-model accuracy on the fixed queue, 4 attempts)")
