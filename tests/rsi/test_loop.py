@@ -160,3 +160,12 @@ def test_bootstrap_ci_brackets_the_mean(full_run):
     assert 0.0 < lo < 0.4375 < hi < 1.0
     with pytest.raises(ValueError):
         bootstrap_ci([])
+
+
+def test_staged_evaluation_spends_less_on_rejected_candidates():
+    full, _ = _run(n=8, rounds=2)
+    staged, _ = _run(n=8, rounds=2, staged_queue=2)
+    small = [e for e in staged.log if e.get("stage") == "small"]
+    assert small, "some candidate should fail on the small queue"
+    assert all(not e["accepted"] and "small queue of 2" in e["proposal"] for e in small)
+    assert staged.ledger.total(phase="post_batch") < full.ledger.total(phase="post_batch")

@@ -129,11 +129,13 @@ class PostBatchGate:
         """The accepted candidate, else the online snapshot (also before any offer)."""
         return self.accepted if self.accepted is not None else self.online
 
-    def offer(self, candidate: Harness, evaluation: Evaluation, proposal: str = "") -> Verdict:
-        """Judge one candidate; RuntimeError if the gate is already decided."""
+    def offer(self, candidate: Harness, evaluation: Evaluation, proposal: str = "",
+              baseline: Evaluation | None = None) -> Verdict:
+        """Judge one candidate (against ``baseline`` when given: a staged evaluation's small queue, else the
+        gate's baseline); RuntimeError if the gate is already decided."""
         if self.done:
             raise RuntimeError("the post-batch gate is already decided; no more candidates")
-        v = self.critic.judge(evaluation, self.baseline)
+        v = self.critic.judge(evaluation, baseline or self.baseline)
         self.log.append({"proposal": proposal, "candidate_digest": candidate.digest, "verdict": v.model_dump()})
         if v.accepted:
             self.accepted = candidate

@@ -55,6 +55,9 @@ class LoopConfig(BaseModel):
     """Admission: share of probes on which the skill yields a valid task."""
     min_drop: float = Field(0.25, ge=0.0, le=1.0)
     """Admission: solver accuracy drop on the probes the skill must cause (evidence)."""
+    staged_queue: int = Field(0, ge=0, le=10_000)
+    """Staged post-batch evaluation: candidates first synthesise from this many queue tasks; only those the
+    Critic passes there are evaluated on the full frozen queue (0 = off)."""
     max_method_len: int = Field(6, ge=1, le=32)
     """Admission: longest composite skill (reusability: short recipes generalise)."""
 
@@ -356,9 +359,24 @@ class RSILoop:
 
     def post_batch(self, online: Harness, queue: dict[str, MathTask]) -> Harness:
         base = self.evaluate(online, queue, "baseline")
-        gate = PostBatchGate(online, base, Critic(self.config.margin), self.config.max_rejections)
+        critic = Critic(self.config.margin)
+        gate = PostBatchGate(online, base, critic, self.config.max_rejections)
+        k = self.config.staged_queue
+        small = dict(list(queue.items())[:k]) if 0 < k < len(queue) else None
+        base_small = self.evaluate(online, small, "baseline-small") if small else None
         for desc, cand in self.proposals(online):
             cand = cand.model_copy(update={"version": online.version + 1, "parent": online.version})
+            if small:
+                ev = self.evaluate(cand, small, desc)
+                if not critic.judge(ev, base_small).accepted:
+                    desc = f"{desc} [rejected on the small queue of {k}]"
+                    v = gate.offer(cand, ev, desc, baseline=base_small)
+                    self.log.append({"event": "candidate", "round": self.round, "proposal": desc, "accepted": False,
+                                     "reason": v.reason, "candidate_digest": cand.digest, "diff": diff(online, cand),
+                                     "verdict": v.model_dump(), "stage": "small"})
+                    if gate.done:
+                        break
+                    continue
             v = gate.offer(cand, self.evaluate(cand, queue, desc), desc)
             self.log.append({"event": "candidate", "round": self.round, "proposal": desc, "accepted": v.accepted,
                              "reason": v.reason, "candidate_digest": cand.digest, "diff": diff(online, cand),
