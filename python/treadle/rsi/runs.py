@@ -213,6 +213,7 @@ def plot_curves(curves: dict[str, list[float]], path, title: str, cis: dict | No
         ax.plot(range(len(ys)), ys, marker="o", label=name)
         if cis and name in cis:
             ax.fill_between(range(len(ys)), [c[0] for c in cis[name]], [c[1] for c in cis[name]], alpha=0.2)
+    ax.set_xticks(range(max((len(ys) for ys in curves.values()), default=1)))
     ax.set_xlabel("round (0 = seeds)")
     ax.set_ylabel("fixed-solver accuracy (4 attempts)")
     ax.set_ylim(-0.02, 1.02)
