@@ -1,5 +1,8 @@
-"""``treadle demo`` section ``rsi``: the offline harness self-improvement loop with the embedded tiny
-model as the fixed solver (a few rounds; difficulty curve PNG, verified problems JSONL, cost ledger).
+"""``treadle demo`` section ``rsi``: the offline harness self-improvement loop, a few rounds, twice:
+with the embedded tiny model as the fixed solver (the issue's demo) and with the programmatic
+capacity-limited solver (whose known limit makes the loop's mechanics visible even when the tiny model
+solves almost nothing). Each run folder has the difficulty curve PNG, verified problems JSONL, the
+harness versions and the cost ledger.
 
 Hook (in ``treadle/demo.py``'s SECTIONS): ``("rsi", "treadle.rsi.demo:run")``.
 """
@@ -11,8 +14,8 @@ __all__ = ["run"]
 
 
 def run(run_dir: Path, quick: bool, console) -> dict:
-    """Run the section into ``run_dir`` (``quick``: the quick tiny model, 6 seeds, 2 rounds; else the
-    default tiny model, 12 seeds, 3 rounds). Returns the run summary (see :func:`treadle.rsi.runs.run`)."""
+    """Run the section into ``run_dir/<solver>`` (``quick``: the quick tiny model, 12 seeds, 2 rounds;
+    else the default tiny model, 18 seeds, 3 rounds). Returns ``{solver: run summary}``."""
     import torch
     from rich.table import Table
 
@@ -22,28 +25,32 @@ def run(run_dir: Path, quick: bool, console) -> dict:
     from treadle.rsi.runs import SolverSpec
     from treadle.rsi.runs import run as run_rsi
 
+    n, rounds = (12, 2) if quick else (18, 3)
+    pool, _ = dedup(make_seeds(n, 0))
+    seeds, heldout = split_by_family(pool, 0.3, seed=0)
+    solvers = {"tiny-model": SolverSpec(name="tiny-model", args={"quick": quick}), "capacity": SolverSpec()}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    out = {}
     try:
-        n, rounds = (6, 2) if quick else (12, 3)
-        pool, _ = dedup(make_seeds(n + n // 2, 0))
-        seeds, heldout = split_by_family(pool, 0.3, seed=0)
-        summ = run_rsi(Path(run_dir), seeds, heldout, LoopConfig(rounds=rounds),
-                       SolverSpec(name="tiny-model", args={"quick": quick}),
-                       on_round=lambda r: console.print(
-                           f"after round {r['round'] + 1}: fixed-solver accuracy {r['accuracy']:.3f}, "
-                           f"{len(r['exports'])} verified, {len(r['repairs'])} repairs, "
-                           f"harness v{r['harness'].version}", markup=False))
+        for name, spec in solvers.items():
+            console.print(f"fixed solver: {name}; {len(seeds)} training seeds, {len(heldout)} held-out", markup=False)
+            out[name] = run_rsi(Path(run_dir) / name, seeds, heldout, LoopConfig(rounds=rounds), spec,
+                                on_round=lambda r: console.print(
+                                    f"  after round {r['round'] + 1}: accuracy {r['accuracy']:.3f}, "
+                                    f"{len(r['exports'])} verified, {len(r['repairs'])} repairs, "
+                                    f"harness v{r['harness'].version}", markup=False))
     finally:
         torch.set_num_threads(threads)
-    t = Table(title="RSI difficulty curve (tiny-model accuracy on the fixed queue, 4 attempts)")
+    t = Table(title="RSI difficulty curve: fixed-solver accuracy on the fixed queue (4 attempts)")
     t.add_column("round")
-    t.add_column("accuracy")
-    for i, a in enumerate(summ["curve"]):
-        t.add_row(str(i), f"{a:.3f}")
+    for name in out:
+        t.add_column(name)
+    for i in range(rounds + 1):
+        t.add_row(str(i), *[f"{out[name]['curve'][i]:.3f}" for name in out])
     console.print(t)
-    console.print(f"skills: {', '.join(summ['skills'])}", markup=False)
-    console.print(f"transfer on held-out seeds (final accuracy): H_n {summ['transfer']['h_final']:.3f}, "
-                  f"H_0 {summ['transfer']['h0']:.3f}", markup=False)
-    console.print(f"-> {Path(run_dir) / 'problems.jsonl'}, {Path(run_dir) / 'curve.png'}", markup=False)
-    return summ
+    for name, summ in out.items():
+        console.print(f"{name}: skills {', '.join(summ['skills'])}; held-out final accuracy H_n "
+                      f"{summ['transfer']['h_final']:.3f} vs H_0 {summ['transfer']['h0']:.3f}; "
+                      f"-> {Path(run_dir) / name / 'curve.png'}", markup=False)
+    return out
