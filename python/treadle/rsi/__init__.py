@@ -1,0 +1,59 @@
+"""``treadle.rsi``: harness self-improvement for reasoning-data synthesis (issue 16; DESIGN.md "RSI").
+
+The harness ``H = (skill library, role prompts, workflow, Verify/Revise positions)`` is the thing that
+improves; the verifier is outside it. Layers (never imports ``treadle.weft``):
+
+- records: :mod:`~treadle.rsi.harness` (:class:`Harness`, :class:`Skill`, :func:`diff`),
+  :mod:`~treadle.rsi.critic` (:class:`Critic`, :class:`PostBatchGate`), :mod:`~treadle.rsi.ledger`;
+- offline math backend: :mod:`~treadle.rsi.math_tasks` (symbolic tasks, primitive transformations),
+  :mod:`~treadle.rsi.verifier` (sympy, versioned), :mod:`~treadle.rsi.solvers` (fixed solvers);
+- execute: :mod:`~treadle.rsi.loop` (:class:`RSILoop`: Director, online admission, post-batch, transfer);
+- batch: :mod:`~treadle.rsi.runs` (run folders, resume, curve PNG, ablation), CLI ``treadle rsi``.
+
+Example::
+
+    from treadle.rsi import LoopConfig, RSILoop, CapacitySolver, make_seeds
+
+    loop = RSILoop(make_seeds(12, 0), CapacitySolver(), LoopConfig(rounds=3))
+    for _ in range(3):
+        loop.step_round()
+    print(loop.curve)          # fixed-solver accuracy per round on the fixed queue
+"""
+from treadle.rsi.critic import Critic, Evaluation, PostBatchGate, Verdict, cost_bound, relative_difficulty_gain
+from treadle.rsi.harness import Harness, Provenance, RolePrompts, Skill, Workflow, diff
+from treadle.rsi.ledger import CostEntry, CostLedger
+from treadle.rsi.loop import Director, LoopConfig, RSILoop
+from treadle.rsi.math_tasks import MathTask, SeedError, load_seed_file, make_seeds
+from treadle.rsi.solvers import CapacitySolver, Solver, SolverError, TinyModelSolver
+from treadle.rsi.verifier import VERIFIER_VERSION, check_answer, check_task
+
+__all__ = [
+           "VERIFIER_VERSION",
+           "CapacitySolver",
+           "CostEntry",
+           "CostLedger",
+           "Critic",
+           "Director",
+           "Evaluation",
+           "Harness",
+           "LoopConfig",
+           "MathTask",
+           "PostBatchGate",
+           "Provenance",
+           "RSILoop",
+           "RolePrompts",
+           "SeedError",
+           "Skill",
+           "Solver",
+           "SolverError",
+           "TinyModelSolver",
+           "Verdict",
+           "Workflow",
+           "check_answer",
+           "check_task",
+           "cost_bound",
+           "diff",
+           "load_seed_file",
+           "make_seeds",
+           "relative_difficulty_gain",
+]

@@ -1,0 +1,174 @@
+"""``treadle rsi ...``: the offline harness self-improvement loop (issue 16).
+
+    treadle rsi run --out runs/rsi [--rounds 3] [--seeds 16 | --seed-file seeds.jsonl] [--heldout-fraction 0.3]
+                    [--decontaminate bench.jsonl ...]
+    treadle rsi ablate --out runs/rsi-ablate [--rounds 3] [--runs 3]
+    treadle rsi diff runs/rsi/harness/v0.json runs/rsi/harness/v3.json
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="RSI: harness self-improvement for reasoning-data synthesis (offline math backend).",
+                  no_args_is_help=True, add_completion=False)
+console = Console()
+
+
+def _fail(flag: str, msg: str) -> None:
+    console.print(f"{flag}: {msg}", style="red", markup=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _seeds(n: int, seed_file: Path | None, seed: int):
+    from treadle.rsi.math_tasks import SeedError, load_seed_file, make_seeds
+
+    if seed_file is not None:
+        try:
+            return load_seed_file(seed_file)
+        except SeedError as err:
+            _fail("--seed-file", str(err))
+    return make_seeds(n, seed)
+
+
+def _hygiene(pool, benchmark_files, heldout_fraction: float, seed: int):
+    """Dedup, decontaminate, split by near-duplicate family; exits 2 naming the flag on bad input."""
+    from treadle.rsi.decontam import BenchmarkIndex, DecontaminationFileError, dedup, split_by_family
+
+    notes = []
+    pool, dropped = dedup(pool)
+    if dropped:
+        notes.append(f"dedup: dropped {len(dropped)} duplicated seed(s)")
+    if benchmark_files:
+        index = BenchmarkIndex()
+        try:
+            for p in benchmark_files:
+                index.add_file(p)
+        except DecontaminationFileError as err:
+            _fail("--decontaminate", str(err))
+        kept = [t for t in pool if not index.contaminated(t.text)]
+        notes.append(f"decontamination: dropped {len(pool) - len(kept)} seed(s) overlapping the benchmark files")
+        pool = kept
+    train, heldout = split_by_family(pool, heldout_fraction, seed)
+    if not train:
+        _fail("--seeds", "no training seeds left after dedup, decontamination and the held-out split")
+    return train, heldout, notes
+
+
+def _check_out(out: Path) -> None:
+    from treadle.run_dirs import check_out_dir
+
+    try:
+        check_out_dir(out, "--out")
+    except ValueError as err:
+        _fail("--out", str(err))
+
+
+@app.command("run")
+def run_cmd(
+    out: Path = typer.Option(..., "--out", help="Run folder (created; an existing run there is resumed)."),
+    rounds: int = typer.Option(3, "--rounds", min=1, max=100, help="Rounds of synthesis."),
+    n_seeds: int = typer.Option(16, "--seeds", min=1, max=10000, help="Generated seeds (if no --seed-file)."),
+    seed_file: Path = typer.Option(None, "--seed-file", help='JSONL of {"id": ..., "expression": "3+4"} seeds.'),
+    heldout_fraction: float = typer.Option(0.3, "--heldout-fraction", min=0.0, max=0.9,
+                                           help="Share of seed families held out (transfer evaluation only)."),
+    decontaminate: list[Path] = typer.Option(None, "--decontaminate",
+                                             help="Benchmark file (.jsonl or text lines); repeatable. Seeds and "
+                                                  "exported problems sharing a 13-gram with it are dropped."),
+    seed: int = typer.Option(0, "--seed", help="Seeds every random choice."),
+    solver: str = typer.Option("capacity", "--solver", help="Fixed solver: capacity (programmatic) or tiny-model."),
+    online: bool = typer.Option(True, "--online/--no-online", help="Online skill admission."),
+    post_batch: bool = typer.Option(True, "--post-batch/--no-post-batch", help="Post-batch proposals + Critic."),
+    margin: float = typer.Option(0.02, "--margin", min=0.0, max=1.0, help="Critic's noise margin on accuracy."),
+    resume: bool = typer.Option(True, "--resume/--no-resume", help="Resume a run found in --out."),
+) -> None:
+    """Run the offline loop; writes problems.jsonl, log.jsonl, ledger.jsonl, harness/, curve.png."""
+    from treadle.rsi.loop import LoopConfig
+    from treadle.rsi.runs import SOLVERS, RunMismatchError, SolverSpec, run
+
+    if solver not in SOLVERS:
+        _fail("--solver", f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)}")
+    _check_out(out)
+    pool = _seeds(n_seeds, seed_file, seed)
+    seeds, heldout, notes = _hygiene(pool, decontaminate or [], heldout_fraction, seed)
+    for n in notes:
+        console.print(n, markup=False)
+    cfg = LoopConfig(seed=seed, rounds=rounds, online=online, post_batch=post_batch, margin=margin)
+    try:
+        summ = run(out, seeds, heldout, cfg, SolverSpec(name=solver), resume=resume,
+                   decontamination=tuple(str(p) for p in decontaminate or []),
+                   on_round=lambda r: console.print(f"after round {r['round'] + 1}: accuracy {r['accuracy']:.3f}, "
+                                                    f"{len(r['exports'])} verified, {len(r['repairs'])} repairs, "
+                                                    f"harness v{r['harness'].version}", markup=False))
+    except RunMismatchError as err:
+        _fail("--out", str(err))
+    t = Table(title="difficulty curve (fixed-solver accuracy on the fixed queue)")
+    t.add_column("round")
+    t.add_column("accuracy")
+    t.add_column("95% CI (bootstrap over tasks)")
+    for i, (a, ci) in enumerate(zip(summ["curve"], summ["curve_ci95"])):
+        t.add_row(str(i), f"{a:.3f}", f"[{ci[0]:.3f}, {ci[1]:.3f}]")
+    console.print(t)
+    led = summ["ledger"]
+    console.print(f"cost units by operator: {json.dumps(led['by_operator'])}", markup=False)
+    if "transfer" in summ:
+        console.print(f"held-out transfer (final accuracy, lower = harder): H_n {summ['transfer']['h_final']:.3f} "
+                      f"vs H_0 {summ['transfer']['h0']:.3f}", markup=False)
+    console.print(f"{summ['n_problems']} verified problems -> {out / 'problems.jsonl'}; curve -> {out / 'curve.png'}",
+                  markup=False)
+
+
+@app.command("ablate")
+def ablate_cmd(
+    out: Path = typer.Option(..., "--out", help="Folder for one run folder per variant and seed."),
+    rounds: int = typer.Option(3, "--rounds", min=1, max=100),
+    n_seeds: int = typer.Option(12, "--seeds", min=1, max=10000, help="Training seeds (same for every variant)."),
+    runs: int = typer.Option(3, "--runs", min=1, max=20, help="Random seeds per variant."),
+    solver: str = typer.Option("capacity", "--solver"),
+) -> None:
+    """Full vs Task-only vs Online-only vs Post-batch-only: final accuracy and cost per operator."""
+    from treadle.rsi.loop import LoopConfig
+    from treadle.rsi.math_tasks import make_seeds
+    from treadle.rsi.runs import SOLVERS, SolverSpec, ablate
+
+    if solver not in SOLVERS:
+        _fail("--solver", f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)}")
+    _check_out(out)
+    rows = ablate(out, make_seeds(n_seeds, 0), LoopConfig(rounds=rounds), SolverSpec(name=solver),
+                  run_seeds=tuple(range(runs)))
+    t = Table(title=f"ablation ({runs} seeds each, {rounds} rounds; mean)")
+    cols = ["final_accuracy", "cost_online", "cost_post_batch", "cost_extend", "cost_revise", "cost_verify",
+            "cost_director", "cost_skill_update"]
+    t.add_column("variant")
+    for c in cols:
+        t.add_column(c.replace("cost_", "cost "))
+    for v in dict.fromkeys(r["variant"] for r in rows):
+        rs = [r for r in rows if r["variant"] == v]
+        t.add_row(v, *[f"{sum(r[c] for r in rs) / len(rs):.3f}" if c == "final_accuracy"
+                       else f"{sum(r[c] for r in rs) / len(rs):.0f}" for c in cols])
+    console.print(t)
+    console.print(f"-> {out / 'ablation.json'}, {out / 'ablation.png'}", markup=False)
+
+
+@app.command("diff")
+def diff_cmd(old: Path = typer.Argument(..., help="Harness JSON (e.g. harness/v0.json)."),
+             new: Path = typer.Argument(..., help="Harness JSON to compare with.")) -> None:
+    """Readable differences between two harness versions."""
+    from pydantic import ValidationError
+
+    from treadle.rsi.harness import Harness, diff
+
+    hs = []
+    for name, p in (("OLD", old), ("NEW", new)):
+        try:
+            hs.append(Harness.from_json(p.read_text()))
+        except FileNotFoundError:
+            _fail(name, f"no file {p}")
+        except ValidationError as err:
+            _fail(name, f"{p} is not a harness record ({err.error_count()} errors, first: {err.errors()[0]['msg']})")
+    for line in diff(*hs) or ["(no differences)"]:
+        console.print(line, markup=False)

@@ -1,0 +1,250 @@
+"""Batch layer of the offline RSI loop: run folders (config, JSONL records, harness versions, curve),
+resume after an interruption, difficulty-curve PNG, the ablation in miniature (issue 16).
+
+Run folder layout::
+
+    config.json        loop config + solver {name, args} + seed ids (a resume must match it exactly)
+    seeds.jsonl        training seeds; heldout.jsonl: held-out seeds (read only by the transfer step)
+    harness/v{N}.json  every harness version that was in force at a round boundary
+    problems.jsonl     verified valid tasks with provenance (seed, harness version, skills, solver accuracy)
+    repairs.jsonl      invalid tasks and tool failures routed to repair
+    log.jsonl          skill admissions (and refusals), post-batch candidates with verdicts, rollbacks
+    ledger.jsonl       cost entries (operator, phase, seed chain, units)
+    state.json         written atomically after each round (chains, harness, curve): the resume point
+    curve.json / curve.png / summary.json
+
+Records of round ``r`` are appended before ``state.json`` says ``r`` is done; a resume drops records of
+rounds not marked done, so a crash never duplicates or loses a finished round's records.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from treadle.rsi.harness import Harness
+from treadle.rsi.ledger import CostEntry, CostLedger
+from treadle.rsi.loop import LoopConfig, RSILoop
+from treadle.rsi.math_tasks import MathTask
+from treadle.rsi.solvers import CapacitySolver, Solver, TinyModelSolver
+
+__all__ = ["ABLATIONS", "RunConfig", "RunMismatchError", "SolverSpec", "ablate", "build_solver", "plot_curves", "run"]
+
+SOLVERS = {"capacity": CapacitySolver, "tiny-model": TinyModelSolver}
+ABLATIONS = {"full": {"online": True, "post_batch": True}, "task-only": {"online": False, "post_batch": False},
+             "online-only": {"online": True, "post_batch": False},
+             "post-batch-only": {"online": False, "post_batch": True}}
+
+
+class RunMismatchError(ValueError):
+    """A resume whose config differs from the one in the run folder."""
+
+
+class SolverSpec(BaseModel):
+    """A solver by registered name and arguments (rebuildable from the run folder)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str = "capacity"
+    args: dict = Field(default_factory=dict)
+
+
+class RunConfig(BaseModel):
+    """Everything that fixes a run's output."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    loop: LoopConfig = Field(default_factory=LoopConfig)
+    solver: SolverSpec = Field(default_factory=SolverSpec)
+    seed_ids: tuple[str, ...] = ()
+    heldout_ids: tuple[str, ...] = ()
+    decontamination: tuple[str, ...] = ()
+    """Benchmark files whose 13-grams no exported problem may share."""
+
+
+def build_solver(spec: SolverSpec) -> Solver:
+    """Solver from its spec; ValueError naming the known solvers for an unknown name."""
+    if spec.name not in SOLVERS:
+        raise ValueError(f"unknown solver {spec.name!r}; known: {sorted(SOLVERS)}")
+    return SOLVERS[spec.name](**spec.args)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _append(path: Path, rows) -> None:
+    with path.open("a") as f:
+        for r in rows:
+            f.write(json.dumps(r, sort_keys=True, default=str) + "\n")
+        f.flush()
+
+
+def _keep_rounds(path: Path, upto: int) -> list[dict]:
+    """Rows of a JSONL file with ``round < upto`` (rewritten in place); [] if absent."""
+    if not path.exists():
+        return []
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    rows = [r for r in rows if r.get("round", -1) < upto]
+    _write_atomic(path, "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows))
+    return rows
+
+
+def run(out_dir, seeds: list[MathTask], heldout: list[MathTask] = (), loop: LoopConfig | None = None,
+        solver: SolverSpec | None = None, *, resume: bool = True, solver_obj: Solver | None = None,
+        on_round=None, decontamination: tuple[str, ...] = ()) -> dict:
+    """Run (or resume) the offline loop into ``out_dir``; returns the summary (also ``summary.json``).
+
+    ``decontamination``: benchmark files (see :class:`treadle.rsi.decontam.BenchmarkIndex`); a verified
+    problem sharing a 13-gram with one of them is not exported but recorded in ``repairs.jsonl``
+    (reason ``contaminated``).
+
+    Raises:
+        ValueError: no seeds, duplicated ids, a held-out id that is also a training id.
+        RunMismatchError: ``out_dir`` holds a run with another config (the message lists the differences;
+            ``rounds`` may differ: the run continues to the new count),
+            or ``resume`` is False and the folder already holds a run.
+    """
+    loop = loop or LoopConfig()
+    solver = solver or SolverSpec()
+    if not seeds:
+        raise ValueError("no training seeds")
+    ids = [t.seed_id for t in seeds]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"duplicated seed ids: {sorted({i for i in ids if ids.count(i) > 1})}")
+    both = sorted(set(ids) & {t.seed_id for t in heldout})
+    if both:
+        raise ValueError(f"seed ids both in training and held-out seeds: {both}")
+    cfg = RunConfig(loop=loop, solver=solver, seed_ids=tuple(ids), heldout_ids=tuple(t.seed_id for t in heldout),
+                    decontamination=tuple(str(p) for p in decontamination))
+    index = None
+    if decontamination:
+        from treadle.rsi.decontam import BenchmarkIndex
+
+        index = BenchmarkIndex()
+        for p in decontamination:
+            index.add_file(p)
+    out = Path(out_dir)
+    cfg_path, state_path = out / "config.json", out / "state.json"
+    if cfg_path.exists():
+        old = json.loads(cfg_path.read_text())
+        new = json.loads(cfg.model_dump_json())
+        if not resume:
+            raise RunMismatchError(f"{out} already holds a run; resume it or choose another folder")
+        old["loop"].pop("rounds", None)  # more (or fewer) rounds: the same run, continued
+        new_rounds = new["loop"].pop("rounds")
+        if old != new:
+            keys = sorted(k for k in set(old["loop"]) | set(new["loop"]) if old["loop"].get(k) != new["loop"].get(k))
+            other = [k for k in ("solver", "seed_ids", "heldout_ids", "decontamination") if old.get(k) != new.get(k)]
+            raise RunMismatchError(f"{out} holds a run with another config: differs in {keys + other}")
+        new["loop"]["rounds"] = new_rounds
+        _write_atomic(cfg_path, json.dumps(new, indent=1))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "harness").mkdir(exist_ok=True)
+    if not cfg_path.exists():
+        _write_atomic(cfg_path, cfg.model_dump_json(indent=1))
+        _append(out / "seeds.jsonl", [t.model_dump(mode="json") for t in seeds])
+        _append(out / "heldout.jsonl", [t.model_dump(mode="json") for t in heldout])
+    solver_impl = solver_obj or build_solver(solver)
+    if state_path.exists():
+        st = json.loads(state_path.read_text())
+        done = st["round"]
+        L = RSILoop(seeds, solver_impl, loop, harness=Harness.model_validate(st["harness"]))
+        L.h0 = Harness.model_validate(st["h0"])
+        L.chains = {k: MathTask.model_validate(v) for k, v in st["chains"].items()}
+        L.round, L.curve, L.curve_ci = done, st["curve"], [tuple(c) for c in st["curve_ci"]]
+        L.log = [r for r in _keep_rounds(out / "log.jsonl", done)]
+        L.ledger = CostLedger([CostEntry.model_validate(r) for r in _keep_rounds(out / "ledger.jsonl", done)])
+        for name in ("problems.jsonl", "repairs.jsonl"):
+            _keep_rounds(out / name, done)
+    else:
+        for name in ("log.jsonl", "ledger.jsonl", "problems.jsonl", "repairs.jsonl"):
+            (out / name).unlink(missing_ok=True)
+        L = RSILoop(seeds, solver_impl, loop)
+        _append(out / "ledger.jsonl", [e.model_dump(mode="json") for e in L.ledger.entries])
+        _write_atomic(out / "harness" / "v0.json", L.h0.to_json())
+    while L.round < loop.rounds:
+        n_log, n_led = len(L.log), len(L.ledger.entries)
+        rec = L.step_round()
+        exports, repairs = rec["exports"], rec["repairs"]
+        if index is not None:
+            bad = [e for e in exports if index.contaminated(e["text"])]
+            exports = [e for e in exports if not index.contaminated(e["text"])]
+            repairs = repairs + [{**e, "reason": "contaminated"} for e in bad]
+        _append(out / "problems.jsonl", exports)
+        _append(out / "repairs.jsonl", repairs)
+        _append(out / "log.jsonl", L.log[n_log:])
+        _append(out / "ledger.jsonl", [e.model_dump(mode="json") for e in L.ledger.entries[n_led:]])
+        for h in (rec["harness_online"], rec["harness"]):
+            _write_atomic(out / "harness" / f"v{h.version}.json", h.to_json())
+        _write_atomic(state_path, json.dumps({"round": L.round, "harness": L.harness.model_dump(mode="json"),
+                                              "h0": L.h0.model_dump(mode="json"), "curve": L.curve,
+                                              "curve_ci": L.curve_ci,
+                                              "chains": {k: v.model_dump(mode="json") for k, v in L.chains.items()}}))
+        if on_round is not None:
+            on_round(rec)
+    summary = {"curve": L.curve, "curve_ci95": L.curve_ci, "harness_version": L.harness.version,
+               "skills": [s.name for s in L.harness.skills],
+               "ledger": L.ledger.summary(), "n_problems": sum(1 for _ in (out / "problems.jsonl").open())}
+    if heldout:
+        summary["transfer"] = {"h_final": L.transfer(list(heldout), L.harness, loop.rounds),
+                               "h0": L.transfer(list(heldout), L.h0, loop.rounds)}
+    _write_atomic(out / "curve.json", json.dumps({"round": list(range(len(L.curve))), "accuracy": L.curve,
+                                                  "ci95": L.curve_ci, "n_tasks": len(L.chains),
+                                                  "attempts": loop.attempts}))
+    _write_atomic(out / "summary.json", json.dumps(summary, indent=1, default=str))
+    plot_curves({"run": L.curve}, out / "curve.png", title="fixed-solver accuracy on the fixed queue",
+                cis={"run": L.curve_ci})
+    return summary
+
+
+def plot_curves(curves: dict[str, list[float]], path, title: str, cis: dict | None = None) -> None:
+    """Difficulty curves (accuracy per round; shaded 95% intervals where ``cis`` has them) to a PNG with
+    matplotlib's object API (no pyplot)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 3.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for name, ys in curves.items():
+        ax.plot(range(len(ys)), ys, marker="o", label=name)
+        if cis and name in cis:
+            ax.fill_between(range(len(ys)), [c[0] for c in cis[name]], [c[1] for c in cis[name]], alpha=0.2)
+    ax.set_xticks(range(max((len(ys) for ys in curves.values()), default=1)))
+    ax.set_xlabel("round (0 = seeds)")
+    ax.set_ylabel("fixed-solver accuracy (4 attempts)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(str(path), dpi=110)
+
+
+def ablate(out_dir, seeds: list[MathTask], base: LoopConfig, solver: SolverSpec, run_seeds=(0, 1, 2),
+           on_run=None) -> list[dict]:
+    """The paper's ablation in miniature: Full / Task-only / Online-only / Post-batch-only, each for every
+    seed in ``run_seeds``, same seeds and budget; rows of final-round accuracy and cost per operator,
+    ``ablation.json`` and ``ablation.png`` (mean curve per variant)."""
+    out = Path(out_dir)
+    rows, curves = [], {}
+    for variant, flags in ABLATIONS.items():
+        per = []
+        for s in run_seeds:
+            cfg = base.model_copy(update={**flags, "seed": s})
+            summ = run(out / f"{variant}-seed{s}", seeds, (), cfg, solver)
+            ops = summ["ledger"]["by_operator"]
+            row = {"variant": variant, "seed": s, "final_accuracy": summ["curve"][-1],
+                   "cost_online": summ["ledger"]["by_phase"].get("online", 0.0),
+                   "cost_post_batch": summ["ledger"]["by_phase"].get("post_batch", 0.0),
+                   **{f"cost_{k}": ops.get(k, 0.0) for k in ("extend", "revise", "verify", "director", "skill_update")}}
+            rows.append(row)
+            per.append(summ["curve"])
+            if on_run is not None:
+                on_run(row)
+        curves[variant] = [sum(c[i] for c in per) / len(per) for i in range(len(per[0]))]
+    _write_atomic(out / "ablation.json", json.dumps({"rows": rows, "mean_curves": curves}, indent=1))
+    plot_curves(curves, out / "ablation.png", title="ablation: mean accuracy per round")
+    return rows

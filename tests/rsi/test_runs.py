@@ -1,0 +1,96 @@
+import json
+
+import pytest
+from treadle.rsi.loop import LoopConfig
+from treadle.rsi.math_tasks import make_seeds
+from treadle.rsi.runs import RunMismatchError, run
+from typer.testing import CliRunner
+
+
+def _files(d):
+    return {n: (d / n).read_text() for n in ("problems.jsonl", "log.jsonl", "ledger.jsonl", "repairs.jsonl",
+                                             "state.json", "curve.json")}
+
+
+def test_resume_gives_the_same_run_as_one_go(tmp_path):
+    seeds = make_seeds(6, 0)
+    one = run(tmp_path / "one", seeds, (), LoopConfig(rounds=3))
+    run(tmp_path / "two", seeds, (), LoopConfig(rounds=2))
+    # an interrupted round 2: stray records of a round that state.json does not mark done
+    with (tmp_path / "two" / "problems.jsonl").open("a") as f:
+        f.write(json.dumps({"round": 2, "text": "stray"}) + "\n")
+    two = run(tmp_path / "two", seeds, (), LoopConfig(rounds=3))
+    assert one["curve"] == two["curve"]
+    assert _files(tmp_path / "one") == _files(tmp_path / "two")
+    assert (tmp_path / "one" / "curve.png").stat().st_size > 1000
+    assert (tmp_path / "one" / "harness" / "v0.json").exists()
+
+
+def test_heldout_content_never_changes_the_update_path(tmp_path):
+    seeds = make_seeds(6, 0)
+    a = run(tmp_path / "a", seeds, make_seeds(3, 5, prefix="h"), LoopConfig(rounds=2))
+    b = run(tmp_path / "b", seeds, make_seeds(4, 6, prefix="h"), LoopConfig(rounds=2))
+    fa, fb = _files(tmp_path / "a"), _files(tmp_path / "b")
+    assert fa == fb
+    assert sorted(p.name for p in (tmp_path / "a" / "harness").iterdir()) == \
+        sorted(p.name for p in (tmp_path / "b" / "harness").iterdir())
+    assert "transfer" in a and "transfer" in b
+
+
+def test_config_mismatch_and_bad_seeds(tmp_path):
+    seeds = make_seeds(4, 0)
+    run(tmp_path / "r", seeds, (), LoopConfig(rounds=1))
+    with pytest.raises(RunMismatchError, match=r"differs in \['margin'\]"):
+        run(tmp_path / "r", seeds, (), LoopConfig(rounds=1, margin=0.1))
+    with pytest.raises(RunMismatchError, match="already holds a run"):
+        run(tmp_path / "r", seeds, (), LoopConfig(rounds=1), resume=False)
+    with pytest.raises(ValueError, match="both in training and held-out"):
+        run(tmp_path / "x", seeds, seeds[:1], LoopConfig(rounds=1))
+    assert not (tmp_path / "x").exists()
+
+
+def test_cli_errors_are_one_line_naming_the_flag(tmp_path):
+    from treadle.cli import app
+
+    r = CliRunner()
+    p = tmp_path / "seeds.jsonl"
+    p.write_text('{"id": "a", "expression": "1+2"}\n{"id": "a", "expression": "3"}\n')
+    res = r.invoke(app, ["rsi", "run", "--out", str(tmp_path / "o"), "--seed-file", str(p)])
+    assert res.exit_code == 2 and res.output.startswith("--seed-file:") and "duplicated seed id 'a'" in res.output
+    res = r.invoke(app, ["rsi", "run", "--out", str(tmp_path / "o"), "--solver", "oracle"])
+    assert res.exit_code == 2 and res.output.startswith("--solver:")
+    (tmp_path / "f").write_text("")
+    res = r.invoke(app, ["rsi", "run", "--out", str(tmp_path / "f")])
+    assert res.exit_code == 2 and res.output.startswith("--out:")
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_run_and_diff(tmp_path):
+    from treadle.cli import app
+
+    r = CliRunner()
+    out = tmp_path / "run"
+    res = r.invoke(app, ["rsi", "run", "--out", str(out), "--rounds", "2", "--seeds", "8"])
+    assert res.exit_code == 0, res.output
+    assert "held-out transfer" in res.output
+    rows = [json.loads(x) for x in (out / "problems.jsonl").read_text().splitlines()]
+    assert rows and all(x["verifier_version"] == "math-sympy-1" for x in rows)
+    vs = sorted((out / "harness").iterdir())
+    res = r.invoke(app, ["rsi", "diff", str(vs[0]), str(vs[0])])
+    assert res.exit_code == 0 and "(no differences)" in res.output
+    res = r.invoke(app, ["rsi", "diff", str(vs[0]), str(out / "config.json")])
+    assert res.exit_code == 2 and res.output.startswith("NEW:")
+
+
+def test_contaminated_exports_go_to_repairs(tmp_path):
+    seeds = make_seeds(4, 0)
+    run(tmp_path / "a", seeds, (), LoopConfig(rounds=1))
+    rows = [json.loads(x) for x in (tmp_path / "a" / "problems.jsonl").read_text().splitlines()]
+    bench = tmp_path / "bench.txt"
+    bench.write_text(rows[-1]["text"] + "\n")
+    run(tmp_path / "b", seeds, (), LoopConfig(rounds=1), decontamination=(str(bench),))
+    kept = [json.loads(x) for x in (tmp_path / "b" / "problems.jsonl").read_text().splitlines()]
+    rep = [json.loads(x) for x in (tmp_path / "b" / "repairs.jsonl").read_text().splitlines()]
+    assert rows[-1]["text"] not in {r["text"] for r in kept}
+    assert any(r["reason"] == "contaminated" and r["text"] == rows[-1]["text"] for r in rep)
+    assert len(kept) < len(rows)
