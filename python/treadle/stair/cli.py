@@ -19,22 +19,6 @@ app = typer.Typer(help="STAIR: reflected read-out of earlier responses' K/V (tra
 console = Console()
 
 
-def default_layers(model) -> tuple:
-    """The paper's layers (3, 11, 19) where the model has them as softmax-attention layers, else up to
-    three softmax-attention layers spread over the depth (e.g. (1, 2, 3) on a 4-layer model)."""
-    import torch
-
-    from treadle.stair.arch import inspect_model
-
-    layers = list(model.model.layers)
-    full = [i for i, lay in enumerate(layers) if isinstance(getattr(lay, "self_attn", None), torch.nn.Module)]
-    if all(i in full for i in (3, 11, 19)):
-        return (3, 11, 19)
-    pick = sorted({full[round(j * (len(full) - 1) / 2)] for j in range(3)}) if len(full) >= 3 else full
-    inspect_model(model, pick)
-    return tuple(pick)
-
-
 def parse_layers(text: str, model) -> tuple:
     """``"auto"`` -> :func:`default_layers`; ``"3,11,19"`` -> (3, 11, 19).
 
@@ -42,6 +26,8 @@ def parse_layers(text: str, model) -> tuple:
         typer.BadParameter: not a comma-separated list of ints.
     """
     if text.strip() == "auto":
+        from treadle.stair.controller import default_layers
+
         return default_layers(model)
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())

@@ -19,7 +19,8 @@ def run(run_dir: Path, quick: bool, console) -> dict:
         {"train": train result, "eval": evaluation result}.
     """
     from treadle.models.tiny import TinyTrainConfig, load_default_model
-    from treadle.stair.cli import default_layers, report
+    from treadle.stair.cli import report
+    from treadle.stair.controller import default_layers
     from treadle.stair.evaluation import EvalConfig, evaluate
     from treadle.stair.training import StairTrainConfig, read_log, train
 
