@@ -449,7 +449,7 @@ PAPER_LAYERS = (3, 11, 19)
 def default_layers(model) -> tuple:
     """The layers ``layers="auto"`` picks: the paper's (3, 11, 19) where the model has them as
     softmax-attention layers, else up to three softmax-attention layers spread over the depth
-    (e.g. (1, 2, 3) on a 4-layer model, (0, 1) on a 2-layer one).
+    (e.g. (0, 2, 3) on a 4-layer model, (0, 1) on a 2-layer one).
 
     Raises:
         TypeError: ``model`` is not a HF model.
