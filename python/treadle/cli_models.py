@@ -15,16 +15,19 @@ __all__ = ["load_model", "QUICK_SLOT", "model_source"]
 QUICK_SLOT = "tiny-qwen3-quick"
 
 
-def model_source(model_path) -> str:
-    """Which setting gave the checkpoint: ``--model``, ``$TREADLE_MODEL`` or the embedded tiny model."""
+def model_source(model_path, flag: str = "--model") -> str:
+    """Which setting gave the checkpoint: ``flag``, ``$TREADLE_MODEL`` or the embedded tiny model."""
     if model_path is not None:
-        return "--model"
+        return flag
     return "$TREADLE_MODEL" if os.environ.get("TREADLE_MODEL") else "the embedded tiny model"
 
 
 def load_model(model_path, quick: bool, console, *, threads: int = 0, train_if_missing: bool = True,
-               need_chat_template: bool = True, cuda: bool = True):
+               need_chat_template: bool = True, cuda: bool = True, source: str = "--model"):
     """``(model, tokenizer)`` for a command.
+
+    Args:
+        source: the CLI flag or argument that gives ``model_path`` (for messages).
 
     Raises:
         click UsageError (exit 2): the checkpoint cannot be used; the message names its source.
@@ -36,7 +39,7 @@ def load_model(model_path, quick: bool, console, *, threads: int = 0, train_if_m
 
     if threads:
         torch.set_num_threads(threads)
-    src = model_source(model_path)
+    src = model_source(model_path, source)
     if quick and model_path is None:
         cfg, name, src = TinyTrainConfig.quick(), QUICK_SLOT, "the quick tiny model"
     else:
