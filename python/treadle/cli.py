@@ -140,24 +140,31 @@ def backends(as_json: bool = typer.Option(False, "--json", help="Print JSON inst
 @app.command()
 def demo(
     sections: str = typer.Option("all", help="Comma-separated demo sections, or 'all'."),
-    run_dir: Path = typer.Option(Path("runs/demo"), help="Where run folders (JSONL, PNG, config) go."),
+    out: Path = typer.Option(None, "--out", help="Run folder (one sub-folder per section: JSONL, PNG, config); "
+                                                 "default runs/demo (--quick: runs/demo-quick, so a quick run never "
+                                                 "replaces the full one). A finished run of the same settings there "
+                                                 "is kept, other settings are refused; --overwrite replaces it."),
+    run_dir: Path = typer.Option(None, "--run-dir", hidden=True, help="Old name of --out."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run of other settings in --out."),
     quick: bool = typer.Option(False, help="Smallest settings (smoke test)."),
 ) -> None:
     """Run the main job on the embedded defaults: every section, each a thin use of public APIs."""
+    from treadle.cli_runs import open_run, pick_out, recorded
     from treadle.demo import resolve_sections, run_demo
 
+    out = pick_out(out, run_dir, "runs/demo-quick" if quick else "runs/demo")
     try:
-        resolve_sections(sections)
+        chosen = resolve_sections(sections)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--sections") from None
-    from treadle.run_dirs import check_out_dir
-
-    try:
-        check_out_dir(run_dir, "--run-dir")
-    except ValueError as err:
-        console.print(str(err), style="red", markup=False)
-        raise typer.Exit(2) from None
-    run_demo(sections, run_dir, quick=quick, console=console)
+    run = open_run(out, command="demo", config={"sections": chosen, "quick": quick}, overwrite=overwrite)
+    if run.finished:
+        console.print(f"{out} already holds this finished demo run (sections {', '.join(chosen)}, "
+                      f"{'quick' if quick else 'full'} settings; finished {run.previous.get('ended')}); its results "
+                      f"are unchanged. Add --overwrite to run it again.", markup=False)
+        return
+    with recorded(run, console, saved=lambda: "the sections finished so far (one sub-folder each)"):
+        run_demo(sections, out, quick=quick, console=console)
 
 
 @app.command()
