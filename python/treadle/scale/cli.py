@@ -163,7 +163,7 @@ def sft_cmd(
                                                                      if m.strip())
     cfg = _sft_cfg(quick, steps=steps, batch_size=batch_size, lr=lr, r=r, lora_alpha=alpha, target_modules=tm,
                    levels=parse_list(levels, "--levels"), seed=seed)
-    run = _open(out, "scale sft", {"config": _asdict(cfg), "model": model_path, "quick": quick}, overwrite)
+    run = _open(out, "scale sft", {**_asdict(cfg), "model": model_path, "quick": quick}, overwrite)
     if _show_finished(run, "Stage I"):
         console.print(f"adapter: {out / 'adapter'}", markup=False)
         return
@@ -231,7 +231,7 @@ def train_cmd(
                      eval_size=eval_size, max_new_tokens=max_new_tokens, seed=seed)
     if adapter is not None:
         _check_adapter(Path(adapter).expanduser())
-    run = _open(out, "scale train", {"config": _asdict(cfg), "model": model_path, "quick": quick,
+    run = _open(out, "scale train", {**_asdict(cfg), "model": model_path, "quick": quick,
                                      "adapter": str(adapter) if adapter is not None else None}, overwrite)
     if _show_finished(run, "Stage II"):
         summary_file = out / "summary.json"
@@ -304,7 +304,7 @@ def sweep_cmd(
                      no_extrapolate=no_extrapolate, seed=seed)
     if adapter is not None:
         _check_adapter(Path(adapter).expanduser())
-    run = _open(out, "scale sweep", {"config": _asdict(cfg), "Ls": list(grid_L), "Us": list(grid_U),
+    run = _open(out, "scale sweep", {**_asdict(cfg), "Ls": list(grid_L), "Us": list(grid_U),
                                      "metric": metric, "model": model_path, "quick": quick,
                                      "adapter": str(adapter) if adapter is not None else None}, overwrite)
     if _show_finished(run, "sweep"):

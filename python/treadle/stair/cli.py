@@ -134,7 +134,7 @@ def train_cmd(
                        levels=lv, batch_size=batch_size, grad_accum=grad_accum, lr=lr, lambda_kl=lambda_kl,
                        responses=responses, seed=seed, save_every=max(1, min(25, steps)))
     run = open_run(out, command="stair train", overwrite=overwrite, ignore=("steps", "save_every"),
-                   config={"config": {**dataclasses.asdict(cfg), "layers": layers.strip()}, "model": model_path,
+                   config={**dataclasses.asdict(cfg), "layers": layers.strip(), "model": model_path,
                            "quick": quick, "steps": steps, "save_every": cfg.save_every})
     if run.finished and _checkpoint_step(out) >= steps:
         log = read_log(out)
@@ -214,7 +214,7 @@ def eval_cmd(
                        max_new_tokens=max_new_tokens, seed=seed,
                        conditions=tuple(c.strip() for c in conditions.split(",") if c.strip()), budgets=budget_list)
     run = open_run(out, command="stair eval", overwrite=overwrite,
-                   config={"config": dataclasses.asdict(cfg), "model": model_path, "quick": quick,
+                   config={**dataclasses.asdict(cfg), "model": model_path, "quick": quick,
                            "normals": str(normals) if normals else None, "layers": layers,
                            "bank_free": str(bank_free) if bank_free else None})
     if run.finished and (out / "results.json").exists():
