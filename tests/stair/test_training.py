@@ -216,3 +216,16 @@ def test_default_config_layers_adapt_to_the_model(tmp_path, tok):
     r = train(model, tok, cfg, tmp_path, progress=False, backend="cpp")
     assert r["layers"] == (0, 2, 3)
     assert json.loads((tmp_path / "config.json").read_text())["layers"] == list(r["layers"])
+
+
+def test_report_to_tensorboard(tmp_path, tok):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = StairTrainConfig(layers=(1,), steps=2, sessions=2, batch_size=2, turns=2, responses="gold", save_every=2)
+    train(_model(tok), tok, cfg, tmp_path, progress=False, backend="cpp", report_to="tensorboard")
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    loss = [e.value for e in acc.Scalars("train/loss")]
+    logged = [json.loads(x)["loss"] for x in (tmp_path / "log.jsonl").read_text().splitlines() if "step" in x]
+    assert loss == pytest.approx(logged, rel=1e-5)
