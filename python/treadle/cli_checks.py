@@ -94,3 +94,22 @@ def build_config(cls, flags: dict[str, str], /, **values):
         raise typer.BadParameter(msg, param_hint=hint) from None
     except (ValueError, TypeError) as err:  # a config that is not (yet) pydantic
         raise typer.BadParameter(" ".join(str(err).split())) from None
+
+
+def given(ctx, name: str) -> bool:
+    """Whether the user set option ``name`` (command line or environment), not left at its default."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT", "PROMPT")
+
+
+def refuse_ignored(ctx, rules) -> None:
+    """Options the command would ignore are errors: for each ``(name, flag, applies, why)`` in ``rules``,
+    a user-set option whose ``applies`` is False is a usage error naming ``flag`` (``why`` says when it
+    applies).
+
+    Raises:
+        typer.BadParameter: the first ignored option.
+    """
+    for name, flag, applies, why in rules:
+        if given(ctx, name) and not applies:
+            raise typer.BadParameter(f"ignored here: it applies {why}", param_hint=flag)

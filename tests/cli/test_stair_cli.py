@@ -80,12 +80,19 @@ def test_ctrl_c_says_what_was_saved_and_how_to_resume(tmp_path, monkeypatch):
     ["train", "--eps", "0"], ["train", "--eps", "0.999"], ["train", "--turns", "2"], ["train", "--steps", "1"],
     ["train", "--lambda-kl", "0"], ["train", "--kind", "bank_free"], ["train", "--responses", "gold"],
     ["train", "--levels", "6"], ["train", "--threads", "0"], ["train", "--layers", "auto"],
-    ["eval", "--temperature", "0"], ["eval", "--k", "1"], ["eval", "--turns", "2"], ["eval", "--budgets", "1"],
+    ["eval", "--temperature", "0"], ["eval", "--k", "1"], ["eval", "--turns", "2"], ["eval", "--budgets", "1", "--normals", "NORMALS"],
     ["eval", "--conditions", "vanilla"], ["eval", "--max-new-tokens", "1"],
 ])
 def test_valid_boundary_values_pass_the_option_checks(tmp_path, args):
+    import torch
+    from safetensors.torch import save_file
+
+    normals = tmp_path / "n.safetensors"
+    save_file({"normals": torch.zeros(1, 2, 8)}, str(normals),
+              metadata={"stair_config": json.dumps({"format": 1, "kind": "stair", "layers": [1]})})
     afile = tmp_path / "afile"
     afile.write_text("x")
+    args = [str(normals) if a == "NORMALS" else a for a in args]
     r = runner.invoke(app, ["stair", *args, "--quick", "--out", str(afile)])
     assert r.exit_code == 2 and "--out" in r.output and "is a file" in r.output, r.output
 
@@ -96,6 +103,10 @@ def test_valid_boundary_values_pass_the_option_checks(tmp_path, args):
                                                                                     "--report-to"),
     (["eval", "--temperature", "-0.1"], "--temperature"), (["eval", "--conditions", "nope"], "--conditions"),
     (["eval", "--levels", "7"], "--levels"),
+    (["eval", "--conditions", "vanilla,native", "--normals", "n.safetensors"], "--normals: ignored here"),
+    (["eval", "--conditions", "native,stair", "--bank-free", "b.safetensors"], "--bank-free: ignored here"),
+    (["eval", "--conditions", "native", "--budgets", "16"], "--budgets: ignored here"),
+    (["eval", "--budgets", "16"], "--budgets: ignored here"),  # no normals anywhere: no stair condition runs
 ])
 def test_bad_values_name_the_flag(tmp_path, args, flag):
     r = runner.invoke(app, ["stair", *args, "--quick", "--out", str(tmp_path / "run")])

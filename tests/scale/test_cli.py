@@ -69,6 +69,7 @@ def test_scale_help_lists_the_commands():
     (["train", "--threads", "-1"], "--threads"),
     (["sweep", "--threads", "-1"], "--threads"),
     (["train", "--report-to", "nope"], "--report-to"),
+    (["train", "--temperature", "0.5"], "--temperature: ignored here"),  # only --responses sampled samples
     (["sft", "--model", "/no/such/model"], "does not exist"),
 ])
 def test_bad_input_exits_2_with_a_message_before_any_work(tmp_path, args, text):
@@ -83,7 +84,7 @@ def test_bad_input_exits_2_with_a_message_before_any_work(tmp_path, args, text):
     ["train", "--k", "2"], ["train", "--L", "-1e-9"], ["train", "--U", "1.000001"], ["train", "--tau", "1e-6"],
     ["train", "--epochs", "1", "--batch-size", "1", "--train-size", "1", "--eval-size", "1", "--max-new-tokens", "1"],
     ["train", "--levels", "6", "--eval-levels", "1"], ["train", "--threads", "0"], ["train", "--report-to", "none"],
-    ["train", "--objective", "ce", "--responses", "dataset"], ["sweep", "--jobs", "1", "--Ls=-1e-9", "--Us", "1.5"],
+    ["train", "--objective", "ce", "--responses", "dataset"], ["train", "--responses", "sampled", "--temperature", "1e-6"], ["sweep", "--jobs", "1", "--Ls=-1e-9", "--Us", "1.5"],
     ["sft", "--r", "1", "--steps", "1", "--batch-size", "1", "--threads", "0"],
 ])
 def test_valid_boundary_values_pass_the_option_checks(tmp_path, args):

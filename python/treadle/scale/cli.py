@@ -16,7 +16,7 @@ from typing import Literal
 
 import typer
 
-from treadle.cli_checks import build_config, field_check
+from treadle.cli_checks import build_config, field_check, refuse_ignored
 from treadle.cli_lists import parse_list
 from treadle.cli_output import make_console, progress_enabled
 from treadle.cli_runs import OUT_HELP_SUFFIX, open_run, pick_out, recorded, usage_error
@@ -179,6 +179,7 @@ def sft_cmd(
 
 @app.command("train")
 def train_cmd(
+    ctx: typer.Context,
     model_path: str = typer.Option(None, "--model", help="Base model checkpoint (default: the adapter's base, "
                                                          "else $TREADLE_MODEL, else the embedded tiny model)."),
     adapter: Path = typer.Option(None, help="Stage-I PEFT LoRA adapter folder (default: run a short Stage I "
@@ -219,6 +220,7 @@ def train_cmd(
     from treadle.scale.training import summary_tables, train
 
     out = pick_out(out, run_dir, "runs/scale/train-quick" if quick else "runs/scale/train")
+    refuse_ignored(ctx, [("temperature", "--temperature", responses == "sampled", "with --responses sampled only")])
     if objective == "ce" and responses != "dataset":
         raise typer.BadParameter("'ce' (the CE-calibration ablation) trains on the dataset's responses: use "
                                  "--responses dataset", param_hint="--objective")

@@ -15,7 +15,7 @@ from typing import Literal
 
 import typer
 
-from treadle.cli_checks import build_config, field_check
+from treadle.cli_checks import build_config, field_check, refuse_ignored
 from treadle.cli_lists import parse_list
 from treadle.cli_output import make_console, progress_enabled
 from treadle.cli_runs import OUT_HELP_SUFFIX, open_run, pick_out, recorded, usage_error
@@ -165,6 +165,7 @@ def train_cmd(
 
 @app.command("eval")
 def eval_cmd(
+    ctx: typer.Context,
     model_path: str = typer.Option(None, "--model", help="Local HF checkpoint (default: $TREADLE_MODEL, else the "
                                                          "embedded tiny model)."),
     normals: Path = typer.Option(None, help="Trained normals (default: <stair train's default --out>/"
@@ -200,6 +201,17 @@ def eval_cmd(
     if layers and layers.strip() != "auto":
         parse_layers(layers, None)  # syntax only (ranges need the model)
     budget_list = parse_list(budgets, "--budgets", example="16,64", minimum=1, allow_empty=True)
+    chosen = {c.strip() for c in conditions.split(",") if c.strip()}
+    refuse_ignored(ctx, [
+        ("normals", "--normals", bool(chosen & {"stair", "shuffled", "reflected"}),
+         "to the stair, shuffled and reflected conditions, none of which is in --conditions"),
+        ("bank_free", "--bank-free", "bank_free" in chosen, "to the bank_free condition, not in --conditions"),
+        ("budgets", "--budgets", "stair" in chosen, "to the stair condition (stair@N), not in --conditions")])
+    if budget_list and "stair" in chosen and normals is None and not (
+            model_path is None and bank_free is None
+            and (Path("runs/stair-quick" if quick else "runs/stair") / "normals.safetensors").exists()):
+        raise typer.BadParameter("ignored here: bank budgets apply to the stair condition, which needs --normals",
+                                 param_hint="--budgets")
     if normals is None and model_path is None and bank_free is None:
         default = Path("runs/stair-quick" if quick else "runs/stair") / "normals.safetensors"
         if default.exists():  # what `treadle stair train` (same --quick) wrote
