@@ -10,9 +10,11 @@ from pathlib import Path
 
 from treadle.cli_runs import usage_error
 
-__all__ = ["load_model", "QUICK_SLOT", "model_source"]
+__all__ = ["load_model", "QUICK_SLOT", "model_source", "THREADS_HELP"]
 
 QUICK_SLOT = "tiny-qwen3-quick"
+THREADS_HELP = ("torch CPU threads (default: 1 for the embedded tiny model, whose GEMMs are too small for threads "
+                "to pay; else torch's default; 0: leave as is).")
 
 
 def model_source(model_path, flag: str = "--model") -> str:
@@ -22,11 +24,13 @@ def model_source(model_path, flag: str = "--model") -> str:
     return "$TREADLE_MODEL" if os.environ.get("TREADLE_MODEL") else "the embedded tiny model"
 
 
-def load_model(model_path, quick: bool, console, *, threads: int = 0, train_if_missing: bool = True,
+def load_model(model_path, quick: bool, console, *, threads: int | None = None, train_if_missing: bool = True,
                need_chat_template: bool = True, cuda: bool = True, source: str = "--model"):
     """``(model, tokenizer)`` for a command.
 
     Args:
+        threads: torch CPU threads; 0 leaves torch's setting; None (the commands' default): 1 for the
+            embedded tiny model (its GEMMs are too small for threads to pay, as in the demos), else as is.
         source: the CLI flag or argument that gives ``model_path`` (for messages).
 
     Raises:
@@ -37,14 +41,18 @@ def load_model(model_path, quick: bool, console, *, threads: int = 0, train_if_m
 
     from treadle.models.tiny import CheckpointError, TinyTrainConfig, load_default_model
 
+    src = model_source(model_path, source)
+    if threads is None:
+        threads = 1 if src == "the embedded tiny model" or (quick and model_path is None) else 0
     if threads:
         torch.set_num_threads(threads)
-    src = model_source(model_path, source)
     if quick and model_path is None:
         cfg, name, src = TinyTrainConfig.quick(), QUICK_SLOT, "the quick tiny model"
     else:
         cfg, name = None, "tiny-qwen3"
-    shown = model_path if model_path is not None else os.environ.get("TREADLE_MODEL") if src == "$TREADLE_MODEL" else None
+    shown = model_path
+    if shown is None and src == "$TREADLE_MODEL":
+        shown = os.environ.get("TREADLE_MODEL")
     prefix = f"{src} {str(shown)!r}: " if shown is not None else f"{src}: "
     try:
         model, tok = load_default_model(model_path, config=cfg, name=name, console=console, progress=False,

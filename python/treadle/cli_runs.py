@@ -27,7 +27,8 @@ def usage_error(message: str) -> click.exceptions.UsageError:
 def pick_out(out: Path | None, alias: Path | None, default: str | Path) -> Path:
     """The run folder from ``--out`` or its hidden alias ``--run-dir`` (not both), else ``default``."""
     if out is not None and alias is not None and Path(out) != Path(alias):
-        raise usage_error(f"--run-dir is the old name of --out; give one of them, got --out {out} and --run-dir {alias}")
+        raise usage_error(f"--run-dir is the old name of --out; give one of them, got --out {out} and "
+                          f"--run-dir {alias}")
     chosen = out if out is not None else alias
     return Path(default) if chosen is None else Path(chosen)
 

@@ -54,3 +54,23 @@ def test_quick_never_writes_the_default_slot_and_other_settings_are_refused(tmp_
     r = CliRunner().invoke(app, ["model", "eval", str(cache / "tiny-qwen3-quick"), "--per-level", "1"])
     assert r.exit_code == 0, r.output
     assert "held-out greedy accuracy" in r.output
+
+
+def test_commands_pin_one_thread_for_the_embedded_tiny_model_only(tmp_path):
+    import torch
+    from rich.console import Console
+
+    from treadle.cli_models import load_model
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        load_model(None, True, Console(file=open(tmp_path / "log", "w")), threads=None)  # the quick tiny model
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        load_model(str(tmp_path / "cache" / "tiny-qwen3-quick"), False, None, threads=None)  # a --model path
+        assert torch.get_num_threads() == 2
+        load_model(None, True, None, threads=0)  # 0: leave as is
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

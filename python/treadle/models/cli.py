@@ -16,6 +16,7 @@ from pathlib import Path
 import typer
 
 from treadle.cli_checks import build_config
+from treadle.cli_models import THREADS_HELP
 from treadle.cli_output import make_console, progress_enabled
 from treadle.cli_runs import usage_error
 
@@ -89,7 +90,7 @@ def eval_cmd(
     path: str = typer.Argument(None, help="Local HF checkpoint (default: $TREADLE_MODEL, else the cached tiny model)."),
     per_level: int = typer.Option(100, min=1, help="Held-out problems per level, >= 1."),
     seed: int = typer.Option(0, help="Seed of the held-out problems."),
-    threads: int = typer.Option(1, min=0, help="torch CPU threads (0: leave as is)."),
+    threads: int = typer.Option(None, min=0, help=THREADS_HELP),
 ) -> None:
     """Greedy held-out accuracy per difficulty level of a checkpoint (answers checked with math-verify)."""
     from treadle.cli_models import load_model

@@ -13,6 +13,7 @@ from treadle.stair.controller import (BANK_SPANS, KINDS, AlreadyAttachedError, N
                                       attach, default_layers)
 from treadle.stair.session import ContextOverflowError, StairSession, TurnResult
 
-__all__ = ["attach", "default_layers", "StairController", "StairSession", "TurnResult", "Bank", "SUPPORTED", "BANK_SPANS", "KINDS",
+__all__ = ["attach", "default_layers", "StairController", "StairSession", "TurnResult", "Bank", "SUPPORTED",
+           "BANK_SPANS", "KINDS",
            "UnsupportedModelError", "BankMismatchError", "NormalsFileError", "AlreadyAttachedError",
            "ContextOverflowError", "model_key"]

@@ -470,7 +470,8 @@ def default_layers(model) -> tuple:
 
 
 def attach(model, layers="auto", eps: float = 0.0, bank: str = "assistant", *, mode: str = "diff",
-           kind: str = "stair", budget: int | None = None, backend: str | None = None, seed: int = 0) -> StairController:
+           kind: str = "stair", budget: int | None = None, backend: str | None = None,
+           seed: int = 0) -> StairController:
     """Attach STAIR to ``model`` and return its controller (STAIR sec. 3.4; DESIGN.md "STAIR").
 
     Args:

@@ -71,7 +71,8 @@ def _check_skip(skip_task: str, skip_turn: int | None) -> tuple[str, int] | None
     if not 0 <= skip_turn < n:
         raise typer.BadParameter(f"task {skip_task!r} has turns 0...{n - 1}, got {skip_turn}", param_hint="--skip-turn")
     if not list(tasks[skip_task].turns[skip_turn].gold):
-        raise typer.BadParameter(f"turn {skip_turn} of {skip_task!r} has no gold call to skip", param_hint="--skip-turn")
+        raise typer.BadParameter(f"turn {skip_turn} of {skip_task!r} has no gold call to skip",
+                                 param_hint="--skip-turn")
     return skip_task, skip_turn
 
 
