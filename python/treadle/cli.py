@@ -85,7 +85,7 @@ class _RootGroup(TyperGroup):
                 message += " See 'treadle --help'."
             click.echo(f"Error: {message}", err=True)
             sys.exit(err.exit_code)
-        except (click.exceptions.Abort, typer.Abort):
+        except typer.Abort:
             click.echo("Aborted.", err=True)
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)

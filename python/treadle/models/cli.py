@@ -62,7 +62,8 @@ def train_tiny_cmd(
             info = check_checkpoint(dest, require_marker=True) or {}
         except CheckpointError as err:
             raise usage_error(f"--out {str(dest)!r}: {err}") from None
-        want = json.loads(json.dumps(dataclasses.asdict(cfg)))
+        fields = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else cfg.model_dump()  # pydantic model too
+        want = json.loads(json.dumps(fields))
         if info.get("config") not in (None, want):
             diff = sorted(k for k in set(want) | set(info["config"]) if want.get(k) != info["config"].get(k))
             raise usage_error(f"--out {str(dest)!r} holds a tiny model trained with other settings (differs in "
