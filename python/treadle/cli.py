@@ -1,6 +1,11 @@
 """The ``treadle`` command (typer). Each area adds its own sub-app in ``treadle/<area>/cli.py``.
 
     treadle --version | backends | demo | bench | <area> ...
+
+Rules every command follows: area sub-apps are imported only when they run (``treadle --help`` imports
+no torch); a usage error is one line ``Error: ...`` naming the flag, exit 2, before expensive work;
+output folders are ``--out`` under one rule (:mod:`treadle.run_dirs`); third-party progress bars and
+deprecation warnings are silenced (:mod:`treadle.cli_output`).
 """
 from __future__ import annotations
 
