@@ -1,6 +1,11 @@
 """The ``treadle`` command (typer). Each area adds its own sub-app in ``treadle/<area>/cli.py``.
 
     treadle --version | backends | demo | bench | <area> ...
+
+Rules every command follows: area sub-apps are imported only when they run (``treadle --help`` imports
+no torch); a usage error is one line ``Error: ...`` naming the flag, exit 2, before expensive work;
+output folders are ``--out`` under one rule (:mod:`treadle.run_dirs`); third-party progress bars and
+deprecation warnings are silenced (:mod:`treadle.cli_output`).
 """
 from __future__ import annotations
 
@@ -11,29 +16,98 @@ import sys
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.table import Table
+from typer import _click as click  # typer vendors click: its exceptions and Group are these
 
-app = typer.Typer(help="treadle: fused kernels and training-side machinery for LLM post-training.",
-                  no_args_is_help=True, add_completion=False)
-console = Console()
+from treadle.cli_output import make_console, quiet_third_party
+from typer.core import TyperGroup
 
-# (sub-command, module holding a typer `app`); missing modules are skipped so areas land one by one.
+# (sub-command, module holding a typer `app`[, one-line help]); areas whose module file is missing are
+# skipped, so areas land one by one. Area modules are imported only when their sub-command runs, so that
+# `treadle --help` (and `treadle --version`) never import torch.
 AREAS = [
-    ("grpo", "treadle.grpo.cli"),
-    ("model", "treadle.models.cli"),
-    ("stair", "treadle.stair.cli"),
-    ("scale", "treadle.scale.cli"),
-    ("weft", "treadle.weft.cli"),
+    ("grpo", "treadle.grpo.cli", "GRPO family: group-relative advantages and the TRL/verl adapters."),
+    ("model", "treadle.models.cli", "Embedded default models (tiny Qwen3 trained locally; any local HF checkpoint)."),
+    ("stair", "treadle.stair.cli", "STAIR: reflected read-out of earlier responses' K/V (train, evaluate)."),
+    ("scale", "treadle.scale.cli", "SCALE: per-token gated LoRA (Stage I SFT, Stage II gates, (L, U) sweeps)."),
+    ("weft", "treadle.weft.cli", "WEFT runtime: stateful MCP tool environments, sessions, verification."),
     ("rsi", "treadle.rsi.cli"),
     ("llm", "treadle.llm.cli"),
 ]
-for _name, _module in AREAS:
-    try:
-        app.add_typer(importlib.import_module(_module).app, name=_name)
-    except ModuleNotFoundError as _err:
-        if _err.name is None or not _module.startswith(_err.name):
-            raise
+
+
+def _module_file_exists(module: str) -> bool:
+    """Whether ``treadle.x.cli`` exists as a file, found without importing ``treadle.x`` (which imports torch)."""
+    root = Path(__file__).resolve().parent
+    rel = Path(*module.split(".")[1:])
+    return (root / rel).with_suffix(".py").is_file() or (root / rel / "__init__.py").is_file()
+
+
+def _areas() -> dict:
+    """name -> (module, help) of the areas present in this install."""
+    out = {}
+    for entry in AREAS:
+        name, module = entry[0], entry[1]
+        if _module_file_exists(module):
+            out[name] = (module, entry[2] if len(entry) > 2 else f"`treadle {name} ...` commands.")
+    return out
+
+
+class _AreaStub(TyperGroup):
+    """An area's sub-command as listed by ``treadle --help``: a name and a help line, no import. When the
+    sub-command runs, :meth:`make_context` imports the area's typer app and hands over to it."""
+
+    def __init__(self, name: str, module: str, help: str):
+        super().__init__(name=name, help=help, short_help=help)
+        self.module = module
+
+    def load(self) -> click.Command:
+        cmd = typer.main.get_command(importlib.import_module(self.module).app)
+        cmd.name = self.name
+        return cmd
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        return self.load().make_context(info_name, args, parent=parent, **extra)
+
+
+class _RootGroup(TyperGroup):
+    """The root ``treadle`` group: its own commands plus one lazily imported sub-app per area."""
+
+    def list_commands(self, ctx) -> list[str]:
+        return [*super().list_commands(ctx), *(n for n in _areas() if n not in self.commands)]
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """As click's, but a usage error (bad option value, unknown command...) prints ONE line on stderr,
+        ``Error: <what was wrong, naming the flag>``, and exits 2."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as err:
+            err.show()
+            sys.exit(err.exit_code)
+        except click.exceptions.ClickException as err:
+            message = " ".join(err.format_message().split())
+            if isinstance(err, click.exceptions.UsageError) and "No such command" in message:
+                message += " See 'treadle --help'."
+            click.echo(f"Error: {message}", err=True)
+            sys.exit(err.exit_code)
+        except typer.Abort:
+            click.echo("Aborted.", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+    def get_command(self, ctx, cmd_name: str):
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is None and cmd_name in _areas():
+            module, text = _areas()[cmd_name]
+            cmd = _AreaStub(cmd_name, module, text)
+        return cmd
+
+
+app = typer.Typer(cls=_RootGroup,
+                  help="treadle: fused kernels and training-side machinery for LLM post-training.",
+                  no_args_is_help=True, add_completion=False)
+console = make_console()
 
 
 def _version_callback(value: bool) -> None:
@@ -47,13 +121,15 @@ def _version_callback(value: bool) -> None:
 @app.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True,
                                        help="Print the version and exit.")) -> None:
-    pass
+    quiet_third_party()
 
 
 @app.command()
 def backends(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
     """Which backend each op uses for CPU and CUDA tensors here, and why."""
     import treadle
+
+    from rich.table import Table
 
     table = treadle.backends()
     if as_json:
@@ -70,24 +146,31 @@ def backends(as_json: bool = typer.Option(False, "--json", help="Print JSON inst
 @app.command()
 def demo(
     sections: str = typer.Option("all", help="Comma-separated demo sections, or 'all'."),
-    run_dir: Path = typer.Option(Path("runs/demo"), help="Where run folders (JSONL, PNG, config) go."),
+    out: Path = typer.Option(None, "--out", help="Run folder (one sub-folder per section: JSONL, PNG, config); "
+                                                 "default runs/demo (--quick: runs/demo-quick, so a quick run never "
+                                                 "replaces the full one). A finished run of the same settings there "
+                                                 "is kept, other settings are refused; --overwrite replaces it."),
+    run_dir: Path = typer.Option(None, "--run-dir", hidden=True, help="Old name of --out."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run of other settings in --out."),
     quick: bool = typer.Option(False, help="Smallest settings (smoke test)."),
 ) -> None:
     """Run the main job on the embedded defaults: every section, each a thin use of public APIs."""
+    from treadle.cli_runs import open_run, pick_out, recorded
     from treadle.demo import resolve_sections, run_demo
 
+    out = pick_out(out, run_dir, "runs/demo-quick" if quick else "runs/demo")
     try:
-        resolve_sections(sections)
+        chosen = resolve_sections(sections)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--sections") from None
-    from treadle.run_dirs import check_out_dir
-
-    try:
-        check_out_dir(run_dir, "--run-dir")
-    except ValueError as err:
-        console.print(str(err), style="red", markup=False)
-        raise typer.Exit(2) from None
-    run_demo(sections, run_dir, quick=quick, console=console)
+    run = open_run(out, command="demo", config={"sections": chosen, "quick": quick}, overwrite=overwrite)
+    if run.finished:
+        console.print(f"{out} already holds this finished demo run (sections {', '.join(chosen)}, "
+                      f"{'quick' if quick else 'full'} settings; finished {run.previous.get('ended')}); its results "
+                      f"are unchanged. Add --overwrite to run it again.", markup=False)
+        return
+    with recorded(run, console, saved=lambda: "the sections finished so far (one sub-folder each)"):
+        run_demo(sections, out, quick=quick, console=console)
 
 
 @app.command()

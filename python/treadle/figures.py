@@ -1,4 +1,6 @@
-"""PNG figures for run reports (matplotlib on the non-interactive Agg backend: no display needed)."""
+"""PNG figures for run reports, through matplotlib's object API (``matplotlib.figure.Figure``):
+no backend is selected and no pyplot state is touched, so a script or notebook that imports treadle
+keeps its own matplotlib backend and figures."""
 from __future__ import annotations
 
 import contextlib
@@ -16,6 +18,9 @@ def png_figure(path: str | Path, *, figsize: tuple[float, float], dpi: int = 110
         with png_figure(run_dir / "plot.png", figsize=(6, 3.5)) as (fig, ax):
             ax.plot(...)
 
+    The figure is a standalone ``matplotlib.figure.Figure`` (``fig.subplots()``, ``fig.savefig()``):
+    ``matplotlib.use`` is never called and pyplot is never imported.
+
     Args:
         path: destination PNG; overwritten if present.
         figsize: ``(width, height)`` in inches.
@@ -24,17 +29,12 @@ def png_figure(path: str | Path, *, figsize: tuple[float, float], dpi: int = 110
     Raises:
         ImportError: matplotlib is not installed. Nothing is written when the block raises.
     """
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=figsize)
-    try:
-        yield fig, ax
-        fig.tight_layout()
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=dpi)
-    finally:
-        plt.close(fig)
+    fig = Figure(figsize=figsize)
+    ax = fig.subplots()
+    yield fig, ax
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)

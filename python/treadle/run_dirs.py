@@ -1,11 +1,15 @@
-"""Run folders of the training commands: checked before any work, so that a bad ``--out`` fails
-fast and leaves nothing behind (no half-made folders, no model touched)."""
+"""Run folders of the ``treadle`` commands: checked before any work, so that a bad ``--out`` fails
+fast and leaves nothing behind (no half-made folders, no model touched), and one rule for every
+command (:func:`open_run_dir`): a finished run folder is resumed if the config matches, refused if it
+does not, replaced only with ``--overwrite``; each run folder records treadle's version and commit,
+the command line, start and end times and the machine (``run.json``)."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-__all__ = ["check_out_dir", "make_out_dir"]
+__all__ = ["check_out_dir", "make_out_dir", "open_run_dir", "RunDir", "RunDirError", "read_run_record",
+           "machine_info", "RUN_RECORD"]
 
 
 def check_out_dir(path: str | Path, name: str = "out_dir") -> Path:
@@ -53,3 +57,186 @@ def make_out_dir(path: str | Path, name: str = "out_dir") -> Path:
     except OSError as err:
         raise ValueError(f"{name} {str(p)!r} cannot be created: {err.strerror or err}") from None
     return p
+
+
+# ---------------------------------------------------------------------------------------------- the run rule
+RUN_RECORD = "run.json"
+SCHEMA_VERSION = 1
+
+
+class RunDirError(ValueError):
+    """A run folder cannot be used as asked (another config inside, not a treadle run folder...).
+    The message names the CLI flag and says what to do."""
+
+
+def _git_commit() -> str | None:
+    """The commit of the source checkout treadle runs from (None for an installed wheel)."""
+    import subprocess
+
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, timeout=5)
+    return out.stdout.strip() + ("-dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+
+
+def machine_info() -> dict:
+    """Host, OS, Python, CPU model and count, torch version and CUDA device (when torch is imported)."""
+    import platform
+    import sys
+
+    cpu = platform.processor() or None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {"host": platform.node(), "os": platform.platform(), "python": platform.python_version(),
+            "cpu": cpu, "cpu_count": os.cpu_count()}
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        info["torch"] = torch.__version__
+        info["torch_threads"] = torch.get_num_threads()
+        info["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return info
+
+
+def _now() -> str:
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    import json
+
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def _diff(old: dict, new: dict) -> str:
+    keys = sorted(set(old) | set(new))
+    parts = [f"{k}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}" for k in keys if old.get(k) != new.get(k)]
+    return "; ".join(parts[:6]) + (f" (+{len(parts) - 6} more)" if len(parts) > 6 else "")
+
+
+class RunDir:
+    """One command's run folder under the rule every ``treadle`` command follows:
+
+    - a new or empty folder: the run starts there;
+    - a folder holding a run of the SAME config: the run is resumed (``resumed`` is True;
+      ``finished`` says whether that run had completed: commands then show its results instead of
+      redoing the work, and STAIR continues from its checkpoint);
+    - a folder holding a run of ANOTHER config: refused (:class:`RunDirError`, with the differences);
+    - with ``overwrite`` (``--overwrite``) a run folder's contents are deleted and the run starts afresh;
+    - a non-empty folder without a run record: refused even with ``overwrite`` (it is not ours to delete).
+
+    ``run.json`` records: the command, its command line, the config, treadle's version and git commit,
+    the machine, start and end times, the status (``running``, ``finished``, ``interrupted``,
+    ``failed``) and every earlier start in this folder (``history``).
+
+    Create with :func:`open_run_dir` (checks first, changes nothing until :meth:`start`).
+    """
+
+    def __init__(self, path: Path, flag: str, command: str, config: dict, record: dict | None, overwrite: bool):
+        self.path, self.flag, self.command, self.config = path, flag, command, config
+        self.previous = record
+        self.overwrite = overwrite and record is not None
+        self.resumed = record is not None and not self.overwrite
+        self.finished = self.resumed and record.get("status") == "finished"
+        self.record: dict = {}
+
+    def start(self) -> "RunDir":
+        """Create (or empty, with ``overwrite``) the folder and write ``run.json`` (status ``running``)."""
+        import shutil
+        import sys
+
+        from treadle import __version__
+
+        if self.overwrite and self.path.exists():
+            for child in self.path.iterdir():
+                shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise RunDirError(f"{self.flag} {str(self.path)!r} cannot be created: {err.strerror or err}") from None
+        history = []
+        if self.resumed and self.previous:
+            history = [*self.previous.get("history", []),
+                       {k: self.previous.get(k) for k in ("argv", "started", "ended", "status", "treadle_version",
+                                                           "git_commit")}]
+        self.record = {"schema_version": SCHEMA_VERSION, "command": self.command, "argv": list(sys.argv),
+                       "config": self.config, "treadle_version": __version__, "git_commit": _git_commit(),
+                       "machine": machine_info(), "started": _now(), "ended": None, "status": "running",
+                       "history": history}
+        _write_json_atomic(self.path / RUN_RECORD, self.record)
+        return self
+
+    def end(self, status: str = "finished", **extra) -> None:
+        """Record the end time and ``status`` (``finished``, ``interrupted`` or ``failed``)."""
+        if not self.record:
+            return
+        self.record.update({"ended": _now(), "status": status, **extra})
+        _write_json_atomic(self.path / RUN_RECORD, self.record)
+
+
+def read_run_record(path: str | Path) -> dict | None:
+    """The ``run.json`` of a run folder, or None (no record, or unreadable)."""
+    import json
+
+    p = Path(path) / RUN_RECORD
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def open_run_dir(path: str | Path, *, command: str, config: dict, flag: str = "--out", overwrite: bool = False,
+                 ignore: tuple = ()) -> RunDir:
+    """Check ``path`` as the run folder of ``command`` with ``config`` (see :class:`RunDir` for the
+    rule), changing nothing. Call :meth:`RunDir.start` once the other checks passed.
+
+    Args:
+        path: the folder (``--out``).
+        command: e.g. ``"scale train"``.
+        config: JSON-able dict of everything that changes the results (not threads, progress...).
+        flag: the CLI option that gave ``path``, for messages.
+        overwrite: replace a run of another config (``--overwrite``).
+        ignore: config keys that may differ on resume (e.g. STAIR's ``steps``: more steps continue).
+
+    Raises:
+        RunDirError: ``path`` is not usable (a file, not writable), holds files but no run record,
+            holds a run of another command, or (without ``overwrite``) of another config.
+    """
+    import json
+
+    try:
+        p = check_out_dir(path, flag)
+    except ValueError as err:
+        raise RunDirError(str(err)) from None
+    config = json.loads(json.dumps(config, default=str))
+    record = read_run_record(p)
+    if record is None:
+        if p.is_dir() and any(p.iterdir()):
+            raise RunDirError(f"{flag} {str(p)!r} is a non-empty folder that is not a treadle run folder (no "
+                              f"{RUN_RECORD}); give a new or empty folder")
+        return RunDir(p, flag, command, config, None, overwrite)
+    if record.get("command") != command:
+        raise RunDirError(f"{flag} {str(p)!r} holds a `treadle {record.get('command')}` run, not `treadle {command}`; "
+                          f"give another folder")
+    old = {k: v for k, v in (record.get("config") or {}).items() if k not in ignore}
+    new = {k: v for k, v in config.items() if k not in ignore}
+    if old != new and not overwrite:
+        raise RunDirError(f"{flag} {str(p)!r} holds a run with another config ({_diff(old, new)}); rerun with the same "
+                          f"settings to resume it, add --overwrite to replace it, or give another {flag}")
+    if old == new:
+        record = {**record, "config": config}  # resumed: ignored keys take the new values
+    return RunDir(p, flag, command, config, record, overwrite)

@@ -37,33 +37,63 @@ def test_scale_help_lists_the_commands():
 
 
 @pytest.mark.parametrize("args,text", [
-    (["train", "--L", "0"], "L must be < 0"),
-    (["train", "--L", "0.5"], "L must be < 0"),
-    (["train", "--U", "1"], "U must be > 1"),
-    (["train", "--tau", "0"], "tau must be > 0"),
-    (["train", "--tau", "-1"], "tau must be > 0"),
-    (["train", "--k", "0"], "k must be an int >= 2"),
-    (["train", "--objective", "ce", "--responses", "sampled"], "dataset"),
-    (["train", "--max-new-tokens", "0"], "max_new_tokens"),
-    (["train", "--adapter", "/no/such/adapter"], "does not exist"),
+    (["train", "--L", "0"], "'--L': Input should be less than 0"),
+    (["train", "--L", "0.5"], "'--L': Input should be less than 0"),
+    (["train", "--L", "nan"], "'--L': Input should be a finite number"),
+    (["train", "--U", "1"], "'--U': Input should be greater than 1"),
+    (["train", "--tau", "0"], "'--tau': Input should be greater than 0"),
+    (["train", "--tau", "-1"], "'--tau': Input should be greater than 0"),
+    (["train", "--k", "0"], "'--k': Input should be greater than or equal to 2"),
+    (["train", "--k", "1"], "'--k'"),
+    (["train", "--lr", "0"], "'--lr'"),
+    (["train", "--temperature", "0"], "'--temperature'"),
+    (["train", "--objective", "ce", "--responses", "sampled"], "--objective: 'ce'"),
+    (["train", "--objective", "kl"], "'--objective'"),
+    (["train", "--responses", "nope"], "'--responses'"),
+    (["train", "--max-new-tokens", "0"], "'--max-new-tokens'"),
+    (["train", "--epochs", "0"], "'--epochs'"),
+    (["train", "--adapter", "/no/such/adapter"], "--adapter '/no/such/adapter' does not exist"),
     (["sweep", "--Ls=-2,0"], "every L must be < 0"),
     (["sweep", "--Us", "1,2"], "every U"),
-    (["sweep", "--jobs", "0"], "--jobs must be >= 1"),
-    (["sft", "--r", "0"], "--r must be"),
-    (["train", "--objective", "ce", "--responses", "sampled"], "--objective ce"),
+    (["sweep", "--jobs", "0"], "'--jobs'"),
+    (["sweep", "--metric", "loss"], "'--metric'"),
+    (["sft", "--r", "0"], "'--r'"),
+    (["sft", "--steps", "-5"], "'--steps'"),
     (["train", "--eval-levels", ""], "--eval-levels"),
     (["train", "--levels", ""], "--levels"),
+    (["train", "--levels", "9"], "--levels"),
     (["sweep", "--Ls=-2,nan"], "bad values [nan]"),
     (["sweep", "--Us", "x"], "like 1.5,2,4"),
     (["train", "--adapter", "/tmp/[red]nope"], "/tmp/[red]nope"),
     (["sft", "--threads", "-1"], "--threads"),
     (["train", "--threads", "-1"], "--threads"),
     (["sweep", "--threads", "-1"], "--threads"),
+    (["train", "--report-to", "nope"], "--report-to"),
+    (["train", "--temperature", "0.5"], "--temperature: ignored here"),  # only --responses sampled samples
     (["sft", "--model", "/no/such/model"], "does not exist"),
 ])
 def test_bad_input_exits_2_with_a_message_before_any_work(tmp_path, args, text):
-    _refused(CliRunner().invoke(app, ["scale", *args, "--out", str(tmp_path / "run")]), text)
+    r = CliRunner().invoke(app, ["scale", *args, "--out", str(tmp_path / "run")])
+    _refused(r, text)
+    assert len(r.output.strip().splitlines()) == 1, r.output
     assert not (tmp_path / "cache").exists()  # refused before loading (or training) any model
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("args", [
+    ["train", "--k", "2"], ["train", "--L", "-1e-9"], ["train", "--U", "1.000001"], ["train", "--tau", "1e-6"],
+    ["train", "--epochs", "1", "--batch-size", "1", "--train-size", "1", "--eval-size", "1", "--max-new-tokens", "1"],
+    ["train", "--levels", "6", "--eval-levels", "1"], ["train", "--threads", "0"], ["train", "--report-to", "none"],
+    ["train", "--objective", "ce", "--responses", "dataset"], ["train", "--responses", "sampled", "--temperature", "1e-6"], ["sweep", "--jobs", "1", "--Ls=-1e-9", "--Us", "1.5"],
+    ["sft", "--r", "1", "--steps", "1", "--batch-size", "1", "--threads", "0"],
+])
+def test_valid_boundary_values_pass_the_option_checks(tmp_path, args):
+    """Each boundary value is accepted: the command gets as far as the run-folder check (a file here)."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    r = CliRunner().invoke(app, ["scale", *args, "--out", str(afile)])
+    _refused(r, "--out")
+    assert "exists and is a file" in r.output, r.output
 
 
 @pytest.mark.parametrize("cmd", ["sft", "train", "sweep"])
@@ -80,7 +110,7 @@ def test_an_out_that_is_a_file_is_refused_before_any_work(tmp_path, cmd):
 def test_demo_run_dir_that_is_a_file_is_refused(tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("x")
-    _refused(CliRunner().invoke(app, ["demo", "--quick", "--sections", "scale", "--run-dir", str(afile)]), "--run-dir")
+    _refused(CliRunner().invoke(app, ["demo", "--quick", "--sections", "scale", "--run-dir", str(afile)]), "--out")
     assert not (tmp_path / "cache").exists()
 
 
@@ -150,15 +180,32 @@ def test_sft_then_train_then_sweep_quick(tmp_path):
     w.write_bytes(w.read_bytes()[:50])
     _refused(runner.invoke(app, ["scale", "train", "--quick", "--adapter", str(cut), "--out", str(tmp_path / "c")]),
              "adapter_model.safetensors")
+    # the run-folder rule: the same finished run is resumed (its results shown, no work), another config refused
+    again = _ok(runner.invoke(app, ["scale", "train", "--quick", "--adapter", str(adapter), "--no-reverse",
+                                    "--L", "-3", "--U", "4", "--out", str(tmp_path / "train")]))
+    assert "already holds this finished Stage II run" in again and "reverse (<0)" in again
+    assert json.loads((tmp_path / "train" / "summary.json").read_text()) == summary
+    r = runner.invoke(app, ["scale", "train", "--quick", "--adapter", str(adapter), "--L", "-2",
+                            "--out", str(tmp_path / "train")])
+    _refused(r, "holds a run with another config")
+    assert "--overwrite" in r.output and "--out" in r.output and len(r.output.strip().splitlines()) == 1
+    assert json.loads((tmp_path / "train" / "summary.json").read_text()) == summary  # untouched
+    record = json.loads((tmp_path / "train" / "run.json").read_text())
+    assert record["status"] == "finished" and record["command"] == "scale train" and record["ended"]
+    assert {"treadle_version", "git_commit", "argv", "machine", "started"} <= set(record)
     sw = tmp_path / "sweep"
-    (sw / "cells" / "L-9_U9").mkdir(parents=True)  # a stale cell of an earlier sweep into the same --out
-    (sw / "cells" / "notes").mkdir()  # not a cell folder: kept
-    out = _ok(runner.invoke(app, ["scale", "sweep", "--quick", "--adapter", str(adapter), "--Ls=-2,-0.5",
-                                  "--Us", "2", "--jobs", "1", "--out", str(sw)]))
+    (sw / "cells" / "L-9_U9").mkdir(parents=True)  # an earlier sweep of another grid into the same --out
+    (sw / "run.json").write_text(json.dumps({"command": "scale sweep", "config": {"Ls": [-9.0]}, "status": "finished"}))
+    args = ["scale", "sweep", "--quick", "--adapter", str(adapter), "--Ls=-2,-0.5", "--Us", "2", "--jobs", "1",
+            "--out", str(sw)]
+    _refused(runner.invoke(app, args), "holds a run with another config")
+    assert (sw / "cells" / "L-9_U9").is_dir()  # nothing lost
+    out = _ok(runner.invoke(app, [*args, "--overwrite"]))
     assert "best: L=" in out and "%)" in out
     assert (sw / "heatmap.png").exists()
     assert len(json.loads((sw / "results.json").read_text())["cells"]) == 2
-    assert sorted(p.name for p in (sw / "cells").iterdir()) == ["L-0.5_U2", "L-2_U2", "notes"]
+    assert sorted(p.name for p in (sw / "cells").iterdir()) == ["L-0.5_U2", "L-2_U2"]
+    assert json.loads((sw / "run.json").read_text())["status"] == "finished"
 
 
 def test_train_without_adapter_runs_stage_one_first(tmp_path):

@@ -224,13 +224,24 @@ def test_ce_calibration_and_sampled_responses(tok):
         ScaleTrainConfig(objective="ce", responses="sampled")
 
 
-@pytest.mark.parametrize("kw,match", [(dict(L=0.0), "L must be < 0"), (dict(U=1.0), "U must be > 1"),
-                                      (dict(tau=0.0), "tau must be > 0"), (dict(k=1), "k must be an int >= 2"),
-                                      (dict(responses="x"), "responses"), (dict(objective="kl"), "objective"),
-                                      (dict(levels=(9,)), "level"), (dict(epochs=0), "epochs")])
+@pytest.mark.parametrize("kw,match", [
+    (dict(L=0.0), r"L\n.*less than 0"), (dict(L=float("nan")), r"L\n.*finite"), (dict(U=1.0), r"U\n.*greater than 1"),
+    (dict(tau=0.0), r"tau\n.*greater than 0"), (dict(k=1), r"k\n.*greater than or equal to 2"),
+    (dict(k=2.5), r"k\n.*valid integer"), (dict(responses="x"), r"responses\n.*'dataset' or 'sampled'"),
+    (dict(objective="kl"), r"objective\n.*'entropy' or 'ce'"), (dict(levels=(9,)), r"levels\n.*level"),
+    (dict(levels=()), r"levels\n.*at least one"), (dict(epochs=0), r"epochs\n.*greater than or equal to 1"),
+    (dict(lr=float("inf")), r"lr\n.*finite"), (dict(bogus=1), "bogus"),
+    (dict(objective="ce", responses="sampled"), r"objective\n.*dataset")])
 def test_config_refuses_bad_values(kw, match):
+    """A pydantic ValidationError (a ValueError) naming the field and the range or choices."""
     with pytest.raises(ValueError, match=match):
         ScaleTrainConfig(**kw)
+
+
+def test_config_accepts_its_boundary_values():
+    c = ScaleTrainConfig(L=-1e-12, U=1 + 1e-12, tau=1e-9, k=2, epochs=1, batch_size=1, train_size=1, eval_size=1,
+                         max_new_tokens=1, levels=(6,), eval_levels=(1,), objective="ce", responses="dataset")
+    assert (c.k, c.levels, c.objective) == (2, (6,), "ce")
 
 
 def test_train_refuses_models_it_cannot_gate_before_any_change(tok):
@@ -346,3 +357,16 @@ def test_sweep_2x2_in_two_processes(tmp_path, tok):
         sweep(base, adapter, [0.0], [2.0], cfg, tmp_path / "bad")
     with pytest.raises(FileNotFoundError):
         sweep(base, tmp_path / "missing", [-1.0], [2.0], cfg, tmp_path / "bad")
+
+
+def test_report_to_tensorboard(tmp_path, tok):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    s = train(_stage_one(tok), tok, ScaleTrainConfig(epochs=1, **QUICK), tmp_path, evaluate_model=False,
+              report_to=["tensorboard"])
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [e.value for e in acc.Scalars("train/loss")] == pytest.approx(s["losses"], rel=1e-5)
+    with pytest.raises(ValueError, match="unknown report_to"):
+        train(_stage_one(tok), tok, ScaleTrainConfig(epochs=1, **QUICK), report_to="nope")

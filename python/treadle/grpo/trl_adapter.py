@@ -7,7 +7,7 @@ come from ids (TRL's sampler puts the ``num_generations`` completions of a promp
 ids are ``row // num_generations``), never from a reshape.
 
 Configured like TRL (:func:`trl_options`: ``eps=1e-4``, unbiased std, unscorable (NaN) rows skipped,
-``scale_rewards`` "group"/"batch"/"none"), the numbers equal TRL's except one documented difference:
+``scale_rewards`` "group"/"batch"/"none", or TRL's booleans: True = "group", False = "none"), the numbers equal TRL's except one documented difference:
 groups of equal rewards get exactly 0 rather than TRL's ``(r - mean) / 1e-4`` rounding noise.
 """
 from __future__ import annotations
@@ -17,25 +17,44 @@ import torch
 from treadle.ops.grpo_advantages import grpo_advantages
 
 
-def trl_options(scale_rewards: str = "group") -> dict:
-    """Keyword arguments of :func:`grpo_advantages` that reproduce TRL's ``scale_rewards`` setting.
+SCALE_REWARDS = ("group", "batch", "none")
+
+
+def normalize_scale_rewards(scale_rewards: str | bool) -> str:
+    """TRL's ``scale_rewards`` as one of :data:`SCALE_REWARDS`: booleans mapped the way
+    ``trl.GRPOConfig`` maps them (True -> "group", False -> "none").
 
     Raises:
-        ValueError: ``scale_rewards`` is not "group", "batch" or "none".
+        ValueError: anything else than "group", "batch", "none", True or False.
     """
-    if scale_rewards not in ("group", "batch", "none"):
-        raise ValueError(f"scale_rewards must be 'group', 'batch' or 'none', got {scale_rewards!r}")
+    if isinstance(scale_rewards, bool):
+        return "group" if scale_rewards else "none"
+    if scale_rewards not in SCALE_REWARDS:
+        raise ValueError(f"scale_rewards must be 'group', 'batch', 'none', True or False (TRL's GRPOConfig values), "
+                         f"got {scale_rewards!r}")
+    return scale_rewards
+
+
+def trl_options(scale_rewards: str | bool = "group") -> dict:
+    """Keyword arguments of :func:`grpo_advantages` that reproduce TRL's ``scale_rewards`` setting
+    (``"group"``, ``"batch"``, ``"none"``, or TRL's booleans True = "group", False = "none").
+
+    Raises:
+        ValueError: ``scale_rewards`` is none of those.
+    """
+    scale_rewards = normalize_scale_rewards(scale_rewards)
     if scale_rewards == "none":
         return {"estimator": "dr_grpo", "eps": 1e-4, "nonfinite": "skip", "std": "unbiased"}
     return {"estimator": "grpo", "scale_rewards": scale_rewards, "eps": 1e-4, "nonfinite": "skip", "std": "unbiased"}
 
 
-def trl_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str = "group", **overrides) -> torch.Tensor:
+def trl_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str | bool = "group", **overrides) -> torch.Tensor:
     """Advantages for TRL's layout: ``rewards (N,)`` with each prompt's ``num_generations`` completions
-    contiguous. ``overrides`` replace any of :func:`trl_options` (e.g. ``estimator="rloo"``).
+    contiguous. ``scale_rewards`` as in :func:`trl_options` (booleans accepted). ``overrides`` replace any
+    of :func:`trl_options` (e.g. ``estimator="rloo"``).
 
     Raises:
-        ValueError: ``N`` is not a multiple of ``num_generations``.
+        ValueError: ``N`` is not a multiple of ``num_generations``; a bad ``scale_rewards``.
     """
     if num_generations < 1 or rewards.numel() % num_generations:
         raise ValueError(f"rewards has {rewards.numel()} rows, not a multiple of num_generations={num_generations}")
@@ -56,6 +75,7 @@ def _make_trainer_class():
 
         def __init__(self, *args, treadle_options: dict | None = None, **kwargs):
             super().__init__(*args, **kwargs)
+            self.scale_rewards = normalize_scale_rewards(self.scale_rewards)  # TRL's booleans too
             if getattr(self, "multi_objective_aggregation", "sum_then_normalize") != "sum_then_normalize":
                 raise ValueError("TreadleGRPOTrainer supports multi_objective_aggregation='sum_then_normalize' only")
             self.treadle_options = dict(treadle_options or {})

@@ -11,85 +11,55 @@ Stage I when no ``--adapter`` is given). Bad input exits with code 2 and a messa
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
+from typing import Literal
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
+from treadle.cli_checks import build_config, field_check, refuse_ignored
 from treadle.cli_lists import parse_list
+from treadle.cli_models import THREADS_HELP
+from treadle.cli_output import make_console, progress_enabled
+from treadle.cli_runs import OUT_HELP_SUFFIX, open_run, pick_out, recorded, usage_error
 
 app = typer.Typer(help="SCALE: per-token gated LoRA (Stage I LoRA SFT, Stage II gate training, (L, U) sweeps).",
                   no_args_is_help=True, add_completion=False)
-console = Console()
+console = make_console()
 
 _ERRORS = (ValueError, TypeError, FileNotFoundError)
+_TRAIN = "treadle.scale.training:ScaleTrainConfig"
+_SFT = "treadle.scale.sft:SFTConfig"
+# config field -> CLI flag where the names differ (build_config names the flag of a failing field)
+_SFT_FLAGS = {"lora_alpha": "--alpha", "target_modules": "--target-modules", "r": "--r"}
+_TRAIN_FLAGS = {"L": "--L", "U": "--U"}
 
 
-# config field -> CLI flag, so that messages of SFTConfig / ScaleTrainConfig name what the user typed
-_FLAGS = {"lora_alpha": "--alpha", "target_modules": "--target-modules", "r": "--r", "L": "--L", "U": "--U"}
+def _fail(err) -> None:
+    """A one-line usage error (exit 2) with ``err``'s message (brackets in paths and lists kept literally)."""
+    raise usage_error(str(err))
 
 
-def _flag(field: str) -> str:
-    return _FLAGS.get(field, "--" + field.replace("_", "-"))
+def _open(out: Path, command: str, config: dict, overwrite: bool):
+    """The run folder of ``command`` (see treadle.run_dirs); exit 2 when it cannot be used as asked."""
+    return open_run(out, command=command, config=config, overwrite=overwrite)
 
 
-def _cli_words(text: str) -> str:
-    """Config-field wording -> CLI flags: ``SFTConfig.r`` -> ``--r``, ``objective='ce'`` -> ``--objective ce``."""
-    text = re.sub(r"\b(?:SFTConfig|ScaleTrainConfig|GateConfig)\.(\w+)", lambda m: _flag(m.group(1)), text)
-    return re.sub(r"\b(objective|responses)='(\w+)'", lambda m: f"{_flag(m.group(1))} {m.group(2)}", text)
-
-
-def _fail(err, flags: bool = False) -> None:
-    """Print ``err`` on one red line (literally: brackets in paths and lists are kept) and exit 2."""
-    text = str(err)
-    if flags:
-        text = _cli_words(text)
-    console.print(escape(text), style="red")
-    raise typer.Exit(2)
-
-
-def _check_out(out: Path, opt: str = "--out") -> Path:
-    """Exit 2 naming ``opt`` when ``out`` cannot be a run folder (a file, under a file, not writable)."""
-    from treadle.run_dirs import check_out_dir
-
-    try:
-        return check_out_dir(out, opt)
-    except ValueError as err:
-        _fail(err)
+def _show_finished(run, what: str) -> bool:
+    """A finished run of the same config: say so (its results stay as they are) and return True."""
+    if not run.finished:
+        return False
+    console.print(f"{run.path} already holds this finished {what} run (same config; finished "
+                  f"{run.previous.get('ended')}); its results are unchanged. Add --overwrite to run it again.",
+                  markup=False)
+    return True
 
 
 def _load(model_path, quick: bool, threads: int = 0):
     """``(model, tokenizer)``: ``model_path``, else ``$TREADLE_MODEL``, else the embedded tiny model
-    (``--quick``: the seconds-long quick one). Exits 2 on a bad checkpoint."""
-    import torch
+    (``--quick``: the seconds-long quick one). Exits 2 on an unusable checkpoint."""
+    from treadle.cli_models import load_model
 
-    from treadle.models.tiny import CheckpointError, TinyTrainConfig, load_default_model
-
-    from safetensors import SafetensorError
-
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        cfg = TinyTrainConfig.quick() if quick else None
-        name = "tiny-qwen3-quick" if quick and model_path is None else "tiny-qwen3"
-        model, tok = load_default_model(model_path, config=cfg, name=name, console=console, progress=False)
-    except (CheckpointError, FileNotFoundError) as err:
-        _fail(err)
-    except SafetensorError as err:  # a damaged plain HF checkpoint (no treadle manifest to catch it earlier)
-        files = sorted(str(f) for f in Path(model_path or ".").expanduser().glob("*.safetensors")) or [str(model_path)]
-        _fail(f"could not read the model weights {', '.join(files)} (truncated or not a safetensors file?): {err}")
-    if torch.cuda.is_available():
-        model = model.cuda()
-    return model, tok
-
-
-def _sft_config(quick: bool, **given):
-    from treadle.scale.sft import SFTConfig
-
-    kw = {k: v for k, v in given.items() if v is not None}
-    return SFTConfig.quick(**kw) if quick else SFTConfig(**kw)
+    return load_model(model_path, quick, console, threads=threads)
 
 
 def _base_of(adapter: Path):
@@ -109,10 +79,10 @@ def _base_of(adapter: Path):
 
 def _check_adapter(adapter: Path) -> None:
     if not adapter.exists():
-        _fail(f"adapter path {str(adapter)!r} does not exist; run `treadle scale sft` (it writes <out>/adapter) "
+        _fail(f"--adapter {str(adapter)!r} does not exist; run `treadle scale sft` (it writes <out>/adapter) "
               f"or give a PEFT LoRA adapter folder")
     if not (adapter / "adapter_config.json").exists():
-        _fail(f"{adapter} is not a PEFT adapter folder (no adapter_config.json)")
+        _fail(f"--adapter {adapter} is not a PEFT adapter folder (no adapter_config.json)")
 
 
 def _stage_one(model_path, quick: bool, adapter, out: Path, threads: int):
@@ -132,104 +102,152 @@ def _stage_one(model_path, quick: bool, adapter, out: Path, threads: int):
     if adapter is None:
         console.print(f"no --adapter: running Stage I first ({'quick' if quick else 'default'} settings) into "
                       f"{out / 'sft'}", markup=False)
-        res = sft(model, tok, _sft_config(quick), out / "sft", console=console)
+        res = sft(model, tok, _sft_cfg(quick), out / "sft", console=console, progress=progress_enabled())
         return res.model, tok, res.adapter_path, model.name_or_path
     return load_stage_one(model, adapter), tok, adapter, model.name_or_path
 
 
+def _sft_cfg(quick: bool, **given):
+    from treadle.scale.sft import SFTConfig
+
+    return build_config(SFTConfig.quick if quick else SFTConfig, _SFT_FLAGS, **given)
+
+
+def _train_cfg(quick: bool, **given):
+    from treadle.scale.training import ScaleTrainConfig
+
+    return build_config(ScaleTrainConfig.quick if quick else ScaleTrainConfig, _TRAIN_FLAGS, **given)
+
+
+def _asdict(cfg) -> dict:
+    import dataclasses
+
+    return dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else cfg.model_dump()
+
+
+_OUT_ALIAS = typer.Option(None, "--run-dir", hidden=True, help="Old name of --out.")
+_OVERWRITE = typer.Option(False, "--overwrite", help="Replace a run of another config in --out (deleting it).")
+_THREADS = typer.Option(None, min=0, help=THREADS_HELP)
+_QUICK = typer.Option(False, help="Quick settings (and the quick tiny model, in its own cache slot, when no --model).")
+_REPORT_TO = typer.Option("none", "--report-to", help="Log metrics to 'tensorboard', 'wandb' (comma-separated), "
+                                                      "'all' (those installed) or 'none'.")
+
+
 @app.command("sft")
 def sft_cmd(
-    model_path: str = typer.Option(None, "--model", help="Local HF checkpoint (default: the embedded tiny model)."),
-    steps: int = typer.Option(None, help="Optimizer steps (default 60; --quick 6)."),
-    batch_size: int = typer.Option(None, help="Problems per step (default 32; --quick 8)."),
-    lr: float = typer.Option(None, help="AdamW learning rate (default 2e-3)."),
-    r: int = typer.Option(None, "--r", help="LoRA rank (SCALE: 16)."),
-    alpha: float = typer.Option(None, "--alpha", help="LoRA alpha (SCALE: 16)."),
+    model_path: str = typer.Option(None, "--model", help="Local HF checkpoint (default: $TREADLE_MODEL, else the "
+                                                         "embedded tiny model)."),
+    steps: int = typer.Option(None, min=1, help="Optimizer steps (default 60; --quick 6)."),
+    batch_size: int = typer.Option(None, min=1, help="Problems per step (default 32; --quick 8)."),
+    lr: float = typer.Option(None, callback=field_check(_SFT, "lr"), help="AdamW learning rate (default 2e-3), > 0."),
+    r: int = typer.Option(None, "--r", min=1, help="LoRA rank (SCALE: 16), >= 1."),
+    alpha: float = typer.Option(None, "--alpha", callback=field_check(_SFT, "lora_alpha"),
+                                help="LoRA alpha (SCALE: 16), > 0."),
     target_modules: str = typer.Option("all-linear", help="'all-linear' (every nn.Linear but the output head, "
                                                           "so Stage II can gate each LoRA layer; MoE routers "
                                                           "and fused experts are left out) or comma-separated "
                                                           "module names."),
     levels: str = typer.Option("1,2,3", help="Difficulty levels of the worked problems (treadle.data)."),
     seed: int = typer.Option(0, help="Seed."),
-    out: Path = typer.Option(Path("runs/scale/sft"), help="Run folder (adapter/, log.jsonl, summary.json)."),
-    threads: int = typer.Option(1, min=0, help="torch CPU threads (0: leave as is; 1 suits tiny models)."),
-    quick: bool = typer.Option(False, help="Quick settings (and the quick tiny model when no --model)."),
+    out: Path = typer.Option(None, "--out", help="Run folder (adapter/, log.jsonl, summary.json); default "
+                                                 "runs/scale/sft (--quick: runs/scale/sft-quick)." + OUT_HELP_SUFFIX),
+    run_dir: Path = _OUT_ALIAS,
+    overwrite: bool = _OVERWRITE,
+    threads: int = _THREADS,
+    quick: bool = _QUICK,
 ) -> None:
     """Stage I: ordinary LoRA SFT through PEFT (r=16, alpha=16, all linear layers) on worked problems."""
     from treadle.scale.sft import sft
 
+    out = pick_out(out, run_dir, "runs/scale/sft-quick" if quick else "runs/scale/sft")
     tm = target_modules if target_modules == "all-linear" else tuple(m.strip() for m in target_modules.split(",")
                                                                      if m.strip())
-    try:
-        cfg = _sft_config(quick, steps=steps, batch_size=batch_size, lr=lr, r=r, lora_alpha=alpha, target_modules=tm,
-                          levels=parse_list(levels, "--levels"), seed=seed)
-    except _ERRORS as err:
-        _fail(err, flags=True)
-    _check_out(out)
+    cfg = _sft_cfg(quick, steps=steps, batch_size=batch_size, lr=lr, r=r, lora_alpha=alpha, target_modules=tm,
+                   levels=parse_list(levels, "--levels"), seed=seed)
+    run = _open(out, "scale sft", {**_asdict(cfg), "model": model_path, "quick": quick}, overwrite)
+    if _show_finished(run, "Stage I"):
+        console.print(f"adapter: {out / 'adapter'}", markup=False)
+        return
     model, tok = _load(model_path, quick, threads)
-    try:
-        res = sft(model, tok, cfg, out, console=console)
-    except _ERRORS as err:
-        _fail(err, flags=True)
+    with recorded(run, console, saved=lambda: "the log of the steps done (log.jsonl); no adapter until the end"):
+        try:
+            res = sft(model, tok, cfg, out, console=console, progress=progress_enabled())
+        except _ERRORS as err:
+            _fail(err)
     console.print(f"next: treadle scale train --adapter {res.adapter_path}" + (" --quick" if quick else ""),
                   markup=False)
 
 
-def _train_config(quick: bool, **given):
-    from treadle.scale.training import ScaleTrainConfig
-
-    kw = {k: v for k, v in given.items() if v is not None}
-    return ScaleTrainConfig.quick(**kw) if quick else ScaleTrainConfig(**kw)
-
-
 @app.command("train")
 def train_cmd(
+    ctx: typer.Context,
     model_path: str = typer.Option(None, "--model", help="Base model checkpoint (default: the adapter's base, "
-                                                         "else the embedded tiny model)."),
+                                                         "else $TREADLE_MODEL, else the embedded tiny model)."),
     adapter: Path = typer.Option(None, help="Stage-I PEFT LoRA adapter folder (default: run a short Stage I "
                                             "first into <out>/sft)."),
-    L: float = typer.Option(-2.0, "--L", help="lambda's lower end, < 0."),
-    U: float = typer.Option(2.0, "--U", help="lambda's upper end, > 1."),
-    tau: float = typer.Option(1.0, help="Gate temperature, > 0."),
-    k: int = typer.Option(100, help="Top-k of the entropy objective (SCALE: 100), >= 2."),
-    lr: float = typer.Option(None, help="Adam learning rate of the gates (default 1e-3)."),
-    epochs: int = typer.Option(None, help="Passes over the training responses (default 2; --quick 1)."),
-    batch_size: int = typer.Option(None, help="Rows per step (default 32; --quick 8)."),
-    train_size: int = typer.Option(None, help="Training prompts (default 256; --quick 16)."),
+    L: float = typer.Option(-2.0, "--L", callback=field_check(_TRAIN, "L"), help="lambda's lower end, < 0."),
+    U: float = typer.Option(2.0, "--U", callback=field_check(_TRAIN, "U"), help="lambda's upper end, > 1."),
+    tau: float = typer.Option(1.0, callback=field_check(_TRAIN, "tau"), help="Gate temperature, > 0."),
+    k: int = typer.Option(100, min=2, help="Top-k of the entropy objective (SCALE: 100), >= 2."),
+    lr: float = typer.Option(None, callback=field_check(_TRAIN, "lr"),
+                             help="Adam learning rate of the gates (default 1e-3), > 0."),
+    epochs: int = typer.Option(None, min=1, help="Passes over the training responses (default 2; --quick 1)."),
+    batch_size: int = typer.Option(None, min=1, help="Rows per step (default 32; --quick 8)."),
+    train_size: int = typer.Option(None, min=1, help="Training prompts (default 256; --quick 16)."),
     levels: str = typer.Option("1,2,3", help="Difficulty levels of the training prompts."),
-    responses: str = typer.Option("dataset", help="'dataset' (verified answers) or 'sampled' (Stage-I samples)."),
-    temperature: float = typer.Option(1.0, help="Sampling temperature for --responses sampled."),
-    objective: str = typer.Option("entropy", help="'entropy' (SCALE) or 'ce' (CE-calibration ablation)."),
+    responses: Literal["dataset", "sampled"] = typer.Option("dataset", help="'dataset' (verified answers) or "
+                                                                            "'sampled' (Stage-I samples)."),
+    temperature: float = typer.Option(1.0, callback=field_check(_TRAIN, "temperature"),
+                                      help="Sampling temperature for --responses sampled, > 0."),
+    objective: Literal["entropy", "ce"] = typer.Option("entropy", help="'entropy' (SCALE) or 'ce' (CE-calibration "
+                                                                       "ablation; needs --responses dataset)."),
     no_reverse: bool = typer.Option(False, "--no-reverse", help="Ablation: lambda = max(lambda, 0)."),
     no_extrapolate: bool = typer.Option(False, "--no-extrapolate", help="Ablation: lambda = min(lambda, 1)."),
     eval_levels: str = typer.Option(None, help="Held-out levels (default 1,2,3; --quick 1)."),
-    eval_size: int = typer.Option(None, help="Held-out problems per level (default 32; --quick 4)."),
-    max_new_tokens: int = typer.Option(None, help="Completion budget (default 10; --quick 6)."),
+    eval_size: int = typer.Option(None, min=1, help="Held-out problems per level (default 32; --quick 4)."),
+    max_new_tokens: int = typer.Option(None, min=1, help="Completion budget (default 10; --quick 6)."),
     seed: int = typer.Option(0, help="Seed."),
-    out: Path = typer.Option(Path("runs/scale/train"), help="Run folder (log.jsonl, summary.json, "
-                                                            "gates.safetensors, lambda_hist.png)."),
-    threads: int = typer.Option(1, min=0, help="torch CPU threads (0: leave as is; 1 suits tiny models)."),
-    quick: bool = typer.Option(False, help="Quick settings (and the quick tiny model when no --model)."),
+    out: Path = typer.Option(None, "--out", help="Run folder (log.jsonl, summary.json, gates.safetensors, "
+                                                 "lambda_hist.png); default runs/scale/train (--quick: "
+                                                 "runs/scale/train-quick)." + OUT_HELP_SUFFIX),
+    run_dir: Path = _OUT_ALIAS,
+    overwrite: bool = _OVERWRITE,
+    report_to: str = _REPORT_TO,
+    threads: int = _THREADS,
+    quick: bool = _QUICK,
 ) -> None:
     """Stage II: train only the gates on the normalised top-k entropy over response positions."""
+    from treadle.reporting import parse_report_to
     from treadle.scale.training import summary_tables, train
 
-    try:
-        cfg = _train_config(quick, L=L, U=U, tau=tau, k=k, lr=lr, epochs=epochs, batch_size=batch_size,
-                            train_size=train_size, levels=parse_list(levels, "--levels"), responses=responses,
-                            temperature=temperature, objective=objective, no_reverse=no_reverse,
-                            no_extrapolate=no_extrapolate,
-                            eval_levels=(parse_list(eval_levels, "--eval-levels") if eval_levels is not None
-                                         else None),
-                            eval_size=eval_size, max_new_tokens=max_new_tokens, seed=seed)
-    except _ERRORS as err:
-        _fail(err, flags=True)
-    _check_out(out)
-    try:
-        pm, tok, adapter_dir, _ = _stage_one(model_path, quick, adapter, out, threads)
-        summary = train(pm, tok, cfg, out, console=console, progress=True)
-    except _ERRORS as err:
-        _fail(err, flags=True)
+    out = pick_out(out, run_dir, "runs/scale/train-quick" if quick else "runs/scale/train")
+    refuse_ignored(ctx, [("temperature", "--temperature", responses == "sampled", "with --responses sampled only")])
+    if objective == "ce" and responses != "dataset":
+        raise typer.BadParameter("'ce' (the CE-calibration ablation) trains on the dataset's responses: use "
+                                 "--responses dataset", param_hint="--objective")
+    reporters = parse_report_to(report_to, "--report-to")
+    cfg = _train_cfg(quick, L=L, U=U, tau=tau, k=k, lr=lr, epochs=epochs, batch_size=batch_size,
+                     train_size=train_size, levels=parse_list(levels, "--levels"), responses=responses,
+                     temperature=temperature, objective=objective, no_reverse=no_reverse,
+                     no_extrapolate=no_extrapolate,
+                     eval_levels=(parse_list(eval_levels, "--eval-levels") if eval_levels is not None else None),
+                     eval_size=eval_size, max_new_tokens=max_new_tokens, seed=seed)
+    if adapter is not None:
+        _check_adapter(Path(adapter).expanduser())
+    run = _open(out, "scale train", {**_asdict(cfg), "model": model_path, "quick": quick,
+                                     "adapter": str(adapter) if adapter is not None else None}, overwrite)
+    if _show_finished(run, "Stage II"):
+        summary_file = out / "summary.json"
+        if summary_file.exists():
+            for t in summary_tables(json.loads(summary_file.read_text())):
+                console.print(t)
+        return
+    with recorded(run, console, saved=lambda: "the log of the steps done (log.jsonl); gates are saved at the end"):
+        try:
+            pm, tok, adapter_dir, _ = _stage_one(model_path, quick, adapter, out, threads)
+            summary = train(pm, tok, cfg, out, console=console, progress=progress_enabled(), report_to=reporters)
+        except _ERRORS as err:
+            _fail(err)
     for t in summary_tables(summary):
         console.print(t)
     console.print(f"gates: {summary['gates']} | lambda histogram: {summary['histogram']} | log: {out / 'log.jsonl'}",
@@ -239,55 +257,71 @@ def train_cmd(
 @app.command("sweep")
 def sweep_cmd(
     model_path: str = typer.Option(None, "--model", help="Base model checkpoint (default: the adapter's base, "
-                                                         "else the embedded tiny model)."),
+                                                         "else $TREADLE_MODEL, else the embedded tiny model)."),
     adapter: Path = typer.Option(None, help="Stage-I adapter shared by all cells (default: run a short Stage I "
                                             "first into <out>/sft)."),
     Ls: str = typer.Option("-4,-2,-0.5", "--Ls", help="Lower ends, each < 0 (write --Ls=-6,-4,-2,-0.5)."),
     Us: str = typer.Option("1.5,2,4", "--Us", help="Upper ends, each > 1."),
-    jobs: int = typer.Option(None, help="Parallel worker processes (default min(cores, cells))."),
-    metric: str = typer.Option("accuracy_mean", help="Heatmap metric: accuracy_mean or entropy."),
-    tau: float = typer.Option(1.0, help="Gate temperature, > 0."),
-    k: int = typer.Option(100, help="Top-k of the entropy objective, >= 2."),
-    lr: float = typer.Option(None, help="Adam learning rate of the gates (default 1e-3)."),
-    epochs: int = typer.Option(1, help="Passes over the training responses per cell."),
-    train_size: int = typer.Option(None, help="Training prompts per cell (default 128; --quick 16)."),
-    eval_size: int = typer.Option(None, help="Held-out problems per level (default 16; --quick 4)."),
-    responses: str = typer.Option("dataset", help="'dataset' or 'sampled'."),
-    objective: str = typer.Option("entropy", help="'entropy' or 'ce'."),
+    jobs: int = typer.Option(None, min=1, help="Parallel worker processes (default min(cores, cells))."),
+    metric: Literal["accuracy_mean", "entropy"] = typer.Option("accuracy_mean", help="Heatmap metric."),
+    tau: float = typer.Option(1.0, callback=field_check(_TRAIN, "tau"), help="Gate temperature, > 0."),
+    k: int = typer.Option(100, min=2, help="Top-k of the entropy objective, >= 2."),
+    lr: float = typer.Option(None, callback=field_check(_TRAIN, "lr"),
+                             help="Adam learning rate of the gates (default 1e-3), > 0."),
+    epochs: int = typer.Option(1, min=1, help="Passes over the training responses per cell."),
+    train_size: int = typer.Option(None, min=1, help="Training prompts per cell (default 128; --quick 16)."),
+    eval_size: int = typer.Option(None, min=1, help="Held-out problems per level (default 16; --quick 4)."),
+    responses: Literal["dataset", "sampled"] = typer.Option("dataset", help="'dataset' or 'sampled'."),
+    objective: Literal["entropy", "ce"] = typer.Option("entropy", help="'entropy' or 'ce'."),
     no_reverse: bool = typer.Option(False, "--no-reverse", help="Ablation in every cell: lambda = max(lambda, 0)."),
     no_extrapolate: bool = typer.Option(False, "--no-extrapolate", help="Ablation: lambda = min(lambda, 1)."),
     seed: int = typer.Option(0, help="Seed."),
-    out: Path = typer.Option(Path("runs/scale/sweep"), help="Run folder (results.json(l), heatmap.png, cells/)."),
-    threads: int = typer.Option(1, min=0, help="torch CPU threads for this process (0: leave as is)."),
-    quick: bool = typer.Option(False, help="Quick settings (and the quick tiny model when no --model)."),
+    out: Path = typer.Option(None, "--out", help="Run folder (results.json(l), heatmap.png, cells/); default "
+                                                 "runs/scale/sweep (--quick: runs/scale/sweep-quick)."
+                                                 + OUT_HELP_SUFFIX),
+    run_dir: Path = _OUT_ALIAS,
+    overwrite: bool = _OVERWRITE,
+    threads: int = typer.Option(None, min=0, help=THREADS_HELP),
+    quick: bool = _QUICK,
 ) -> None:
     """Sweep the gate range (L, U): a Stage-II run per cell in parallel processes, a heatmap of the metric."""
     from rich.table import Table
 
     from treadle.scale.sweep import sweep
 
-    try:
-        grid_L = parse_list(Ls, "--Ls", kind=float, example="-4,-2,-0.5")
-        grid_U = parse_list(Us, "--Us", kind=float, example="1.5,2,4")
-        bad = [v for v in grid_L if not v < 0] + [v for v in grid_U if not v > 1]
+    out = pick_out(out, run_dir, "runs/scale/sweep-quick" if quick else "runs/scale/sweep")
+    grid_L = parse_list(Ls, "--Ls", kind=float, example="-4,-2,-0.5")
+    grid_U = parse_list(Us, "--Us", kind=float, example="1.5,2,4")
+    for flag, grid, field in (("--Ls", grid_L, "L"), ("--Us", grid_U, "U")):
+        bad = [v for v in grid if not (v < 0 if field == "L" else v > 1)]
         if bad:
-            raise ValueError(f"every L must be < 0 and every U > 1 (L < 0 < 1 < U); bad values {bad}")
-        if jobs is not None and jobs < 1:
-            raise ValueError(f"--jobs must be >= 1, got {jobs}")
-        cfg = _train_config(quick, L=grid_L[0], U=grid_U[0], tau=tau, k=k, lr=lr, epochs=epochs,
-                            train_size=train_size if train_size is not None else (None if quick else 128),
-                            eval_size=eval_size if eval_size is not None else (None if quick else 16),
-                            responses=responses, objective=objective, no_reverse=no_reverse,
-                            no_extrapolate=no_extrapolate, seed=seed)
-    except _ERRORS as err:
-        _fail(err, flags=True)
-    _check_out(out)
-    try:
-        _, _, adapter_dir, base = _stage_one(model_path, quick, adapter, out, threads)
-        res = sweep(base, adapter_dir, grid_L, grid_U, cfg, out, jobs=jobs, metric=metric, console=console,
-                    progress=True)
-    except _ERRORS as err:
-        _fail(err, flags=True)
+            raise typer.BadParameter(f"every {field} must be {'< 0' if field == 'L' else '> 1'} (L < 0 < 1 < U); "
+                                     f"bad values {bad}", param_hint=flag)
+    if objective == "ce" and responses != "dataset":
+        raise typer.BadParameter("'ce' (the CE-calibration ablation) trains on the dataset's responses: use "
+                                 "--responses dataset", param_hint="--objective")
+    cfg = _train_cfg(quick, L=grid_L[0], U=grid_U[0], tau=tau, k=k, lr=lr, epochs=epochs,
+                     train_size=train_size if train_size is not None else (None if quick else 128),
+                     eval_size=eval_size if eval_size is not None else (None if quick else 16),
+                     responses=responses, objective=objective, no_reverse=no_reverse,
+                     no_extrapolate=no_extrapolate, seed=seed)
+    if adapter is not None:
+        _check_adapter(Path(adapter).expanduser())
+    run = _open(out, "scale sweep", {**_asdict(cfg), "Ls": list(grid_L), "Us": list(grid_U),
+                                     "metric": metric, "model": model_path, "quick": quick,
+                                     "adapter": str(adapter) if adapter is not None else None}, overwrite)
+    if _show_finished(run, "sweep"):
+        res = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else None
+    else:
+        with recorded(run, console, saved=lambda: "the cells finished so far (cells/)"):
+            try:
+                _, _, adapter_dir, base = _stage_one(model_path, quick, adapter, out, threads)
+                res = sweep(base, adapter_dir, grid_L, grid_U, cfg, out, jobs=jobs, metric=metric, console=console,
+                            progress=progress_enabled())
+            except _ERRORS as err:
+                _fail(err)
+    if res is None:
+        return
     fmt = "{:.1%}" if metric == "accuracy_mean" else "{:.4f}"
     t = Table(title=f"SCALE (L, U) sweep: held-out {metric} (Stage I: {fmt.format(res['baseline'][metric])})")
     t.add_column("L \\ U")
@@ -300,4 +334,5 @@ def sweep_cmd(
     best = fmt.format(res["best"][metric])
     console.print(f"best: L={res['best']['L']:g}, U={res['best']['U']:g} ({metric} {best}) | "
                   f"{len(res['cells'])} cells in {res['seconds']:.1f}s with {res['jobs']} job(s) | "
-                  f"{res['results']} | {res['heatmap']}", markup=False)
+                  f"{res.get('results', out / 'results.jsonl')} | {res.get('heatmap', out / 'heatmap.png')}",
+                  markup=False)

@@ -34,10 +34,12 @@ import json
 import math
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal
 
 import torch
+from pydantic import AfterValidator, ConfigDict, Field, field_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 from torch import nn
 
 from treadle.figures import png_figure
@@ -50,21 +52,26 @@ OBJECTIVES = ("entropy", "ce")
 RESPONSES = ("dataset", "sampled")
 
 
-def _finite(name, v) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ValueError(f"{name} must be a finite number, got {v!r}")
-    return float(v)
+def _known_levels(levels: tuple) -> tuple:
+    from treadle.data.arithmetic import difficulty
+
+    if not levels:
+        raise ValueError("name at least one difficulty level")
+    for lv in levels:
+        difficulty(lv)  # ValueError naming the known levels
+    return levels
 
 
-def _pos_int(name, v, low=1) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
-    return v
+Levels = Annotated[tuple[Annotated[int, Field(strict=True)], ...], AfterValidator(_known_levels)]
+PosInt = Annotated[int, Field(ge=1, strict=True)]
+PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))
 class ScaleTrainConfig:
-    """Stage-II settings (SCALE sec. 3.3 / 4.3).
+    """Stage-II settings (SCALE sec. 3.3 / 4.3), a pydantic dataclass: every field is validated
+    (ranges with ``Field``, choices with ``Literal``) when the config is made, and a bad value raises
+    :class:`pydantic.ValidationError` (a ``ValueError``) naming the field.
 
     Attributes:
         L, U: lambda's range (L, U), ``L < 0 < 1 < U`` (the paper sweeps L in [-6, 0], U in [1, 6]
@@ -72,36 +79,45 @@ class ScaleTrainConfig:
         tau: gate temperature ``v = tanh(g / tau)``, > 0.
         k: top-k of the entropy objective (paper: 100), >= 2. :func:`train` uses ``min(k, vocab)``
             on models with a smaller vocabulary (then the normaliser is log vocab) and says so.
-        lr: Adam learning rate of the gates; epochs: passes over the training responses;
-            batch_size: rows per step.
+        lr: Adam learning rate of the gates (> 0); epochs: passes over the training responses;
+            batch_size: rows per step (each >= 1).
         train_size: training prompts (train split), drawn uniformly over ``levels``.
         responses: ``"dataset"`` (the verified answers) or ``"sampled"`` (completions of the Stage-I
-            model at ``temperature``, at most ``max_new_tokens``).
-        objective: ``"entropy"`` (SCALE) or ``"ce"`` (the CE-calibration ablation; dataset responses).
+            model at ``temperature`` > 0, at most ``max_new_tokens``).
+        objective: ``"entropy"`` (SCALE) or ``"ce"`` (the CE-calibration ablation; needs
+            ``responses="dataset"``).
         no_reverse / no_extrapolate: ablations, lambda -> max(lambda, 0) / min(lambda, 1).
         eval_levels, eval_size: held-out problems per level for accuracy (greedy) and lambda shares.
         max_new_tokens: completion budget for sampling and evaluation.
         seed: seeds data, sampling and shuffling.
     """
 
-    L: float = -2.0
-    U: float = 2.0
-    tau: float = 1.0
-    k: int = 100
-    lr: float = 1e-3
-    epochs: int = 2
-    batch_size: int = 32
-    train_size: int = 256
-    levels: tuple = (1, 2, 3)
-    responses: str = "dataset"
-    temperature: float = 1.0
-    objective: str = "entropy"
+    L: Annotated[float, Field(lt=0, allow_inf_nan=False)] = -2.0
+    U: Annotated[float, Field(gt=1, allow_inf_nan=False)] = 2.0
+    tau: PosFloat = 1.0
+    k: Annotated[int, Field(ge=2, strict=True)] = 100
+    lr: PosFloat = 1e-3
+    epochs: PosInt = 2
+    batch_size: PosInt = 32
+    train_size: PosInt = 256
+    levels: Levels = (1, 2, 3)
+    responses: Literal["dataset", "sampled"] = "dataset"
+    temperature: PosFloat = 1.0
+    objective: Literal["entropy", "ce"] = "entropy"
     no_reverse: bool = False
     no_extrapolate: bool = False
-    eval_levels: tuple = (1, 2, 3)
-    eval_size: int = 32
-    max_new_tokens: int = 10
+    eval_levels: Levels = (1, 2, 3)
+    eval_size: PosInt = 32
+    max_new_tokens: PosInt = 10
     seed: int = 0
+
+    @field_validator("objective")
+    @classmethod
+    def _ce_needs_dataset(cls, objective, info):
+        if objective == "ce" and info.data.get("responses") != "dataset":
+            raise ValueError("objective 'ce' (the CE-calibration ablation) trains on the dataset's responses; "
+                             "use responses 'dataset'")
+        return objective
 
     @classmethod
     def quick(cls, **overrides) -> "ScaleTrainConfig":
@@ -109,32 +125,6 @@ class ScaleTrainConfig:
         kw = dict(epochs=1, batch_size=8, train_size=16, eval_size=4, eval_levels=(1,), max_new_tokens=6)
         kw.update(overrides)
         return cls(**kw)
-
-    def __post_init__(self) -> None:
-        from treadle.data.arithmetic import difficulty
-        from treadle.scale.gates import GateConfig
-
-        GateConfig(L=self.L, U=self.U, tau=self.tau, adapter="-")  # L < 0 < 1 < U, tau > 0 (GateError)
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 2:
-            raise ValueError(f"k must be an int >= 2 (the top-k entropy is divided by log k), got {self.k!r}")
-        if not _finite("lr", self.lr) > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr!r}")
-        for name in ("epochs", "batch_size", "train_size", "eval_size", "max_new_tokens"):
-            _pos_int(name, getattr(self, name))
-        if not _finite("temperature", self.temperature) > 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature!r}")
-        if self.responses not in RESPONSES:
-            raise ValueError(f"responses must be one of {RESPONSES}, got {self.responses!r}")
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
-        if self.objective == "ce" and self.responses != "dataset":
-            raise ValueError("objective='ce' (the CE-calibration ablation) trains on the dataset's responses; "
-                             "use responses='dataset'")
-        for name in ("levels", "eval_levels"):
-            if not getattr(self, name):
-                raise ValueError(f"{name} must name at least one difficulty level")
-            for lv in getattr(self, name):
-                difficulty(lv)
 
     @property
     def lambda_bounds(self) -> tuple:
@@ -207,8 +197,8 @@ def clamp_lambda(peft_model: nn.Module, lo: float | None = None, hi: float | Non
     from treadle.scale.gates import GateError, _gated_class, gated_layers
 
     for name, b in (("lo", lo), ("hi", hi)):
-        if b is not None:
-            _finite(name, b)
+        if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b)):
+            raise ValueError(f"{name} must be a finite number, got {b!r}")
     if lo is not None and hi is not None and not lo < hi:
         raise ValueError(f"lo must be < hi, got lo={lo}, hi={hi}")
     layers = gated_layers(peft_model)
@@ -496,7 +486,7 @@ def _objective_over(model, pairs, pad_id, *, k, objective, batch_size) -> float:
 
 def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = None, out_dir: str | Path | None = None,
           *, console=None, progress: bool = False, evaluate_model: bool = True,
-          evaluate_before: bool = True) -> dict:
+          evaluate_before: bool = True, report_to=None) -> dict:
     """SCALE Stage II (sec. 4.3): attach gates to ``peft_model`` and train only them.
 
     Args:
@@ -511,6 +501,8 @@ def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = No
         evaluate_model: run the held-out evaluation before/after (accuracy, entropy, lambda shares).
         evaluate_before: also before training (the Stage-I model); False when the caller has it already
             (:func:`treadle.scale.sweep.sweep` evaluates Stage I once for all cells).
+        report_to: extra metric sinks, as Hugging Face trainers' ``report_to``: ``"tensorboard"``,
+            ``"wandb"``, a list, ``"all"`` (those installed) or None / ``"none"`` (:mod:`treadle.reporting`).
 
     Returns:
         A summary dict: ``config``, ``k`` (used), ``gate_params``, ``objective_before/after`` (mean over
@@ -523,7 +515,8 @@ def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = No
         GateError (ValueError): no LoRA layers, several active adapters, unsupported layers, gates
             already attached (:func:`treadle.scale.attach_gates`), before any change.
         ValueError: ``out_dir`` is a file, under a file, or not writable (before any change).
-        ValueError: a tokenizer without chat template / EOS / pad; an example without response position.
+        ValueError: a tokenizer without chat template / EOS / pad; an example without response position;
+            a ``report_to`` sink that is unknown or not installed (before any change).
     """
     from tqdm.auto import tqdm
 
@@ -532,9 +525,12 @@ def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = No
     from treadle.scale.gates import _active_adapter, _lora_layers, attach_gates, save_gates
     from treadle.run_dirs import check_out_dir, make_out_dir
 
+    from treadle.reporting import Reporter, resolve_report_to
+
     config = config or ScaleTrainConfig()
     if not isinstance(config, ScaleTrainConfig):
         raise TypeError(f"config must be a ScaleTrainConfig, got {type(config).__name__}")
+    resolve_report_to(report_to)
     _check_tokenizer(tokenizer)
     # everything attach_gates would refuse, checked before the (possibly slow) data preparation
     _lora_layers(peft_model, _active_adapter(peft_model), disable_dropout=True, expect_gated=False)
@@ -578,6 +574,7 @@ def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = No
             log.flush()
 
     heldout = _heldout(config) if evaluate_model else None
+    reporter = Reporter(report_to, out, config=dataclasses.asdict(config), name="scale-stage2")
     try:
         write({"type": "config", **dataclasses.asdict(config), "k_used": k, "gate_params": n_gate})
         obj_before = _objective_over(peft_model, pairs, tokenizer.pad_token_id, k=k, objective=config.objective,
@@ -601,6 +598,7 @@ def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = No
                 opt.step()
                 losses.append(loss.item())
                 write({"type": "step", "step": step, "epoch": epoch, "loss": losses[-1]})
+                reporter.log({"train/loss": losses[-1], "train/epoch": epoch}, step)
                 step += 1
                 bar.update(1)
         bar.close()
@@ -611,7 +609,9 @@ def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = No
                           keep_lambdas=True) if evaluate_model else None)
         lambdas = after.pop("lambdas") if after else None
         write({"type": "eval", "when": "after", "objective": obj_after, **(after or {})})
+        reporter.log({"eval/objective": obj_after, **{f"eval/{k_}": v for k_, v in (after or {}).items()}}, step)
     finally:
+        reporter.close()
         if log is not None:
             log.close()
     summary = {"config": dataclasses.asdict(config), "k": k, "gate_params": n_gate, "objective": config.objective,

@@ -2,7 +2,7 @@
 bank earlier responses' K/V, train the reflection normals, evaluate against native decoding
 (STAIR sec. 3.4 / 4.4 / 5.4; DESIGN.md "STAIR").
 
-    ctrl = treadle.stair.attach(model, layers=(3, 11, 19))
+    ctrl = treadle.stair.attach(model)          # layers="auto": (3, 11, 19), or spread on shallower models
     sess = treadle.stair.StairSession(model, tokenizer, ctrl)
     sess.generate("What is 3+4?"); sess.generate("What is 7*8?")   # turn 2 reads turn 1's bank
     ctrl.detach()                                                    # the model is exactly as before
@@ -10,9 +10,10 @@ bank earlier responses' K/V, train the reflection normals, evaluate against nati
 from treadle.stair.arch import SUPPORTED, UnsupportedModelError
 from treadle.stair.bank import Bank, BankMismatchError, model_key
 from treadle.stair.controller import (BANK_SPANS, KINDS, AlreadyAttachedError, NormalsFileError, StairController,
-                                      attach)
+                                      attach, default_layers)
 from treadle.stair.session import ContextOverflowError, StairSession, TurnResult
 
-__all__ = ["attach", "StairController", "StairSession", "TurnResult", "Bank", "SUPPORTED", "BANK_SPANS", "KINDS",
+__all__ = ["attach", "default_layers", "StairController", "StairSession", "TurnResult", "Bank", "SUPPORTED",
+           "BANK_SPANS", "KINDS",
            "UnsupportedModelError", "BankMismatchError", "NormalsFileError", "AlreadyAttachedError",
            "ContextOverflowError", "model_key"]

@@ -1,38 +1,29 @@
 """``treadle stair ...``: train STAIR normals and evaluate Vanilla / Native / STAIR with controls.
 
     treadle stair train [--model PATH] [--layers 3,11,19|auto] [--steps N] [--out runs/stair]
-    treadle stair eval  [--model PATH] --normals runs/stair/normals.safetensors [--bank-free ...]
+    treadle stair eval  [--model PATH] [--normals runs/stair/normals.safetensors] [--bank-free ...]
+
+Both run with no arguments (``eval`` picks up what ``train`` wrote to its default --out). Bad input is
+one line naming the flag, exit 2, before the model is loaded where the check does not need it.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 from pathlib import Path
+from typing import Literal
 
 import typer
-from rich.console import Console
 
+from treadle.cli_checks import build_config, field_check, refuse_ignored
 from treadle.cli_lists import parse_list
+from treadle.cli_models import THREADS_HELP
+from treadle.cli_output import make_console, progress_enabled
+from treadle.cli_runs import OUT_HELP_SUFFIX, open_run, pick_out, recorded, usage_error
 
 app = typer.Typer(help="STAIR: reflected read-out of earlier responses' K/V (train the normals, evaluate).",
                   no_args_is_help=True, add_completion=False)
-console = Console()
-
-
-def default_layers(model) -> tuple:
-    """The paper's layers (3, 11, 19) where the model has them as softmax-attention layers, else up to
-    three softmax-attention layers spread over the depth (e.g. (1, 2, 3) on a 4-layer model)."""
-    import torch
-
-    from treadle.stair.arch import inspect_model
-
-    layers = list(model.model.layers)
-    full = [i for i, lay in enumerate(layers) if isinstance(getattr(lay, "self_attn", None), torch.nn.Module)]
-    if all(i in full for i in (3, 11, 19)):
-        return (3, 11, 19)
-    pick = sorted({full[round(j * (len(full) - 1) / 2)] for j in range(3)}) if len(full) >= 3 else full
-    inspect_model(model, pick)
-    return tuple(pick)
+console = make_console()
 
 
 def parse_layers(text: str, model) -> tuple:
@@ -42,6 +33,8 @@ def parse_layers(text: str, model) -> tuple:
         typer.BadParameter: not a comma-separated list of ints.
     """
     if text.strip() == "auto":
+        from treadle.stair.controller import default_layers
+
         return default_layers(model)
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
@@ -52,16 +45,6 @@ def parse_layers(text: str, model) -> tuple:
 
 def _levels(text: str) -> list:
     return list(parse_list(text, "--levels", example="1,2"))
-
-
-def _check_out(out: Path) -> None:
-    """``--out`` must be a folder that exists or can be created (checked before any work, nothing left behind)."""
-    from treadle.run_dirs import check_out_dir
-
-    try:
-        check_out_dir(out, "--out")
-    except ValueError as err:
-        raise typer.BadParameter(str(err), param_hint="--out") from None
 
 
 def _check_normals(path, hint: str, kind: str) -> None:
@@ -76,134 +59,193 @@ def _check_normals(path, hint: str, kind: str) -> None:
         raise typer.BadParameter(f"{path} holds kind={cfg.get('kind')!r} weights, expected {kind!r}", param_hint=hint)
 
 
-def _load(model_path, quick: bool):
+def _resolve_layers(layers: str, model) -> tuple:
+    """``--layers`` on the loaded model: 'auto' or the given ones, checked against the model (exit 2)."""
+    from treadle.stair.arch import SUPPORTED, UnsupportedModelError, _supported_text, inspect_model
+
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in SUPPORTED or not hasattr(getattr(model, "model", None), "layers"):
+        raise typer.BadParameter(f"unsupported model: STAIR does not support model_type {model_type!r} "
+                                 f"({type(model).__name__}); supported: {_supported_text()}", param_hint="--model")
+    try:
+        chosen = parse_layers(layers, model)
+        inspect_model(model, chosen)
+    except (UnsupportedModelError, TypeError) as err:
+        raise typer.BadParameter(str(err), param_hint="--layers") from None
+    return chosen
+
+
+_TRAIN = "treadle.stair.training:StairTrainConfig"
+_EVAL = "treadle.stair.evaluation:EvalConfig"
+_OUT_ALIAS = typer.Option(None, "--run-dir", hidden=True, help="Old name of --out.")
+_OVERWRITE = typer.Option(False, "--overwrite", help="Replace a run of another config in --out (deleting it).")
+
+
+def _checkpoint_step(out: Path) -> int:
     import torch
 
-    from treadle.models.tiny import CheckpointError, TinyTrainConfig, load_default_model
-
     try:
-        cfg = TinyTrainConfig.quick() if quick else None
-        name = "tiny-qwen3-quick" if quick and model_path is None else "tiny-qwen3"
-        model, tok = load_default_model(model_path, config=cfg, name=name, console=console, progress=False)
-    except (CheckpointError, FileNotFoundError) as err:
-        console.print(str(err), style="red", markup=False)
-        raise typer.Exit(2)
-    if torch.cuda.is_available():
-        model = model.cuda()
-    return model, tok
+        return int(torch.load(out / "optim.pt", weights_only=True)["step"])
+    except (OSError, KeyError, RuntimeError, ValueError):
+        return 0
 
 
 @app.command("train")
 def train_cmd(
-    model_path: str = typer.Option(None, "--model", help="Local HF checkpoint (default: the embedded tiny model)."),
+    model_path: str = typer.Option(None, "--model", help="Local HF checkpoint (default: $TREADLE_MODEL, else the "
+                                                         "embedded tiny model)."),
     layers: str = typer.Option("auto", help="Controlled layers, e.g. 3,11,19 ('auto': those, or spread)."),
-    kind: str = typer.Option("stair", help="'stair' (normals) or 'bank_free' (the same-budget control)."),
-    eps: float = typer.Option(0.0, help="pi_ref uniform mixing weight in [0, 1)."),
-    steps: int = typer.Option(60, help="Optimizer steps."),
-    sessions: int = typer.Option(96, help="Training sessions (each `turns` independent problems)."),
-    turns: int = typer.Option(4, help="Problems per session (turn 1 builds the bank)."),
+    kind: Literal["stair", "bank_free"] = typer.Option("stair", help="'stair' (normals) or 'bank_free' (the "
+                                                                     "same-budget control)."),
+    eps: float = typer.Option(0.0, callback=field_check(_TRAIN, "eps"), help="pi_ref uniform mixing weight in [0, 1)."),
+    steps: int = typer.Option(60, min=1, help="Optimizer steps (more than a finished run's: it continues)."),
+    sessions: int = typer.Option(96, min=1, help="Training sessions (each `turns` independent problems)."),
+    turns: int = typer.Option(4, min=2, help="Problems per session (turn 1 builds the bank), >= 2."),
     levels: str = typer.Option("1,2", help="Difficulty level per turn (treadle.data levels), cycled."),
-    batch_size: int = typer.Option(16, help="Sessions per micro-batch."),
-    grad_accum: int = typer.Option(1, help="Micro-batches per optimizer step."),
-    lr: float = typer.Option(2e-2, help="AdamW learning rate."),
-    lambda_kl: float = typer.Option(1.0, help="Weight of KL(native || stair)."),
-    responses: str = typer.Option("self", help="'self' (backbone's own greedy responses) or 'gold'."),
+    batch_size: int = typer.Option(16, min=1, help="Sessions per micro-batch."),
+    grad_accum: int = typer.Option(1, min=1, help="Micro-batches per optimizer step."),
+    lr: float = typer.Option(2e-2, callback=field_check(_TRAIN, "lr"), help="AdamW learning rate, > 0."),
+    lambda_kl: float = typer.Option(1.0, callback=field_check(_TRAIN, "lambda_kl"),
+                                    help="Weight of KL(native || stair), >= 0."),
+    responses: Literal["self", "gold"] = typer.Option("self", help="'self' (backbone's own greedy responses) or "
+                                                                   "'gold'."),
     seed: int = typer.Option(0, help="Seed."),
-    out: Path = typer.Option(Path("runs/stair"), help="Run folder (normals.safetensors, optim.pt, log.jsonl)."),
-    resume: bool = typer.Option(True, help="Continue from a checkpoint in --out."),
-    threads: int = typer.Option(0, min=0, help="torch CPU threads (0: leave as is)."),
-    quick: bool = typer.Option(False, help="Use the seconds-long quick tiny model when no --model is given."),
+    out: Path = typer.Option(None, "--out", help="Run folder (normals.safetensors, optim.pt, log.jsonl); default "
+                                                 "runs/stair (--quick: runs/stair-quick)." + OUT_HELP_SUFFIX),
+    run_dir: Path = _OUT_ALIAS,
+    overwrite: bool = _OVERWRITE,
+    resume: bool = typer.Option(True, help="Continue from the checkpoint of a same-config run in --out."),
+    report_to: str = typer.Option("none", "--report-to", help="Log metrics to 'tensorboard', 'wandb' "
+                                                              "(comma-separated), 'all' (those installed) or 'none'."),
+    threads: int = typer.Option(None, min=0, help=THREADS_HELP),
+    quick: bool = typer.Option(False, help="Use the seconds-long quick tiny model (its own cache slot) when no "
+                                           "--model is given."),
 ) -> None:
     """Train STAIR normals: CE + lambda_kl * KL(native || stair) on teacher-forced turns 2..n."""
-    import torch
-
-    from treadle.stair.arch import UnsupportedModelError
-    from treadle.stair.controller import KINDS
+    from treadle.cli_models import load_model
+    from treadle.reporting import parse_report_to
     from treadle.stair.training import StairTrainConfig, read_log, train
 
-    if kind not in KINDS:
-        raise typer.BadParameter(f"kind must be one of {KINDS}, got {kind!r}", param_hint="--kind")
-    if not 0.0 <= eps < 1.0:
-        raise typer.BadParameter(f"eps must be a number in [0, 1), got {eps!r}", param_hint="--eps")
-    _levels(levels)
+    out = pick_out(out, run_dir, "runs/stair-quick" if quick else "runs/stair")
+    lv = _levels(levels)
     if layers.strip() != "auto":
         parse_layers(layers, None)  # syntax only (ranges need the model)
-    _check_out(out)
-    try:  # everything but the layers' range is checked before loading the model
-        cfg = StairTrainConfig(layers=(), kind=kind, eps=eps, steps=steps, sessions=sessions, turns=turns,
-                               levels=_levels(levels), batch_size=batch_size, grad_accum=grad_accum,
-                               lr=lr, lambda_kl=lambda_kl, responses=responses, seed=seed,
-                               save_every=max(1, min(25, steps)))
-    except (ValueError, TypeError) as err:
-        console.print(str(err), style="red", markup=False)
-        raise typer.Exit(2)
-    if threads:
-        torch.set_num_threads(threads)
-    model, tok = _load(model_path, quick)
-    try:
-        cfg = dataclasses.replace(cfg, layers=parse_layers(layers, model))
-        result = train(model, tok, cfg, out, resume=resume, console=console)
-    except (ValueError, TypeError, UnsupportedModelError) as err:
-        console.print(str(err), style="red", markup=False)
-        raise typer.Exit(2)
+    sinks = parse_report_to(report_to)
+    cfg = build_config(StairTrainConfig, {}, kind=kind, eps=eps, steps=steps, sessions=sessions, turns=turns,
+                       levels=lv, batch_size=batch_size, grad_accum=grad_accum, lr=lr, lambda_kl=lambda_kl,
+                       responses=responses, seed=seed, save_every=max(1, min(25, steps)))
+    run = open_run(out, command="stair train", overwrite=overwrite, ignore=("steps", "save_every"),
+                   config={**dataclasses.asdict(cfg), "layers": layers.strip(), "model": model_path,
+                           "quick": quick, "steps": steps, "save_every": cfg.save_every})
+    if run.finished and _checkpoint_step(out) >= steps:
+        log = read_log(out)
+        console.print(f"{out} already holds this finished run ({_checkpoint_step(out)} steps, same config); "
+                      f"loss {log[0]['loss']:.4f} -> {log[-1]['loss']:.4f}. Give more --steps to continue it, "
+                      f"--overwrite to train again.", markup=False)
+        return
+    model, tok = load_model(model_path, quick, console, threads=threads)
+    cfg = dataclasses.replace(cfg, layers=_resolve_layers(layers, model))
+
+    def saved() -> str:
+        step = _checkpoint_step(out)
+        return (f"the checkpoint of step {step} (normals.safetensors, optim.pt; log.jsonl keeps steps 1-{step} "
+                f"on resume)" if step else "no checkpoint yet (the first is at step "
+                f"{cfg.save_every})")
+
+    with recorded(run, console, saved=saved, resumable=True):
+        try:
+            result = train(model, tok, cfg, out, resume=resume, console=console, progress=progress_enabled(),
+                           report_to=sinks)
+        except (ValueError, TypeError) as err:
+            raise usage_error(str(err)) from None
     log = read_log(out)
     console.print(f"trainable parameters: {result['trainable']} | loss {log[0]['loss']:.4f} -> {log[-1]['loss']:.4f} "
                   f"(first/last step); fixed probe batch {result['probe_loss_before']:.4f} -> "
-                  f"{result['probe_loss_after']:.4f} | saved {result['path']}")
+                  f"{result['probe_loss_after']:.4f} | saved {result['path']}", markup=False)
 
 
 @app.command("eval")
 def eval_cmd(
-    model_path: str = typer.Option(None, "--model", help="Local HF checkpoint (default: the embedded tiny model)."),
-    normals: Path = typer.Option(None, help="Trained normals (treadle stair train)."),
+    ctx: typer.Context,
+    model_path: str = typer.Option(None, "--model", help="Local HF checkpoint (default: $TREADLE_MODEL, else the "
+                                                         "embedded tiny model)."),
+    normals: Path = typer.Option(None, help="Trained normals (default: <stair train's default --out>/"
+                                            "normals.safetensors when it exists, else the conditions that need "
+                                            "them are skipped)."),
     bank_free: Path = typer.Option(None, "--bank-free", help="Trained bank-free control (train --kind bank_free)."),
-    layers: str = typer.Option(None, help="Controlled layers (default: from the normals file)."),
-    sessions: int = typer.Option(32, help="Held-out sessions (problems per turn)."),
-    turns: int = typer.Option(4, help="Turns per session."),
+    layers: str = typer.Option(None, help="Controlled layers (default: from the normals file, else 'auto')."),
+    sessions: int = typer.Option(32, min=1, help="Held-out sessions (problems per turn)."),
+    turns: int = typer.Option(4, min=2, help="Turns per session, >= 2."),
     levels: str = typer.Option("1,2", help="Difficulty level per turn (treadle.data levels), cycled."),
-    k: int = typer.Option(4, help="Samples per problem (Avg@k, Pass@k)."),
-    temperature: float = typer.Option(0.7, help="Sampling temperature."),
-    max_new_tokens: int = typer.Option(10, help="Decoding budget."),
+    k: int = typer.Option(4, min=1, help="Samples per problem (Avg@k, Pass@k)."),
+    temperature: float = typer.Option(0.7, callback=field_check(_EVAL, "temperature"),
+                                      help="Sampling temperature, >= 0."),
+    max_new_tokens: int = typer.Option(10, min=1, help="Decoding budget."),
     conditions: str = typer.Option(",".join(("vanilla", "native", "stair", "random", "bank_free", "shuffled",
                                              "reflected")), help="Comma-separated conditions."),
     budgets: str = typer.Option("", help="Bank prefix budgets in tokens, e.g. 16,64."),
     seed: int = typer.Option(1234, help="Problems and sampling seed."),
-    out: Path = typer.Option(Path("runs/stair-eval"), help="Output folder (results.jsonl, results.json, avg.png)."),
-    threads: int = typer.Option(0, min=0, help="torch CPU threads (0: leave as is)."),
-    quick: bool = typer.Option(False, help="Use the quick tiny model when no --model is given."),
+    out: Path = typer.Option(None, "--out", help="Output folder (results.jsonl, results.json, avg.png); default "
+                                                 "runs/stair-eval (--quick: runs/stair-eval-quick)."
+                                                 + OUT_HELP_SUFFIX),
+    run_dir: Path = _OUT_ALIAS,
+    overwrite: bool = _OVERWRITE,
+    threads: int = typer.Option(None, min=0, help=THREADS_HELP),
+    quick: bool = typer.Option(False, help="Use the quick tiny model (its own cache slot) when no --model is given."),
 ) -> None:
     """Evaluate Vanilla / Native / STAIR and the controls; table, JSONL and a PNG bar chart."""
-    import torch
+    from treadle.cli_models import load_model
+    from treadle.stair.evaluation import EvalConfig, evaluate, results_table
 
-    from treadle.stair.evaluation import EvalConfig, evaluate
-
-    _levels(levels)
+    out = pick_out(out, run_dir, "runs/stair-eval-quick" if quick else "runs/stair-eval")
+    lv = _levels(levels)
     if layers and layers.strip() != "auto":
         parse_layers(layers, None)  # syntax only (ranges need the model)
     budget_list = parse_list(budgets, "--budgets", example="16,64", minimum=1, allow_empty=True)
-    _check_out(out)
+    chosen = {c.strip() for c in conditions.split(",") if c.strip()}
+    refuse_ignored(ctx, [
+        ("normals", "--normals", bool(chosen & {"stair", "shuffled", "reflected"}),
+         "to the stair, shuffled and reflected conditions, none of which is in --conditions"),
+        ("bank_free", "--bank-free", "bank_free" in chosen, "to the bank_free condition, not in --conditions"),
+        ("budgets", "--budgets", "stair" in chosen, "to the stair condition (stair@N), not in --conditions")])
+    if budget_list and "stair" in chosen and normals is None and not (
+            model_path is None and bank_free is None
+            and (Path("runs/stair-quick" if quick else "runs/stair") / "normals.safetensors").exists()):
+        raise typer.BadParameter("ignored here: bank budgets apply to the stair condition, which needs --normals",
+                                 param_hint="--budgets")
+    if normals is None and model_path is None and bank_free is None:
+        default = Path("runs/stair-quick" if quick else "runs/stair") / "normals.safetensors"
+        if default.exists():  # what `treadle stair train` (same --quick) wrote
+            normals = default
+            console.print(f"normals: {default} (from `treadle stair train`{' --quick' if quick else ''})",
+                          markup=False)
     if normals is not None:
         _check_normals(normals, "--normals", "stair")
     if bank_free is not None:
         _check_normals(bank_free, "--bank-free", "bank_free")
-    try:
-        cfg = EvalConfig(sessions=sessions, turns=turns, levels=_levels(levels), k=k,
-                         temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
-                         conditions=tuple(c.strip() for c in conditions.split(",") if c.strip()),
-                         budgets=budget_list)
-    except ValueError as err:  # checked before loading the model
-        console.print(str(err), style="red", markup=False)
-        raise typer.Exit(2)
-    if threads:
-        torch.set_num_threads(threads)
-    model, tok = _load(model_path, quick)
-    try:
-        lay = parse_layers(layers, model) if layers else None
-        res = evaluate(model, tok, cfg, normals=normals, bank_free=bank_free, layers=lay, console=console)
-    except (ValueError, TypeError) as err:
-        console.print(str(err), style="red", markup=False)
-        raise typer.Exit(2)
-    report(res, cfg.k, out, console)
+    cfg = build_config(EvalConfig, {}, sessions=sessions, turns=turns, levels=lv, k=k, temperature=temperature,
+                       max_new_tokens=max_new_tokens, seed=seed,
+                       conditions=tuple(c.strip() for c in conditions.split(",") if c.strip()), budgets=budget_list)
+    run = open_run(out, command="stair eval", overwrite=overwrite,
+                   config={**dataclasses.asdict(cfg), "model": model_path, "quick": quick,
+                           "normals": str(normals) if normals else None, "layers": layers,
+                           "bank_free": str(bank_free) if bank_free else None})
+    if run.finished and (out / "results.json").exists():
+        res = json.loads((out / "results.json").read_text())
+        console.print(results_table(res, cfg.k))
+        console.print(f"{out} already holds this finished evaluation (same config); add --overwrite to run it "
+                      f"again.", markup=False)
+        return
+    model, tok = load_model(model_path, quick, console, threads=threads)
+    lay = _resolve_layers(layers, model) if layers else (None if normals or bank_free else
+                                                          _resolve_layers("auto", model))
+    with recorded(run, console, saved=lambda: "nothing (results are written at the end)"):
+        try:
+            res = evaluate(model, tok, cfg, normals=normals, bank_free=bank_free, layers=lay, console=console,
+                           progress=progress_enabled())
+        except (ValueError, TypeError) as err:
+            raise usage_error(str(err)) from None
+        report(res, cfg.k, out, console)
 
 
 def report(res: dict, k: int, out: Path, console) -> None:

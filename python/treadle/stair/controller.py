@@ -443,15 +443,44 @@ def _read_normals(path: Path, *, with_tensors: bool):
     return cfg, tensors
 
 
-def attach(model, layers=(3, 11, 19), eps: float = 0.0, bank: str = "assistant", *, mode: str = "diff",
-           kind: str = "stair", budget: int | None = None, backend: str | None = None, seed: int = 0) -> StairController:
+PAPER_LAYERS = (3, 11, 19)
+
+
+def default_layers(model) -> tuple:
+    """The layers ``layers="auto"`` picks: the paper's (3, 11, 19) where the model has them as
+    softmax-attention layers, else up to three softmax-attention layers spread over the depth
+    (e.g. (0, 2, 3) on a 4-layer model, (0, 1) on a 2-layer one).
+
+    Raises:
+        TypeError: ``model`` is not a HF model.
+        UnsupportedModelError: unsupported architecture, or no softmax-attention layer.
+    """
+    from treadle.stair.arch import SUPPORTED, _base
+
+    if not isinstance(model, nn.Module) or getattr(getattr(model, "config", None), "model_type", None) not in SUPPORTED:
+        inspect_model(model, PAPER_LAYERS)  # raises TypeError / UnsupportedModelError naming what is supported
+    full = [i for i, lay in enumerate(_base(model).layers) if isinstance(getattr(lay, "self_attn", None), nn.Module)]
+    if all(i in full for i in PAPER_LAYERS):
+        return PAPER_LAYERS
+    if not full:
+        raise UnsupportedModelError(f"{type(model).__name__} has no softmax-attention layer for STAIR to control")
+    pick = sorted({full[round(j * (len(full) - 1) / 2)] for j in range(3)}) if len(full) >= 3 else full
+    inspect_model(model, pick)
+    return tuple(pick)
+
+
+def attach(model, layers="auto", eps: float = 0.0, bank: str = "assistant", *, mode: str = "diff",
+           kind: str = "stair", budget: int | None = None, backend: str | None = None,
+           seed: int = 0) -> StairController:
     """Attach STAIR to ``model`` and return its controller (STAIR sec. 3.4; DESIGN.md "STAIR").
 
     Args:
         model: a HF causal LM: Qwen3, Qwen2, Llama, Qwen3.5 text, Qwen3-Next (see
             :data:`treadle.stair.arch.SUPPORTED`).
-        layers: zero-based decoder layers to control (softmax-attention layers; default 3, 11, 19:
-            the paper's, which are also the full-attention layers of Qwen3.5/Qwen3-Next).
+        layers: zero-based decoder layers to control (softmax-attention layers), or ``"auto"`` (the
+            default, as the CLI's ``--layers auto``): the paper's 3, 11, 19 (also the full-attention
+            layers of Qwen3.5/Qwen3-Next) where the model has them, else up to three softmax-attention
+            layers spread over the depth (:func:`default_layers`), so the default works on any depth.
         eps: uniform mixing weight of ``pi_ref``, in ``[0, 1)``.
         bank: which response span the sessions bank: ``"assistant"`` (the whole response body),
             ``"answer"`` (after ``</think>``), ``"reasoning"`` (inside ``<think>...</think>``).
@@ -467,7 +496,7 @@ def attach(model, layers=(3, 11, 19), eps: float = 0.0, bank: str = "assistant",
         :class:`StairController` (the model's logits are unchanged until a non-empty bank is set).
 
     Raises:
-        TypeError: ``model`` is not a HF model; layers are not ints.
+        TypeError: ``model`` is not a HF model; layers are not ints (nor ``"auto"``).
         UnsupportedModelError: unsupported architecture, out-of-range or non-softmax layers.
         AlreadyAttachedError: a controller is already attached.
         ValueError: ``eps`` outside ``[0, 1)``, unknown ``bank``/``mode``/``kind``, ``budget < 1``.
@@ -483,6 +512,10 @@ def attach(model, layers=(3, 11, 19), eps: float = 0.0, bank: str = "assistant",
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
         raise ValueError(f"budget must be None (keep all) or an int >= 1 (last N bank tokens), got {budget!r}")
+    if isinstance(layers, str):
+        if layers.strip() != "auto":
+            raise ValueError(f"layers must be 'auto' or an iterable of ints like (3, 11, 19), got {layers!r}")
+        layers = default_layers(model)
     info = inspect_model(model, layers)
     impl = getattr(model.config, "_attn_implementation", None) or "eager"
     if impl.startswith("treadle_stair_") or any(hasattr(a, _ATTR) for a in info.attn.values()):

@@ -18,8 +18,10 @@ def run(run_dir: Path, quick: bool, console) -> dict:
     Returns:
         {"train": train result, "eval": evaluation result}.
     """
+    from treadle.cli_output import progress_enabled
     from treadle.models.tiny import TinyTrainConfig, load_default_model
-    from treadle.stair.cli import default_layers, report
+    from treadle.stair.cli import report
+    from treadle.stair.controller import default_layers
     from treadle.stair.evaluation import EvalConfig, evaluate
     from treadle.stair.training import StairTrainConfig, read_log, train
 
@@ -38,7 +40,7 @@ def run(run_dir: Path, quick: bool, console) -> dict:
                       save_every=steps, turns=3 if quick else 4, levels=[1, 2])
         console.print(f"controlled layers {layers} of a {len(model.model.layers)}-layer tiny Qwen3")
         tr = train(model, tok, StairTrainConfig(kind="stair", **common), run_dir / "train", resume=False,
-                   console=console, progress=not quick)
+                   console=console, progress=not quick and progress_enabled())
         log = read_log(run_dir / "train")
         k = max(1, len(log) // 4)
         first = sum(r["loss"] for r in log[:k]) / k
@@ -46,12 +48,12 @@ def run(run_dir: Path, quick: bool, console) -> dict:
         console.print(f"STAIR training loss (mean of first/last {k} steps): {first:.4f} -> {last:.4f}; on a fixed probe "
                       f"batch: {tr['probe_loss_before']:.4f} -> {tr['probe_loss_after']:.4f}")
         train(model, tok, StairTrainConfig(kind="bank_free", **common), run_dir / "train-bank-free", resume=False,
-              console=console, progress=not quick)
+              console=console, progress=not quick and progress_enabled())
         cfg = EvalConfig(sessions=4 if quick else 24, turns=3 if quick else 4, levels=[1, 2], k=2 if quick else 4,
                          temperature=0.7, max_new_tokens=8 if quick else 10, budgets=(2,) if quick else (4,))
         res = evaluate(model, tok, cfg, normals=run_dir / "train" / "normals.safetensors",
-                       bank_free=run_dir / "train-bank-free" / "normals.safetensors", progress=not quick,
-                       console=console)
+                       bank_free=run_dir / "train-bank-free" / "normals.safetensors",
+                       progress=not quick and progress_enabled(), console=console)
         report(res, cfg.k, run_dir / "eval", console)
         return {"train": tr, "eval": res}
     finally:

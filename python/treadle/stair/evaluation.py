@@ -18,10 +18,13 @@ read-out) and, on CUDA, peak memory.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, field
 from pathlib import Path
+from typing import Annotated, Literal
 
 import torch
+from pydantic import AfterValidator, ConfigDict, Field
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from treadle.figures import png_figure
 
@@ -30,39 +33,42 @@ __all__ = ["EvalConfig", "evaluate", "CONDITIONS", "results_table", "bar_chart"]
 CONDITIONS = ("vanilla", "native", "stair", "random", "bank_free", "shuffled", "reflected")
 
 
-@dataclass
+Condition = Literal["vanilla", "native", "stair", "random", "bank_free", "shuffled", "reflected"]
+PosInt = Annotated[int, Field(ge=1, strict=True)]
+
+
+def _known_levels(levels: list) -> list:
+    from treadle.data.arithmetic import difficulty
+
+    if not levels:
+        raise ValueError("name at least one difficulty level")
+    for lv in levels:
+        difficulty(lv)
+    return levels
+
+
+@pydantic_dataclass(config=ConfigDict(extra="forbid"))
 class EvalConfig:
-    """Settings of :func:`evaluate`.
+    """Settings of :func:`evaluate` (a pydantic dataclass: fields checked when made, ``ValueError``).
 
     Attributes:
-        sessions: problems per turn (sessions); turns: turns per session; levels: level per turn.
-        k: samples per problem (Avg@k / Pass@k); temperature: sampling temperature.
-        max_new_tokens: decoding budget; seed: problems (``split="heldout"``) and sampling seeds.
-        conditions: which of :data:`CONDITIONS` to run; budgets: bank prefix budgets (tokens).
+        sessions: problems per turn (sessions, >= 1); turns: turns per session (>= 2); levels: level
+            per turn (cycled).
+        k: samples per problem (Avg@k / Pass@k, >= 1); temperature: sampling temperature (finite, >= 0).
+        max_new_tokens: decoding budget (>= 1); seed: problems (``split="heldout"``) and sampling seeds.
+        conditions: which of :data:`CONDITIONS` to run; budgets: bank prefix budgets (tokens, each >= 1).
     """
 
-    sessions: int = 32
-    turns: int = 4
-    levels: list = field(default_factory=lambda: [2, 3, 2, 3])
-    k: int = 4
-    temperature: float = 0.7
-    max_new_tokens: int = 10
+    sessions: PosInt = 32
+    turns: Annotated[int, Field(ge=2, strict=True)] = 4
+    levels: Annotated[list[Annotated[int, Field(strict=True)]], AfterValidator(_known_levels)] = field(
+        default_factory=lambda: [2, 3, 2, 3])
+    k: PosInt = 4
+    temperature: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.7
+    max_new_tokens: PosInt = 10
     seed: int = 1234
-    conditions: tuple = CONDITIONS
-    budgets: tuple = ()
-
-    def __post_init__(self) -> None:
-        bad = [c for c in self.conditions if c not in CONDITIONS]
-        if bad:
-            raise ValueError(f"unknown condition(s) {bad}; known: {CONDITIONS}")
-        if self.turns < 2 or self.k < 1 or self.sessions < 1:
-            raise ValueError(f"need turns >= 2, k >= 1, sessions >= 1; got {self.turns}, {self.k}, {self.sessions}")
-        if (not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1
-                or not 0 <= self.temperature < float("inf")):
-            raise ValueError(f"need max_new_tokens >= 1 and a finite temperature >= 0; got {self.max_new_tokens}, "
-                             f"{self.temperature}")
-        if any((not isinstance(b, int)) or b < 1 for b in self.budgets):
-            raise ValueError(f"budgets must be ints >= 1 (tokens), got {self.budgets}")
+    conditions: tuple[Condition, ...] = CONDITIONS
+    budgets: tuple[PosInt, ...] = ()
 
 
 def _correct(texts, golds) -> list[bool]:
@@ -196,7 +202,7 @@ def evaluate(model, tokenizer, cfg: EvalConfig, *, normals=None, bank_free=None,
         pk_n = [v["peak_bytes"] for v in results["native"]["turns"].values() if v["peak_bytes"] is not None]
         pk_s = [v["peak_bytes"] for v in results["stair"]["turns"].values() if v["peak_bytes"] is not None]
         cost["extra_peak_bytes"] = (max(pk_s) - max(pk_n)) if pk_n and pk_s else None
-    return {"config": {**cfg.__dict__, "conditions": list(cfg.conditions), "budgets": list(cfg.budgets),
+    return {"config": {**asdict(cfg), "conditions": list(cfg.conditions), "budgets": list(cfg.budgets),
                        "layers": list(layers), "eps": eps, "normals": str(normals) if normals else None},
             "conditions": results, "transitions": transitions, "cost": cost, "skipped": skipped}
 

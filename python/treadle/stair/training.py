@@ -17,26 +17,47 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from pathlib import Path
+from typing import Annotated, Literal, Union
 
 import torch
 import torch.nn.functional as F
+from pydantic import AfterValidator, ConfigDict, Field
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 __all__ = ["StairTrainConfig", "make_training_sessions", "self_responses", "stair_loss", "train_step", "train"]
 
 
-@dataclass
+def _known_levels(levels: list) -> list:
+    from treadle.data.arithmetic import difficulty
+
+    if not levels:
+        raise ValueError("name at least one difficulty level")
+    for lv in levels:
+        difficulty(lv)  # ValueError naming the known levels
+    return levels
+
+
+Levels = Annotated[list[Annotated[int, Field(strict=True)]], AfterValidator(_known_levels)]
+PosInt = Annotated[int, Field(ge=1, strict=True)]
+
+
+@pydantic_dataclass(config=ConfigDict(extra="forbid"))
 class StairTrainConfig:
-    """Settings of :func:`train` (everything a run needs to be reproduced).
+    """Settings of :func:`train` (everything a run needs to be reproduced); a pydantic dataclass, so
+    every field is checked when the config is made (:class:`pydantic.ValidationError`, a ``ValueError``
+    naming the field).
 
     Attributes:
-        layers: controlled layers; eps: pi_ref mixing; kind: "stair" or "bank_free" (control).
-        turns: problems per session (turn 1 builds the bank). levels: difficulty level per turn
+        layers: controlled layers, or ``"auto"`` (default: the paper's (3, 11, 19) where the model has
+            them, else spread softmax layers; see :func:`treadle.stair.default_layers`).
+        eps: pi_ref mixing, in [0, 1); kind: "stair" or "bank_free" (control).
+        turns: problems per session, >= 2 (turn 1 builds the bank). levels: difficulty level per turn
             (treadle.data levels; cycled if shorter than ``turns``).
         sessions: size of the training pool; steps: optimizer steps; batch_size: sessions per
-            micro-batch; grad_accum: micro-batches per step.
-        lr: AdamW learning rate (no weight decay on normals); lambda_kl: KL weight.
+            micro-batch; grad_accum: micro-batches per step (each >= 1).
+        lr: AdamW learning rate (> 0; no weight decay on normals); lambda_kl: KL weight (>= 0).
         responses: "self" (the backbone's greedy responses) or "gold".
         max_new_tokens: decoding budget of the self-generated responses.
         amp: bfloat16 autocast on CUDA.
@@ -44,37 +65,22 @@ class StairTrainConfig:
         save_every: checkpoint every N steps (and at the end).
     """
 
-    layers: tuple = (3, 11, 19)
-    eps: float = 0.0
-    kind: str = "stair"
-    turns: int = 4
-    levels: list = field(default_factory=lambda: [2, 3, 2, 3])
-    sessions: int = 64
-    steps: int = 50
-    batch_size: int = 16
-    grad_accum: int = 1
-    lr: float = 2e-2
-    lambda_kl: float = 1.0
-    responses: str = "self"
-    max_new_tokens: int = 10
+    layers: Union[Literal["auto"], tuple[Annotated[int, Field(strict=True)], ...]] = "auto"
+    eps: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    kind: Literal["stair", "bank_free"] = "stair"
+    turns: Annotated[int, Field(ge=2, strict=True)] = 4
+    levels: Levels = field(default_factory=lambda: [2, 3, 2, 3])
+    sessions: PosInt = 64
+    steps: PosInt = 50
+    batch_size: PosInt = 16
+    grad_accum: PosInt = 1
+    lr: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 2e-2
+    lambda_kl: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
+    responses: Literal["self", "gold"] = "self"
+    max_new_tokens: PosInt = 10
     amp: bool = True
     seed: int = 0
-    save_every: int = 25
-
-    def __post_init__(self) -> None:
-        self.layers = tuple(int(x) for x in self.layers)
-        for name in ("turns", "sessions", "steps", "batch_size", "grad_accum", "max_new_tokens", "save_every"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"StairTrainConfig.{name} must be an int >= 1, got {v!r}")
-        if self.turns < 2:
-            raise ValueError(f"StairTrainConfig.turns must be >= 2 (turn 1 builds the bank), got {self.turns}")
-        if self.responses not in ("self", "gold"):
-            raise ValueError(f"StairTrainConfig.responses must be 'self' or 'gold', got {self.responses!r}")
-        if not self.lr > 0 or not self.lambda_kl >= 0:
-            raise ValueError(f"lr must be > 0 and lambda_kl >= 0, got lr={self.lr}, lambda_kl={self.lambda_kl}")
-        if not self.levels:
-            raise ValueError("StairTrainConfig.levels must be a non-empty list of levels")
+    save_every: PosInt = 25
 
 
 def make_training_sessions(n: int, turns: int, levels, *, seed: int = 0, split: str = "train"):
@@ -164,8 +170,32 @@ def train_step(controller, model, tokenizer, sessions, responses, *, lambda_kl: 
     return tot
 
 
+def _truncate_log(path: Path, step: int) -> None:
+    """Keep only the step records ``<= step`` of a JSONL training log (the steps a checkpoint holds), so
+    that a resumed run does not log the steps after its checkpoint twice."""
+    if not path.exists():
+        return
+    keep, past = [], False
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line cut by an interrupt
+        if not isinstance(rec, dict):
+            continue
+        if "step" in rec:
+            past = past or rec["step"] > step
+            if rec["step"] <= step:
+                keep.append(line + "\n")
+        elif not past:  # other records (probe losses) of the part the checkpoint holds
+            keep.append(line + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(keep))
+    tmp.replace(path)
+
+
 def train(model, tokenizer, config: StairTrainConfig, run_dir, *, resume: bool = True, progress: bool = True,
-          console=None, backend: str | None = None) -> dict:
+          console=None, backend: str | None = None, report_to=None) -> dict:
     """Train a STAIR controller on ``model``; writes ``run_dir/{normals.safetensors, optim.pt, log.jsonl,
     config.json}``.
 
@@ -174,20 +204,28 @@ def train(model, tokenizer, config: StairTrainConfig, run_dir, *, resume: bool =
         config: :class:`StairTrainConfig`.
         run_dir: output folder; with ``resume`` an existing checkpoint there is continued.
         backend: forced backend of the read-out op (None: dispatch rule).
+        report_to: extra metric sinks as Hugging Face trainers' ``report_to`` (``"tensorboard"``,
+            ``"wandb"``, a list, ``"all"``, None / ``"none"``; :mod:`treadle.reporting`).
+
+    A resumed run continues from the last checkpoint (every ``save_every`` steps): ``log.jsonl``
+    keeps the steps up to it, and the steps after it are trained and logged again (once).
 
     Returns:
-        {"path", "trainable", "first_loss", "last_loss", "steps", "seconds"}.
+        {"path", "trainable", "first_loss", "last_loss", "steps", "seconds", "start_step"}.
 
     Raises:
-        ValueError: a checkpoint in ``run_dir`` from another config (``resume``); see attach().
+        ValueError: a checkpoint in ``run_dir`` from another config (``resume``); an unknown or
+            missing ``report_to`` sink; see attach().
+        KeyboardInterrupt: passed on; the last checkpoint stays in ``run_dir``.
     """
     from tqdm.auto import tqdm
 
     from treadle.stair.controller import attach
 
+    from treadle.reporting import Reporter, resolve_report_to
+
     run_dir = Path(run_dir)
-    cfg_json = {**asdict(config), "layers": list(config.layers),
-                "model_name": str(getattr(model.config, "_name_or_path", "") or type(model).__name__)}
+    resolve_report_to(report_to)
     flags = [(p, p.requires_grad) for p in model.parameters()]
     for p, _ in flags:
         p.requires_grad_(False)
@@ -197,6 +235,9 @@ def train(model, tokenizer, config: StairTrainConfig, run_dir, *, resume: bool =
         for p, f in flags:  # leave the caller's model as it was
             p.requires_grad_(f)
         raise
+    cfg_json = {**asdict(config), "layers": list(ctrl.layers),
+                "model_name": str(getattr(model.config, "_name_or_path", "") or type(model).__name__)}
+    reporter = None
     try:
         run_dir.mkdir(parents=True, exist_ok=True)  # only once attach() has validated layers/eps/kind
         opt = torch.optim.AdamW(ctrl.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.99))
@@ -211,11 +252,10 @@ def train(model, tokenizer, config: StairTrainConfig, run_dir, *, resume: bool =
             state = torch.load(optf, weights_only=True)
             opt.load_state_dict(state["optim"])
             start = int(state["step"])
-        elif not resume:
-            (run_dir / "log.jsonl").unlink(missing_ok=True)
+        _truncate_log(run_dir / "log.jsonl", start)  # steps after the checkpoint are redone, logged once
         (run_dir / "config.json").write_text(json.dumps(cfg_json, indent=1))
         if console is not None:
-            console.print(f"STAIR {config.kind}: trainable parameters = {len(config.layers)} layers x {ctrl.num_heads} "
+            console.print(f"STAIR {config.kind}: trainable parameters = {len(ctrl.layers)} layers x {ctrl.num_heads} "
                           f"heads x {ctrl.head_dim if config.kind == 'stair' else ctrl.value_dim} = {ctrl.num_trainable}"
                           + (f" (resuming at step {start})" if start else ""))
         pool = make_training_sessions(config.sessions, config.turns, config.levels, seed=config.seed)
@@ -233,6 +273,7 @@ def train(model, tokenizer, config: StairTrainConfig, run_dir, *, resume: bool =
 
         probe_start = probe_loss()
         t0 = time.perf_counter()
+        reporter = Reporter(report_to, run_dir, config=cfg_json, name=f"stair-{config.kind}")
         bar = tqdm(range(start, config.steps), desc=f"stair-train[{config.kind}]", disable=not progress,
                    dynamic_ncols=True, initial=start, total=config.steps)
         with open(run_dir / "log.jsonl", "a") as log:
@@ -254,6 +295,7 @@ def train(model, tokenizer, config: StairTrainConfig, run_dir, *, resume: bool =
                        "grad_norm": round(gnorm, 6), "seconds": round(time.perf_counter() - t0, 3)}
                 log.write(json.dumps(rec) + "\n")
                 log.flush()
+                reporter.log({f"train/{k}": v for k, v in rec.items() if k != "step"}, step + 1)
                 bar.set_postfix(loss=f"{agg['loss']:.4f}", ce=f"{agg['ce']:.4f}", kl=f"{agg['kl']:.5f}")
                 if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
                     ctrl.save(ckpt, extra={"step": step + 1})
@@ -264,9 +306,11 @@ def train(model, tokenizer, config: StairTrainConfig, run_dir, *, resume: bool =
             log.write(json.dumps({"probe": True, "sessions": len(probe[0]), "loss_before_run": probe_start,
                                   "loss_after_run": probe_end}) + "\n")
         return {"path": ckpt, "trainable": ctrl.num_trainable, "first_loss": first, "last_loss": last,
-                "probe_loss_before": probe_start, "probe_loss_after": probe_end,
-                "steps": config.steps, "seconds": time.perf_counter() - t0}
+                "probe_loss_before": probe_start, "probe_loss_after": probe_end, "layers": ctrl.layers,
+                "steps": config.steps, "start_step": start, "seconds": time.perf_counter() - t0}
     finally:
+        if reporter is not None:
+            reporter.close()
         ctrl.detach()
         for p, f in flags:
             p.requires_grad_(f)

@@ -1,0 +1,45 @@
+"""The root ``treadle`` command: help without torch, areas loaded lazily, one-line usage errors (exit 2)."""
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from treadle.cli import AREAS, _areas, app
+
+runner = CliRunner()
+
+
+def test_help_and_version_do_not_import_torch():
+    code = ("import sys\nfrom treadle.cli import app\n"
+            "for argv in (['--help'], ['--version']):\n"
+            "    try:\n        app(argv)\n    except SystemExit as e:\n        assert e.code == 0, e.code\n"
+            "bad = [m for m in ('torch', 'transformers', 'peft', 'matplotlib') if m in sys.modules]\n"
+            "assert not bad, bad\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    for name, *_ in _areas().items():
+        assert name in res.stdout
+
+
+def test_every_present_area_is_listed_and_runs():
+    present = _areas()
+    assert {"model", "stair", "scale", "weft"} <= set(present)
+    assert all(len(entry) in (2, 3) for entry in AREAS)  # AREAS stays open to (name, module[, help]) entries
+    res = runner.invoke(app, ["--help"])
+    assert res.exit_code == 0
+    for name in present:
+        assert name in res.output
+        sub = runner.invoke(app, [name, "--help"])
+        assert sub.exit_code == 0, (name, sub.output)
+        assert "Usage:" in sub.output
+
+
+def test_usage_errors_are_one_line_naming_the_flag_exit_2():
+    for argv, words in ((["nope"], ["No such command 'nope'"]),
+                        (["model", "train-tiny", "--steps", "x"], ["--steps"]),
+                        (["model", "train-tiny", "--bogus"], ["--bogus"])):
+        res = runner.invoke(app, argv)
+        assert res.exit_code == 2, (argv, res.output)
+        lines = [ln for ln in res.output.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("Error: "), res.output
+        assert all(w in lines[0] for w in words), lines
