@@ -15,6 +15,8 @@ SECTIONS: list[tuple[str, str]] = [
     ("weft-shop", "treadle.weft.demo:run"),
     ("stair", "treadle.stair.demo:run"),
     ("scale", "treadle.scale.demo:run"),
+    ("weft-rollouts", "treadle.weft.rollouts.demo:run"),
+    ("rsi", "treadle.rsi.demo:run"),
 ]
 
 
