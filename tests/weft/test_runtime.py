@@ -1,4 +1,5 @@
 """Runtime: sessions, typed tool errors, statistics, reset/fork/diff, isolation under concurrency."""
+import types
 from pathlib import Path
 
 import anyio
@@ -311,4 +312,24 @@ def test_servers_writing_globals_are_serialised_across_sessions():
             assert wall >= 0.38, wall  # one at a time (4 x 0.1 s), not concurrent
             for sid in sids:
                 assert (await rt.call_tool(sid, "bump", {"sleep_s": 0})).result == {"n": 2}
+    run(main)
+
+
+def test_no_session_observes_another_sessions_writes():
+    """Issue 21 item 1: a class-level default aliased into instance state must not leak across sessions."""
+    async def main():
+        async with Runtime() as rt:
+            h = rt.register(SERVERS / "vpn_obj.py")
+            spec = rt.registry.spec(h)
+            assert spec.isolation == "isolated"
+            assert [(f.kind, f.line) for f in spec.report.findings] == [("class_mutable_attribute", 6)]
+            snap = snapshot_from_object(types.SimpleNamespace(vpn=None))
+            a = await rt.create_session(h, snap)
+            b = await rt.create_session(h, snap)
+            out = await rt.call_tool(a, "connect_vpn", {"name": "vpn-a"})
+            assert out.ok and out.result == {"connected": False, "server": "vpn-a"}
+            assert (await rt.call_tool(b, "default_vpn")).result == {"connected": False, "server": None}
+            out = await rt.call_tool(b, "connect_vpn", {"name": "vpn-b"})
+            assert out.result == {"connected": False, "server": "vpn-b"}
+            assert (await rt.call_tool(a, "default_vpn")).result == {"connected": False, "server": "vpn-a"}
     run(main)
