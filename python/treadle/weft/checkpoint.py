@@ -25,6 +25,7 @@ from typing import Any
 import fsspec
 from pydantic import BaseModel, Field
 
+from treadle.weft.determinism import EnvState
 from treadle.weft.errors import CheckpointStoreError, StaleGenerationError
 from treadle.weft.state import BackendKind, Snapshot
 
@@ -45,6 +46,7 @@ class CheckpointRecord(BaseModel):
     time: float
     turn: int | None = None
     meta: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, Any] | None = None  # the session clock / random source (EnvState fields)
 
 
 def _check_session_id(session_id: str) -> None:
@@ -148,7 +150,7 @@ class CheckpointStore:
             self._write(self._path(session_id, name), snapshot.data)
             rec = CheckpointRecord(session_id=session_id, server_hash=server_hash, kind=snapshot.kind,
                                    generation=generation, seq=seq, digest=snapshot.digest, nbytes=snapshot.nbytes,
-                                   time=time.time(), turn=turn, meta=dict(meta or {}))
+                                   time=time.time(), turn=turn, meta=dict(meta or {}), env=snapshot.env.as_dict())
             self._write(self._path(session_id, "latest.json"), rec.model_dump_json().encode())
             return rec
 
@@ -168,7 +170,7 @@ class CheckpointStore:
                 data = f.read()
         except OSError as err:
             raise CheckpointStoreError(f"cannot read {path} from {self.url!r}: {err}") from err
-        snap = Snapshot(rec.kind, data)
+        snap = Snapshot(rec.kind, data, EnvState(**rec.env) if rec.env else EnvState())
         if snap.digest != rec.digest:
             raise CheckpointStoreError(f"checkpoint {path} is corrupt: digest {snap.digest[:12]} != {rec.digest[:12]}")
         return rec, snap

@@ -21,6 +21,7 @@ import types
 import typing
 from typing import Any
 
+from treadle.weft.determinism import SessionEnv
 from treadle.weft.errors import SnapshotSchemaError
 from treadle.weft.state import RowChange, Snapshot, StateBackend, StateDiff, TableDiff
 
@@ -184,6 +185,7 @@ class ObjectState(StateBackend):
         if not isinstance(cls, type):
             raise TypeError(f"cls must be a class, got {type(cls).__name__}")
         self._cls = cls
+        self.env = SessionEnv(snapshot.env)
         self._obj = cls.__new__(cls)
         _attrs(self._obj).update(_load(snapshot, _home_of(cls)))
 
@@ -192,17 +194,20 @@ class ObjectState(StateBackend):
         return self._obj
 
     def snapshot(self) -> Snapshot:
-        return snapshot_from_object(self._obj)
+        return dataclasses.replace(snapshot_from_object(self._obj), env=self.env.freeze())
 
     def restore(self, snapshot: Snapshot) -> None:
         self._check_kind(snapshot)
+        loaded = _load(snapshot, _home_of(self._cls))
         attrs = _attrs(self._obj)
         attrs.clear()
-        attrs.update(_load(snapshot, _home_of(self._cls)))
+        attrs.update(loaded)
+        self.env.load(snapshot.env)
 
     def fork(self) -> ObjectState:
         new = ObjectState.__new__(ObjectState)
         new._cls = self._cls
+        new.env = self.env.copy()
         new._obj = self._cls.__new__(self._cls)
         _attrs(new._obj).update(copy.deepcopy(dict(_attrs(self._obj))))
         return new

@@ -29,6 +29,7 @@ import anyio
 from treadle.weft import errors as _errors
 from treadle.weft.callparse import ToolCall
 from treadle.weft.checkpoint import CheckpointStore
+from treadle.weft.determinism import EnvState
 from treadle.weft.errors import ErrorKind, UnknownSessionError, WeftError
 from treadle.weft.registry import Registry
 from treadle.weft.runtime import ToolOutcome
@@ -65,7 +66,8 @@ async def _worker_loop(conn: Any, store_url: str | None, timeout_s: float, debou
                 if op == "register":
                     out: Any = rt.register(args[0])
                 elif op == "create":
-                    out = await rt.create_session(args[0], Snapshot(args[1], args[2]), session_id=args[3])
+                    out = await rt.create_session(args[0], Snapshot(args[1], args[2], EnvState(**args[4])),
+                                                  session_id=args[3])
                 elif op == "call":
                     out = (await rt.call_tool(args[0], args[1], args[2])).model_dump(mode="json")
                 elif op == "reset":
@@ -81,7 +83,7 @@ async def _worker_loop(conn: Any, store_url: str | None, timeout_s: float, debou
                     out = await rt.restore_session(args[0])
                 elif op == "snapshot":
                     s = rt.snapshot(args[0])
-                    out = (s.kind, s.data)
+                    out = (s.kind, s.data, s.env.as_dict())
                 elif op == "checkpoint_turn":
                     out = rt.checkpoint_turn(args[0])
                 else:
@@ -263,7 +265,7 @@ class WorkerPool:
             raise ValueError(f"session id {sid!r} is already open")
         w = await self._pick_worker()
         await self._ensure_server(w, spec.hash)
-        await self._request(w, "create", spec.hash, snapshot.kind, snapshot.data, sid)
+        await self._request(w, "create", spec.hash, snapshot.kind, snapshot.data, sid, snapshot.env.as_dict())
         w.sessions.add(sid)
         self._where[sid] = w
         return sid
@@ -295,8 +297,8 @@ class WorkerPool:
                 await self._request(w, "drain")
 
     async def snapshot(self, session_id: str) -> Snapshot:
-        kind, data = await self._request(self._worker_of(session_id), "snapshot", session_id)
-        return Snapshot(kind, data)
+        kind, data, env = await self._request(self._worker_of(session_id), "snapshot", session_id)
+        return Snapshot(kind, data, EnvState(**env))
 
     async def close(self, session_id: str) -> None:
         w = self._worker_of(session_id)

@@ -51,6 +51,7 @@ from pydantic import BaseModel
 
 from treadle.weft.callparse import ToolCall, parse_call
 from treadle.weft.checkpoint import CheckpointRecord, CheckpointStore
+from treadle.weft.determinism import SessionEnv
 from treadle.weft.errors import (
     CallParseError,
     CheckpointStoreError,
@@ -119,6 +120,7 @@ class _Binding:
     module: types.ModuleType | None = None
     weft: WeftServer | None = None
     states: dict[str, Any] = field(default_factory=dict)  # session id -> state handle (inproc)
+    envs: dict[str, SessionEnv] = field(default_factory=dict)  # session id -> its clock and random source
     client: Client | None = None
     closed: anyio.Event = field(default_factory=anyio.Event)
     done: anyio.Event = field(default_factory=anyio.Event)
@@ -134,6 +136,9 @@ class _Binding:
             return self.states[sid]
         except KeyError:
             raise ToolError(f"unknown or closed session {sid!r}") from None
+
+    def resolve_env(self, sid: str | None) -> SessionEnv | None:
+        return self.envs.get(sid)
 
 
 @dataclass(eq=False)
@@ -288,7 +293,7 @@ class Runtime:
         try:
             async with AsyncExitStack() as stack:
                 if b.transport == "inproc":
-                    target: Any = b.weft.build(b.resolve)
+                    target: Any = b.weft.build(b.resolve, b.resolve_env)
                 elif b.transport == "stdio":
                     params = StdioServerParameters(command=sys.executable, args=b.tmpdir_args, env=dict(os.environ))
                     target = stdio_client(params, errlog=stack.enter_context(open(os.devnull, "w")))  # noqa: SIM115
@@ -344,7 +349,8 @@ class Runtime:
         (d / "server.py").write_text(b.spec.source, encoding="utf-8")
         (d / "snapshot.bin").write_bytes(snapshot.data)
         return ["-m", "treadle.weft.serve", "--server-file", str(d / "server.py"), "--snapshot",
-                str(d / "snapshot.bin"), "--kind", snapshot.kind, "--session-id", sid]
+                str(d / "snapshot.bin"), "--kind", snapshot.kind, "--session-id", sid,
+                "--env", json.dumps(snapshot.env.as_dict())]
 
     async def _spawn_http(self, b: _Binding) -> None:
         port = _free_port()
@@ -375,6 +381,7 @@ class Runtime:
             if state is None:
                 state = b.weft.new_state(snapshot)
             b.states[sid] = state.handle
+            b.envs[sid] = state.env
             return b, state
         b = _Binding(spec=spec, transport=transport)
         b.tmpdir_args = self._write_remote_files(b, sid, snapshot)
@@ -387,6 +394,7 @@ class Runtime:
 
     async def _unbind(self, s: _Session) -> None:
         s.binding.states.pop(s.id, None)
+        s.binding.envs.pop(s.id, None)
         if s.binding is not self._shared.get(s.spec.hash):
             await self._close_binding(s.binding)
 
@@ -811,7 +819,7 @@ class Runtime:
 
     # -- verification --------------------------------------------------------------------------
     async def verify_turn(self, session_id: str, start: Snapshot, spec: CheckpointSpec,
-                          outcomes: list[ToolOutcome]) -> CheckpointResult:
+                          outcomes: list[ToolOutcome], *, replay_check: bool = True) -> CheckpointResult:
         """Judge one atomic turn of a session, inside the runtime (seed: WEFT 4.1 atomic-turn checks).
 
         The gold calls of ``spec`` are replayed through the same server on a verifier-private
@@ -819,6 +827,12 @@ class Runtime:
         turn); that session never appears in :meth:`sessions` or the statistics and is dropped
         afterwards. The agent's state is then compared with the gold state and the tool returns
         with the gold results (see :func:`~treadle.weft.verify.judge_checkpoint`).
+
+        With ``replay_check`` (default) the gold is replayed twice from ``start``; when the two
+        replays disagree (a tool reads the process clock or a global random source instead of
+        :mod:`treadle.weft.determinism`), a failed check is attributed to the environment
+        (``nondeterministic_environment``, not a policy failure). The session clock and random
+        source travel with ``start``, so tools that use them replay exactly.
 
         Raises:
             TypeError: ``spec`` is not a CheckpointSpec or ``start`` not a Snapshot.
@@ -830,28 +844,55 @@ class Runtime:
             raise TypeError(f"start must be a Snapshot, got {type(start).__name__}")
         s = self._session(session_id)
         state = self._local_state(s, "verification")
-        expected = None
-        gold_results: list[Any] | None = None
-        gold_error = ""
-        if spec.gold_calls is not None:
-            hid = f"verifier-{uuid.uuid4().hex[:16]}"
-            self._hidden.add(hid)
-            try:
-                binding, gstate = await self._bind_session(s.spec, hid, "inproc", start, None)
-                g = _Session(id=hid, spec=s.spec, transport="inproc", initial=start, binding=binding, state=gstate)
-                self._sessions[hid] = g
-                gold_results = []
-                for c in spec.gold_calls:
-                    out = await self.call_tool(hid, c.name, c.arguments)
-                    if not out.ok:
-                        gold_error = f"{c}: {out.error_kind.value}: {out.text[:200]}"
-                        break
-                    gold_results.append(out.result)
-                expected = gstate.snapshot()
+        if spec.gold_calls is None:
+            return judge_checkpoint(spec, state, outcomes)
+        first = await self._replay_gold(s.spec, start, spec.gold_calls)
+        try:
+            expected, gold_results, gold_error = first
+            reproducible = True
+            if expected is not None and replay_check:
+                again, results2, error2 = await self._replay_gold(s.spec, start, spec.gold_calls)
+                try:
+                    reproducible = (again is not None and error2 == gold_error and results2 == gold_results
+                                    and expected.diff(again).empty and expected.env.freeze() == again.env.freeze())
+                finally:
+                    if again is not None:
+                        again.close()
+            return judge_checkpoint(spec, state, outcomes, expected, gold_results, gold_error,
+                                    gold_reproducible=reproducible)
+        finally:
+            if first[0] is not None:
+                first[0].close()
+
+    async def _replay_gold(self, spec: ServerSpec, start: Snapshot, calls: list[ToolCall]
+                           ) -> tuple[StateBackend | None, list[Any], str]:
+        """Replay ``calls`` on a verifier-private session cloned from ``start``: (its state, the results,
+        the first failure or ""). The hidden session is released on every exit path; its state is
+        returned open (the caller closes it)."""
+        hid = f"verifier-{uuid.uuid4().hex[:16]}"
+        self._hidden.add(hid)
+        g: _Session | None = None
+        gstate: StateBackend | None = None
+        results: list[Any] = []
+        error = ""
+        try:
+            binding, gstate = await self._bind_session(spec, hid, "inproc", start, None)
+            g = _Session(id=hid, spec=spec, transport="inproc", initial=start, binding=binding, state=gstate)
+            self._sessions[hid] = g
+            for c in calls:
+                out = await self.call_tool(hid, c.name, c.arguments)
+                if not out.ok:
+                    error = f"{c}: {out.error_kind.value}: {out.text[:200]}"
+                    break
+                results.append(out.result)
+            return gstate, results, error
+        except BaseException:
+            if gstate is not None:
+                gstate.close()
+            raise
+        finally:
+            if g is not None:
                 g.closed = True
                 await self._unbind(g)
-                gstate.close()
-            finally:
-                self._sessions.pop(hid, None)
-                self._hidden.discard(hid)
-        return judge_checkpoint(spec, state, outcomes, expected, gold_results, gold_error)
+            self._sessions.pop(hid, None)
+            self._hidden.discard(hid)
