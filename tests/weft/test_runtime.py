@@ -115,10 +115,17 @@ def test_bad_session_and_server_input(notes_snapshot, tmp_path):
             sid = await rt.create_session(h, notes_snapshot, session_id="s1")
             with pytest.raises(ValueError, match="already open"):
                 await rt.create_session(h, notes_snapshot, session_id="s1")
-            await rt.close(sid)
+            await rt.close(sid, keep_log=True)
             with pytest.raises(SessionClosedError):
                 await rt.call_tool(sid, "list_notes")
             assert rt.log(sid)[-1].event == "close"
+            rt.forget(sid)
+            with pytest.raises(UnknownSessionError):
+                rt.log(sid)
+            other = await rt.create_session(h, notes_snapshot)
+            await rt.close(other)  # no keep_log: nothing stays
+            with pytest.raises(UnknownSessionError, match="keep_log"):
+                await rt.call_tool(other, "list_notes")
             ok = await rt.create_session(h, notes_snapshot)
             assert (await rt.call_tool(ok, "list_notes")).ok
         with pytest.raises(TypeError, match="registry"):

@@ -65,5 +65,10 @@ class CheckpointStoreError(WeftError, OSError):
     """The checkpoint object store could not be read or written."""
 
 
+class CheckpointIntegrityError(CheckpointStoreError):
+    """A checkpoint failed authentication (missing/wrong MAC, digest mismatch) or holds objects the
+    restricted unpickler refuses: nothing of it was deserialised or run."""
+
+
 class UnsupportedOperationError(WeftError, NotImplementedError):
     """The operation needs in-process state access (e.g. fork/diff of a stdio/HTTP session)."""

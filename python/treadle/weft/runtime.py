@@ -157,7 +157,8 @@ class _Session:
     interrupted: bool = False
     turn: int | None = None
     dirty_at: float | None = None
-    flushing: bool = False
+    flushing: int = 0  # flushes in progress or waiting for flush_lock
+    flush_lock: anyio.Lock = field(default_factory=anyio.Lock)  # one flush at a time, in order
     flusher: bool = False  # a debounce loop is running
     last_checkpoint: CheckpointRecord | None = None
     available: frozenset[str] | None = None  # tools offered to the agent now (None: all)
@@ -226,6 +227,7 @@ class Runtime:
         self.stats = ToolStats()
         self.events: list[LogEntry] = []  # runtime-level events (registration and creation failures)
         self._sessions: dict[str, _Session] = {}
+        self._closed_logs: dict[str, list[LogEntry]] = {}  # closed with keep_log=True
         self._shared: dict[str, _Binding] = {}
         self._shared_lock = anyio.Lock()
         self._validators: dict[tuple[str, str], jsonschema.protocols.Validator] = {}
@@ -454,13 +456,17 @@ class Runtime:
             raise
         s = _Session(id=sid, spec=spec, transport=transport, initial=snapshot, binding=binding, state=state)
         self._sessions[sid] = s
+        self._closed_logs.pop(sid, None)
         self._event(s, event="create", message=f"server {spec.name} {spec.hash[:12]} via {transport}")
         return sid
 
     def _session(self, session_id: str) -> _Session:
         s = self._sessions.get(session_id)
         if s is None:
-            raise UnknownSessionError(f"no session {session_id!r}")
+            if session_id in self._closed_logs:
+                raise SessionClosedError(f"session {session_id!r} is closed")
+            raise UnknownSessionError(f"no session {session_id!r} (closed sessions are forgotten unless closed "
+                                      f"with keep_log=True)")
         if s.closed:
             raise SessionClosedError(f"session {session_id!r} is closed")
         return s
@@ -473,9 +479,11 @@ class Runtime:
         return self._session(session_id).spec
 
     def log(self, session_id: str) -> list[LogEntry]:
-        """The session's log (a copy); also available after close."""
+        """The session's log (a copy); after close only if it was closed with ``keep_log=True``."""
         s = self._sessions.get(session_id)
         if s is None:
+            if session_id in self._closed_logs:
+                return list(self._closed_logs[session_id])
             raise UnknownSessionError(f"no session {session_id!r}")
         return list(s.log)
 
@@ -693,8 +701,14 @@ class Runtime:
         self._event(s, event="fork", message=f"forked into {sid}")
         return sid
 
-    async def close(self, session_id: str) -> None:
-        """Close a session: flush a pending checkpoint, release its state (the log stays readable)."""
+    async def close(self, session_id: str, *, keep_log: bool = False) -> None:
+        """Close a session: flush a pending checkpoint, release its state, binding and snapshots.
+
+        Afterwards nothing of the session stays in the runtime (memory is flat over any number of
+        create/close cycles) unless ``keep_log=True``: then its log alone stays readable through
+        :meth:`log` (until :meth:`forget`) and calls on it raise ``SessionClosedError``; without it,
+        the id is unknown (``UnknownSessionError``) and may be reused.
+        """
         s = self._session(session_id)
         if s.dirty_at is not None and not s.fenced:
             await self._flush(s)
@@ -704,6 +718,16 @@ class Runtime:
             if s.state is not None:
                 s.state.close()
         self._event(s, event="close")
+        if self._sessions.get(session_id) is s:
+            del self._sessions[session_id]
+        if keep_log:
+            self._closed_logs[session_id] = s.log
+        s.state = s.binding = s.initial = s.last_checkpoint = None  # a flusher task may still hold `s`
+
+    def forget(self, session_id: str) -> None:
+        """Drop the log a closed session kept (``close(..., keep_log=True)``)."""
+        if self._closed_logs.pop(session_id, None) is None:
+            raise UnknownSessionError(f"no closed session {session_id!r} with a kept log")
 
     # -- checkpoints ---------------------------------------------------------------------------
     def _mark_dirty(self, s: _Session) -> None:
@@ -724,39 +748,50 @@ class Runtime:
             s.flusher = False
 
     async def _flush(self, s: _Session, turn: int | None = None) -> CheckpointRecord | None:
+        """Write the session's current state as a checkpoint.
+
+        Flushes of one session are serialised and ordered (``flush_lock``): each takes its snapshot
+        after the previous flush finished, so a newer state is never overwritten by an older one.
+        The session claims its generation once (first flush); only a claim by another owner (a
+        ``StaleGenerationError``) fences it.
+        """
         if self.store is None:
             raise WeftError("this runtime has no checkpoint_store")
-        s.flushing = True
+        s.flushing += 1
         try:
-            async with s.lock:
-                if s.state is None or (s.closed and s.dirty_at is None):
-                    return None
-                snap = s.state.snapshot()
-                s.dirty_at = None
-            if turn is not None:
-                s.turn = turn
-            try:
-                if s.generation is None:
-                    s.generation = await anyio.to_thread.run_sync(self.store.claim, s.id)
-                rec = await anyio.to_thread.run_sync(
-                    lambda: self.store.write(s.id, s.generation, s.spec.hash, snap, turn=s.turn,
-                                             meta={"interrupted": s.interrupted}))
-            except StaleGenerationError as err:
-                s.fenced = True
-                self._event(s, event="checkpoint", ok=False, error_kind=ErrorKind.infrastructure, message=str(err),
-                            generation=s.generation)
-                self.stats.record(s.spec.hash, "<checkpoint>", None, ErrorKind.infrastructure, s.spec.name)
-                return None
-            except (CheckpointStoreError, OSError, ValueError) as err:
-                self._event(s, event="checkpoint", ok=False, error_kind=ErrorKind.infrastructure,
-                            message=f"{type(err).__name__}: {err}", generation=s.generation)
-                self.stats.record(s.spec.hash, "<checkpoint>", None, ErrorKind.infrastructure, s.spec.name)
-                return None
-            s.last_checkpoint = rec
-            self._event(s, event="checkpoint", generation=rec.generation, message=f"seq {rec.seq} {rec.digest[:12]}")
-            return rec
+            async with s.flush_lock:
+                async with s.lock:
+                    if s.state is None or s.fenced or (s.closed and s.dirty_at is None):
+                        return None
+                    snap = s.state.snapshot()
+                    s.dirty_at = None
+                if turn is not None:
+                    s.turn = turn
+                return await self._write_checkpoint(s, snap)
         finally:
-            s.flushing = False
+            s.flushing -= 1
+
+    async def _write_checkpoint(self, s: _Session, snap: Snapshot) -> CheckpointRecord | None:
+        try:
+            if s.generation is None:
+                s.generation = await anyio.to_thread.run_sync(self.store.claim, s.id)
+            gen, turn, meta = s.generation, s.turn, {"interrupted": s.interrupted}
+            rec = await anyio.to_thread.run_sync(
+                lambda: self.store.write(s.id, gen, s.spec.hash, snap, turn=turn, meta=meta))
+        except StaleGenerationError as err:
+            s.fenced = True
+            self._event(s, event="checkpoint", ok=False, error_kind=ErrorKind.infrastructure, message=str(err),
+                        generation=s.generation)
+            self.stats.record(s.spec.hash, "<checkpoint>", None, ErrorKind.infrastructure, s.spec.name)
+            return None
+        except (CheckpointStoreError, OSError, ValueError) as err:
+            self._event(s, event="checkpoint", ok=False, error_kind=ErrorKind.infrastructure,
+                        message=f"{type(err).__name__}: {err}", generation=s.generation)
+            self.stats.record(s.spec.hash, "<checkpoint>", None, ErrorKind.infrastructure, s.spec.name)
+            return None
+        s.last_checkpoint = rec
+        self._event(s, event="checkpoint", generation=rec.generation, message=f"seq {rec.seq} {rec.digest[:12]}")
+        return rec
 
     async def checkpoint(self, session_id: str, *, turn: int | None = None) -> CheckpointRecord | None:
         """Write a checkpoint now (e.g. at an atomic-turn boundary, ``turn`` = the turn just finished).
@@ -791,22 +826,24 @@ class Runtime:
 
         Raises:
             WeftError: no checkpoint store; KeyError: no checkpoint for that id;
-            CheckpointStoreError: unreadable store; UnknownServerError: its server is not registered.
+            CheckpointIntegrityError: the checkpoint fails authentication, or its image names objects the
+            restricted unpickler refuses (nothing of it ran); CheckpointStoreError: unreadable store;
+            UnknownServerError: its server is not registered.
         """
         self._require_open()
         if self.store is None:
             raise WeftError("this runtime has no checkpoint_store")
         if session_id in self._sessions and not self._sessions[session_id].closed:
             raise ValueError(f"session {session_id!r} is open in this runtime")
+        gen = await anyio.to_thread.run_sync(self.store.claim, session_id)  # first: later stale writes are refused
         rec, snap = await anyio.to_thread.run_sync(self.store.read, session_id)
         spec = self.registry.spec(rec.server_hash)
-        gen = await anyio.to_thread.run_sync(self.store.claim, session_id)
         binding, state = await self._bind_session(spec, session_id, "inproc", snap, None)
-        old = self._sessions.get(session_id)
+        kept = self._closed_logs.pop(session_id, None)
         s = _Session(id=session_id, spec=spec, transport="inproc", initial=snap, binding=binding, state=state,
                      generation=gen, interrupted=True, turn=rec.turn, last_checkpoint=rec)
-        if old is not None:
-            s.log = old.log
+        if kept is not None:
+            s.log = kept
         self._sessions[session_id] = s
         self._event(s, event="restore", generation=gen,
                     message=f"from checkpoint generation {rec.generation} seq {rec.seq} turn {rec.turn}")
