@@ -38,7 +38,7 @@ import time
 import types
 import uuid
 import weakref
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -164,17 +164,6 @@ class _Session:
     available: frozenset[str] | None = None  # tools offered to the agent now (None: all)
 
 
-class _NullLock:
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, *exc: Any) -> None:
-        return None
-
-
-_NULL_LOCK = _NullLock()
-
-
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -198,17 +187,21 @@ class Runtime:
         registry: server registry (a new empty one by default).
         checkpoint_store: where mutating sessions are checkpointed (None: no checkpoints).
         debounce_s: quiet time after the last mutating call before a checkpoint is written (seconds).
-        timeout_s: per-call limit in seconds. Async tools are cancelled at the limit; a sync tool runs
-            on a worker thread that cannot be interrupted, so it is reported as ``timeout`` once it
-            returns late (its effects stay).
+        timeout_s: per-call limit in seconds. A call past it is abandoned at the limit (outcome
+            ``timeout``): the session is detached from it and rolled back to its state before the call
+            (in-process; an isolated server also gets a fresh module import) or its server process is
+            killed and restarted from the initial snapshot (stdio/http). Sync tools run on the event
+            loop's bounded worker-thread pool (``max_threads``), async tools concurrently.
         transport: default transport of new sessions.
+        max_threads: worker threads for sync tools (the event loop's default thread limiter), >= 1.
 
     Use as ``async with Runtime(...) as rt``: the runtime owns a task group (client connections,
     checkpoint writers) for its lifetime.
     """
 
     def __init__(self, registry: Registry | None = None, *, checkpoint_store: CheckpointStore | None = None,
-                 debounce_s: float = 0.05, timeout_s: float = 10.0, transport: Transport = "inproc"):
+                 debounce_s: float = 0.05, timeout_s: float = 10.0, transport: Transport = "inproc",
+                 max_threads: int = 40):
         if registry is not None and not isinstance(registry, Registry):
             raise TypeError(f"registry must be a treadle.weft.registry.Registry, got {type(registry).__name__}")
         if checkpoint_store is not None and not isinstance(checkpoint_store, CheckpointStore):
@@ -219,6 +212,9 @@ class Runtime:
             raise ValueError(f"debounce_s must be >= 0 seconds, got {debounce_s!r}")
         if transport not in _TRANSPORTS:
             raise ValueError(f"transport must be one of {_TRANSPORTS}, got {transport!r}")
+        if not isinstance(max_threads, int) or isinstance(max_threads, bool) or max_threads < 1:
+            raise ValueError(f"max_threads must be an int >= 1 (worker threads for sync tools), got {max_threads!r}")
+        self.max_threads = max_threads
         self.registry = registry or Registry()
         self.store = checkpoint_store
         self.debounce_s = float(debounce_s)
@@ -240,6 +236,7 @@ class Runtime:
 
     # -- lifetime ------------------------------------------------------------------------------
     async def __aenter__(self) -> Runtime:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = self.max_threads  # this event loop's pool
         self._stack = AsyncExitStack()
         await self._stack.__aenter__()
         self._tg = await self._stack.enter_async_context(anyio.create_task_group())
@@ -548,19 +545,22 @@ class Runtime:
             return self._finish(s, call, None, ErrorKind.invalid_args, f"arguments do not match {name}'s schema: {msg}",
                                 None)
         server_lock = self._server_lock(s.spec) if s.transport == "inproc" else None
-        async with s.lock, (server_lock or _NULL_LOCK):
+        async with s.lock, (server_lock or nullcontext()):
             if s.closed:
                 raise SessionClosedError(f"session {session_id!r} is closed")
             b = s.binding
             if b.dead:
                 return self._finish(s, call, None, ErrorKind.crash, f"server connection is gone: {b.dead}", None)
+            pre = s.state.snapshot() if s.state is not None else None  # every call is a transaction
             t0 = time.perf_counter()
             try:
                 with anyio.fail_after(self.timeout_s):
                     res = await b.client.call_tool(name, arguments, meta={SESSION_META_KEY: s.id})
             except TimeoutError:
                 lat = (time.perf_counter() - t0) * 1e3
-                return self._finish(s, call, None, ErrorKind.timeout, f"{name} exceeded {self.timeout_s:g} s", lat)
+                how = await self._abandon(s, pre)
+                return self._finish(s, call, None, ErrorKind.timeout,
+                                    f"{name} exceeded {self.timeout_s:g} s: abandoned; {how}", lat)
             except Exception as err:  # noqa: BLE001  (transport failures are typed, never raised)
                 lat = (time.perf_counter() - t0) * 1e3
                 if b.transport != "inproc":
@@ -568,12 +568,17 @@ class Runtime:
                     if b.process is not None and b.process.poll() is None:
                         b.process.kill()
                     return self._finish(s, call, None, ErrorKind.crash, f"server died during {name}: {b.dead}", lat)
+                if pre is not None:
+                    s.state.restore(pre)
                 return self._finish(s, call, None, ErrorKind.infrastructure, f"{type(err).__name__}: {err}", lat)
             lat = (time.perf_counter() - t0) * 1e3
-        payload, text = _result_payload(res)
-        if lat > self.timeout_s * 1e3:
+            payload, text = _result_payload(res)
+            late = lat > self.timeout_s * 1e3
+            if (late or res.is_error) and pre is not None:
+                s.state.restore(pre)  # object state rolls back like SQLite (and the clock/random source too)
+        if late:
             return self._finish(s, call, None, ErrorKind.timeout,
-                                f"{name} returned after {lat / 1e3:.3g} s > {self.timeout_s:g} s", lat)
+                                f"{name} returned after {lat / 1e3:.3g} s > {self.timeout_s:g} s; rolled back", lat)
         if res.is_error:
             kind = ErrorKind.invalid_args if "validation error" in text and text.startswith(
                 f"Error executing tool {name}: ") else ErrorKind.execution_error
@@ -582,6 +587,27 @@ class Runtime:
         if tool["contract"]["writes"] and s.state is not None and self.store is not None and not s.fenced:
             self._mark_dirty(s)
         return out
+
+    async def _abandon(self, s: _Session, pre: Snapshot | None) -> str:
+        """Detach a session from a call that ran past its time limit (it may still be running and writing):
+        in-process sessions get a fresh state from ``pre`` (their state before the call; an isolated
+        server also a fresh module import), remote ones a restarted server process (from the initial
+        snapshot). Returns what was done, for the outcome's text."""
+        if s.transport == "inproc" and pre is not None:
+            if s.spec.isolation == "shared":
+                new = s.binding.weft.new_state(pre)
+                s.binding.states[s.id] = new.handle
+                s.binding.envs[s.id] = new.env
+                s.state = new  # the abandoned call keeps the old state object; nobody reads it again
+            else:
+                await self._unbind(s)
+                s.binding, s.state = await self._bind_session(s.spec, s.id, "inproc", pre, None)
+            self._event(s, event="reset", message="call abandoned at its time limit: state rolled back")
+            return "session state rolled back to before the call"
+        await self._unbind(s)
+        s.binding, s.state = await self._bind_session(s.spec, s.id, s.transport, s.initial, None)
+        self._event(s, event="reset", message="call abandoned at its time limit: server process restarted")
+        return "server process killed and the session reset to its initial snapshot"
 
     def _server_lock(self, spec: ServerSpec) -> anyio.Lock | None:
         """Calls of a server that writes process-global state (``global_write`` findings: ``global``

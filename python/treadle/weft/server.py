@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
@@ -227,7 +228,7 @@ class WeftServer:
                 finish(state, True)
                 return _to_json_text(out)
         else:
-            def wrapper(weft_ctx: Context, **kwargs: Any) -> Any:
+            def body(weft_ctx: Context, kwargs: dict[str, Any]) -> Any:
                 state, token = session_state(weft_ctx)
                 try:
                     out = fn(state, **kwargs)
@@ -241,6 +242,11 @@ class WeftServer:
                     unbind_env(token)
                 finish(state, True)
                 return _to_json_text(out)
+
+            async def wrapper(weft_ctx: Context, **kwargs: Any) -> Any:
+                # sync tools run on the event loop's bounded worker-thread pool; a call cancelled past its
+                # time limit is abandoned (the thread finishes on a state the runtime has detached)
+                return await anyio.to_thread.run_sync(body, weft_ctx, kwargs, abandon_on_cancel=True)
 
         ctx_param = inspect.Parameter("weft_ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context)
         rest = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params[1:]]
