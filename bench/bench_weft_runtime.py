@@ -25,9 +25,9 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-from pathlib import Path
 
 import anyio
+import psutil
 import pytest
 
 from treadle.weft.envs import shop
@@ -47,28 +47,16 @@ def _snapshot_1mb():
     return snap
 
 
-def _rss_kib(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def _tree_rss_mib() -> float:
-    me = os.getpid()
-    total = _rss_kib(me)
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int(next(x for x in (d / "status").read_text().splitlines() if x.startswith("PPid:")).split()[1])
-            except (OSError, StopIteration, ValueError):
-                continue
-            if ppid == me:
-                total += _rss_kib(int(d.name))
-    return total / 1024
+    """Resident memory of this process and its children (psutil), MiB."""
+    me = psutil.Process()
+    total = me.memory_info().rss
+    for child in me.children(recursive=True):
+        try:
+            total += child.memory_info().rss
+        except psutil.Error:  # exited meanwhile
+            continue
+    return total / 2**20
 
 
 def test_clone_1mb_snapshot(benchmark, peer_table):

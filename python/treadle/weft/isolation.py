@@ -286,9 +286,10 @@ def _module_values(tree: ast.Module) -> tuple[set[str], dict[str, tuple[int, boo
                     safe.discard(sub.id)
                     containers.pop(sub.id, None)
                     unsafe.setdefault(sub.id, node.lineno)
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Attribute):
-            root = _root_name(node.value.func.value)
-            if root in containers and node.value.func.attr in _MUTATORS:
+        call = node.value if isinstance(node, ast.Expr) else None
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
+            root = _root_name(call.func.value)
+            if root in containers and call.func.attr in _MUTATORS:
                 unsafe[root] = node.lineno
                 containers.pop(root)
     return safe, containers, unsafe
@@ -338,8 +339,8 @@ def _alias_findings(tree: ast.Module, skip: set[str]) -> list[Finding]:
                         seen.add((node.id, node.lineno))
                         out.append(Finding(kind="mutable_alias", line=node.lineno,
                                            detail=f"{where} hands out module-level container {node.id!r} (line "
-                                                  f"{line}) or a mutable part of it: `{ast.unparse(parent or node)[:60]}`"
-                                                  f"; copy it with copy.deepcopy"))
+                                                  f"{line}) or a mutable part of it: "
+                                                  f"`{ast.unparse(parent or node)[:60]}`; copy it with copy.deepcopy"))
     return out
 
 

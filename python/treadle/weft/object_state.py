@@ -71,7 +71,8 @@ class _HomeUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
     def persistent_load(self, pid: Any) -> Any:
-        if not (isinstance(pid, tuple) and len(pid) == 2 and pid[0] == "weft-server-global" and isinstance(pid[1], str)):
+        if not (isinstance(pid, tuple) and len(pid) == 2 and pid[0] == "weft-server-global"
+                and isinstance(pid[1], str)):
             raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
         if self.home is None:
             raise pickle.UnpicklingError(f"snapshot refers to server class {pid[1]!r}: load it with the server's "
