@@ -10,6 +10,7 @@ import anyio
 import pytest
 
 from treadle.weft.object_state import snapshot_from_object
+from treadle.weft.registry import release_module
 from treadle.weft.runtime import Runtime
 from treadle.weft.sqlite_state import snapshot_from_sql
 
@@ -17,14 +18,13 @@ SERVERS = Path(__file__).parent / "servers"
 NOTES_DDL = "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT NOT NULL, tag TEXT);"
 
 
-def _tree_snapshot():
-    from types import SimpleNamespace
-    return snapshot_from_object(SimpleNamespace(root=_node("/"), _cursor="/"))
-
-
-def _node(name):  # a plain stand-in; the server's own Node class is used once the tools run
-    from types import SimpleNamespace
-    return SimpleNamespace(name=name, children={})
+def _tree_snapshot(rt, h):
+    """A Tree of the server's own classes (its Node objects travel as server classes)."""
+    module, _ = rt.registry.load(h)
+    try:
+        return snapshot_from_object(module.Tree())
+    finally:
+        release_module(module)
 
 
 CASES = {
@@ -96,7 +96,7 @@ def test_diff_between_live_sessions_with_server_classes(isolation):
             h = rt.register(SERVERS / "tree_obj.py", isolation=isolation)
             src = rt.registry.spec(h).source
             assert "class Node" in src
-            p = await rt.create_session(h, _tree_snapshot())
+            p = await rt.create_session(h, _tree_snapshot(rt, h))
             for name in ("a", "b"):
                 assert (await rt.call_tool(p, "mkdir", {"name": name})).ok
             f = await rt.fork(p)
