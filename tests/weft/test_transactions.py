@@ -81,3 +81,43 @@ def test_sessions_of_one_runtime_run_concurrently():
         with pytest.raises(ValueError, match="max_threads"):
             Runtime(max_threads=0)
     anyio.run(main)
+
+
+def test_views_of_state_wait_for_or_refuse_a_call_in_flight():
+    from treadle.weft.errors import SessionBusyError
+
+    async def main():
+        async with Runtime() as rt:
+            h = rt.register(SERVERS / "counter_obj.py")
+            sid = await rt.create_session(h, counter())
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(rt.call_tool, sid, "abump_then_block", {"seconds": 0.5})
+                await anyio.sleep(0.1)  # the call has written its first half
+                for view in (lambda: rt.snapshot(sid), lambda: rt.diff(sid), lambda: rt.state(sid)):
+                    with pytest.raises(SessionBusyError, match="in flight"):
+                        view()
+                snap = await rt.snapshot_idle(sid)  # waits for the call: never the half-done state
+                f = await rt.fork(sid)
+            assert rt.state(sid).n == 2000 and snap == rt.snapshot(sid) and rt.diff(sid, f).empty
+    anyio.run(main)
+
+
+def test_tool_crash_is_one_log_line_and_host_logging_untouched(caplog, capfd):
+    import logging
+
+    root = logging.getLogger()
+    handlers = list(root.handlers)
+
+    async def main():
+        async with Runtime() as rt:
+            h = rt.register(SERVERS / "notes.py")
+            sid = await rt.create_session(h, snapshot_from_sql(NOTES_DDL))
+            with caplog.at_level(logging.WARNING, logger="treadle.weft.tools"):
+                out = await rt.call_tool(sid, "explode")
+            assert out.error_kind == ErrorKind.execution_error
+            assert out.text == "Error executing tool explode: ZeroDivisionError: division by zero"
+            assert [r.getMessage() for r in caplog.records if r.name == "treadle.weft.tools"] == [
+                "tool explode of server notes crashed: ZeroDivisionError: division by zero"]
+    anyio.run(main)
+    assert root.handlers == handlers  # MCPServer's logging.basicConfig was undone
+    assert "Traceback" not in capfd.readouterr().err

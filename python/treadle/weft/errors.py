@@ -53,6 +53,10 @@ class SessionClosedError(WeftError, RuntimeError):
     """The session was closed."""
 
 
+class SessionBusyError(WeftError, RuntimeError):
+    """A view of a session's state (snapshot, diff, state) was asked while a tool call is in flight."""
+
+
 class CallParseError(WeftError, ValueError):
     """A call string is not a single well-formed call with literal arguments."""
 

@@ -56,6 +56,7 @@ from treadle.weft.errors import (
     CallParseError,
     CheckpointStoreError,
     ErrorKind,
+    SessionBusyError,
     SessionClosedError,
     StaleGenerationError,
     UnknownSessionError,
@@ -162,6 +163,7 @@ class _Session:
     flusher: bool = False  # a debounce loop is running
     last_checkpoint: CheckpointRecord | None = None
     available: frozenset[str] | None = None  # tools offered to the agent now (None: all)
+    busy: bool = False  # a tool call is in flight (views of the state would be half-done)
 
 
 def _free_port() -> int:
@@ -553,6 +555,7 @@ class Runtime:
                 return self._finish(s, call, None, ErrorKind.crash, f"server connection is gone: {b.dead}", None)
             pre = s.state.snapshot() if s.state is not None else None  # every call is a transaction
             t0 = time.perf_counter()
+            s.busy = True
             try:
                 with anyio.fail_after(self.timeout_s):
                     res = await b.client.call_tool(name, arguments, meta={SESSION_META_KEY: s.id})
@@ -571,6 +574,8 @@ class Runtime:
                 if pre is not None:
                     s.state.restore(pre)
                 return self._finish(s, call, None, ErrorKind.infrastructure, f"{type(err).__name__}: {err}", lat)
+            finally:
+                s.busy = False
             lat = (time.perf_counter() - t0) * 1e3
             payload, text = _result_payload(res)
             late = lat > self.timeout_s * 1e3
@@ -662,7 +667,22 @@ class Runtime:
     def _local_state(self, s: _Session, op: str) -> StateBackend:
         if s.state is None:
             raise UnsupportedOperationError(f"{op} needs in-process state; session {s.id} uses {s.transport!r}")
+        if s.busy:
+            raise SessionBusyError(f"{op} of session {s.id} while a tool call is in flight would see a half-done "
+                                   f"call; await rt.idle({s.id!r}) first (or use await rt.snapshot_idle(...))")
         return s.state
+
+    async def idle(self, session_id: str) -> None:
+        """Wait until the session has no tool call in flight (views taken right after are consistent)."""
+        s = self._session(session_id)
+        async with s.lock:
+            pass
+
+    async def snapshot_idle(self, session_id: str) -> Snapshot:
+        """:meth:`snapshot` taken between calls (waits for a call in flight to finish)."""
+        s = self._session(session_id)
+        async with s.lock:
+            return self._local_state(s, "snapshot").snapshot()
 
     def state(self, session_id: str) -> Any:
         """The session's state handle (privileged: for verifiers and tests, never exposed to tools)."""
@@ -711,11 +731,13 @@ class Runtime:
         """A new session whose state is a copy of this session's *current* state (same initial snapshot,
         so ``reset`` of the fork returns to the original start). Returns the new id."""
         s = self._session(session_id)
-        state = self._local_state(s, "fork")
+        if s.state is None:
+            raise UnsupportedOperationError(f"fork needs in-process state; session {s.id} uses {s.transport!r}")
         sid = session_id_new or uuid.uuid4().hex[:16]
         if sid in self._sessions and not self._sessions[sid].closed:
             raise ValueError(f"session id {sid!r} is already open")
-        async with s.lock:
+        async with s.lock:  # between calls: never a half-done call's state
+            state = self._local_state(s, "fork")
             if s.spec.isolation == "shared":
                 new_state = state.fork()
                 binding, new_state = await self._bind_session(s.spec, sid, "inproc", s.initial, new_state)
@@ -830,7 +852,8 @@ class Runtime:
             UnsupportedOperationError: remote-transport session.
         """
         s = self._session(session_id)
-        self._local_state(s, "checkpoint")
+        if s.state is None:
+            raise UnsupportedOperationError(f"checkpoint needs in-process state; session {s.id} uses {s.transport!r}")
         if s.fenced:
             self._event(s, event="checkpoint", ok=False, error_kind=ErrorKind.infrastructure,
                         message="stale generation: session owned by a newer worker", generation=s.generation)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from typing import Any
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.types import ToolAnnotations
 from pydantic_core import to_jsonable_python
@@ -38,6 +39,8 @@ from treadle.weft.determinism import bind_env, unbind_env
 from treadle.weft.object_state import ObjectState, check_object_schema
 from treadle.weft.sqlite_state import SqliteState, check_schema
 from treadle.weft.state import BackendKind, Snapshot, StateBackend
+
+_log = logging.getLogger("treadle.weft.tools")
 
 SESSION_META_KEY = "treadle.weft/session"
 """Request ``_meta`` key carrying the session id from the runtime to the server."""
@@ -205,6 +208,17 @@ class WeftServer:
             state = resolve(sid)
             return state, bind_env(resolve_env(sid) if resolve_env is not None else None)
 
+        def crashed(err: BaseException) -> BaseException:
+            """A deliberate ToolError passes; anything else (a bug in the tool) is logged as one line through
+            ``logging`` (traceback at DEBUG) and reported to the agent as a ToolError, so the SDK does not
+            print a full traceback on the training process's stderr."""
+            if isinstance(err, ToolError) and not isinstance(err, UnexpectedToolError):
+                return err
+            what = f"exit({err.code!r})" if isinstance(err, SystemExit) else f"{type(err).__name__}: {err}"
+            _log.warning("tool %s of server %s crashed: %s", tool_name, self.name, what,
+                         exc_info=err if _log.isEnabledFor(logging.DEBUG) else None)
+            return ToolError(what)
+
         def finish(state: Any, ok: bool) -> None:
             if sqlite_backend and isinstance(state, sqlite3.Connection):
                 if ok:
@@ -217,9 +231,9 @@ class WeftServer:
                 state, token = session_state(weft_ctx)
                 try:
                     out = await fn(state, **kwargs)
-                except SystemExit as err:  # a tool must not stop the worker: report it as a tool failure
+                except (Exception, SystemExit) as err:  # SystemExit: a tool must not stop the worker
                     finish(state, False)
-                    raise RuntimeError(f"tool {tool_name} called exit({err.code!r})") from None
+                    raise crashed(err) from None
                 except BaseException:
                     finish(state, False)
                     raise
@@ -232,9 +246,9 @@ class WeftServer:
                 state, token = session_state(weft_ctx)
                 try:
                     out = fn(state, **kwargs)
-                except SystemExit as err:  # a tool must not stop the worker: report it as a tool failure
+                except (Exception, SystemExit) as err:  # SystemExit: a tool must not stop the worker
                     finish(state, False)
-                    raise RuntimeError(f"tool {tool_name} called exit({err.code!r})") from None
+                    raise crashed(err) from None
                 except BaseException:
                     finish(state, False)
                     raise
@@ -283,8 +297,14 @@ class WeftServer:
 
         ``resolve`` should raise :class:`ToolError` for an unknown session id.
         """
-        return MCPServer(self.name, instructions=self.instructions, tools=self.mcp_tools(resolve, resolve_env),
-                         log_level="ERROR")
+        root = logging.getLogger()
+        handlers, level = list(root.handlers), root.level
+        try:
+            return MCPServer(self.name, instructions=self.instructions, tools=self.mcp_tools(resolve, resolve_env),
+                             log_level="ERROR")
+        finally:  # MCPServer() calls logging.basicConfig: leave the host process's logging as it was
+            root.handlers[:] = handlers
+            root.setLevel(level)
 
     def tool_definitions(self) -> list[dict[str, Any]]:
         """``[{"name", "description", "input_schema", "contract"}]`` sorted by name (hashed by the registry)."""
