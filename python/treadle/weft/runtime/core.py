@@ -1,31 +1,7 @@
-"""``treadle.weft.runtime``: sessions over registered servers, typed tool dispatch, checkpoints.
-
-Seed: WEFT section 4.1 (MegaMCP). A :class:`Runtime` holds a :class:`~treadle.weft.registry.Registry`
-and open sessions; each session owns private state cloned from an immutable snapshot and talks to
-its server through the official ``mcp`` client:
-
-- ``transport="inproc"`` (default): the server runs in this process. A ``shared`` server is imported
-  once and one ``MCPServer`` serves all its sessions (the session id travels in the request
-  ``_meta``); an ``isolated`` server (see :mod:`treadle.weft.isolation`) gets its own module import
-  per session. State can be reset, forked, diffed and checkpointed.
-- ``transport="stdio"`` / ``"http"``: one server subprocess per session (``python -m
-  treadle.weft.serve``), reached over stdio or streamable HTTP on 127.0.0.1. Tool calls, reset
-  (restart from the initial snapshot) and close work; fork/diff/checkpoint need in-process state and
-  raise :class:`~treadle.weft.errors.UnsupportedOperationError`.
-
-Tool-call failures never raise: :meth:`Runtime.call_tool` returns a :class:`ToolOutcome` whose
-``error_kind`` is one of :class:`~treadle.weft.errors.ErrorKind`, recorded in the session log and
-the per-tool :class:`~treadle.weft.stats.ToolStats`; other sessions are unaffected. Mutating calls
-(tools whose contract declares ``writes``) schedule a debounced asynchronous checkpoint when the
-runtime has a :class:`~treadle.weft.checkpoint.CheckpointStore`.
-
-Usage::
-
-    async with Runtime() as rt:
-        h = rt.register(Path("shop.py"))
-        sid = await rt.create_session(h, snapshot)
-        out = await rt.call(sid, 'place_order(customer_id=1, items=[{"sku": "MUG", "qty": 2}])')
-"""
+"""The :class:`Runtime`: lifetime, server bindings, sessions (create, fork, diff, reset, close) and
+tool dispatch (argument checks, transactions, time limits, statistics). Checkpoints and verification
+are mixed in from :mod:`~treadle.weft.runtime.checkpointing` and
+:mod:`~treadle.weft.runtime.verification`."""
 from __future__ import annotations
 
 import json
@@ -35,11 +11,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
 import uuid
 import weakref
 from contextlib import AsyncExitStack, nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,142 +21,32 @@ import anyio
 import jsonschema
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
-from pydantic import BaseModel
 
 from treadle.weft.callparse import ToolCall, parse_call
-from treadle.weft.checkpoint import CheckpointRecord, CheckpointStore
-from treadle.weft.determinism import SessionEnv
+from treadle.weft.checkpoint import CheckpointStore
 from treadle.weft.errors import (
     CallParseError,
-    CheckpointStoreError,
     ErrorKind,
     SessionBusyError,
     SessionClosedError,
-    StaleGenerationError,
     UnknownSessionError,
     UnsupportedOperationError,
     WeftError,
 )
 from treadle.weft.registry import Registry, ServerSpec, release_module
-from treadle.weft.server import SESSION_META_KEY, ToolError, WeftServer
+from treadle.weft.runtime.checkpointing import CheckpointingMixin
+from treadle.weft.runtime.records import LogEntry, ToolOutcome
+from treadle.weft.runtime.sessions import TRANSPORTS, Transport, _Binding, _Session, free_port, result_payload
+from treadle.weft.runtime.verification import VerificationMixin
+from treadle.weft.server import SESSION_META_KEY
 from treadle.weft.state import Snapshot, StateBackend, StateDiff
 from treadle.weft.stats import ToolStats
-from treadle.weft.verify import CheckpointResult, CheckpointSpec, judge_checkpoint
 
-Transport = Literal["inproc", "stdio", "http"]
-_TRANSPORTS = ("inproc", "stdio", "http")
+__all__ = ["Runtime", "Transport"]
 
 
-class ToolOutcome(BaseModel):
-    """Result of one tool call as the agent and the verifier see it.
 
-    Attributes:
-        session_id, seq: the session and the call's position in its log.
-        call: the structured call (name ``"<unparsed>"`` when a call string did not parse).
-        ok: True when the tool ran and returned normally.
-        result: the parsed return value (JSON when the tool returned JSON), None on error.
-        text: the text content the server returned (error message on failure).
-        error_kind: None on success, else the typed :class:`ErrorKind`.
-        latency_ms: wall time of the dispatch in milliseconds (None if never dispatched).
-    """
-
-    session_id: str
-    seq: int
-    call: ToolCall
-    ok: bool
-    result: Any = None
-    text: str = ""
-    error_kind: ErrorKind | None = None
-    latency_ms: float | None = None
-
-
-class LogEntry(BaseModel):
-    """One event of a session (or of the runtime when ``session_id`` is None)."""
-
-    seq: int
-    time: float
-    session_id: str | None
-    event: Literal["create", "call", "reset", "fork", "restore", "checkpoint", "close", "error", "register"]
-    tool: str | None = None
-    arguments: dict[str, Any] | None = None
-    ok: bool = True
-    error_kind: ErrorKind | None = None
-    message: str = ""
-    latency_ms: float | None = None
-    generation: int | None = None
-
-
-@dataclass(eq=False)
-class _Binding:
-    """A connected MCP client plus what it serves (one shared server, or one session)."""
-
-    spec: ServerSpec
-    transport: Transport
-    module: types.ModuleType | None = None
-    weft: WeftServer | None = None
-    states: dict[str, Any] = field(default_factory=dict)  # session id -> state handle (inproc)
-    envs: dict[str, SessionEnv] = field(default_factory=dict)  # session id -> its clock and random source
-    client: Client | None = None
-    closed: anyio.Event = field(default_factory=anyio.Event)
-    done: anyio.Event = field(default_factory=anyio.Event)
-    dead: str = ""  # why the connection is gone (crash), "" while alive
-    process: subprocess.Popen | None = None
-    tmpdir: tempfile.TemporaryDirectory | None = None
-    tmpdir_args: list[str] = field(default_factory=list)  # serve.py arguments (remote transports)
-    url: str = ""  # streamable HTTP endpoint (http transport)
-    task_started: bool = False
-
-    def resolve(self, sid: str | None) -> Any:
-        try:
-            return self.states[sid]
-        except KeyError:
-            raise ToolError(f"unknown or closed session {sid!r}") from None
-
-    def resolve_env(self, sid: str | None) -> SessionEnv | None:
-        return self.envs.get(sid)
-
-
-@dataclass(eq=False)
-class _Session:
-    id: str
-    spec: ServerSpec
-    transport: Transport
-    initial: Snapshot
-    binding: _Binding
-    state: StateBackend | None  # None for remote transports
-    lock: anyio.Lock = field(default_factory=anyio.Lock)
-    log: list[LogEntry] = field(default_factory=list)
-    closed: bool = False
-    generation: int | None = None  # checkpoint generation owned by this runtime
-    fenced: bool = False  # a newer generation took the session over: stop writing
-    interrupted: bool = False
-    turn: int | None = None
-    dirty_at: float | None = None
-    flushing: int = 0  # flushes in progress or waiting for flush_lock
-    flush_lock: anyio.Lock = field(default_factory=anyio.Lock)  # one flush at a time, in order
-    flusher: bool = False  # a debounce loop is running
-    last_checkpoint: CheckpointRecord | None = None
-    available: frozenset[str] | None = None  # tools offered to the agent now (None: all)
-    busy: bool = False  # a tool call is in flight (views of the state would be half-done)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _result_payload(res: Any) -> tuple[Any, str]:
-    text = "".join(getattr(c, "text", "") for c in (res.content or []))
-    if res.structured_content is not None:
-        return res.structured_content, text
-    try:
-        return json.loads(text), text
-    except ValueError:
-        return text, text
-
-
-class Runtime:
+class Runtime(CheckpointingMixin, VerificationMixin):
     """Sessions, tool dispatch, statistics and checkpoints over a :class:`Registry`.
 
     Args:
@@ -212,8 +76,8 @@ class Runtime:
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         if not (isinstance(debounce_s, (int, float)) and debounce_s >= 0):
             raise ValueError(f"debounce_s must be >= 0 seconds, got {debounce_s!r}")
-        if transport not in _TRANSPORTS:
-            raise ValueError(f"transport must be one of {_TRANSPORTS}, got {transport!r}")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         if not isinstance(max_threads, int) or isinstance(max_threads, bool) or max_threads < 1:
             raise ValueError(f"max_threads must be an int >= 1 (worker threads for sync tools), got {max_threads!r}")
         self.max_threads = max_threads
@@ -354,7 +218,7 @@ class Runtime:
                 "--env", json.dumps(snapshot.env.as_dict())]
 
     async def _spawn_http(self, b: _Binding) -> None:
-        port = _free_port()
+        port = free_port()
         b.process = subprocess.Popen([sys.executable, *b.tmpdir_args, "--transport", "http", "--port", str(port)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         b.url = f"http://127.0.0.1:{port}/mcp"
@@ -437,8 +301,8 @@ class Runtime:
         self._require_open()
         spec = self.registry.spec(server_hash)
         transport = transport or self.transport
-        if transport not in _TRANSPORTS:
-            raise ValueError(f"transport must be one of {_TRANSPORTS}, got {transport!r}")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         if not isinstance(snapshot, Snapshot):
             raise TypeError(f"snapshot must be a treadle.weft.state.Snapshot, got {type(snapshot).__name__}")
         sid = session_id or uuid.uuid4().hex[:16]
@@ -577,7 +441,7 @@ class Runtime:
             finally:
                 s.busy = False
             lat = (time.perf_counter() - t0) * 1e3
-            payload, text = _result_payload(res)
+            payload, text = result_payload(res)
             late = lat > self.timeout_s * 1e3
             if (late or res.is_error) and pre is not None:
                 s.state.restore(pre)  # object state rolls back like SQLite (and the clock/random source too)
@@ -777,208 +641,3 @@ class Runtime:
         if self._closed_logs.pop(session_id, None) is None:
             raise UnknownSessionError(f"no closed session {session_id!r} with a kept log")
 
-    # -- checkpoints ---------------------------------------------------------------------------
-    def _mark_dirty(self, s: _Session) -> None:
-        s.dirty_at = time.monotonic()
-        if not s.flusher:
-            s.flusher = True
-            self._require_open().start_soon(self._debounced_flush, s)
-
-    async def _debounced_flush(self, s: _Session) -> None:
-        try:
-            while s.dirty_at is not None and not s.closed and not s.fenced:
-                wait = s.dirty_at + self.debounce_s - time.monotonic()
-                if wait > 0:
-                    await anyio.sleep(wait)
-                    continue
-                await self._flush(s)
-        finally:
-            s.flusher = False
-
-    async def _flush(self, s: _Session, turn: int | None = None) -> CheckpointRecord | None:
-        """Write the session's current state as a checkpoint.
-
-        Flushes of one session are serialised and ordered (``flush_lock``): each takes its snapshot
-        after the previous flush finished, so a newer state is never overwritten by an older one.
-        The session claims its generation once (first flush); only a claim by another owner (a
-        ``StaleGenerationError``) fences it.
-        """
-        if self.store is None:
-            raise WeftError("this runtime has no checkpoint_store")
-        s.flushing += 1
-        try:
-            async with s.flush_lock:
-                async with s.lock:
-                    if s.state is None or s.fenced or (s.closed and s.dirty_at is None):
-                        return None
-                    snap = s.state.snapshot()
-                    s.dirty_at = None
-                if turn is not None:
-                    s.turn = turn
-                return await self._write_checkpoint(s, snap)
-        finally:
-            s.flushing -= 1
-
-    async def _write_checkpoint(self, s: _Session, snap: Snapshot) -> CheckpointRecord | None:
-        try:
-            if s.generation is None:
-                s.generation = await anyio.to_thread.run_sync(self.store.claim, s.id)
-            gen, turn, meta = s.generation, s.turn, {"interrupted": s.interrupted}
-            rec = await anyio.to_thread.run_sync(
-                lambda: self.store.write(s.id, gen, s.spec.hash, snap, turn=turn, meta=meta))
-        except StaleGenerationError as err:
-            s.fenced = True
-            self._event(s, event="checkpoint", ok=False, error_kind=ErrorKind.infrastructure, message=str(err),
-                        generation=s.generation)
-            self.stats.record(s.spec.hash, "<checkpoint>", None, ErrorKind.infrastructure, s.spec.name)
-            return None
-        except (CheckpointStoreError, OSError, ValueError) as err:
-            self._event(s, event="checkpoint", ok=False, error_kind=ErrorKind.infrastructure,
-                        message=f"{type(err).__name__}: {err}", generation=s.generation)
-            self.stats.record(s.spec.hash, "<checkpoint>", None, ErrorKind.infrastructure, s.spec.name)
-            return None
-        s.last_checkpoint = rec
-        self._event(s, event="checkpoint", generation=rec.generation, message=f"seq {rec.seq} {rec.digest[:12]}")
-        return rec
-
-    async def checkpoint(self, session_id: str, *, turn: int | None = None) -> CheckpointRecord | None:
-        """Write a checkpoint now (e.g. at an atomic-turn boundary, ``turn`` = the turn just finished).
-
-        Returns the record, or None when the write failed (typed ``infrastructure`` entry in the log)
-        or the session was fenced by a newer generation.
-
-        Raises:
-            WeftError: the runtime has no checkpoint store.
-            UnsupportedOperationError: remote-transport session.
-        """
-        s = self._session(session_id)
-        if s.state is None:
-            raise UnsupportedOperationError(f"checkpoint needs in-process state; session {s.id} uses {s.transport!r}")
-        if s.fenced:
-            self._event(s, event="checkpoint", ok=False, error_kind=ErrorKind.infrastructure,
-                        message="stale generation: session owned by a newer worker", generation=s.generation)
-            return None
-        return await self._flush(s, turn=turn)
-
-    async def drain(self) -> None:
-        """Wait until no session has a pending (debounced) checkpoint."""
-        while any(s.dirty_at is not None or s.flushing or s.flusher for s in self._sessions.values()
-                  if not s.closed and not s.fenced):
-            await anyio.sleep(self.debounce_s / 2 or 0.001)
-
-    async def restore_session(self, session_id: str) -> str:
-        """Re-open a session from its last checkpoint (e.g. after its worker died).
-
-        Claims a new generation (a stale writer of the old one is then rejected), materialises the
-        state from the checkpoint, and marks the session ``interrupted`` (its rollout resumes from
-        the last turn boundary, ``checkpoint_turn``; never to be counted as a policy failure).
-
-        Raises:
-            WeftError: no checkpoint store; KeyError: no checkpoint for that id;
-            CheckpointIntegrityError: the checkpoint fails authentication, or its image names objects the
-            restricted unpickler refuses (nothing of it ran); CheckpointStoreError: unreadable store;
-            UnknownServerError: its server is not registered.
-        """
-        self._require_open()
-        if self.store is None:
-            raise WeftError("this runtime has no checkpoint_store")
-        if session_id in self._sessions and not self._sessions[session_id].closed:
-            raise ValueError(f"session {session_id!r} is open in this runtime")
-        gen = await anyio.to_thread.run_sync(self.store.claim, session_id)  # first: later stale writes are refused
-        rec, snap = await anyio.to_thread.run_sync(self.store.read, session_id)
-        spec = self.registry.spec(rec.server_hash)
-        binding, state = await self._bind_session(spec, session_id, "inproc", snap, None)
-        kept = self._closed_logs.pop(session_id, None)
-        s = _Session(id=session_id, spec=spec, transport="inproc", initial=snap, binding=binding, state=state,
-                     generation=gen, interrupted=True, turn=rec.turn, last_checkpoint=rec)
-        if kept is not None:
-            s.log = kept
-        self._sessions[session_id] = s
-        self._event(s, event="restore", generation=gen,
-                    message=f"from checkpoint generation {rec.generation} seq {rec.seq} turn {rec.turn}")
-        return session_id
-
-    def checkpoint_turn(self, session_id: str) -> int | None:
-        """The turn recorded with the session's last checkpoint (None if none)."""
-        rec = self._session(session_id).last_checkpoint
-        return rec.turn if rec else None
-
-    # -- verification --------------------------------------------------------------------------
-    async def verify_turn(self, session_id: str, start: Snapshot, spec: CheckpointSpec,
-                          outcomes: list[ToolOutcome], *, replay_check: bool = True) -> CheckpointResult:
-        """Judge one atomic turn of a session, inside the runtime (seed: WEFT 4.1 atomic-turn checks).
-
-        The gold calls of ``spec`` are replayed through the same server on a verifier-private
-        session cloned from ``start`` (the turn's start state, from :meth:`snapshot` before the
-        turn); that session never appears in :meth:`sessions` or the statistics and is dropped
-        afterwards. The agent's state is then compared with the gold state and the tool returns
-        with the gold results (see :func:`~treadle.weft.verify.judge_checkpoint`).
-
-        With ``replay_check`` (default) the gold is replayed twice from ``start``; when the two
-        replays disagree (a tool reads the process clock or a global random source instead of
-        :mod:`treadle.weft.determinism`), a failed check is attributed to the environment
-        (``nondeterministic_environment``, not a policy failure). The session clock and random
-        source travel with ``start``, so tools that use them replay exactly.
-
-        Raises:
-            TypeError: ``spec`` is not a CheckpointSpec or ``start`` not a Snapshot.
-            UnsupportedOperationError: remote-transport session.
-        """
-        if not isinstance(spec, CheckpointSpec):
-            raise TypeError(f"spec must be a CheckpointSpec, got {type(spec).__name__}")
-        if not isinstance(start, Snapshot):
-            raise TypeError(f"start must be a Snapshot, got {type(start).__name__}")
-        s = self._session(session_id)
-        state = self._local_state(s, "verification")
-        if spec.gold_calls is None:
-            return judge_checkpoint(spec, state, outcomes)
-        first = await self._replay_gold(s.spec, start, spec.gold_calls)
-        try:
-            expected, gold_results, gold_error = first
-            reproducible = True
-            if expected is not None and replay_check:
-                again, results2, error2 = await self._replay_gold(s.spec, start, spec.gold_calls)
-                try:
-                    reproducible = (again is not None and error2 == gold_error and results2 == gold_results
-                                    and expected.diff(again).empty and expected.env.freeze() == again.env.freeze())
-                finally:
-                    if again is not None:
-                        again.close()
-            return judge_checkpoint(spec, state, outcomes, expected, gold_results, gold_error,
-                                    gold_reproducible=reproducible)
-        finally:
-            if first[0] is not None:
-                first[0].close()
-
-    async def _replay_gold(self, spec: ServerSpec, start: Snapshot, calls: list[ToolCall]
-                           ) -> tuple[StateBackend | None, list[Any], str]:
-        """Replay ``calls`` on a verifier-private session cloned from ``start``: (its state, the results,
-        the first failure or ""). The hidden session is released on every exit path; its state is
-        returned open (the caller closes it)."""
-        hid = f"verifier-{uuid.uuid4().hex[:16]}"
-        self._hidden.add(hid)
-        g: _Session | None = None
-        gstate: StateBackend | None = None
-        results: list[Any] = []
-        error = ""
-        try:
-            binding, gstate = await self._bind_session(spec, hid, "inproc", start, None)
-            g = _Session(id=hid, spec=spec, transport="inproc", initial=start, binding=binding, state=gstate)
-            self._sessions[hid] = g
-            for c in calls:
-                out = await self.call_tool(hid, c.name, c.arguments)
-                if not out.ok:
-                    error = f"{c}: {out.error_kind.value}: {out.text[:200]}"
-                    break
-                results.append(out.result)
-            return gstate, results, error
-        except BaseException:
-            if gstate is not None:
-                gstate.close()
-            raise
-        finally:
-            if g is not None:
-                g.closed = True
-                await self._unbind(g)
-            self._sessions.pop(hid, None)
-            self._hidden.discard(hid)
