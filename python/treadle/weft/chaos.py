@@ -29,8 +29,8 @@ import anyio
 from pydantic import BaseModel
 
 from treadle.weft.checkpoint import CheckpointStore
-from treadle.weft.errors import StaleGenerationError
-from treadle.weft.pool import WorkerPool
+from treadle.weft.errors import StaleGenerationError, WeftError
+from treadle.weft.pool import WorkerDiedError, WorkerPool
 from treadle.weft.sqlite_state import snapshot_from_sql
 
 SERVER = '''
@@ -71,6 +71,7 @@ class ChaosReport(BaseModel):
     stale_writes_rejected: int
     stale_writes_accepted: int
     unfinished_sessions: int
+    reopened_sessions: int  # killed before their first checkpoint (nothing acknowledged): opened again
     wall_s: float
 
 
@@ -93,7 +94,8 @@ async def run_chaos(*, sessions: int = 1000, workers: int = 4, steps: int = 3, k
         store = str(Path(tmp.name) / "store")
     snap = snapshot_from_sql(DDL)
     acked: dict[str, int] = {}  # session -> last step whose checkpoint was acknowledged (-1: creation)
-    counts = {"calls": 0, "crashed": 0, "kills": 0, "leaks": 0, "lost": 0, "acks": 0, "unfinished": 0}
+    counts = {"calls": 0, "crashed": 0, "kills": 0, "leaks": 0, "lost": 0, "acks": 0, "unfinished": 0,
+              "reopened": 0}
     restored: set[str] = set()
     t0 = time.perf_counter()
     per_worker = -(-sessions // workers)
@@ -104,11 +106,33 @@ async def run_chaos(*, sessions: int = 1000, workers: int = 4, steps: int = 3, k
             in_flight = anyio.Event()
             done = anyio.Event()
 
+            async def open_session(sid: str) -> None:
+                for _ in range(10):  # a kill during creation loses the (unacknowledged) session: open it again
+                    try:
+                        await pool.create_session(h, snap, session_id=sid)
+                    except WorkerDiedError:
+                        continue
+                    if await pool.checkpoint(sid, turn=-1) is not None:
+                        acked[sid] = -1
+                    if sid in pool._where:
+                        return
+                raise WeftError(f"{sid}: could not open the session in 10 attempts")
+
+            async def resume(sid: str) -> int:
+                """The step to continue from after a crash: after the restored turn boundary, or from the
+                start when the session had no checkpoint yet (nothing was acknowledged: open it again)."""
+                if sid not in pool._where:
+                    counts["reopened"] += 1
+                    acked.pop(sid, None)
+                    await open_session(sid)
+                    return 0
+                restored.add(sid)
+                turn = await pool.checkpoint_turn(sid)
+                return (turn if turn is not None else -1) + 1
+
             async def session(i: int) -> None:
                 sid = f"chaos-{i:05d}"
-                await pool.create_session(h, snap, session_id=sid)
-                if await pool.checkpoint(sid, turn=-1) is not None:
-                    acked[sid] = -1
+                await open_session(sid)
                 step = 0
                 while step < steps:
                     in_flight.set()
@@ -116,22 +140,22 @@ async def run_chaos(*, sessions: int = 1000, workers: int = 4, steps: int = 3, k
                     counts["calls"] += 1
                     if not out.ok:
                         counts["crashed"] += 1
-                        if sid not in pool._where:  # no checkpoint to restore from: cannot continue
-                            counts["unfinished"] += 1
-                            return
-                        restored.add(sid)
-                        step = (await pool.checkpoint_turn(sid)) + 1  # resume after the last turn boundary
+                        step = await resume(sid)
                         continue
                     if await pool.checkpoint(sid, turn=step) is not None:
                         acked[sid] = step
                         counts["acks"] += 1
                         step += 1
-                    else:  # the worker died between call and checkpoint: resume from the restored state
-                        restored.add(sid)
-                        step = (await pool.checkpoint_turn(sid)) + 1
-                rows = (await pool.call_tool(sid, "rows")).result
-                if not isinstance(rows, list):  # died on the final read: read again after failover
-                    rows = (await pool.call_tool(sid, "rows")).result or []
+                    else:  # the worker died between call and checkpoint
+                        step = await resume(sid)
+                for _ in range(3):  # the final read may meet a dying worker too
+                    out = await pool.call_tool(sid, "rows")
+                    if out.ok:
+                        break
+                else:
+                    counts["unfinished"] += 1
+                    return
+                rows = out.result
                 counts["leaks"] += sum(1 for tag, _ in rows if tag != sid)
                 have = {s for tag, s in rows if tag == sid}
                 counts["lost"] += sum(1 for s in range(acked.get(sid, -1) + 1) if s not in have)
@@ -170,8 +194,8 @@ async def run_chaos(*, sessions: int = 1000, workers: int = 4, steps: int = 3, k
                            calls=counts["calls"], crashed_calls=counts["crashed"], sessions_restored=len(restored),
                            cross_session_leaks=counts["leaks"], lost_checkpointed_mutations=counts["lost"],
                            acknowledged_checkpoints=counts["acks"], stale_writes_rejected=stale,
-                           stale_writes_accepted=accepted,
-                           unfinished_sessions=counts["unfinished"], wall_s=round(time.perf_counter() - t0, 2))
+                           stale_writes_accepted=accepted, unfinished_sessions=counts["unfinished"],
+                           reopened_sessions=counts["reopened"], wall_s=round(time.perf_counter() - t0, 2))
     finally:
         if tmp is not None:
             tmp.cleanup()

@@ -361,12 +361,10 @@ class WorkerPool:
             lost = sorted(dead.sessions)
             dead.sessions.clear()
             store = CheckpointStore(self.store_url, key=self._key) if self.store_url else None
-            for sid in lost:
-                self._where.pop(sid, None)
-                if store is None:
-                    continue
-                rec = await anyio.to_thread.run_sync(store.latest, sid)
+            for sid in lost:  # `_where` keeps pointing at the dead worker until the session is back (or lost)
+                rec = None if store is None else await anyio.to_thread.run_sync(store.latest, sid)
                 if rec is None:
+                    self._where.pop(sid, None)
                     continue
                 for _ in range(3):  # the new worker may die too
                     w = await self._pick_worker(exclude=dead)
@@ -380,6 +378,8 @@ class WorkerPool:
                     self._where[sid] = w
                     self._interrupted.add(sid)
                     break
+                else:
+                    self._where.pop(sid, None)
 
     async def _session_request(self, session_id: str, op: str, *args: Any) -> Any:
         """A request about one session; when its worker is found dead, fail over and retry once."""

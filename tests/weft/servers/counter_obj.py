@@ -63,3 +63,10 @@ def wait_sync(c: Counter, seconds: float) -> int:
     """Block a worker thread, read."""
     time.sleep(seconds)
     return c.n
+
+
+@server.tool(reads=("n",))
+async def block_loop(c: Counter, seconds: float) -> int:
+    """A badly written async tool: blocks the worker's event loop (nothing can cancel it)."""
+    time.sleep(seconds)
+    return c.n
