@@ -10,6 +10,8 @@ Cases (peers side by side in one run):
 - ``idle sessions``: resident memory (this process + its children) added per idle session at 50
   sessions (both) and 1,000 sessions (treadle only; 1,000 subprocesses do not fit this machine's
   memory/time budget for a benchmark, the baseline's per-session figure at 50 is the comparison).
+- ``session memory x10000``: RSS per idle session with 10,000 open sessions, and what a closed session
+  leaves (Python heap by tracemalloc; RSS). ``WEFT_BENCH_SESSIONS`` changes the count.
 - ``short tasks cold``: create session, 3 shop calls (find_customer, place_order, get_order), close;
   ``WEFT_BENCH_TASKS`` tasks for treadle (default 1,000), ``WEFT_BENCH_BASELINE_TASKS`` for the
   baseline (default 20, its per-task time is extrapolated to 1,000 and reported as such).
@@ -149,6 +151,45 @@ def test_idle_session_memory(benchmark, peer_table, impl, n):
     benchmark.pedantic(lambda: anyio.run(main), rounds=1, iterations=1)
     peer_table.record(f"idle sessions x{n}", impl, seconds=out["wall"],
                       rss_mib_per_session=round(out["mib_per_session"], 3))
+
+
+def test_session_memory_10000(benchmark, peer_table):
+    """Memory per idle session with 10,000 open sessions (RSS), and what a closed session leaves behind
+    (Python heap by tracemalloc, and RSS; SQLite's pages are freed to malloc, not always to the OS)."""
+    import gc
+    import tracemalloc
+
+    n = int(os.environ.get("WEFT_BENCH_SESSIONS", "10000"))
+    snap = shop.initial_snapshot()
+    out = {}
+
+    async def main():
+        async with Runtime() as rt:
+            h = rt.register(shop)
+            await rt.close(await rt.create_session(h, snap))
+            gc.collect()
+            base = _tree_rss_mib()
+            tracemalloc.start()
+            heap0 = tracemalloc.get_traced_memory()[0]
+            t0 = time.perf_counter()
+            sids = [await rt.create_session(h, snap) for _ in range(n)]
+            out["wall"] = time.perf_counter() - t0
+            out["idle_mib"] = (_tree_rss_mib() - base) / n
+            for sid in sids:
+                await rt.close(sid)
+            del sids
+            gc.collect()
+            out["closed_heap_b"] = (tracemalloc.get_traced_memory()[0] - heap0) / n
+            tracemalloc.stop()
+            out["closed_rss_mib"] = (_tree_rss_mib() - base) / n
+
+    benchmark.pedantic(lambda: anyio.run(main), rounds=1, iterations=1)
+    peer_table.record(f"session memory x{n}", "treadle_weft", seconds=out["wall"],
+                      idle_rss_mib_per_session=round(out["idle_mib"], 4),
+                      closed_heap_bytes_per_session=round(out["closed_heap_b"], 1),
+                      closed_rss_mib_per_session=round(out["closed_rss_mib"], 4))
+    print(f"session memory x{n}: idle {out['idle_mib'] * 1024:.1f} KiB/session (RSS); closed "
+          f"{out['closed_heap_b']:.1f} B/session (Python heap), {out['closed_rss_mib'] * 1024:.2f} KiB/session (RSS)")
 
 
 @pytest.mark.parametrize("impl", list(IMPLS))
