@@ -105,15 +105,14 @@ async def _worker_loop(conn: Any, store_url: str | None, timeout_s: float, debou
             pass
 
     store = CheckpointStore(store_url, key=key) if store_url else None
-    async with Runtime(checkpoint_store=store, timeout_s=timeout_s, debounce_s=debounce_s,
-                       max_threads=max_threads) as rt:
-        async with anyio.create_task_group() as tg:
-            while True:
-                msg = await anyio.to_thread.run_sync(recv, limiter=reader)
-                if msg is None or msg[1] == "shutdown":
-                    break
-                tg.start_soon(serve, rt, *msg)
-            tg.cancel_scope.cancel()
+    async with (Runtime(checkpoint_store=store, timeout_s=timeout_s, debounce_s=debounce_s,
+                        max_threads=max_threads) as rt, anyio.create_task_group() as tg):
+        while True:
+            msg = await anyio.to_thread.run_sync(recv, limiter=reader)
+            if msg is None or msg[1] == "shutdown":
+                break
+            tg.start_soon(serve, rt, *msg)
+        tg.cancel_scope.cancel()
 
 
 # -- master side -------------------------------------------------------------------------------

@@ -231,7 +231,7 @@ class WeftServer:
                 state, token = session_state(weft_ctx)
                 try:
                     out = await fn(state, **kwargs)
-                except (Exception, SystemExit) as err:  # SystemExit: a tool must not stop the worker
+                except (Exception, SystemExit) as err:  # noqa: BLE001  (SystemExit: must not stop the worker)
                     finish(state, False)
                     raise crashed(err) from None
                 except BaseException:
@@ -246,7 +246,7 @@ class WeftServer:
                 state, token = session_state(weft_ctx)
                 try:
                     out = fn(state, **kwargs)
-                except (Exception, SystemExit) as err:  # SystemExit: a tool must not stop the worker
+                except (Exception, SystemExit) as err:  # noqa: BLE001  (SystemExit: must not stop the worker)
                     finish(state, False)
                     raise crashed(err) from None
                 except BaseException:
