@@ -121,3 +121,18 @@ def test_tool_crash_is_one_log_line_and_host_logging_untouched(caplog, capfd):
     anyio.run(main)
     assert root.handlers == handlers  # MCPServer's logging.basicConfig was undone
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_remote_session_past_its_time_limit_restarts_its_server():
+    async def main():
+        async with Runtime(timeout_s=2.0) as rt:
+            h = rt.register(SERVERS / "notes.py")
+            sid = await rt.create_session(h, snapshot_from_sql(NOTES_DDL), transport="stdio")
+            assert (await rt.call_tool(sid, "add_note", {"text": "x"})).ok
+            t0 = time.perf_counter()
+            out = await rt.call_tool(sid, "slow_sync", {"seconds": 30})
+            assert out.error_kind == ErrorKind.timeout and "server process killed" in out.text
+            assert time.perf_counter() - t0 < 20
+            notes = (await rt.call_tool(sid, "list_notes")).result
+            assert notes == []  # a fresh server process from the initial snapshot
+    anyio.run(main)
