@@ -10,6 +10,8 @@ Cases (peers side by side in one run):
 - ``idle sessions``: resident memory (this process + its children) added per idle session at 50
   sessions (both) and 1,000 sessions (treadle only; 1,000 subprocesses do not fit this machine's
   memory/time budget for a benchmark, the baseline's per-session figure at 50 is the comparison).
+- ``session memory x10000``: RSS per idle session with 10,000 open sessions, and what a closed session
+  leaves (Python heap by tracemalloc; RSS). ``WEFT_BENCH_SESSIONS`` changes the count.
 - ``short tasks cold``: create session, 3 shop calls (find_customer, place_order, get_order), close;
   ``WEFT_BENCH_TASKS`` tasks for treadle (default 1,000), ``WEFT_BENCH_BASELINE_TASKS`` for the
   baseline (default 20, its per-task time is extrapolated to 1,000 and reported as such).
@@ -19,15 +21,18 @@ clone 0.98 MB SQLite 0.10 ms (backup API 0.16 ms; target < 2 ms); create session
 for a stdio subprocess; get_order call p50 0.71 ms vs 1.98 ms (p99 noisy: 10 ms vs 7.6 ms); idle
 memory 0.047 MiB/session at 1,000 sessions vs 71 MiB/session for the baseline at 50 (~1/1,500);
 1,000 short tasks cold 6.1 s vs ~1,150 s extrapolated from 6 baseline tasks (~190x).
+Session memory (2026-11-30, same machine, load average ~17): 10,000 open shop sessions 62.7 KiB RSS per
+idle session; after closing them 62 B/session of Python heap (the session tables' capacity), 58.7 KiB/session
+RSS kept by glibc's heap, 0.29 KiB/session after ``malloc_trim``.
 """
 from __future__ import annotations
 
 import os
 import sqlite3
 import time
-from pathlib import Path
 
 import anyio
+import psutil
 import pytest
 
 from treadle.weft.envs import shop
@@ -47,28 +52,16 @@ def _snapshot_1mb():
     return snap
 
 
-def _rss_kib(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def _tree_rss_mib() -> float:
-    me = os.getpid()
-    total = _rss_kib(me)
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int(next(x for x in (d / "status").read_text().splitlines() if x.startswith("PPid:")).split()[1])
-            except (OSError, StopIteration, ValueError):
-                continue
-            if ppid == me:
-                total += _rss_kib(int(d.name))
-    return total / 1024
+    """Resident memory of this process and its children (psutil), MiB."""
+    me = psutil.Process()
+    total = me.memory_info().rss
+    for child in me.children(recursive=True):
+        try:
+            total += child.memory_info().rss
+        except psutil.Error:  # exited meanwhile
+            continue
+    return total / 2**20
 
 
 def test_clone_1mb_snapshot(benchmark, peer_table):
@@ -161,6 +154,55 @@ def test_idle_session_memory(benchmark, peer_table, impl, n):
     benchmark.pedantic(lambda: anyio.run(main), rounds=1, iterations=1)
     peer_table.record(f"idle sessions x{n}", impl, seconds=out["wall"],
                       rss_mib_per_session=round(out["mib_per_session"], 3))
+
+
+def test_session_memory_10000(benchmark, peer_table):
+    """Memory per idle session with 10,000 open sessions (RSS), and what a closed session leaves behind
+    (Python heap by tracemalloc, and RSS before/after ``malloc_trim``: SQLite's pages go back to malloc,
+    which keeps them in its heap for reuse). The heap figure includes the runtime's session tables,
+    whose hash tables keep the capacity of the peak number of open sessions (not per cycle)."""
+    import ctypes
+    import gc
+    import tracemalloc
+
+    n = int(os.environ.get("WEFT_BENCH_SESSIONS", "10000"))
+    snap = shop.initial_snapshot()
+    out = {}
+
+    async def main():
+        async with Runtime() as rt:
+            h = rt.register(shop)
+            await rt.close(await rt.create_session(h, snap))
+            gc.collect()
+            base = _tree_rss_mib()
+            tracemalloc.start()
+            heap0 = tracemalloc.get_traced_memory()[0]
+            t0 = time.perf_counter()
+            sids = [await rt.create_session(h, snap) for _ in range(n)]
+            out["wall"] = time.perf_counter() - t0
+            out["idle_mib"] = (_tree_rss_mib() - base) / n
+            for sid in sids:
+                await rt.close(sid)
+            del sids
+            gc.collect()
+            out["closed_heap_b"] = (tracemalloc.get_traced_memory()[0] - heap0) / n
+            tracemalloc.stop()
+            out["closed_rss_mib"] = (_tree_rss_mib() - base) / n
+            try:  # glibc keeps freed SQLite pages in its heap; give them back to see what is really held
+                ctypes.CDLL("libc.so.6").malloc_trim(0)
+            except (OSError, AttributeError):
+                pass
+            out["closed_rss_trim_mib"] = (_tree_rss_mib() - base) / n
+
+    benchmark.pedantic(lambda: anyio.run(main), rounds=1, iterations=1)
+    peer_table.record(f"session memory x{n}", "treadle_weft", seconds=out["wall"],
+                      idle_rss_mib_per_session=round(out["idle_mib"], 4),
+                      closed_heap_bytes_per_session=round(out["closed_heap_b"], 1),
+                      closed_rss_mib_per_session=round(out["closed_rss_mib"], 4),
+                      closed_rss_after_malloc_trim_mib_per_session=round(out["closed_rss_trim_mib"], 4))
+    print(f"session memory x{n}: idle {out['idle_mib'] * 1024:.1f} KiB/session (RSS); closed "
+          f"{out['closed_heap_b']:.1f} B/session (Python heap), {out['closed_rss_mib'] * 1024:.2f} KiB/session (RSS), "
+          f"{out['closed_rss_trim_mib'] * 1024:.2f} KiB/session (RSS after malloc_trim)")
 
 
 @pytest.mark.parametrize("impl", list(IMPLS))

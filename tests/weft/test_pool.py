@@ -53,3 +53,67 @@ def test_pool_failover_after_killed_worker(tmp_path):
             with pytest.raises(UnknownSessionError):
                 await pool.call_tool(sids[3], "list_notes")
     anyio.run(main)
+
+
+def _counter():
+    import types
+
+    from treadle.weft.object_state import snapshot_from_object
+    return snapshot_from_object(types.SimpleNamespace(n=0, log=[]))
+
+
+def test_one_worker_serves_its_sessions_concurrently():
+    import time
+
+    async def main():
+        async with WorkerPool(max_workers=1, sessions_per_worker=64, max_threads=8) as pool:
+            h = pool.register(SERVERS / "counter_obj.py")
+            sids = [await pool.create_session(h, _counter()) for _ in range(8)]
+            assert len(pool.workers) == 1
+            for tool in ("wait", "wait_sync"):
+                t0 = time.perf_counter()
+                async with anyio.create_task_group() as tg:
+                    for s in sids:
+                        tg.start_soon(pool.call_tool, s, tool, {"seconds": 0.5})
+                elapsed = time.perf_counter() - t0
+                assert elapsed < 2.5, f"{tool}: 8 x 0.5 s on one worker took {elapsed:.2f} s (serial: 4 s)"
+            # calls on one session stay ordered
+            outs = []
+            async with anyio.create_task_group() as tg:
+                async def bump(k):
+                    await anyio.sleep(0.01 * k)
+                    outs.append((await pool.call_tool(sids[0], "bump", {"by": 1})).result)
+                for k in range(5):
+                    tg.start_soon(bump, k)
+            assert sorted(outs) == [1, 2, 3, 4, 5]
+    anyio.run(main)
+
+
+def test_hung_worker_is_killed_and_its_sessions_fail_over(tmp_path):
+    import time
+
+    async def main():
+        async with WorkerPool(max_workers=2, sessions_per_worker=4, checkpoint_store=str(tmp_path / "store"),
+                              timeout_s=0.5, hang_grace_s=1.0) as pool:
+            h = pool.register(SERVERS / "counter_obj.py")
+            sid = await pool.create_session(h, _counter())
+            assert (await pool.call_tool(sid, "bump", {"by": 3})).ok
+            assert await pool.checkpoint(sid, turn=0) is not None
+            pid = pool.worker_pid(sid)
+            t0 = time.perf_counter()
+            out = await pool.call_tool(sid, "block_loop", {"seconds": 30})
+            assert out.error_kind == ErrorKind.timeout and "killed" in out.text
+            assert time.perf_counter() - t0 < 10
+            assert pool.worker_pid(sid) != pid and pool.is_interrupted(sid)
+            assert (await pool.call_tool(sid, "bump", {"by": 1})).result == 4  # restored from the checkpoint
+    anyio.run(main)
+
+
+def test_chaos_drill_small():
+    from treadle.weft.chaos import run_chaos
+
+    rep = anyio.run(lambda: run_chaos(sessions=24, workers=2, steps=3, kills=2, seed=1, deadline_s=240))
+    assert rep.cross_session_leaks == 0 and rep.lost_checkpointed_mutations == 0
+    assert rep.unfinished_sessions == 0 and rep.stale_writes_accepted == 0
+    assert rep.kills >= 1 and rep.sessions_restored >= 1 and rep.stale_writes_rejected == rep.sessions_restored
+    assert rep.acknowledged_checkpoints >= 24 * 3

@@ -37,9 +37,32 @@ def kinds(src: str) -> set[str]:
     ("import requests\n", {"network_access"}),
     ("from urllib.request import urlopen\n", {"network_access"}),
     ("import subprocess\n", {"process_access"}),
+    # issue 21 item 1: aliases of module- or class-level mutables, whatever the name's case
+    (("class P:\n    DEFAULT_VPN = {'connected': False, 'server': None}\n    def f(p, name):\n"
+      "        p.vpn = p.DEFAULT_VPN\n        p.vpn['server'] = name\n"), {"class_mutable_attribute"}),
+    ("class A:\n    ITEMS: list = []\n", {"class_mutable_attribute"}),  # ruff RUF012
+    ("import threading\nclass A:\n    lock = threading.Lock()\n", {"class_mutable_attribute"}),
+    ("DEFAULT = {'a': {'b': 1}}\nclass P:\n    def f(self):\n        self.x = DEFAULT['a']\n", {"mutable_alias"}),
+    ("DEFAULT = {'a': 1}\ndef helper(d):\n    d['a'] = 2\ndef f(p):\n    helper(DEFAULT)\n", {"mutable_alias"}),
+    ("DEFAULT = {'a': 1}\ndef f(p):\n    p.d = DEFAULT\n", {"mutable_alias"}),
+    ("import itertools\nCOUNTER = itertools.count()\ndef f(p):\n    return next(COUNTER)\n", {"mutable_alias"}),
+    ("from types import SimpleNamespace\nNS = SimpleNamespace(n=0)\ndef f(p):\n    NS.n += 1\n", {"mutable_alias"}),
+    ("L = [[1], [2]]\ndef f(p):\n    for x in L:\n        p.x = x\n", {"mutable_alias"}),
+    ("def f(p, tags=[]):\n    tags.append(1)\n", {"mutable_default_argument"}),  # ruff B006
+    ("D = {'a': 1}\ndef f(p, opts=D):\n    return opts\n", {"mutable_default_argument"}),
+    (("from copy import deepcopy\nD = {'a': [1], 'b': set()}\ndef f(p):\n    p.x = deepcopy(D)\n"
+      "    return 'a' in D and len(D)\n"), set()),
+    ("D = {'a': 1}\ndef f(p, k, n: int = 3, t=('x', 1)):\n    return D.get(k), D[k], [v for v in D.values()]\n",
+     set()),
 ])
 def test_side_effect_check(src, expected):
     assert kinds(src) == expected
+
+
+def test_side_effect_findings_name_the_line():
+    src = "x = 1\nD = {'a': [1]}\n\ndef f(p):\n    p.x = D['a']\n"
+    (f,) = check_source(src).findings
+    assert (f.kind, f.line) == ("mutable_alias", 5) and "'D' (line 2)" in f.detail
 
 
 def test_side_effect_check_bad_input():

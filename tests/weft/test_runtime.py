@@ -1,4 +1,5 @@
 """Runtime: sessions, typed tool errors, statistics, reset/fork/diff, isolation under concurrency."""
+import types
 from pathlib import Path
 
 import anyio
@@ -67,7 +68,7 @@ def test_typed_errors_and_runtime_keeps_serving(notes_snapshot):
                 (("explode", {}), ErrorKind.execution_error, "Error executing tool explode"),
                 (("add_then_exit", {"text": "x"}), ErrorKind.execution_error, "Error executing tool add_then_exit"),
                 (("slow", {"seconds": 5}), ErrorKind.timeout, "exceeded 1 s"),
-                (("slow_sync", {"seconds": 1.5}), ErrorKind.timeout, "> 1 s"),
+                (("slow_sync", {"seconds": 1.5}), ErrorKind.timeout, "exceeded 1 s"),
             ]
             for (name, args), kind, msg in cases:
                 out = await rt.call_tool(a, name, args)
@@ -114,10 +115,17 @@ def test_bad_session_and_server_input(notes_snapshot, tmp_path):
             sid = await rt.create_session(h, notes_snapshot, session_id="s1")
             with pytest.raises(ValueError, match="already open"):
                 await rt.create_session(h, notes_snapshot, session_id="s1")
-            await rt.close(sid)
+            await rt.close(sid, keep_log=True)
             with pytest.raises(SessionClosedError):
                 await rt.call_tool(sid, "list_notes")
             assert rt.log(sid)[-1].event == "close"
+            rt.forget(sid)
+            with pytest.raises(UnknownSessionError):
+                rt.log(sid)
+            other = await rt.create_session(h, notes_snapshot)
+            await rt.close(other)  # no keep_log: nothing stays
+            with pytest.raises(UnknownSessionError, match="keep_log"):
+                await rt.call_tool(other, "list_notes")
             ok = await rt.create_session(h, notes_snapshot)
             assert (await rt.call_tool(ok, "list_notes")).ok
         with pytest.raises(TypeError, match="registry"):
@@ -311,4 +319,24 @@ def test_servers_writing_globals_are_serialised_across_sessions():
             assert wall >= 0.38, wall  # one at a time (4 x 0.1 s), not concurrent
             for sid in sids:
                 assert (await rt.call_tool(sid, "bump", {"sleep_s": 0})).result == {"n": 2}
+    run(main)
+
+
+def test_no_session_observes_another_sessions_writes():
+    """Issue 21 item 1: a class-level default aliased into instance state must not leak across sessions."""
+    async def main():
+        async with Runtime() as rt:
+            h = rt.register(SERVERS / "vpn_obj.py")
+            spec = rt.registry.spec(h)
+            assert spec.isolation == "isolated"
+            assert [(f.kind, f.line) for f in spec.report.findings] == [("class_mutable_attribute", 6)]
+            snap = snapshot_from_object(types.SimpleNamespace(vpn=None))
+            a = await rt.create_session(h, snap)
+            b = await rt.create_session(h, snap)
+            out = await rt.call_tool(a, "connect_vpn", {"name": "vpn-a"})
+            assert out.ok and out.result == {"connected": False, "server": "vpn-a"}
+            assert (await rt.call_tool(b, "default_vpn")).result == {"connected": False, "server": None}
+            out = await rt.call_tool(b, "connect_vpn", {"name": "vpn-b"})
+            assert out.result == {"connected": False, "server": "vpn-b"}
+            assert (await rt.call_tool(a, "default_vpn")).result == {"connected": False, "server": "vpn-a"}
     run(main)

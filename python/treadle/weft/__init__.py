@@ -8,15 +8,20 @@ per-tool statistics, debounced checkpoints with generation fencing, and checkpoi
 - :mod:`~treadle.weft.errors`: the closed set of tool-call error kinds and the runtime's exceptions.
 - :mod:`~treadle.weft.state`, :mod:`~treadle.weft.sqlite_state`, :mod:`~treadle.weft.object_state`:
   state backends (snapshot, clone/fork, reset, diff, schema check).
-- :mod:`~treadle.weft.isolation`: static AST check of a server module for process-global side effects.
+- :mod:`~treadle.weft.isolation`: static AST check of a server module for process-global side effects and
+  aliases of module/class-level mutables ("isolate unless proven safe").
+- :mod:`~treadle.weft.determinism`: each session's deterministic clock and random source, carried by snapshots.
 - :mod:`~treadle.weft.server`: ``WeftServer``, typed tool functions with contracts, served by the ``mcp`` SDK.
 - :mod:`~treadle.weft.registry`: content-addressed server registry.
 - :mod:`~treadle.weft.callparse`: call strings -> structured tool calls with ``ast`` (never ``eval``).
 - :mod:`~treadle.weft.stats`: per-tool statistics.
-- :mod:`~treadle.weft.checkpoint`: fsspec checkpoint store with generation fencing.
-- :mod:`~treadle.weft.runtime`: sessions and tool dispatch (in-process, stdio, streamable HTTP).
+- :mod:`~treadle.weft.checkpoint`: fsspec checkpoint store: create-only objects, generation fencing across
+  processes, HMAC-authenticated records.
+- :mod:`~treadle.weft.runtime`: sessions and tool dispatch (in-process, stdio, streamable HTTP); every call a
+  transaction, abandoned at its time limit; ordered checkpoints; turn verification.
 - :mod:`~treadle.weft.serve`: the subprocess entry point of stdio/HTTP sessions.
-- :mod:`~treadle.weft.pool`: prefork worker pool (fork server with the runtime preloaded, failover).
+- :mod:`~treadle.weft.pool`: prefork worker pool (fork server with the runtime preloaded, concurrent sessions per
+  worker, failover); :mod:`~treadle.weft.chaos`: the pool's chaos drill (random SIGKILLs, leak/loss counts).
 - :mod:`~treadle.weft.verify`: per-checkpoint verification with typed failure reasons.
 - :mod:`~treadle.weft.episode`: atomic-turn episodes (run, judge, checkpoint each turn; resume).
 - :mod:`~treadle.weft.envs.shop`: a native SQLite environment (orders and tickets) and its tasks.

@@ -1,35 +1,57 @@
-"""Checkpoint store for session state on an fsspec object store, with generation fencing.
+"""Checkpoint store for session state on an fsspec object store: create-only objects, generation fencing,
+authenticated payloads.
 
 Seed: WEFT 4.1 (MegaMCP: "after mutating calls, debounced asynchronous checkpoints to object
-storage, with a generation fence against writes from stale workers"). Layout under the store's root::
+storage, with a generation fence against writes from stale workers"). Nothing is ever rewritten in
+place; every object is created once, with the store's own exclusive-create primitive (a hard link
+of a fully written temporary file on local disks, ``open(path, "xb")`` through fsspec elsewhere:
+``If-None-Match: *`` on S3, ``ifGenerationMatch=0`` on GCS, an error on the memory store)::
 
-    <session_id>/lease.json                   {"generation": g}   (who owns the session now)
-    <session_id>/ckpt-<gen>-<seq>.bin         state image (Snapshot.data)
-    <session_id>/latest.json                  the latest CheckpointRecord (written after the image)
+    <session_id>/lease-<gen>.json             one immutable lease per generation (who owns it)
+    <session_id>/ckpt-<gen>-<seq>.bin         a state image (Snapshot.data)
+    <session_id>/ckpt-<gen>-<seq>.json        its CheckpointRecord, created after the image: a
+                                              checkpoint exists once its record exists
 
-A worker *claims* a session (:meth:`CheckpointStore.claim`), which bumps the generation; every write
-carries the writer's generation and is rejected with :class:`StaleGenerationError` when a newer
-claim exists, so a worker presumed dead cannot overwrite the checkpoint of its successor. The
-check-then-write is atomic within one process (a lock per store root); across processes on a real
-object store it needs conditional writes (e.g. S3 ``If-Match``), which this class does not do.
+A worker *claims* a session (:meth:`CheckpointStore.claim`) by creating the lease of the next
+generation; when two workers race for the same generation exactly one create succeeds and the
+other claims the one after, so every generation has exactly one owner, across processes and
+machines. A write carries the writer's generation and is rejected with
+:class:`~treadle.weft.errors.StaleGenerationError` once a newer lease exists; the latest checkpoint
+is the record with the highest (generation, seq), so a worker presumed dead can never overwrite its
+successor's state, and a reader never sees a half-written file.
+
+Payload authentication: with a key (``key=`` or the ``TREADLE_WEFT_CHECKPOINT_KEY`` environment
+variable; per deployment, never stored beside the data), every record carries an HMAC-SHA256 over
+its fields (which include the image's SHA-256), and :meth:`read` refuses a record without a valid
+MAC (:class:`~treadle.weft.errors.CheckpointIntegrityError`) before any byte of the image is
+deserialised. Object-state images are in any case unpickled by a restricted unpickler (plain
+containers and the server's own classes only; see :mod:`treadle.weft.object_state`).
 The debounce itself lives in the runtime (:class:`treadle.weft.runtime.Runtime`).
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
-import threading
+import os
+import re
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, Field
 
-from treadle.weft.errors import CheckpointStoreError, StaleGenerationError
+from treadle.weft.determinism import EnvState
+from treadle.weft.errors import CheckpointIntegrityError, CheckpointStoreError, StaleGenerationError
 from treadle.weft.state import BackendKind, Snapshot
 
-_root_locks: dict[str, threading.Lock] = {}
-_root_locks_guard = threading.Lock()
+KEY_ENV = "TREADLE_WEFT_CHECKPOINT_KEY"
+_LEASE = re.compile(r"^lease-(\d{8,})\.json$")
+_RECORD = re.compile(r"^ckpt-(\d{8,})-(\d{8,})\.json$")
+_MAX_RACE = 10_000
 
 
 class CheckpointRecord(BaseModel):
@@ -45,6 +67,8 @@ class CheckpointRecord(BaseModel):
     time: float
     turn: int | None = None
     meta: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, Any] | None = None  # the session clock / random source (EnvState fields)
+    mac: str | None = None  # HMAC-SHA256 of the other fields (stores with a key)
 
 
 def _check_session_id(session_id: str) -> None:
@@ -59,73 +83,149 @@ class CheckpointStore:
     Args:
         url: ``"/some/dir"``, ``"file:///some/dir"``, ``"memory://x"``, ``"s3://bucket/prefix"`` (needs
             ``s3fs``), ...
+        key: HMAC key (bytes or str) authenticating records; default: the ``TREADLE_WEFT_CHECKPOINT_KEY``
+            environment variable, or no authentication when unset.
         storage_options: passed to fsspec.
 
     Raises:
         CheckpointStoreError: the URL's protocol is unknown or its filesystem cannot be created.
+        TypeError: ``url`` or ``key`` has the wrong type.
     """
 
-    def __init__(self, url: str | Path, **storage_options: Any):
+    def __init__(self, url: str | Path, *, key: bytes | str | None = None, **storage_options: Any):
         if not isinstance(url, (str, Path)):
             raise TypeError(f"url must be a str or Path, got {type(url).__name__}")
+        if key is None:
+            key = os.environ.get(KEY_ENV) or None
+        if key is not None and not isinstance(key, (bytes, str)):
+            raise TypeError(f"key must be bytes or str, got {type(key).__name__}")
+        self._key = key.encode() if isinstance(key, str) else key
         self.url = str(url)
         try:
             self.fs, self.root = fsspec.core.url_to_fs(self.url, **storage_options)
         except (ValueError, ImportError, OSError) as err:
             raise CheckpointStoreError(f"cannot open checkpoint store {self.url!r}: {err}") from err
         self.root = self.root.rstrip("/")
-        key = f"{type(self.fs).__name__}:{self.root}"
-        with _root_locks_guard:
-            self._lock = _root_locks.setdefault(key, threading.Lock())
+        self._local = isinstance(self.fs, LocalFileSystem)
+
+    @property
+    def authenticated(self) -> bool:
+        """True when records are signed and verified with a key."""
+        return self._key is not None
+
+    # -- primitives --------------------------------------------------------------------------
+    def _dir(self, session_id: str) -> str:
+        return f"{self.root}/{session_id}"
 
     def _path(self, session_id: str, name: str) -> str:
         return f"{self.root}/{session_id}/{name}"
 
-    def _read_json(self, path: str) -> dict[str, Any] | None:
+    def _names(self, session_id: str) -> list[str]:
+        d = self._dir(session_id)
         try:
-            if not self.fs.exists(path):
-                return None
-            with self.fs.open(path, "rb") as f:
-                return json.loads(f.read())
+            self.fs.invalidate_cache(d)
+            if not self.fs.exists(d):
+                return []
+            return [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(d, detail=False)]
         except (OSError, ValueError) as err:
-            raise CheckpointStoreError(f"cannot read {path} from {self.url!r}: {err}") from err
+            raise CheckpointStoreError(f"cannot list {d} in {self.url!r}: {err}") from err
 
-    def _write(self, path: str, data: bytes) -> None:
+    def _create_only(self, path: str, data: bytes) -> bool:
+        """Create ``path`` holding ``data`` unless it exists (atomically: readers never see a partial
+        object); False when it already existed."""
+        parent = path.rsplit("/", 1)[0]
         try:
-            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-            with self.fs.open(path, "wb") as f:
-                f.write(data)
+            if self._local:
+                os.makedirs(parent, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=parent, prefix=".tmp-")
+                try:
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    os.link(tmp, path)  # atomic exclusive create of a complete file
+                finally:
+                    os.unlink(tmp)
+            else:
+                self.fs.makedirs(parent, exist_ok=True)
+                with self.fs.open(path, "xb") as f:  # conditional create (If-None-Match / ifGenerationMatch=0)
+                    f.write(data)
+        except FileExistsError:
+            return False
         except OSError as err:
             raise CheckpointStoreError(f"cannot write {path} to {self.url!r}: {err}") from err
+        return True
 
+    def _read_bytes(self, path: str) -> bytes:
+        try:
+            with self.fs.open(path, "rb") as f:
+                return f.read()
+        except OSError as err:
+            raise CheckpointStoreError(f"cannot read {path} from {self.url!r}: {err}") from err
+
+    def _mac(self, fields: dict[str, Any]) -> str:
+        blob = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str).encode()
+        return hmac.new(self._key, blob, hashlib.sha256).hexdigest()
+
+    # -- generations -------------------------------------------------------------------------
     def generation(self, session_id: str) -> int:
         """The session's current generation (0 when never claimed)."""
         _check_session_id(session_id)
-        lease = self._read_json(self._path(session_id, "lease.json"))
-        return int(lease["generation"]) if lease else 0
+        gens = [int(m.group(1)) for n in self._names(session_id) if (m := _LEASE.match(n))]
+        return max(gens, default=0)
 
     def claim(self, session_id: str) -> int:
-        """Take ownership of a session: bump and return its generation (older writers become stale).
+        """Take ownership of a session: create the lease of the next generation and return it (older
+        writers become stale). Racing claimers (threads, processes, machines) each get their own
+        generation.
 
         Raises:
-            CheckpointStoreError: the lease cannot be read or written.
+            CheckpointStoreError: the store cannot be listed or written.
         """
         _check_session_id(session_id)
-        with self._lock:
-            g = self.generation(session_id) + 1
-            lease = json.dumps({"generation": g, "time": time.time()}).encode()
-            self._write(self._path(session_id, "lease.json"), lease)
-            return g
+        g = self.generation(session_id) + 1
+        for _ in range(_MAX_RACE):
+            lease = json.dumps({"generation": g, "time": time.time(), "pid": os.getpid()}).encode()
+            if self._create_only(self._path(session_id, f"lease-{g:08d}.json"), lease):
+                return g
+            g = max(g + 1, self.generation(session_id) + 1)
+        raise CheckpointStoreError(f"session {session_id}: could not claim a generation after {_MAX_RACE} races")
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def _records(self, session_id: str) -> list[tuple[int, int]]:
+        return sorted((int(m.group(1)), int(m.group(2))) for n in self._names(session_id) if (m := _RECORD.match(n)))
 
     def latest(self, session_id: str) -> CheckpointRecord | None:
-        """The latest checkpoint record of a session, or None."""
+        """The latest checkpoint record of a session (highest generation, then seq), or None.
+
+        Raises:
+            CheckpointIntegrityError: the store has a key and the record's MAC is missing or wrong.
+            CheckpointStoreError: unreadable store or record.
+        """
         _check_session_id(session_id)
-        rec = self._read_json(self._path(session_id, "latest.json"))
-        return CheckpointRecord.model_validate(rec) if rec else None
+        recs = self._records(session_id)
+        if not recs:
+            return None
+        g, q = recs[-1]
+        path = self._path(session_id, f"ckpt-{g:08d}-{q:08d}.json")
+        try:
+            raw = json.loads(self._read_bytes(path))
+            rec = CheckpointRecord.model_validate(raw)
+        except ValueError as err:
+            raise CheckpointStoreError(f"checkpoint record {path} is not a CheckpointRecord: {err}") from err
+        if (rec.generation, rec.seq, rec.session_id) != (g, q, session_id):
+            raise CheckpointIntegrityError(f"checkpoint record {path} names generation {rec.generation} seq {rec.seq} "
+                                           f"of session {rec.session_id!r}: refused")
+        if self._key is not None:
+            fields = rec.model_dump(mode="json", exclude={"mac"})
+            if not rec.mac or not hmac.compare_digest(rec.mac, self._mac(fields)):
+                raise CheckpointIntegrityError(f"checkpoint record {path} has {'a wrong' if rec.mac else 'no'} MAC: "
+                                               f"written without this deployment's key, or tampered with; refused")
+        return rec
 
     def write(self, session_id: str, generation: int, server_hash: str, snapshot: Snapshot, *,
               turn: int | None = None, meta: dict[str, Any] | None = None) -> CheckpointRecord:
-        """Write a checkpoint as generation ``generation``.
+        """Write a checkpoint as generation ``generation`` (two create-only objects: image, then record).
 
         Raises:
             StaleGenerationError: a newer generation has claimed the session.
@@ -135,40 +235,51 @@ class CheckpointStore:
         _check_session_id(session_id)
         if not isinstance(snapshot, Snapshot):
             raise TypeError(f"snapshot must be a Snapshot, got {type(snapshot).__name__}")
-        with self._lock:
-            current = self.generation(session_id)
-            if generation < current:
-                raise StaleGenerationError(f"session {session_id}: write from generation {generation} rejected, "
-                                           f"generation {current} owns it now")
-            if generation > current:
-                raise ValueError(f"session {session_id}: generation {generation} was never claimed (current {current})")
-            prev = self.latest(session_id)
-            seq = (prev.seq + 1) if prev else 1
-            name = f"ckpt-{generation:08d}-{seq:08d}.bin"
-            self._write(self._path(session_id, name), snapshot.data)
-            rec = CheckpointRecord(session_id=session_id, server_hash=server_hash, kind=snapshot.kind,
-                                   generation=generation, seq=seq, digest=snapshot.digest, nbytes=snapshot.nbytes,
-                                   time=time.time(), turn=turn, meta=dict(meta or {}))
-            self._write(self._path(session_id, "latest.json"), rec.model_dump_json().encode())
-            return rec
+        current = self.generation(session_id)
+        if generation < current:
+            raise StaleGenerationError(f"session {session_id}: write from generation {generation} rejected, "
+                                       f"generation {current} owns it now")
+        if generation > current:
+            raise ValueError(f"session {session_id}: generation {generation} was never claimed (current {current})")
+        recs = self._records(session_id)
+        seq = (recs[-1][1] + 1) if recs else 1
+        for _ in range(_MAX_RACE):
+            if self._create_only(self._path(session_id, f"ckpt-{generation:08d}-{seq:08d}.bin"), snapshot.data):
+                break
+            seq += 1  # an image of that seq exists (a write of this generation whose record never landed)
+        else:
+            raise CheckpointStoreError(f"session {session_id}: no free checkpoint sequence number")
+        rec = CheckpointRecord(session_id=session_id, server_hash=server_hash, kind=snapshot.kind,
+                               generation=generation, seq=seq, digest=snapshot.digest, nbytes=snapshot.nbytes,
+                               time=time.time(), turn=turn, meta=dict(meta or {}), env=snapshot.env.as_dict())
+        if self._key is not None:
+            rec = rec.model_copy(update={"mac": self._mac(rec.model_dump(mode="json", exclude={"mac"}))})
+        path = self._path(session_id, f"ckpt-{generation:08d}-{seq:08d}.json")
+        if not self._create_only(path, rec.model_dump_json().encode()):
+            raise CheckpointStoreError(f"checkpoint record {path} exists already: two writers share generation "
+                                       f"{generation}")
+        newer = self.generation(session_id)
+        if newer > generation:  # claimed while we wrote: the successor's records (higher generation) win
+            raise StaleGenerationError(f"session {session_id}: generation {newer} claimed the session while "
+                                       f"generation {generation} wrote; write rejected")
+        return rec
 
     def read(self, session_id: str) -> tuple[CheckpointRecord, Snapshot]:
-        """The latest checkpoint of a session and its state image.
+        """The latest checkpoint of a session and its state image (authenticated before use).
 
         Raises:
             KeyError: the session has no checkpoint.
-            CheckpointStoreError: unreadable, or the image does not match the recorded digest.
+            CheckpointIntegrityError: the MAC is missing/wrong (with a key), or the image's digest
+                differs from the record's.
+            CheckpointStoreError: unreadable.
         """
         rec = self.latest(session_id)
         if rec is None:
             raise KeyError(f"no checkpoint for session {session_id!r} in {self.url!r}")
         path = self._path(session_id, f"ckpt-{rec.generation:08d}-{rec.seq:08d}.bin")
-        try:
-            with self.fs.open(path, "rb") as f:
-                data = f.read()
-        except OSError as err:
-            raise CheckpointStoreError(f"cannot read {path} from {self.url!r}: {err}") from err
-        snap = Snapshot(rec.kind, data)
+        data = self._read_bytes(path)
+        snap = Snapshot(rec.kind, data, EnvState(**rec.env) if rec.env else EnvState())
         if snap.digest != rec.digest:
-            raise CheckpointStoreError(f"checkpoint {path} is corrupt: digest {snap.digest[:12]} != {rec.digest[:12]}")
+            raise CheckpointIntegrityError(f"checkpoint {path} is corrupt or tampered with: digest {snap.digest[:12]} "
+                                           f"!= recorded {rec.digest[:12]}; refused")
         return rec, snap

@@ -53,6 +53,10 @@ class SessionClosedError(WeftError, RuntimeError):
     """The session was closed."""
 
 
+class SessionBusyError(WeftError, RuntimeError):
+    """A view of a session's state (snapshot, diff, state) was asked while a tool call is in flight."""
+
+
 class CallParseError(WeftError, ValueError):
     """A call string is not a single well-formed call with literal arguments."""
 
@@ -63,6 +67,11 @@ class StaleGenerationError(WeftError, RuntimeError):
 
 class CheckpointStoreError(WeftError, OSError):
     """The checkpoint object store could not be read or written."""
+
+
+class CheckpointIntegrityError(CheckpointStoreError):
+    """A checkpoint failed authentication (missing/wrong MAC, digest mismatch) or holds objects the
+    restricted unpickler refuses: nothing of it was deserialised or run."""
 
 
 class UnsupportedOperationError(WeftError, NotImplementedError):

@@ -17,9 +17,25 @@ code is never run) and reports:
 - ``network_access`` / ``process_access``: imports of socket/HTTP client modules, or of
   ``subprocess``/``multiprocessing``, ``os.system``/``os.fork``...
 
-Any finding makes the server ``isolated``: each session imports its own copy of the module (so class
-attributes and module globals are per session). Isolation is at the module level, not a sandbox:
-file and network effects are reported, not contained.
+- ``mutable_alias``: function code that reaches a module-level or class-level value the check cannot
+  prove immutable, other than by a read that can only return immutable values (``X[k]``, ``X.get(k)``,
+  ``k in X``, ``len(X)``, iteration, ``deepcopy(X)`` of a container whose leaves are all constants).
+  Assigning such a value into instance state (``self.vpn = self.DEFAULT_VPN``), passing it to a
+  helper, a module-level counter (``itertools.count()``) or namespace object: all are aliases through
+  which one session could write what another reads;
+- ``mutable_default_argument``: a default argument value that is not provably immutable (ruff B006:
+  the default object is created once and shared by every call of every session);
+- class-level values that are not provably immutable are ``class_mutable_attribute`` whatever their
+  name's case (ruff RUF012; a ``ClassVar`` annotation documents sharing, it does not prevent it).
+
+**Isolate unless proven safe.** A server is ``shared`` only when the check finds nothing; any finding
+makes it ``isolated``: each session imports its own copy of the module (so class attributes and module
+globals are per session). What ``shared`` guarantees: every module- and class-level value that tool
+code can reach is a constant, a function/class/module, or a container of constants read without
+handing out a reference; so no write of one session can be observed by another through the server
+module. Not covered (by either level): state kept inside *imported third-party* modules and changed
+through their functions (``random.seed``, a library's own caches), and files/network/processes, which
+are reported (``file_access`` ...), not contained. Isolation is at the module level, not a sandbox.
 """
 from __future__ import annotations
 
@@ -29,7 +45,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 FindingKind = Literal["module_mutable_state", "global_write", "class_mutable_attribute", "class_attribute_mutation",
-                      "file_access", "network_access", "process_access", "syntax_error"]
+                      "mutable_alias", "mutable_default_argument", "file_access", "network_access", "process_access",
+                      "syntax_error"]
 
 _MUTABLE_CTORS = {"list", "dict", "set", "bytearray", "defaultdict", "OrderedDict", "Counter", "deque"}
 _MUTATORS = {"append", "extend", "insert", "pop", "popitem", "remove", "clear", "update", "setdefault", "add",
@@ -128,6 +145,205 @@ def _module_level_statements(tree: ast.Module):
                     stack.extend(child.body if isinstance(child, ast.ExceptHandler) else [child])
 
 
+
+_IMMUTABLE_CTORS = {"frozenset", "tuple", "str", "int", "float", "bool", "bytes", "complex", "range", "Decimal",
+                    "Fraction", "timedelta", "date", "datetime", "getLogger", "compile", "TypeVar", "ParamSpec",
+                    "NewType", "namedtuple", "NamedTuple", "WeftServer", "Field", "field", "PrivateAttr", "object"}
+_TYPE_FORMS = {"Literal", "Annotated", "Optional", "Union", "list", "dict", "tuple", "set", "frozenset", "type",
+               "Callable", "ClassVar", "Final"}
+_COPYING_READS = {"len", "deepcopy", "sorted", "list", "tuple", "set", "frozenset", "dict", "any", "all", "sum",
+                  "min", "max", "enumerate", "iter", "reversed", "str", "repr", "bool", "hash", "json.dumps",
+                  "copy.deepcopy"}
+_ELEMENT_READS = {"get", "keys", "values", "items", "count", "index", "copy"}
+
+
+def _call_name(node: ast.AST) -> str | None:
+    f = node.func if isinstance(node, ast.Call) else None
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+
+
+def _immutable(node: ast.AST | None, safe: set[str]) -> bool:
+    """True when ``node`` provably evaluates to an immutable value (``safe``: names known immutable)."""
+    if node is None or isinstance(node, (ast.Constant, ast.JoinedStr, ast.Compare, ast.Lambda)):
+        return True
+    if isinstance(node, ast.Tuple):
+        return all(_immutable(e, safe) for e in node.elts)
+    if isinstance(node, ast.BinOp):
+        return _immutable(node.left, safe) and _immutable(node.right, safe)
+    if isinstance(node, ast.UnaryOp):
+        return _immutable(node.operand, safe)
+    if isinstance(node, (ast.BoolOp, ast.IfExp)):
+        parts = node.values if isinstance(node, ast.BoolOp) else [node.body, node.orelse]
+        return all(_immutable(v, safe) for v in parts)
+    if isinstance(node, ast.Name):
+        return node.id in safe
+    if isinstance(node, ast.Subscript):  # type aliases: Literal[...], dict[str, int], ...
+        base = node.value.id if isinstance(node.value, ast.Name) else getattr(node.value, "attr", None)
+        return base in _TYPE_FORMS
+    if isinstance(node, ast.Call):
+        name = _call_name(node)
+        if name in ("frozenset", "tuple"):
+            return all(_container_of_constants(a, safe) for a in node.args)
+        return name in _IMMUTABLE_CTORS
+    return False
+
+
+def _container_of_constants(node: ast.AST | None, safe: set[str]) -> bool:
+    """A container literal whose leaves (at any depth) are immutable, or an immutable value."""
+    if isinstance(node, (ast.List, ast.Set, ast.Tuple)):
+        return all(_container_of_constants(e, safe) for e in node.elts)
+    if isinstance(node, ast.Dict):
+        return all(k is not None and _immutable(k, safe) for k in node.keys) and all(
+            _container_of_constants(v, safe) for v in node.values)
+    if isinstance(node, ast.Call) and _call_name(node) in ("set", "list", "dict") and not node.keywords:
+        return all(_container_of_constants(a, safe) for a in node.args)  # set(), list((1, 2))
+    return _immutable(node, safe)
+
+
+def _flat(node: ast.AST, safe: set[str]) -> bool:
+    """A container literal whose direct elements (dict values) are immutable: element reads alias nothing."""
+    elts = node.values if isinstance(node, ast.Dict) else getattr(node, "elts", [])
+    return all(_immutable(e, safe) for e in elts)
+
+
+def _function_locals(fn: ast.AST) -> set[str]:
+    names: set[str] = set()
+    declared_global: set[str] = set()
+    for sub in ast.walk(fn):
+        if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = sub.args
+            names |= {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if x is not None}
+            if not isinstance(sub, ast.Lambda) and sub is not fn:
+                names.add(sub.name)
+        elif isinstance(sub, ast.Name) and isinstance(sub.ctx, (ast.Store, ast.Del)):
+            names.add(sub.id)
+        elif isinstance(sub, ast.Global):
+            declared_global |= set(sub.names)
+        elif isinstance(sub, ast.ExceptHandler) and sub.name:
+            names.add(sub.name)
+        elif isinstance(sub, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in sub.names}
+    return names - declared_global
+
+
+def _allowed_read(node: ast.Name, parent: ast.AST | None, grand: ast.AST | None, flat: bool, is_dict: bool) -> bool:
+    """Is this load of a module-level container a read that hands out no reference to mutable data?"""
+    if isinstance(parent, ast.Compare) and node in parent.comparators and all(
+            isinstance(op, (ast.In, ast.NotIn)) for op in parent.ops):
+        return True
+    if isinstance(parent, ast.Call) and node in parent.args:
+        return (_dotted(parent.func) or "") in _COPYING_READS and (
+            flat or _call_name(parent) in ("len", "deepcopy", "any", "all", "hash", "dumps", "repr", "str")
+            or (is_dict and _call_name(parent) in ("sorted", "set", "frozenset", "tuple", "list")))
+    if isinstance(parent, (ast.For, ast.AsyncFor, ast.comprehension)) and parent.iter is node:
+        return flat or is_dict
+    if isinstance(parent, ast.Subscript) and parent.value is node and isinstance(parent.ctx, ast.Load):
+        return flat
+    if isinstance(parent, ast.Attribute) and parent.value is node and parent.attr in _ELEMENT_READS:
+        return (flat or parent.attr == "keys") and isinstance(grand, ast.Call) and grand.func is parent
+    return False
+
+
+def _module_values(tree: ast.Module) -> tuple[set[str], dict[str, tuple[int, bool, bool]], dict[str, int]]:
+    """Classify module-level names: (safe, containers name -> (line, flat, is_dict), unsafe name -> line).
+
+    ``safe``: functions, classes, imports and provably immutable values; ``containers``: literals of
+    constants (read-only uses allowed); ``unsafe``: everything else (unknown call results, containers
+    with unknown leaves, names rebound or mutated at module level).
+    """
+    safe: set[str] = set()
+    containers: dict[str, tuple[int, bool, bool]] = {}
+    unsafe: dict[str, int] = {}
+
+    def bind(name: str, value: ast.AST | None, line: int) -> None:
+        if name in safe or name in containers or name in unsafe:  # rebound at module level: trust nothing
+            safe.discard(name)
+            containers.pop(name, None)
+            unsafe.setdefault(name, line)
+            return
+        if name == "server" or _immutable(value, safe):
+            safe.add(name)
+        elif isinstance(value, (ast.List, ast.Dict, ast.Set, ast.Call)) and _container_of_constants(value, safe):
+            containers[name] = (line, _flat(value, safe), isinstance(value, ast.Dict))
+        else:
+            unsafe[name] = line
+
+    for node in _module_level_statements(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            safe.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            safe |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for t in _targets(node):
+                if isinstance(t, ast.Name):
+                    bind(t.id, node.value, node.lineno)
+                elif _root_name(t) in containers:  # X[k] = v at import time: contents no longer known
+                    unsafe[_root_name(t)] = node.lineno
+                    containers.pop(_root_name(t))
+        elif isinstance(node, (ast.AugAssign, ast.For, ast.AsyncFor, ast.With)):
+            for sub in ast.walk(node.target if isinstance(node, (ast.AugAssign, ast.For, ast.AsyncFor)) else node):
+                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                    safe.discard(sub.id)
+                    containers.pop(sub.id, None)
+                    unsafe.setdefault(sub.id, node.lineno)
+        call = node.value if isinstance(node, ast.Expr) else None
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
+            root = _root_name(call.func.value)
+            if root in containers and call.func.attr in _MUTATORS:
+                unsafe[root] = node.lineno
+                containers.pop(root)
+    return safe, containers, unsafe
+
+
+def _alias_findings(tree: ast.Module, skip: set[str]) -> list[Finding]:
+    """``mutable_alias`` and ``mutable_default_argument`` findings (see the module docstring)."""
+    safe, containers, unsafe = _module_values(tree)
+    parents: dict[ast.AST, ast.AST] = {}
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            parents[child] = node
+    out: list[Finding] = []
+    seen: set[tuple[str, int]] = set()
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        a = fn.args
+        for d in [*a.defaults, *(k for k in a.kw_defaults if k is not None)]:
+            if not _immutable(d, safe):
+                out.append(Finding(kind="mutable_default_argument", line=d.lineno,
+                                   detail=f"default argument {ast.unparse(d)[:60]!r} is not provably immutable: "
+                                          f"one object shared by every call of every session"))
+        if parents.get(fn) is not None and not isinstance(parents[fn], (ast.Module, ast.ClassDef)):
+            continue  # nested functions are walked with their enclosing function
+        local = _function_locals(fn)
+        body = fn.body if isinstance(fn.body, list) else [fn.body]
+        for stmt in body:
+            for node in ast.walk(stmt):
+                if not (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)) or node.id in local:
+                    continue
+                if node.id in skip or (node.id, node.lineno) in seen:
+                    continue
+                where = f"in {getattr(fn, 'name', '<lambda>')}()"
+                parent = parents.get(node)
+                if (isinstance(parent, ast.Call) and parent.args == [node] and not parent.keywords
+                        and _dotted(parent.func) in ("deepcopy", "copy.deepcopy")):
+                    continue  # an independent copy; every other reference is checked on its own
+                if node.id in unsafe:
+                    seen.add((node.id, node.lineno))
+                    out.append(Finding(kind="mutable_alias", line=node.lineno,
+                                       detail=f"{where} reaches module-level {node.id!r} (line {unsafe[node.id]}), "
+                                              f"not provably immutable: sessions would share it"))
+                elif node.id in containers:
+                    line, flat, is_dict = containers[node.id]
+                    if not _allowed_read(node, parent, parents.get(parent) if parent else None, flat, is_dict):
+                        seen.add((node.id, node.lineno))
+                        out.append(Finding(kind="mutable_alias", line=node.lineno,
+                                           detail=f"{where} hands out module-level container {node.id!r} (line "
+                                                  f"{line}) or a mutable part of it: "
+                                                  f"`{ast.unparse(parent or node)[:60]}`; copy it with copy.deepcopy"))
+    return out
+
+
 def check_source(source: str, filename: str = "<server>") -> SideEffectReport:
     """Statically check server module ``source`` for process-global side effects.
 
@@ -151,6 +367,7 @@ def check_source(source: str, filename: str = "<server>") -> SideEffectReport:
         add(Finding(kind="syntax_error", line=err.lineno or 0, detail=str(err)))
         return report
 
+    module_safe = _module_values(tree)[0]
     module_mutables: dict[str, int] = {}
     class_names: set[str] = set()
     class_mutables: dict[tuple[str, str], int] = {}
@@ -162,9 +379,13 @@ def check_source(source: str, filename: str = "<server>") -> SideEffectReport:
         if isinstance(node, ast.ClassDef):
             class_names.add(node.name)
             bound = instance_bound.setdefault(node.name, set())
+            pydantic = any((_dotted(b) or "").endswith("BaseModel") for b in node.bases)
             for item in node.body:
+                if pydantic and (isinstance(item, ast.AnnAssign) or any(
+                        isinstance(t, ast.Name) and t.id == "model_config" for t in _targets(item))):
+                    continue  # pydantic copies field defaults per instance
                 for t in _targets(item):
-                    if isinstance(t, ast.Name) and _is_mutable_value(getattr(item, "value", None)):
+                    if isinstance(t, ast.Name) and not _immutable(getattr(item, "value", None), module_safe):
                         class_mutables[(node.name, t.id)] = item.lineno
             for sub in ast.walk(node):
                 for t in _targets(sub):
@@ -235,9 +456,10 @@ def check_source(source: str, filename: str = "<server>") -> SideEffectReport:
             add(Finding(kind="module_mutable_state", line=line,
                         detail=f"module-level mutable container {name!r} (not an ALL_CAPS constant)"))
     for (cls, attr), line in sorted(class_mutables.items(), key=lambda kv: kv[1]):
-        if (cls, attr) in mutated_class_attrs or not attr.isupper():
-            add(Finding(kind="class_mutable_attribute", line=line,
-                        detail=f"class {cls} holds mutable container {attr!r} shared by all instances"))
+        how = "mutated at run time" if (cls, attr) in mutated_class_attrs else "not provably immutable"
+        add(Finding(kind="class_mutable_attribute", line=line,
+                    detail=f"class {cls} holds {attr!r} ({how}), one object shared by all instances of all sessions"))
+    report.findings.extend(_alias_findings(tree, skip=set(mutated_globals)))
 
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):

@@ -8,7 +8,9 @@ attributes; diff = per attribute path (dicts are walked, other values compared w
 Class attributes are *not* state: a server that mutates them is flagged by
 :mod:`treadle.weft.isolation` and runs isolated (one module import per session).
 
-Snapshots are unpickled: load only snapshots and checkpoints your own runtime wrote.
+Snapshots are unpickled by a restricted unpickler: plain containers and values and the server
+module's own classes only (whatever else an image names is refused before anything is called);
+checkpoints from a shared store are also authenticated (see :mod:`treadle.weft.checkpoint`).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import types
 import typing
 from typing import Any
 
+from treadle.weft.determinism import SessionEnv
 from treadle.weft.errors import SnapshotSchemaError
 from treadle.weft.state import RowChange, Snapshot, StateBackend, StateDiff, TableDiff
 
@@ -41,22 +44,46 @@ class _ServerPickler(pickle.Pickler):
         return None
 
 
+SAFE_GLOBALS: frozenset[tuple[str, str]] = frozenset({
+    ("builtins", n) for n in ("set", "frozenset", "bytearray", "complex", "slice", "range", "list", "dict", "tuple",
+                              "int", "float", "str", "bytes", "bool")
+} | {("datetime", n) for n in ("datetime", "date", "time", "timedelta", "timezone")} | {
+    ("collections", n) for n in ("OrderedDict", "defaultdict", "deque", "Counter")
+} | {("decimal", "Decimal"), ("fractions", "Fraction"), ("uuid", "UUID"), ("copyreg", "_reconstructor"),
+     ("builtins", "object"), ("_codecs", "encode"), ("copyreg", "__newobj__"), ("random", "Random")})
+"""Globals an object-state image may name besides the server's own classes: plain value types and containers."""
+
+
 class _HomeUnpickler(pickle.Unpickler):
-    """Resolves server-module classes in ``home`` (the module copy the session runs)."""
+    """Restricted unpickler: plain containers and values (:data:`SAFE_GLOBALS`) and the classes the server
+    module itself defines, resolved in ``home`` (the module copy the session runs). Anything else, a
+    function of any module, or a class the server merely imports, is refused before it is called, so a
+    tampered or foreign image cannot run code (``os.system``, ``builtins.eval``, ...)."""
 
     def __init__(self, f: Any, home: types.ModuleType | None):
         super().__init__(f)
         self.home = home
 
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in SAFE_GLOBALS:
+            raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in an object-state image (only plain "
+                                         f"containers and the server's own classes)")
+        return super().find_class(module, name)
+
     def persistent_load(self, pid: Any) -> Any:
-        if not (isinstance(pid, tuple) and len(pid) == 2 and pid[0] == "weft-server-global"):
+        if not (isinstance(pid, tuple) and len(pid) == 2 and pid[0] == "weft-server-global"
+                and isinstance(pid[1], str)):
             raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
         if self.home is None:
             raise pickle.UnpicklingError(f"snapshot refers to server class {pid[1]!r}: load it with the server's "
                                          f"state class")
         obj: Any = self.home
         for part in pid[1].split("."):
-            obj = getattr(obj, part)
+            if part.startswith("__"):
+                raise pickle.UnpicklingError(f"server class path {pid[1]!r} is not allowed")
+            obj = getattr(obj, part, None)
+        if not (isinstance(obj, type) and obj.__module__ == self.home.__name__):
+            raise pickle.UnpicklingError(f"{pid[1]!r} is not a class defined by the server module: refused")
         return obj
 
 
@@ -184,25 +211,31 @@ class ObjectState(StateBackend):
         if not isinstance(cls, type):
             raise TypeError(f"cls must be a class, got {type(cls).__name__}")
         self._cls = cls
+        self._home = _home_of(cls)  # held: the module may leave sys.modules while this state lives
+        self.env = SessionEnv(snapshot.env)
         self._obj = cls.__new__(cls)
-        _attrs(self._obj).update(_load(snapshot, _home_of(cls)))
+        _attrs(self._obj).update(_load(snapshot, self._home))
 
     @property
     def handle(self) -> Any:
         return self._obj
 
     def snapshot(self) -> Snapshot:
-        return snapshot_from_object(self._obj)
+        return dataclasses.replace(snapshot_from_object(self._obj), env=self.env.freeze())
 
     def restore(self, snapshot: Snapshot) -> None:
         self._check_kind(snapshot)
+        loaded = _load(snapshot, self._home)
         attrs = _attrs(self._obj)
         attrs.clear()
-        attrs.update(_load(snapshot, _home_of(self._cls)))
+        attrs.update(loaded)
+        self.env.load(snapshot.env)
 
     def fork(self) -> ObjectState:
         new = ObjectState.__new__(ObjectState)
         new._cls = self._cls
+        new._home = self._home
+        new.env = self.env.copy()
         new._obj = self._cls.__new__(self._cls)
         _attrs(new._obj).update(copy.deepcopy(dict(_attrs(self._obj))))
         return new
@@ -210,8 +243,12 @@ class ObjectState(StateBackend):
     def diff(self, other: StateBackend | Snapshot) -> StateDiff:
         if isinstance(other, Snapshot):
             self._check_kind(other)
-            return diff_attributes(dict(_attrs(self._obj)), _load(other, _home_of(self._cls)))
+            return diff_attributes(dict(_attrs(self._obj)), _load(other, self._home))
         if not isinstance(other, ObjectState):
             raise TypeError(f"can only diff an ObjectState against an ObjectState or object Snapshot, got "
                             f"{type(other).__name__}")
+        if other._cls is not self._cls:
+            # another import of the server module (isolated sessions): its objects are instances of other
+            # class objects and never compare equal to ours; materialise its state in our module first
+            return self.diff(other.snapshot())
         return diff_attributes(dict(_attrs(self._obj)), dict(_attrs(other._obj)))

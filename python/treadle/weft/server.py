@@ -22,20 +22,25 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.types import ToolAnnotations
 from pydantic_core import to_jsonable_python
 
+from treadle.weft.determinism import bind_env, unbind_env
 from treadle.weft.object_state import ObjectState, check_object_schema
 from treadle.weft.sqlite_state import SqliteState, check_schema
 from treadle.weft.state import BackendKind, Snapshot, StateBackend
+
+_log = logging.getLogger("treadle.weft.tools")
 
 SESSION_META_KEY = "treadle.weft/session"
 """Request ``_meta`` key carrying the session id from the runtime to the server."""
@@ -180,7 +185,8 @@ class WeftServer:
         return ObjectState(snapshot, self.state_class)
 
     # -- MCP ---------------------------------------------------------------------------------
-    def _wrap(self, tool_name: str, resolve: Callable[[str | None], Any]) -> Callable[..., Any]:
+    def _wrap(self, tool_name: str, resolve: Callable[[str | None], Any],
+              resolve_env: Callable[[str | None], Any] | None = None) -> Callable[..., Any]:
         fn, _, _ = self._tools[tool_name]
         try:
             sig = inspect.signature(fn, eval_str=True)  # resolve `from __future__ import annotations` strings
@@ -195,10 +201,23 @@ class WeftServer:
         is_async = inspect.iscoroutinefunction(fn)
         sqlite_backend = self.backend == "sqlite"
 
-        def session_state(ctx: Context) -> Any:
+        def session_state(ctx: Context) -> tuple[Any, Any]:
+            """The session's state handle, and the token binding its clock/random source to this call."""
             meta = ctx.request_context.meta or {}
             sid = meta.get(SESSION_META_KEY) if isinstance(meta, Mapping) else None
-            return resolve(sid)
+            state = resolve(sid)
+            return state, bind_env(resolve_env(sid) if resolve_env is not None else None)
+
+        def crashed(err: BaseException) -> BaseException:
+            """A deliberate ToolError passes; anything else (a bug in the tool) is logged as one line through
+            ``logging`` (traceback at DEBUG) and reported to the agent as a ToolError, so the SDK does not
+            print a full traceback on the training process's stderr."""
+            if isinstance(err, ToolError) and not isinstance(err, UnexpectedToolError):
+                return err
+            what = f"exit({err.code!r})" if isinstance(err, SystemExit) else f"{type(err).__name__}: {err}"
+            _log.warning("tool %s of server %s crashed: %s", tool_name, self.name, what,
+                         exc_info=err if _log.isEnabledFor(logging.DEBUG) else None)
+            return ToolError(what)
 
         def finish(state: Any, ok: bool) -> None:
             if sqlite_backend and isinstance(state, sqlite3.Connection):
@@ -209,30 +228,39 @@ class WeftServer:
 
         if is_async:
             async def wrapper(weft_ctx: Context, **kwargs: Any) -> Any:
-                state = session_state(weft_ctx)
+                state, token = session_state(weft_ctx)
                 try:
                     out = await fn(state, **kwargs)
-                except SystemExit as err:  # a tool must not stop the worker: report it as a tool failure
+                except (Exception, SystemExit) as err:  # noqa: BLE001  (SystemExit: must not stop the worker)
                     finish(state, False)
-                    raise RuntimeError(f"tool {tool_name} called exit({err.code!r})") from None
+                    raise crashed(err) from None
                 except BaseException:
                     finish(state, False)
                     raise
+                finally:
+                    unbind_env(token)
                 finish(state, True)
                 return _to_json_text(out)
         else:
-            def wrapper(weft_ctx: Context, **kwargs: Any) -> Any:
-                state = session_state(weft_ctx)
+            def body(weft_ctx: Context, kwargs: dict[str, Any]) -> Any:
+                state, token = session_state(weft_ctx)
                 try:
                     out = fn(state, **kwargs)
-                except SystemExit as err:  # a tool must not stop the worker: report it as a tool failure
+                except (Exception, SystemExit) as err:  # noqa: BLE001  (SystemExit: must not stop the worker)
                     finish(state, False)
-                    raise RuntimeError(f"tool {tool_name} called exit({err.code!r})") from None
+                    raise crashed(err) from None
                 except BaseException:
                     finish(state, False)
                     raise
+                finally:
+                    unbind_env(token)
                 finish(state, True)
                 return _to_json_text(out)
+
+            async def wrapper(weft_ctx: Context, **kwargs: Any) -> Any:
+                # sync tools run on the event loop's bounded worker-thread pool; a call cancelled past its
+                # time limit is abandoned (the thread finishes on a state the runtime has detached)
+                return await anyio.to_thread.run_sync(body, weft_ctx, kwargs, abandon_on_cancel=True)
 
         ctx_param = inspect.Parameter("weft_ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context)
         rest = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params[1:]]
@@ -246,13 +274,15 @@ class WeftServer:
         wrapper.__module__ = fn.__module__
         return wrapper
 
-    def mcp_tools(self, resolve: Callable[[str | None], Any]) -> list[Tool]:
-        """The SDK ``Tool`` objects of this server, bound to ``resolve(session_id) -> state handle``."""
+    def mcp_tools(self, resolve: Callable[[str | None], Any],
+                  resolve_env: Callable[[str | None], Any] | None = None) -> list[Tool]:
+        """The SDK ``Tool`` objects of this server, bound to ``resolve(session_id) -> state handle`` and
+        (optional) ``resolve_env(session_id) -> SessionEnv`` (the session's clock and random source)."""
         out = []
         for tool_name in sorted(self._tools):
             _, contract, desc = self._tools[tool_name]
             out.append(tool := Tool.from_function(
-                self._wrap(tool_name, resolve), name=tool_name, description=desc,
+                self._wrap(tool_name, resolve, resolve_env), name=tool_name, description=desc,
                 annotations=ToolAnnotations(read_only_hint=not contract.mutating,
                                             destructive_hint=contract.mutating, idempotent_hint=not contract.mutating),
                 structured_output=False,
@@ -261,12 +291,20 @@ class WeftServer:
                 tool.parameters = self._schemas[tool_name]
         return out
 
-    def build(self, resolve: Callable[[str | None], Any]) -> MCPServer:
+    def build(self, resolve: Callable[[str | None], Any],
+              resolve_env: Callable[[str | None], Any] | None = None) -> MCPServer:
         """An ``MCPServer`` serving these tools; ``resolve`` maps the request's session id to a state handle.
 
         ``resolve`` should raise :class:`ToolError` for an unknown session id.
         """
-        return MCPServer(self.name, instructions=self.instructions, tools=self.mcp_tools(resolve), log_level="ERROR")
+        root = logging.getLogger()
+        handlers, level = list(root.handlers), root.level
+        try:
+            return MCPServer(self.name, instructions=self.instructions, tools=self.mcp_tools(resolve, resolve_env),
+                             log_level="ERROR")
+        finally:  # MCPServer() calls logging.basicConfig: leave the host process's logging as it was
+            root.handlers[:] = handlers
+            root.setLevel(level)
 
     def tool_definitions(self) -> list[dict[str, Any]]:
         """``[{"name", "description", "input_schema", "contract"}]`` sorted by name (hashed by the registry)."""

@@ -12,6 +12,7 @@ import json
 import sqlite3
 from typing import Any
 
+from treadle.weft.determinism import SessionEnv
 from treadle.weft.errors import SnapshotSchemaError
 from treadle.weft.state import RowChange, Snapshot, StateBackend, StateDiff, TableDiff
 
@@ -166,6 +167,7 @@ class SqliteState(StateBackend):
 
     def __init__(self, snapshot: Snapshot):
         self._check_kind(snapshot)
+        self.env = SessionEnv(snapshot.env)
         self._con = _connect()
         try:
             self._con.deserialize(snapshot.data)
@@ -178,13 +180,14 @@ class SqliteState(StateBackend):
         return self._con
 
     def snapshot(self) -> Snapshot:
-        return Snapshot("sqlite", self._con.serialize())
+        return Snapshot("sqlite", self._con.serialize(), self.env.freeze())
 
     def restore(self, snapshot: Snapshot) -> None:
         self._check_kind(snapshot)
         if self._con.in_transaction:
             self._con.rollback()
         self._con.deserialize(snapshot.data)
+        self.env.load(snapshot.env)
 
     def fork(self) -> SqliteState:
         return SqliteState(self.snapshot())

@@ -16,12 +16,15 @@ attributes added, changed, removed).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
+
+from treadle.weft.determinism import EnvState, SessionEnv
 
 BackendKind = Literal["sqlite", "object"]
 
@@ -31,6 +34,8 @@ class Snapshot:
     """An immutable state image.
 
     Attributes:
+        env: the session's deterministic clock and random source at that moment
+            (:mod:`treadle.weft.determinism`); fork, reset and restore bring it back with the data.
         kind: ``"sqlite"`` (``data`` = SQLite database image from ``Connection.serialize()``) or
             ``"object"`` (``data`` = pickle protocol 5 of the state object's attribute dict).
         data: the bytes; never mutated. ``digest`` is its SHA-256 hex.
@@ -38,12 +43,22 @@ class Snapshot:
 
     kind: BackendKind
     data: bytes = field(repr=False)
+    env: EnvState = field(default_factory=EnvState)
 
     def __post_init__(self) -> None:
         if self.kind not in ("sqlite", "object"):
             raise ValueError(f"Snapshot.kind must be 'sqlite' or 'object', got {self.kind!r}")
         if not isinstance(self.data, bytes):
             raise TypeError(f"Snapshot.data must be bytes, got {type(self.data).__name__}")
+        if self.env is None:
+            object.__setattr__(self, "env", EnvState())
+        if not isinstance(self.env, EnvState):
+            raise TypeError(f"Snapshot.env must be a treadle.weft.determinism.EnvState, got {type(self.env).__name__}")
+
+    def with_env(self, **changes: Any) -> Snapshot:
+        """The same state image with the session clock / random source changed (fields of
+        :class:`~treadle.weft.determinism.EnvState`, e.g. ``seed=3``)."""
+        return Snapshot(self.kind, self.data, dataclasses.replace(self.env, **changes))
 
     @property
     def digest(self) -> str:
@@ -106,6 +121,7 @@ class StateBackend(ABC):
     """
 
     kind: BackendKind
+    env: SessionEnv  # the session's clock and random source; snapshot/restore/fork carry it
 
     @property
     @abstractmethod

@@ -7,23 +7,27 @@ recorded call (memory grows by one float per call).
 from __future__ import annotations
 
 import json
-import math
 import threading
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from treadle.weft.errors import ErrorKind
 
 
 def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank ``q``-th percentile (0 < q <= 100) of ``values``; None when empty."""
+    """Nearest-rank ``q``-th percentile (0 < q <= 100) of ``values``; None when empty.
+
+    ``numpy.percentile(..., method="inverted_cdf")``: the smallest value whose empirical CDF reaches
+    ``q``%, always one of the recorded values (the nearest-rank definition).
+    """
     if not values:
         return None
     if not 0 < q <= 100:
         raise ValueError(f"q must be in (0, 100], got {q}")
-    s = sorted(values)
-    return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q, method="inverted_cdf"))
 
 
 class ToolStats:

@@ -38,9 +38,11 @@ class FailureReason(str, Enum):
     interface_error = "interface_error"
     timeout = "timeout"
     infrastructure = "infrastructure"
+    nondeterministic_environment = "nondeterministic_environment"
 
 
-NON_POLICY = frozenset({FailureReason.timeout, FailureReason.infrastructure})
+NON_POLICY = frozenset({FailureReason.timeout, FailureReason.infrastructure,
+                        FailureReason.nondeterministic_environment})
 
 
 class StateAssertion(BaseModel):
@@ -129,7 +131,8 @@ def _filtered(diff: StateDiff, ignore: Sequence[str], compare_private: bool = Tr
 
 def judge_checkpoint(spec: CheckpointSpec, state: StateBackend, outcomes: Sequence[Any],
                      expected_state: StateBackend | Snapshot | None = None,
-                     gold_results: Sequence[Any] | None = None, gold_error: str = "") -> CheckpointResult:
+                     gold_results: Sequence[Any] | None = None, gold_error: str = "",
+                     gold_reproducible: bool = True) -> CheckpointResult:
     """Judge one checkpoint from the session's ``state`` and the turn's tool ``outcomes``.
 
     Args:
@@ -140,6 +143,8 @@ def judge_checkpoint(spec: CheckpointSpec, state: StateBackend, outcomes: Sequen
         gold_results: results of the gold calls, or None.
         gold_error: non-empty when replaying the gold failed (an evaluator/task defect:
             ``infrastructure``, not a policy failure).
+        gold_reproducible: False when two replays of the gold from the same start disagreed: a
+            failed check is then also ``nondeterministic_environment`` (never a policy failure).
 
     Returns:
         A :class:`CheckpointResult`.
@@ -201,6 +206,10 @@ def judge_checkpoint(spec: CheckpointSpec, state: StateBackend, outcomes: Sequen
     if interface and (spec.strict_interface or reasons):
         fail(FailureReason.interface_error, f"{len(interface)} call(s) with invalid arguments or unknown tools: "
                                             f"{[o.call.name for o in interface]}")
+    if reasons and not gold_reproducible:
+        fail(FailureReason.nondeterministic_environment,
+             "two replays of the gold calls from the same start state disagree (a tool reads the process clock "
+             "or a global random source): the check cannot tell the policy's mistakes from the environment's noise")
     return CheckpointResult(name=spec.name, r=0 if reasons else 1, reasons=reasons, details=details, diff=diff)
 
 

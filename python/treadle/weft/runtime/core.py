@@ -1,31 +1,7 @@
-"""``treadle.weft.runtime``: sessions over registered servers, typed tool dispatch, checkpoints.
-
-Seed: WEFT section 4.1 (MegaMCP). A :class:`Runtime` holds a :class:`~treadle.weft.registry.Registry`
-and open sessions; each session owns private state cloned from an immutable snapshot and talks to
-its server through the official ``mcp`` client:
-
-- ``transport="inproc"`` (default): the server runs in this process. A ``shared`` server is imported
-  once and one ``MCPServer`` serves all its sessions (the session id travels in the request
-  ``_meta``); an ``isolated`` server (see :mod:`treadle.weft.isolation`) gets its own module import
-  per session. State can be reset, forked, diffed and checkpointed.
-- ``transport="stdio"`` / ``"http"``: one server subprocess per session (``python -m
-  treadle.weft.serve``), reached over stdio or streamable HTTP on 127.0.0.1. Tool calls, reset
-  (restart from the initial snapshot) and close work; fork/diff/checkpoint need in-process state and
-  raise :class:`~treadle.weft.errors.UnsupportedOperationError`.
-
-Tool-call failures never raise: :meth:`Runtime.call_tool` returns a :class:`ToolOutcome` whose
-``error_kind`` is one of :class:`~treadle.weft.errors.ErrorKind`, recorded in the session log and
-the per-tool :class:`~treadle.weft.stats.ToolStats`; other sessions are unaffected. Mutating calls
-(tools whose contract declares ``writes``) schedule a debounced asynchronous checkpoint when the
-runtime has a :class:`~treadle.weft.checkpoint.CheckpointStore`.
-
-Usage::
-
-    async with Runtime() as rt:
-        h = rt.register(Path("shop.py"))
-        sid = await rt.create_session(h, snapshot)
-        out = await rt.call(sid, 'place_order(customer_id=1, items=[{"sku": "MUG", "qty": 2}])')
-"""
+"""The :class:`Runtime`: lifetime, server bindings, sessions (create, fork, diff, reset, close) and
+tool dispatch (argument checks, transactions, time limits, statistics). Checkpoints and verification
+are mixed in from :mod:`~treadle.weft.runtime.checkpointing` and
+:mod:`~treadle.weft.runtime.verification`."""
 from __future__ import annotations
 
 import json
@@ -35,11 +11,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
 import uuid
 import weakref
-from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from contextlib import AsyncExitStack, nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,162 +21,53 @@ import anyio
 import jsonschema
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
-from pydantic import BaseModel
 
 from treadle.weft.callparse import ToolCall, parse_call
-from treadle.weft.checkpoint import CheckpointRecord, CheckpointStore
+from treadle.weft.checkpoint import CheckpointStore
 from treadle.weft.errors import (
     CallParseError,
-    CheckpointStoreError,
     ErrorKind,
+    SessionBusyError,
     SessionClosedError,
-    StaleGenerationError,
     UnknownSessionError,
     UnsupportedOperationError,
     WeftError,
 )
 from treadle.weft.registry import Registry, ServerSpec, release_module
-from treadle.weft.server import SESSION_META_KEY, ToolError, WeftServer
+from treadle.weft.runtime.checkpointing import CheckpointingMixin
+from treadle.weft.runtime.records import LogEntry, ToolOutcome
+from treadle.weft.runtime.sessions import TRANSPORTS, Transport, _Binding, _Session, free_port, result_payload
+from treadle.weft.runtime.verification import VerificationMixin
+from treadle.weft.server import SESSION_META_KEY
 from treadle.weft.state import Snapshot, StateBackend, StateDiff
 from treadle.weft.stats import ToolStats
-from treadle.weft.verify import CheckpointResult, CheckpointSpec, judge_checkpoint
 
-Transport = Literal["inproc", "stdio", "http"]
-_TRANSPORTS = ("inproc", "stdio", "http")
+__all__ = ["Runtime", "Transport"]
 
 
-class ToolOutcome(BaseModel):
-    """Result of one tool call as the agent and the verifier see it.
 
-    Attributes:
-        session_id, seq: the session and the call's position in its log.
-        call: the structured call (name ``"<unparsed>"`` when a call string did not parse).
-        ok: True when the tool ran and returned normally.
-        result: the parsed return value (JSON when the tool returned JSON), None on error.
-        text: the text content the server returned (error message on failure).
-        error_kind: None on success, else the typed :class:`ErrorKind`.
-        latency_ms: wall time of the dispatch in milliseconds (None if never dispatched).
-    """
-
-    session_id: str
-    seq: int
-    call: ToolCall
-    ok: bool
-    result: Any = None
-    text: str = ""
-    error_kind: ErrorKind | None = None
-    latency_ms: float | None = None
-
-
-class LogEntry(BaseModel):
-    """One event of a session (or of the runtime when ``session_id`` is None)."""
-
-    seq: int
-    time: float
-    session_id: str | None
-    event: Literal["create", "call", "reset", "fork", "restore", "checkpoint", "close", "error", "register"]
-    tool: str | None = None
-    arguments: dict[str, Any] | None = None
-    ok: bool = True
-    error_kind: ErrorKind | None = None
-    message: str = ""
-    latency_ms: float | None = None
-    generation: int | None = None
-
-
-@dataclass(eq=False)
-class _Binding:
-    """A connected MCP client plus what it serves (one shared server, or one session)."""
-
-    spec: ServerSpec
-    transport: Transport
-    module: types.ModuleType | None = None
-    weft: WeftServer | None = None
-    states: dict[str, Any] = field(default_factory=dict)  # session id -> state handle (inproc)
-    client: Client | None = None
-    closed: anyio.Event = field(default_factory=anyio.Event)
-    done: anyio.Event = field(default_factory=anyio.Event)
-    dead: str = ""  # why the connection is gone (crash), "" while alive
-    process: subprocess.Popen | None = None
-    tmpdir: tempfile.TemporaryDirectory | None = None
-    tmpdir_args: list[str] = field(default_factory=list)  # serve.py arguments (remote transports)
-    url: str = ""  # streamable HTTP endpoint (http transport)
-    task_started: bool = False
-
-    def resolve(self, sid: str | None) -> Any:
-        try:
-            return self.states[sid]
-        except KeyError:
-            raise ToolError(f"unknown or closed session {sid!r}") from None
-
-
-@dataclass(eq=False)
-class _Session:
-    id: str
-    spec: ServerSpec
-    transport: Transport
-    initial: Snapshot
-    binding: _Binding
-    state: StateBackend | None  # None for remote transports
-    lock: anyio.Lock = field(default_factory=anyio.Lock)
-    log: list[LogEntry] = field(default_factory=list)
-    closed: bool = False
-    generation: int | None = None  # checkpoint generation owned by this runtime
-    fenced: bool = False  # a newer generation took the session over: stop writing
-    interrupted: bool = False
-    turn: int | None = None
-    dirty_at: float | None = None
-    flushing: bool = False
-    flusher: bool = False  # a debounce loop is running
-    last_checkpoint: CheckpointRecord | None = None
-    available: frozenset[str] | None = None  # tools offered to the agent now (None: all)
-
-
-class _NullLock:
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, *exc: Any) -> None:
-        return None
-
-
-_NULL_LOCK = _NullLock()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _result_payload(res: Any) -> tuple[Any, str]:
-    text = "".join(getattr(c, "text", "") for c in (res.content or []))
-    if res.structured_content is not None:
-        return res.structured_content, text
-    try:
-        return json.loads(text), text
-    except ValueError:
-        return text, text
-
-
-class Runtime:
+class Runtime(CheckpointingMixin, VerificationMixin):
     """Sessions, tool dispatch, statistics and checkpoints over a :class:`Registry`.
 
     Args:
         registry: server registry (a new empty one by default).
         checkpoint_store: where mutating sessions are checkpointed (None: no checkpoints).
         debounce_s: quiet time after the last mutating call before a checkpoint is written (seconds).
-        timeout_s: per-call limit in seconds. Async tools are cancelled at the limit; a sync tool runs
-            on a worker thread that cannot be interrupted, so it is reported as ``timeout`` once it
-            returns late (its effects stay).
+        timeout_s: per-call limit in seconds. A call past it is abandoned at the limit (outcome
+            ``timeout``): the session is detached from it and rolled back to its state before the call
+            (in-process; an isolated server also gets a fresh module import) or its server process is
+            killed and restarted from the initial snapshot (stdio/http). Sync tools run on the event
+            loop's bounded worker-thread pool (``max_threads``), async tools concurrently.
         transport: default transport of new sessions.
+        max_threads: worker threads for sync tools (the event loop's default thread limiter), >= 1.
 
     Use as ``async with Runtime(...) as rt``: the runtime owns a task group (client connections,
     checkpoint writers) for its lifetime.
     """
 
     def __init__(self, registry: Registry | None = None, *, checkpoint_store: CheckpointStore | None = None,
-                 debounce_s: float = 0.05, timeout_s: float = 10.0, transport: Transport = "inproc"):
+                 debounce_s: float = 0.05, timeout_s: float = 10.0, transport: Transport = "inproc",
+                 max_threads: int = 40):
         if registry is not None and not isinstance(registry, Registry):
             raise TypeError(f"registry must be a treadle.weft.registry.Registry, got {type(registry).__name__}")
         if checkpoint_store is not None and not isinstance(checkpoint_store, CheckpointStore):
@@ -211,8 +76,11 @@ class Runtime:
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         if not (isinstance(debounce_s, (int, float)) and debounce_s >= 0):
             raise ValueError(f"debounce_s must be >= 0 seconds, got {debounce_s!r}")
-        if transport not in _TRANSPORTS:
-            raise ValueError(f"transport must be one of {_TRANSPORTS}, got {transport!r}")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+        if not isinstance(max_threads, int) or isinstance(max_threads, bool) or max_threads < 1:
+            raise ValueError(f"max_threads must be an int >= 1 (worker threads for sync tools), got {max_threads!r}")
+        self.max_threads = max_threads
         self.registry = registry or Registry()
         self.store = checkpoint_store
         self.debounce_s = float(debounce_s)
@@ -221,6 +89,7 @@ class Runtime:
         self.stats = ToolStats()
         self.events: list[LogEntry] = []  # runtime-level events (registration and creation failures)
         self._sessions: dict[str, _Session] = {}
+        self._closed_logs: dict[str, list[LogEntry]] = {}  # closed with keep_log=True
         self._shared: dict[str, _Binding] = {}
         self._shared_lock = anyio.Lock()
         self._validators: dict[tuple[str, str], jsonschema.protocols.Validator] = {}
@@ -233,6 +102,7 @@ class Runtime:
 
     # -- lifetime ------------------------------------------------------------------------------
     async def __aenter__(self) -> Runtime:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = self.max_threads  # this event loop's pool
         self._stack = AsyncExitStack()
         await self._stack.__aenter__()
         self._tg = await self._stack.enter_async_context(anyio.create_task_group())
@@ -288,7 +158,7 @@ class Runtime:
         try:
             async with AsyncExitStack() as stack:
                 if b.transport == "inproc":
-                    target: Any = b.weft.build(b.resolve)
+                    target: Any = b.weft.build(b.resolve, b.resolve_env)
                 elif b.transport == "stdio":
                     params = StdioServerParameters(command=sys.executable, args=b.tmpdir_args, env=dict(os.environ))
                     target = stdio_client(params, errlog=stack.enter_context(open(os.devnull, "w")))  # noqa: SIM115
@@ -344,10 +214,11 @@ class Runtime:
         (d / "server.py").write_text(b.spec.source, encoding="utf-8")
         (d / "snapshot.bin").write_bytes(snapshot.data)
         return ["-m", "treadle.weft.serve", "--server-file", str(d / "server.py"), "--snapshot",
-                str(d / "snapshot.bin"), "--kind", snapshot.kind, "--session-id", sid]
+                str(d / "snapshot.bin"), "--kind", snapshot.kind, "--session-id", sid,
+                "--env", json.dumps(snapshot.env.as_dict())]
 
     async def _spawn_http(self, b: _Binding) -> None:
-        port = _free_port()
+        port = free_port()
         b.process = subprocess.Popen([sys.executable, *b.tmpdir_args, "--transport", "http", "--port", str(port)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         b.url = f"http://127.0.0.1:{port}/mcp"
@@ -375,6 +246,7 @@ class Runtime:
             if state is None:
                 state = b.weft.new_state(snapshot)
             b.states[sid] = state.handle
+            b.envs[sid] = state.env
             return b, state
         b = _Binding(spec=spec, transport=transport)
         b.tmpdir_args = self._write_remote_files(b, sid, snapshot)
@@ -387,6 +259,7 @@ class Runtime:
 
     async def _unbind(self, s: _Session) -> None:
         s.binding.states.pop(s.id, None)
+        s.binding.envs.pop(s.id, None)
         if s.binding is not self._shared.get(s.spec.hash):
             await self._close_binding(s.binding)
 
@@ -428,8 +301,8 @@ class Runtime:
         self._require_open()
         spec = self.registry.spec(server_hash)
         transport = transport or self.transport
-        if transport not in _TRANSPORTS:
-            raise ValueError(f"transport must be one of {_TRANSPORTS}, got {transport!r}")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         if not isinstance(snapshot, Snapshot):
             raise TypeError(f"snapshot must be a treadle.weft.state.Snapshot, got {type(snapshot).__name__}")
         sid = session_id or uuid.uuid4().hex[:16]
@@ -446,13 +319,17 @@ class Runtime:
             raise
         s = _Session(id=sid, spec=spec, transport=transport, initial=snapshot, binding=binding, state=state)
         self._sessions[sid] = s
+        self._closed_logs.pop(sid, None)
         self._event(s, event="create", message=f"server {spec.name} {spec.hash[:12]} via {transport}")
         return sid
 
     def _session(self, session_id: str) -> _Session:
         s = self._sessions.get(session_id)
         if s is None:
-            raise UnknownSessionError(f"no session {session_id!r}")
+            if session_id in self._closed_logs:
+                raise SessionClosedError(f"session {session_id!r} is closed")
+            raise UnknownSessionError(f"no session {session_id!r} (closed sessions are forgotten unless closed "
+                                      f"with keep_log=True)")
         if s.closed:
             raise SessionClosedError(f"session {session_id!r} is closed")
         return s
@@ -465,9 +342,11 @@ class Runtime:
         return self._session(session_id).spec
 
     def log(self, session_id: str) -> list[LogEntry]:
-        """The session's log (a copy); also available after close."""
+        """The session's log (a copy); after close only if it was closed with ``keep_log=True``."""
         s = self._sessions.get(session_id)
         if s is None:
+            if session_id in self._closed_logs:
+                return list(self._closed_logs[session_id])
             raise UnknownSessionError(f"no session {session_id!r}")
         return list(s.log)
 
@@ -532,19 +411,23 @@ class Runtime:
             return self._finish(s, call, None, ErrorKind.invalid_args, f"arguments do not match {name}'s schema: {msg}",
                                 None)
         server_lock = self._server_lock(s.spec) if s.transport == "inproc" else None
-        async with s.lock, (server_lock or _NULL_LOCK):
+        async with s.lock, (server_lock or nullcontext()):
             if s.closed:
                 raise SessionClosedError(f"session {session_id!r} is closed")
             b = s.binding
             if b.dead:
                 return self._finish(s, call, None, ErrorKind.crash, f"server connection is gone: {b.dead}", None)
+            pre = s.state.snapshot() if s.state is not None else None  # every call is a transaction
             t0 = time.perf_counter()
+            s.busy = True
             try:
                 with anyio.fail_after(self.timeout_s):
                     res = await b.client.call_tool(name, arguments, meta={SESSION_META_KEY: s.id})
             except TimeoutError:
                 lat = (time.perf_counter() - t0) * 1e3
-                return self._finish(s, call, None, ErrorKind.timeout, f"{name} exceeded {self.timeout_s:g} s", lat)
+                how = await self._abandon(s, pre)
+                return self._finish(s, call, None, ErrorKind.timeout,
+                                    f"{name} exceeded {self.timeout_s:g} s: abandoned; {how}", lat)
             except Exception as err:  # noqa: BLE001  (transport failures are typed, never raised)
                 lat = (time.perf_counter() - t0) * 1e3
                 if b.transport != "inproc":
@@ -552,12 +435,19 @@ class Runtime:
                     if b.process is not None and b.process.poll() is None:
                         b.process.kill()
                     return self._finish(s, call, None, ErrorKind.crash, f"server died during {name}: {b.dead}", lat)
+                if pre is not None:
+                    s.state.restore(pre)
                 return self._finish(s, call, None, ErrorKind.infrastructure, f"{type(err).__name__}: {err}", lat)
+            finally:
+                s.busy = False
             lat = (time.perf_counter() - t0) * 1e3
-        payload, text = _result_payload(res)
-        if lat > self.timeout_s * 1e3:
+            payload, text = result_payload(res)
+            late = lat > self.timeout_s * 1e3
+            if (late or res.is_error) and pre is not None:
+                s.state.restore(pre)  # object state rolls back like SQLite (and the clock/random source too)
+        if late:
             return self._finish(s, call, None, ErrorKind.timeout,
-                                f"{name} returned after {lat / 1e3:.3g} s > {self.timeout_s:g} s", lat)
+                                f"{name} returned after {lat / 1e3:.3g} s > {self.timeout_s:g} s; rolled back", lat)
         if res.is_error:
             kind = ErrorKind.invalid_args if "validation error" in text and text.startswith(
                 f"Error executing tool {name}: ") else ErrorKind.execution_error
@@ -566,6 +456,27 @@ class Runtime:
         if tool["contract"]["writes"] and s.state is not None and self.store is not None and not s.fenced:
             self._mark_dirty(s)
         return out
+
+    async def _abandon(self, s: _Session, pre: Snapshot | None) -> str:
+        """Detach a session from a call that ran past its time limit (it may still be running and writing):
+        in-process sessions get a fresh state from ``pre`` (their state before the call; an isolated
+        server also a fresh module import), remote ones a restarted server process (from the initial
+        snapshot). Returns what was done, for the outcome's text."""
+        if s.transport == "inproc" and pre is not None:
+            if s.spec.isolation == "shared":
+                new = s.binding.weft.new_state(pre)
+                s.binding.states[s.id] = new.handle
+                s.binding.envs[s.id] = new.env
+                s.state = new  # the abandoned call keeps the old state object; nobody reads it again
+            else:
+                await self._unbind(s)
+                s.binding, s.state = await self._bind_session(s.spec, s.id, "inproc", pre, None)
+            self._event(s, event="reset", message="call abandoned at its time limit: state rolled back")
+            return "session state rolled back to before the call"
+        await self._unbind(s)
+        s.binding, s.state = await self._bind_session(s.spec, s.id, s.transport, s.initial, None)
+        self._event(s, event="reset", message="call abandoned at its time limit: server process restarted")
+        return "server process killed and the session reset to its initial snapshot"
 
     def _server_lock(self, spec: ServerSpec) -> anyio.Lock | None:
         """Calls of a server that writes process-global state (``global_write`` findings: ``global``
@@ -620,7 +531,22 @@ class Runtime:
     def _local_state(self, s: _Session, op: str) -> StateBackend:
         if s.state is None:
             raise UnsupportedOperationError(f"{op} needs in-process state; session {s.id} uses {s.transport!r}")
+        if s.busy:
+            raise SessionBusyError(f"{op} of session {s.id} while a tool call is in flight would see a half-done "
+                                   f"call; await rt.idle({s.id!r}) first (or use await rt.snapshot_idle(...))")
         return s.state
+
+    async def idle(self, session_id: str) -> None:
+        """Wait until the session has no tool call in flight (views taken right after are consistent)."""
+        s = self._session(session_id)
+        async with s.lock:
+            pass
+
+    async def snapshot_idle(self, session_id: str) -> Snapshot:
+        """:meth:`snapshot` taken between calls (waits for a call in flight to finish)."""
+        s = self._session(session_id)
+        async with s.lock:
+            return self._local_state(s, "snapshot").snapshot()
 
     def state(self, session_id: str) -> Any:
         """The session's state handle (privileged: for verifiers and tests, never exposed to tools)."""
@@ -669,11 +595,13 @@ class Runtime:
         """A new session whose state is a copy of this session's *current* state (same initial snapshot,
         so ``reset`` of the fork returns to the original start). Returns the new id."""
         s = self._session(session_id)
-        state = self._local_state(s, "fork")
+        if s.state is None:
+            raise UnsupportedOperationError(f"fork needs in-process state; session {s.id} uses {s.transport!r}")
         sid = session_id_new or uuid.uuid4().hex[:16]
         if sid in self._sessions and not self._sessions[sid].closed:
             raise ValueError(f"session id {sid!r} is already open")
-        async with s.lock:
+        async with s.lock:  # between calls: never a half-done call's state
+            state = self._local_state(s, "fork")
             if s.spec.isolation == "shared":
                 new_state = state.fork()
                 binding, new_state = await self._bind_session(s.spec, sid, "inproc", s.initial, new_state)
@@ -685,8 +613,14 @@ class Runtime:
         self._event(s, event="fork", message=f"forked into {sid}")
         return sid
 
-    async def close(self, session_id: str) -> None:
-        """Close a session: flush a pending checkpoint, release its state (the log stays readable)."""
+    async def close(self, session_id: str, *, keep_log: bool = False) -> None:
+        """Close a session: flush a pending checkpoint, release its state, binding and snapshots.
+
+        Afterwards nothing of the session stays in the runtime (memory is flat over any number of
+        create/close cycles) unless ``keep_log=True``: then its log alone stays readable through
+        :meth:`log` (until :meth:`forget`) and calls on it raise ``SessionClosedError``; without it,
+        the id is unknown (``UnknownSessionError``) and may be reused.
+        """
         s = self._session(session_id)
         if s.dirty_at is not None and not s.fenced:
             await self._flush(s)
@@ -696,162 +630,14 @@ class Runtime:
             if s.state is not None:
                 s.state.close()
         self._event(s, event="close")
+        if self._sessions.get(session_id) is s:
+            del self._sessions[session_id]
+        if keep_log:
+            self._closed_logs[session_id] = s.log
+        s.state = s.binding = s.initial = s.last_checkpoint = None  # a flusher task may still hold `s`
 
-    # -- checkpoints ---------------------------------------------------------------------------
-    def _mark_dirty(self, s: _Session) -> None:
-        s.dirty_at = time.monotonic()
-        if not s.flusher:
-            s.flusher = True
-            self._require_open().start_soon(self._debounced_flush, s)
+    def forget(self, session_id: str) -> None:
+        """Drop the log a closed session kept (``close(..., keep_log=True)``)."""
+        if self._closed_logs.pop(session_id, None) is None:
+            raise UnknownSessionError(f"no closed session {session_id!r} with a kept log")
 
-    async def _debounced_flush(self, s: _Session) -> None:
-        try:
-            while s.dirty_at is not None and not s.closed and not s.fenced:
-                wait = s.dirty_at + self.debounce_s - time.monotonic()
-                if wait > 0:
-                    await anyio.sleep(wait)
-                    continue
-                await self._flush(s)
-        finally:
-            s.flusher = False
-
-    async def _flush(self, s: _Session, turn: int | None = None) -> CheckpointRecord | None:
-        if self.store is None:
-            raise WeftError("this runtime has no checkpoint_store")
-        s.flushing = True
-        try:
-            async with s.lock:
-                if s.state is None or (s.closed and s.dirty_at is None):
-                    return None
-                snap = s.state.snapshot()
-                s.dirty_at = None
-            if turn is not None:
-                s.turn = turn
-            try:
-                if s.generation is None:
-                    s.generation = await anyio.to_thread.run_sync(self.store.claim, s.id)
-                rec = await anyio.to_thread.run_sync(
-                    lambda: self.store.write(s.id, s.generation, s.spec.hash, snap, turn=s.turn,
-                                             meta={"interrupted": s.interrupted}))
-            except StaleGenerationError as err:
-                s.fenced = True
-                self._event(s, event="checkpoint", ok=False, error_kind=ErrorKind.infrastructure, message=str(err),
-                            generation=s.generation)
-                self.stats.record(s.spec.hash, "<checkpoint>", None, ErrorKind.infrastructure, s.spec.name)
-                return None
-            except (CheckpointStoreError, OSError, ValueError) as err:
-                self._event(s, event="checkpoint", ok=False, error_kind=ErrorKind.infrastructure,
-                            message=f"{type(err).__name__}: {err}", generation=s.generation)
-                self.stats.record(s.spec.hash, "<checkpoint>", None, ErrorKind.infrastructure, s.spec.name)
-                return None
-            s.last_checkpoint = rec
-            self._event(s, event="checkpoint", generation=rec.generation, message=f"seq {rec.seq} {rec.digest[:12]}")
-            return rec
-        finally:
-            s.flushing = False
-
-    async def checkpoint(self, session_id: str, *, turn: int | None = None) -> CheckpointRecord | None:
-        """Write a checkpoint now (e.g. at an atomic-turn boundary, ``turn`` = the turn just finished).
-
-        Returns the record, or None when the write failed (typed ``infrastructure`` entry in the log)
-        or the session was fenced by a newer generation.
-
-        Raises:
-            WeftError: the runtime has no checkpoint store.
-            UnsupportedOperationError: remote-transport session.
-        """
-        s = self._session(session_id)
-        self._local_state(s, "checkpoint")
-        if s.fenced:
-            self._event(s, event="checkpoint", ok=False, error_kind=ErrorKind.infrastructure,
-                        message="stale generation: session owned by a newer worker", generation=s.generation)
-            return None
-        return await self._flush(s, turn=turn)
-
-    async def drain(self) -> None:
-        """Wait until no session has a pending (debounced) checkpoint."""
-        while any(s.dirty_at is not None or s.flushing or s.flusher for s in self._sessions.values()
-                  if not s.closed and not s.fenced):
-            await anyio.sleep(self.debounce_s / 2 or 0.001)
-
-    async def restore_session(self, session_id: str) -> str:
-        """Re-open a session from its last checkpoint (e.g. after its worker died).
-
-        Claims a new generation (a stale writer of the old one is then rejected), materialises the
-        state from the checkpoint, and marks the session ``interrupted`` (its rollout resumes from
-        the last turn boundary, ``checkpoint_turn``; never to be counted as a policy failure).
-
-        Raises:
-            WeftError: no checkpoint store; KeyError: no checkpoint for that id;
-            CheckpointStoreError: unreadable store; UnknownServerError: its server is not registered.
-        """
-        self._require_open()
-        if self.store is None:
-            raise WeftError("this runtime has no checkpoint_store")
-        if session_id in self._sessions and not self._sessions[session_id].closed:
-            raise ValueError(f"session {session_id!r} is open in this runtime")
-        rec, snap = await anyio.to_thread.run_sync(self.store.read, session_id)
-        spec = self.registry.spec(rec.server_hash)
-        gen = await anyio.to_thread.run_sync(self.store.claim, session_id)
-        binding, state = await self._bind_session(spec, session_id, "inproc", snap, None)
-        old = self._sessions.get(session_id)
-        s = _Session(id=session_id, spec=spec, transport="inproc", initial=snap, binding=binding, state=state,
-                     generation=gen, interrupted=True, turn=rec.turn, last_checkpoint=rec)
-        if old is not None:
-            s.log = old.log
-        self._sessions[session_id] = s
-        self._event(s, event="restore", generation=gen,
-                    message=f"from checkpoint generation {rec.generation} seq {rec.seq} turn {rec.turn}")
-        return session_id
-
-    def checkpoint_turn(self, session_id: str) -> int | None:
-        """The turn recorded with the session's last checkpoint (None if none)."""
-        rec = self._session(session_id).last_checkpoint
-        return rec.turn if rec else None
-
-    # -- verification --------------------------------------------------------------------------
-    async def verify_turn(self, session_id: str, start: Snapshot, spec: CheckpointSpec,
-                          outcomes: list[ToolOutcome]) -> CheckpointResult:
-        """Judge one atomic turn of a session, inside the runtime (seed: WEFT 4.1 atomic-turn checks).
-
-        The gold calls of ``spec`` are replayed through the same server on a verifier-private
-        session cloned from ``start`` (the turn's start state, from :meth:`snapshot` before the
-        turn); that session never appears in :meth:`sessions` or the statistics and is dropped
-        afterwards. The agent's state is then compared with the gold state and the tool returns
-        with the gold results (see :func:`~treadle.weft.verify.judge_checkpoint`).
-
-        Raises:
-            TypeError: ``spec`` is not a CheckpointSpec or ``start`` not a Snapshot.
-            UnsupportedOperationError: remote-transport session.
-        """
-        if not isinstance(spec, CheckpointSpec):
-            raise TypeError(f"spec must be a CheckpointSpec, got {type(spec).__name__}")
-        if not isinstance(start, Snapshot):
-            raise TypeError(f"start must be a Snapshot, got {type(start).__name__}")
-        s = self._session(session_id)
-        state = self._local_state(s, "verification")
-        expected = None
-        gold_results: list[Any] | None = None
-        gold_error = ""
-        if spec.gold_calls is not None:
-            hid = f"verifier-{uuid.uuid4().hex[:16]}"
-            self._hidden.add(hid)
-            try:
-                binding, gstate = await self._bind_session(s.spec, hid, "inproc", start, None)
-                g = _Session(id=hid, spec=s.spec, transport="inproc", initial=start, binding=binding, state=gstate)
-                self._sessions[hid] = g
-                gold_results = []
-                for c in spec.gold_calls:
-                    out = await self.call_tool(hid, c.name, c.arguments)
-                    if not out.ok:
-                        gold_error = f"{c}: {out.error_kind.value}: {out.text[:200]}"
-                        break
-                    gold_results.append(out.result)
-                expected = gstate.snapshot()
-                g.closed = True
-                await self._unbind(g)
-                gstate.close()
-            finally:
-                self._sessions.pop(hid, None)
-                self._hidden.discard(hid)
-        return judge_checkpoint(spec, state, outcomes, expected, gold_results, gold_error)
