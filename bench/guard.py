@@ -280,8 +280,8 @@ def verdict(results: dict, thresholds: dict) -> list[str]:
         if th is None:
             bad.append(f"{name}: no threshold in {THRESHOLDS.name}; run `python bench/guard.py --calibrate 3`")
         elif r["ratio"] < th["min_ratio"]:
-            c = BY_NAME[name]
-            bad.append(f"{name}: {c.peer} / treadle = {r['ratio']:.2f}x, below the threshold {th['min_ratio']:.2f}x "
+            peer = BY_NAME[name].peer if name in BY_NAME else th.get("peer", "peer")
+            bad.append(f"{name}: {peer} / treadle = {r['ratio']:.2f}x, below the threshold {th['min_ratio']:.2f}x "
                        f"(calibrated medians {th['calibration']['medians']})")
     return bad
 

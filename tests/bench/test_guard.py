@@ -27,6 +27,7 @@ guard = _load_guard()
 
 
 def _cpp_built() -> bool:
+    import treadle.ops  # noqa: F401  (registers the ops)
     from treadle import dispatch
 
     try:
