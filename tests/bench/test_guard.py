@@ -58,10 +58,12 @@ def _write_thresholds(path: Path, name: str, min_ratio: float, medians: list[flo
 
 
 def test_slowed_implementation_fails_the_guard(tiny_check, monkeypatch, tmp_path):
-    measured = guard.run_checks([tiny_check.name], rounds=5, round_ms=4.0, log=lambda *_: None)[tiny_check.name]
-    assert measured["ratio"] > 0
-    th = _write_thresholds(tmp_path / "th.json", tiny_check.name, measured["ratio"] / 3, [measured["ratio"]])
-    args = ["--only", tiny_check.name, "--rounds", "5", "--round-ms", "4", "--thresholds", str(th)]
+    args = ["--only", tiny_check.name, "--rounds", "5", "--round-ms", "4", "--thresholds", str(tmp_path / "th.json")]
+    _write_thresholds(tmp_path / "th.json", tiny_check.name, 0.0, [1.0])
+    assert guard.main(args + ["--json", str(tmp_path / "m.json")]) == 0  # measured as the guard measures
+    ratio = json.loads((tmp_path / "m.json").read_text())["results"][tiny_check.name]["ratio"]
+    assert ratio > 0
+    _write_thresholds(tmp_path / "th.json", tiny_check.name, ratio / 3, [ratio])
     monkeypatch.setenv("TREADLE_GUARD_SLOWDOWN", f"{tiny_check.name}=30")
     assert guard.main(args) == 1  # 30x slower: far below a third of the measured ratio
     monkeypatch.setenv("TREADLE_GUARD_SLOWDOWN", "*=30")
