@@ -7,7 +7,7 @@ PIP        := $(PY) -m pip
 STAMP      := $(VENV)/.treadle-installed
 SOURCES    := $(shell find csrc triton_kernels python -name '*.py' -o -name '*.cpp' -o -name '*.cu' -o -name '*.h' 2>/dev/null) setup.py CMakeLists.txt requirements-dev.txt
 
-.PHONY: setup demo test bench check-cuda clean
+.PHONY: setup demo test bench bench-guard check-cuda clean
 
 setup: $(STAMP)
 
@@ -29,7 +29,10 @@ test: setup
 	TRITON_INTERPRET=1 $(PY) -m pytest -q tests
 
 bench: setup
-	$(VENV)/bin/treadle bench
+	$(VENV)/bin/treadle bench --report
+
+bench-guard: setup
+	$(PY) bench/guard.py
 
 check-cuda:
 	bash tests/build/nvcc_check.sh

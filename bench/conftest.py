@@ -1,9 +1,12 @@
 """Shared benchmark plumbing: every suite records (case, implementation, median seconds) into one
 table per run and prints the ratios against the named peers at the end (also written as JSON to
-``bench/results/last_<suite>.json``). Timings come from pytest-benchmark's own statistics."""
+``bench/results/last_<suite>.json``, or into ``$TREADLE_BENCH_RESULTS_DIR`` when set: ``treadle bench``
+sets it and turns those files into its report, see treadle.bench_report). Timings come from
+pytest-benchmark's own statistics."""
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from collections import defaultdict
@@ -35,14 +38,21 @@ def peer_table(request):
 
 
 def machine() -> str:
-    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
+    return f"{cpu} ({os.cpu_count()} cores){gpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
 def pytest_terminal_summary(terminalreporter):
     if not _ROWS:
         return
-    out_dir = Path(__file__).parent / "results"
-    out_dir.mkdir(exist_ok=True)
+    out_dir = Path(os.environ.get("TREADLE_BENCH_RESULTS_DIR") or Path(__file__).parent / "results")
+    out_dir.mkdir(parents=True, exist_ok=True)
     for suite, cases in _ROWS.items():
         terminalreporter.section(f"{suite}: medians and ratios (peer time / treadle time; >1 means treadle is faster)")
         for case, impls in cases.items():

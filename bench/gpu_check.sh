@@ -1,18 +1,33 @@
 #!/usr/bin/env bash
 # One prepared GPU check: build the CUDA extension, run every op's CUDA tests and GPU benchmarks, and
-# write a dated report. Meant for a lent GPU machine (budget: under 8 minutes on one H200).
+# write a dated report in the format of `treadle bench` (report.md, report.json, ratios.png from the
+# suites' last_<suite>.json; see treadle/bench_report.py), plus the logs. Meant for a lent GPU machine
+# (budget: under 8 minutes on one H200). Keep the last GPU report folder in bench/results/.
 #
 #   TREADLE_REPORT_DIR=/some/folder bash bench/gpu_check.sh
+#   GPU_CHECK_DRY_RUN=1 bash bench/gpu_check.sh     (no GPU: skips nvidia-smi, the CUDA build and tests;
+#                                                    runs the report step on the suites' CPU smoke cases)
 #
 # Needs torch (CUDA build), triton, nvcc, pytest, pytest-benchmark, hypothesis importable; the GPU
 # machine has no network, so carry wheels for anything missing (see README, "GPU check").
 set -uo pipefail
 cd "$(dirname "$0")/.."
+dry=${GPU_CHECK_DRY_RUN:-0}
 report=${TREADLE_REPORT_DIR:-bench/results/gpu-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$report"
 PY=${PYTHON:-python3}
 export TRITON_INTERPRET=0   # tests/conftest.py defaults it to 1 for CPU runs; on the GPU, compile for real
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$report/summary.txt"; }
+
+if [ "$dry" = 1 ]; then
+  log "DRY RUN: no GPU steps; the report step runs on CPU smoke cases"
+  "$PY" -c "import torch; print('torch', torch.__version__)" >"$report/machine.txt" 2>&1
+  TREADLE_BENCH_RESULTS_DIR="$report" timeout 300 "$PY" -m pytest -q bench/bench_grpo.py -k "4096 and g16 and (treadle_cpp or torch_scatter) and not cuda" \
+    --benchmark-enable --benchmark-max-time=0.05 -p no:cacheprovider -o addopts="" >"$report/bench_grpo.log" 2>&1
+  log "bench grpo (CPU smoke): $(tail -1 "$report/bench_grpo.log")"
+  "$PY" -m treadle.bench_report "$report" | tee -a "$report/summary.txt"
+  exit 0
+fi
 
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -36,9 +51,10 @@ log "tests: $(tail -1 "$report/tests.log")"
 for suite in grpo stair scale; do
   [ -f "bench/bench_$suite.py" ] || continue
   log "bench $suite (GPU cases)"
-  TREADLE_BENCH_DEVICE=cuda timeout 200 "$PY" -m pytest -q "bench/bench_$suite.py" -k cuda --benchmark-enable \
-    -p no:cacheprovider -o addopts="" --benchmark-json="$report/bench_$suite.json" >"$report/bench_$suite.log" 2>&1
+  TREADLE_BENCH_DEVICE=cuda TREADLE_BENCH_RESULTS_DIR="$report" timeout 200 "$PY" -m pytest -q "bench/bench_$suite.py" \
+    -k cuda --benchmark-enable -p no:cacheprovider -o addopts="" --benchmark-json="$report/bench_$suite.json" \
+    >"$report/bench_$suite.log" 2>&1
   log "bench $suite: $(tail -1 "$report/bench_$suite.log")"
-  [ -f "bench/results/last_$suite.json" ] && cp "bench/results/last_$suite.json" "$report/ratios_$suite.json"
 done
-log "done; report in $report"
+"$PY" -m treadle.bench_report "$report" | tee -a "$report/summary.txt"
+log "done; report in $report (report.md, report.json, ratios.png)"

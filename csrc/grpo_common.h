@@ -6,7 +6,7 @@
 #ifdef __CUDACC__
 #define TREADLE_HD __host__ __device__ __forceinline__
 #else
-#define TREADLE_HD inline
+#define TREADLE_HD inline __attribute__((always_inline))
 #endif
 
 namespace treadle {

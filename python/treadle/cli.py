@@ -176,24 +176,22 @@ def demo(
 @app.command()
 def bench(
     ops: str = typer.Option("", help="Comma-separated ops (grpo, stair, scale...); default: all suites."),
-    save: str = typer.Option("", help="Save results under this name (pytest-benchmark --benchmark-save)."),
+    save: str = typer.Option("", help="Save a pytest-benchmark baseline under this name (a full run saves 'full')."),
+    out: Path = typer.Option(None, help="Report folder (default: bench/results/report-<date>)."),
+    report: bool = typer.Option(True, help="Write report.md, report.json and ratios.png."),
+    compare: bool = typer.Option(True, help="Print pytest-benchmark's comparison with the last saved baseline."),
     extra: list[str] = typer.Argument(None, help="Extra arguments passed to pytest."),
 ) -> None:
-    """Run the benchmark suites in bench/ (pytest-benchmark; peers side by side in one run)."""
-    root = Path(__file__).resolve().parents[2] / "bench"
-    if not root.is_dir():
-        console.print(f"[red]bench/ not found next to the package ({root}); run from a source checkout[/red]")
-        raise typer.Exit(2)
-    files = [str(root / f"bench_{o.strip()}.py") for o in ops.split(",") if o.strip()] or [str(root)]
-    missing = [f for f in files if not Path(f).exists()]
-    if missing:
-        raise typer.BadParameter(f"no such benchmark suite: {missing}; have {sorted(p.name for p in root.glob('bench_*.py'))}")
-    cmd = [sys.executable, "-m", "pytest", *files, "--benchmark-enable", "-p", "no:cacheprovider", "-q",
-           "--override-ini", "addopts=", "--override-ini", "testpaths=bench"]
-    if save:
-        cmd += ["--benchmark-save", save]
-    cmd += list(extra or [])
-    raise typer.Exit(subprocess.call(cmd))
+    """Run the benchmark suites in bench/ (peers side by side in one run) and write a report."""
+    from treadle.bench_report import run
+
+    try:
+        rc = run([o.strip() for o in ops.split(",") if o.strip()], out=out, save=save, compare=compare,
+                 report=report, extra=list(extra or []))
+    except (FileNotFoundError, ValueError) as err:
+        console.print(str(err), style="red", markup=False)
+        raise typer.Exit(2) from None
+    raise typer.Exit(rc)
 
 
 def main() -> None:
