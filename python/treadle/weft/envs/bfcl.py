@@ -14,10 +14,12 @@ Differences from upstream's harness, on purpose:
 - every session imports its own copy of the class module (or shares one only when the static check
   finds nothing), and instances are never cached in module globals by name, so two checks cannot
   leak into each other; scenario configs are deep-copied before loading;
-- turns are judged as atomic tasks (seed: WEFT 4.1): the gold calls of turn k are replayed from the
-  *agent's* state at the start of turn k, so a mistake fails its own turn only. Each turn's
-  checkpoint follows BFCL's checker: public attributes equal to the gold instance's, gold results
-  contained in the agent's results, no call on a turn whose gold is empty.
+- turns are judged by upstream's rule by default (``judging="cumulative"``, what BFCL numbers must
+  use: the gold replayed from the initial state, the agent's state compared with it after every
+  turn whose gold is not empty, gold results among the agent's results so far, all-or-nothing per
+  entry), or as atomic tasks (``judging="per_turn"``, seed: WEFT 4.1: the gold calls of turn k
+  replayed from the *agent's* state at the start of turn k, so a mistake fails its own turn only).
+  Both compare public attributes as BFCL's checker does.
 
 Install: ``pip install --no-deps bfcl-eval`` (its declared dependencies pin numpy and pull model SDKs
 that the environments do not use); ``mpmath`` is needed by the math class.
@@ -175,10 +177,20 @@ def initial_snapshot(rt: Any, server_hash: str, class_name: str, config: dict[st
         release_module(module)
 
 
+#: How turns are judged. ``cumulative`` is upstream's rule (bfcl-eval's ``multi_turn_checker``), the
+#: default and the one to use when reporting BFCL numbers; ``per_turn`` is WEFT's atomic-turn rule.
+JUDGING = ("cumulative", "per_turn")
+
+
 class BfclEntryResult(BaseModel):
-    """Per-turn verdicts of one BFCL entry and ``R = mean_k r_k``."""
+    """Per-turn verdicts of one BFCL entry and its reward.
+
+    ``reward``: under ``cumulative`` judging upstream's entry verdict (1.0 when every turn passes, else
+    0.0: BFCL accuracy is the mean of it); under ``per_turn`` judging ``R = mean_k r_k``.
+    """
 
     id: str
+    judging: str = "cumulative"
     results: list[CheckpointResult]
     reward: float
     outcomes: list[list[dict[str, Any]]]
@@ -193,7 +205,7 @@ def _merge(name: str, parts: list[CheckpointResult]) -> CheckpointResult:
 
 
 async def run_entry(rt: Any, entry: dict[str, Any], gold: list[list[str]], policy: Any, *,
-                    category: str = "base") -> BfclEntryResult:
+                    category: str = "base", judging: str = "cumulative") -> BfclEntryResult:
     """Run one BFCL multi-turn entry in ``rt``: one session per involved class, one checkpoint per turn.
 
     Args:
@@ -202,35 +214,57 @@ async def run_entry(rt: Any, entry: dict[str, Any], gold: list[list[str]], polic
         gold: the entry's ground truth, one list of call strings per turn.
         policy: ``policy(turn_index) -> list of call strings`` (the agent's calls for that turn).
         category: one of :data:`CATEGORIES` (``long_context`` loads the long-context scenario).
+        judging: one of :data:`JUDGING`.
+
+            - ``"cumulative"`` (upstream's rule, the default; use it for BFCL numbers): the gold calls
+              are replayed turn after turn from the initial state, in sessions of their own. On each
+              turn whose gold is not empty the agent must have made a call, its state (public
+              attributes of every class) must equal the gold state so far, and the gold results of
+              the turn must be among the results the agent received on this or an earlier turn. Turns
+              with empty gold are not checked (their calls still change the state later turns are
+              compared with). The entry passes only if every turn does: ``reward`` is 1.0 or 0.0.
+            - ``"per_turn"`` (WEFT's atomic turns, seed: WEFT 4.1): the gold calls of turn k are
+              replayed from the *agent's* state at the start of turn k, so a mistake fails its own
+              turn only; a call on a turn whose gold is empty fails it; ``reward = mean_k r_k``.
+
+    Raises:
+        ValueError: unknown ``judging`` (before any session is created).
 
     A call string that does not parse, or names a tool no involved class has, is recorded as an
     ``invalid_args`` / ``unknown_tool`` outcome of the first class's session. Tools in the entry's
     ``excluded_function`` are never offered; those in ``missed_function`` only from their turn on
     (an earlier call gets ``unknown_tool``).
     """
+    if judging not in JUDGING:
+        raise ValueError(f"judging must be one of {JUDGING}, got {judging!r}")
+    cumulative = judging == "cumulative"
     long_context = category == "long_context"
     sessions: dict[str, str] = {}
+    gold_sessions: dict[str, str] = {}
     owner: dict[str, str] = {}
     order: dict[str, list[str]] = {}
-    for cls_name in entry["involved_classes"]:
-        h = register_class(rt, cls_name)
-        snap = initial_snapshot(rt, h, cls_name, entry.get("initial_config", {}).get(cls_name, {}),
-                                long_context=long_context)
-        sessions[cls_name] = await rt.create_session(h, snap)
-        for t in rt.registry.spec(h).tools:
-            owner.setdefault(t["name"], cls_name)
-            order.setdefault(t["name"], list(t["input_schema"].get("properties", {})))
-    first = next(iter(sessions.values()))
-    excluded = set(entry.get("excluded_function") or [])
-    withheld = {name: turn for turn, names in missed_function_names(entry).items() for name in names}
     results: list[CheckpointResult] = []
     all_outcomes: list[list[dict[str, Any]]] = []
     try:
+        for cls_name in entry["involved_classes"]:
+            h = register_class(rt, cls_name)
+            snap = initial_snapshot(rt, h, cls_name, entry.get("initial_config", {}).get(cls_name, {}),
+                                    long_context=long_context)
+            sessions[cls_name] = await rt.create_session(h, snap)
+            if cumulative:  # the gold trajectory, advanced turn by turn alongside the agent's
+                gold_sessions[cls_name] = await rt.create_session(h, snap)
+            for t in rt.registry.spec(h).tools:
+                owner.setdefault(t["name"], cls_name)
+                order.setdefault(t["name"], list(t["input_schema"].get("properties", {})))
+        first = next(iter(sessions.values()))
+        excluded = set(entry.get("excluded_function") or [])
+        withheld = {name: turn for turn, names in missed_function_names(entry).items() for name in names}
+        earlier: dict[str, list[Any]] = {c: [] for c in sessions}  # the agent's successful calls of past turns
         for k, gold_turn in enumerate(gold):
             for c, sid in sessions.items():  # tools offered this turn: minus excluded and not-yet-given ones
                 rt.set_available_tools(sid, [t for t in rt.server_of(sid).tool_names
                                              if t not in excluded and withheld.get(t, -1) <= k])
-            starts = {c: rt.snapshot(sid) for c, sid in sessions.items()}
+            starts = {c: rt.snapshot(sid) for c, sid in (gold_sessions if cumulative else sessions).items()}
             outs: dict[str, list[Any]] = {c: [] for c in sessions}
             turn_log = []
             for text in policy(k):
@@ -247,14 +281,28 @@ async def run_entry(rt: Any, entry: dict[str, Any], gold: list[list[str]], polic
                 turn_log.append(out.model_dump(mode="json"))
             all_outcomes.append(turn_log)
             gold_calls = [parse_call(g, param_order=order) for g in gold_turn]
-            parts = []
-            for c, sid in sessions.items():
-                spec = CheckpointSpec(name=f"{entry['id']}/turn{k}/{c}",
-                                      gold_calls=[g for g in gold_calls if owner.get(g.name) == c],
-                                      compare_private=False, calls_allowed_without_gold=bool(gold_calls))
-                parts.append(await rt.verify_turn(sid, starts[c], spec, outs[c]))
-            results.append(_merge(f"{entry['id']}/turn{k}", parts))
+            name = f"{entry['id']}/turn{k}"
+            if cumulative and not gold_calls:
+                results.append(CheckpointResult(name=name, r=1))  # upstream checks nothing on such a turn
+            elif cumulative and not turn_log:
+                results.append(CheckpointResult(name=name, r=0, reasons=[FailureReason.response_mismatch], details=[
+                    "response_mismatch: no call on a turn whose gold has calls (upstream: empty_turn_model_response)"]))
+            else:
+                parts = []
+                for c, sid in sessions.items():
+                    spec = CheckpointSpec(name=f"{name}/{c}", gold_calls=[g for g in gold_calls if owner.get(g.name) == c],
+                                          compare_private=False,
+                                          calls_allowed_without_gold=cumulative or bool(gold_calls))
+                    seen = earlier[c] + outs[c] if cumulative else outs[c]
+                    parts.append(await rt.verify_turn(sid, starts[c], spec, seen))
+                results.append(_merge(name, parts))
+            for c in sessions:
+                earlier[c] += [o for o in outs[c] if o.ok]
+            for g in gold_calls if cumulative else []:
+                if g.name in owner:
+                    await rt.call_tool(gold_sessions[owner[g.name]], g.name, g.arguments)
     finally:
-        for sid in sessions.values():
+        for sid in [*sessions.values(), *gold_sessions.values()]:
             await rt.close(sid)
-    return BfclEntryResult(id=entry["id"], results=results, reward=trajectory_reward(results), outcomes=all_outcomes)
+    reward = float(all(r.r == 1 for r in results)) if cumulative else trajectory_reward(results)
+    return BfclEntryResult(id=entry["id"], judging=judging, results=results, reward=reward, outcomes=all_outcomes)
