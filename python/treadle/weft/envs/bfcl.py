@@ -51,25 +51,17 @@ from treadle.weft.verify import CheckpointResult, CheckpointSpec, FailureReason,
 
 def __getattr__(name: str) -> Any:
     """``CLASSES`` (class name -> (module path, function-doc file)) and ``CATEGORIES``: bfcl-eval's own
-    tables through :mod:`treadle.data.bfcl`, read on first use."""
+    tables through :mod:`treadle.data.bfcl`, read on first use; ``KNOWN_BAD_GOLD``: ``{entry id: reason}``
+    of the entries excluded from scoring by the mechanical audit (:mod:`treadle.weft.envs.bfcl_audit`)."""
     if name == "CLASSES":
         return _data.MULTI_TURN_CLASSES
     if name == "CATEGORIES":
         return _data.MULTI_TURN_CATEGORIES
+    if name == "KNOWN_BAD_GOLD":  # {entry id: reason}: entries no honest trajectory can pass, never scored
+        from treadle.weft.envs.bfcl_audit import excluded
+
+        return excluded()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-# Entries whose gold answer is wrong (no tool output can satisfy it), excluded from scoring:
-# {entry id: reason}. Found by replaying every gold answer through the runtime; see tests/weft/test_bfcl.py.
-_TICKET_001 = ("gold close_ticket(ticket_id='ticket_001') passes a str where the doc declares an integer: "
-               "under schema validation the gold call itself is rejected")
-KNOWN_BAD_GOLD: dict[str, str] = {
-    "multi_turn_base_173": _TICKET_001,
-    "multi_turn_miss_param_173": _TICKET_001,
-    "multi_turn_long_context_173": _TICKET_001,
-    "multi_turn_miss_func_173": _TICKET_001,
-    "multi_turn_miss_func_49": "turn 1 gold calls tail, which the entry withholds (missed_function) until turn 3",
-}
-
 
 def bfcl_root() -> Path:
     """The installed ``bfcl_eval`` package folder.
