@@ -39,6 +39,19 @@ def _compiler() -> str | None:
     return next((shutil.which(c) for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
 
 
+def _tool(name: str) -> str | None:
+    """Absolute path of cmake/ninja: on PATH, beside this interpreter (a venv's bin/, not necessarily on
+    PATH when pip is run as .venv/bin/pip), or from the pip packages of the same name."""
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if found is None:
+        try:
+            mod = __import__(name)
+            found = shutil.which(name, path=str(getattr(mod, "CMAKE_BIN_DIR", getattr(mod, "BIN_DIR", ""))))
+        except ImportError:
+            pass
+    return found
+
+
 def extension_plan() -> tuple[bool, str]:
     """(build treadle._C?, why not). Cheap: nothing is imported."""
     if os.environ.get("TREADLE_SKIP_EXTENSION", "").lower() in _TRUE:
@@ -46,9 +59,9 @@ def extension_plan() -> tuple[bool, str]:
     if importlib.util.find_spec("torch") is None:
         return False, ("torch is not importable at build time (pip's build isolation hides the installed torch; "
                        "use `pip install --no-build-isolation .`)")
-    missing = [t for t in ("cmake", "ninja") if shutil.which(t) is None]
+    missing = [t for t in ("cmake", "ninja") if _tool(t) is None]
     if missing:
-        return False, f"{' and '.join(missing)} not found on PATH (pip install cmake ninja)"
+        return False, f"{' and '.join(missing)} not found (pip install cmake ninja)"
     if _compiler() is None:
         return False, "no C++ compiler found (c++, g++, clang++ or $CXX)"
     return True, ""
@@ -90,8 +103,9 @@ class CMakeBuild(build_ext):
         build_dir = Path(self.build_temp).resolve() / "cmake"
         build_dir.mkdir(parents=True, exist_ok=True)
         cuda = _want_cuda()
+        cmake = _tool("cmake")
         args = [
-            "cmake", str(ROOT), "-G", "Ninja",
+            cmake, str(ROOT), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}",
             f"-DCMAKE_BUILD_TYPE={os.environ.get('TREADLE_BUILD_TYPE', 'Release')}",
             f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
             f"-DPython_EXECUTABLE={sys.executable}",
@@ -102,7 +116,7 @@ class CMakeBuild(build_ext):
             args.append(f"-DCMAKE_CUDA_ARCHITECTURES={os.environ.get('TREADLE_CUDA_ARCHS', '80;90')}")
         jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
         subprocess.check_call(args, cwd=build_dir)
-        subprocess.check_call(["cmake", "--build", ".", "--parallel", jobs], cwd=build_dir)
+        subprocess.check_call([cmake, "--build", ".", "--parallel", jobs], cwd=build_dir)
 
 
 class BuildPy(build_py):
