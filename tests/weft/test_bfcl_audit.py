@@ -58,6 +58,20 @@ def test_known_bad_gold_is_the_audited_table():
     assert all(isinstance(v, str) and v.startswith("turn ") for v in bfcl.KNOWN_BAD_GOLD.values())
 
 
+def test_another_bfcl_eval_is_audited_live(monkeypatch):
+    """An upgraded bfcl-eval is never scored against the stale table: its entries are audited on first use."""
+    monkeypatch.setattr(bfcl_audit, "AUDITED_BFCL_EVAL", "0.0")
+    monkeypatch.setattr(bfcl_audit, "audit_all", lambda: {"multi_turn_base_1": "turn 0: stub"})
+    bfcl_audit._excluded.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="is not the audited 0.0"):
+            assert bfcl.KNOWN_BAD_GOLD == {"multi_turn_base_1": "turn 0: stub"}
+    finally:
+        bfcl_audit._excluded.cache_clear()
+    monkeypatch.undo()
+    assert bfcl.KNOWN_BAD_GOLD == bfcl_audit.AUDITED
+
+
 @pytest.mark.slow
 def test_committed_table_equals_a_fresh_audit():
     if importlib.metadata.version("bfcl-eval") != bfcl_audit.AUDITED_BFCL_EVAL:

@@ -330,19 +330,19 @@ def excluded() -> dict[str, str]:
     (tests/weft/test_bfcl_audit.py re-derives it); for any other version the audit runs now (once per
     process, a few minutes), so an upgrade is never scored against a stale list.
     """
+    return dict(_excluded())
+
+
+@lru_cache(maxsize=None)
+def _excluded() -> dict[str, str]:
     import importlib.metadata
     import warnings
 
     version = importlib.metadata.version("bfcl-eval")
     if version == AUDITED_BFCL_EVAL:
-        return dict(AUDITED)
+        return AUDITED
     warnings.warn(f"bfcl-eval {version} is not the audited {AUDITED_BFCL_EVAL}: auditing its gold answers now",
-                  stacklevel=2)
-    return _live()
-
-
-@lru_cache(maxsize=None)
-def _live() -> dict[str, str]:
+                  stacklevel=3)
     return audit_all()
 
 
