@@ -4,22 +4,27 @@ An agent sees only the user's words and the tools' outputs. A gold call whose ar
 that appears in neither (e.g. ``multi_turn_base_4``: the gold posts a sorted text that the ``sort``
 tool never returns), or a number the user did not dictate and no tool returned (a rounding or a
 format the user never asked for), can only be matched by guessing: no honest trajectory passes the
-turn's state or response check. The audit replays every entry's gold calls turn by turn on fresh
-environments and checks each argument value of each gold call against everything the agent could
-have seen by then:
+turn's state or response check. The audit replays every entry's gold calls turn by turn on fresh environments and checks each gold
+call against everything the agent could have seen by then -- the user's messages of this and earlier
+turns, the function docs, the outputs of the gold calls so far (and of :data:`EXTRA_READS`), and the
+environment's public state (every attribute is readable through some tool: ``cat``, ``ls``,
+``get_order_history``, ...):
 
-- the user's messages of this and earlier turns;
-- the outputs of the gold calls so far (this turn's earlier calls included);
-- the function docs of the entry's classes (enums, defaults, descriptions);
+- the call is offered on its turn (not withheld by ``missed_function``) and its arguments satisfy the
+  function doc's schema (converted by :mod:`treadle.weft.bfcl_schema`);
+- free text (more than :data:`FREE_TEXT_WORDS` words) appears verbatim -- case, punctuation and all,
+  whitespace collapsed; the state check compares it character for character -- or fills a template
+  the user quoted (``'The distance from A to B is xxx km.'``; placeholders ``xxx``, ``[..]``, ``{..}``,
+  ``<..>`` match anything); a tool's list of names may be written out as ``"a, b, c"``;
+- numbers were said or shown (``1,000`` and ``1000.0`` are the same value), are small counts
+  (|x| <= :data:`SMALL_INT`), or are one arithmetic step (+, -, *, /) from a number said and one said
+  or shown, exactly, or rounded to their own precision or to tens/hundreds/thousands when one operand
+  is in this turn's user words ("10 times the price, rounded to the nearest thousand").
 
-strings are compared case-insensitively with whitespace collapsed, ignoring a leading ``@``/``#``
-(handles and tags the user names without one) and surrounding punctuation; a string passes if it is
-contained in that text, or if every one of its words is (a short composition of the user's words,
-such as a file name ``'final_report.txt'`` from "final report"), and free text of more than
-:data:`FREE_TEXT_WORDS` words must be contained verbatim. Numbers pass if the same value appears
-as a number in that text (``1,000``, ``1000.0`` and ``1000`` are the same value), if they are small
-counts (|x| <= :data:`SMALL_INT`), or if they are the value of an arithmetic expression the user
-could ask for (sum, difference, product or quotient of two numbers seen) in the precision shown.
+Only values that matter count: a suspect value is reported if the call's output or the class's public
+state changes when the value is replaced (``contact_customer_support`` ignores its message, so a
+paraphrased message there is no defect). Short strings (ids, codes, dates, names) are not audited:
+an agent finds them through tools or formats them as the doc says.
 
 This is deliberately a sufficient rule for *exclusion* only: an entry it flags has a gold value
 that the audit can not find in anything the agent saw. Its findings are listed in
