@@ -5,9 +5,9 @@ TORCH_SPEC ?= torch==2.13.0
 PY         := $(VENV)/bin/python
 PIP        := $(PY) -m pip
 STAMP      := $(VENV)/.treadle-installed
-SOURCES    := $(shell find csrc triton_kernels python -name '*.py' -o -name '*.cpp' -o -name '*.cu' -o -name '*.h' 2>/dev/null) setup.py CMakeLists.txt requirements-dev.txt
+SOURCES    := $(shell find csrc triton_kernels python -name '*.py' -o -name '*.cpp' -o -name '*.cu' -o -name '*.h' 2>/dev/null) setup.py pyproject.toml MANIFEST.in CMakeLists.txt requirements-dev.txt
 
-.PHONY: setup demo test bench bench-guard check-cuda clean
+.PHONY: setup demo test bench bench-guard check-cuda dist clean
 
 setup: $(STAMP)
 
@@ -19,6 +19,7 @@ $(STAMP): $(PY) $(SOURCES)
 	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
 	$(PIP) install -q -r requirements-dev.txt
 	$(PIP) install -q --no-deps "verl==0.9.1" "bfcl-eval==2026.3.23"
+	# --no-build-isolation: treadle._C is compiled against the torch installed above (see pyproject.toml)
 	$(PIP) install -q --no-build-isolation -e .
 	@touch $(STAMP)
 
@@ -34,8 +35,12 @@ bench: setup
 bench-guard: setup
 	$(PY) bench/guard.py
 
+# sdist + wheel in dist/, the wheel built from the sdist against the installed torch (needs `build`)
+dist: setup
+	$(PY) -m build --no-isolation --outdir dist .
+
 check-cuda:
 	bash tests/build/nvcc_check.sh
 
 clean:
-	rm -rf build python/treadle/_C*.so $(STAMP)
+	rm -rf build dist python/treadle/_C*.so $(STAMP)

@@ -83,3 +83,33 @@ def test_bfcl_bad_input():
         function_docs(["NoSuchAPI"])
     with pytest.raises(ValueError, match="involved_classes"):
         make_environment({"id": "x"})
+
+
+def test_bfcl_tables_are_bfcl_evals_own():
+    """Categories, class -> module/doc tables and the stateless list come from bfcl-eval, not copies."""
+    from bfcl_eval.constants import category_mapping, executable_backend_config as cfg
+
+    from treadle.data import bfcl as data
+
+    assert data.MULTI_TURN_CATEGORIES == tuple(c.removeprefix("multi_turn_") for c in category_mapping.MULTI_TURN_CATEGORY)
+    classes = data.MULTI_TURN_CLASSES
+    used = {c for cat in data.MULTI_TURN_CATEGORIES for e in data.load_bfcl_multi_turn(cat) for c in e["involved_classes"]}
+    assert set(classes) == used and len(classes) == 8
+    for name, (module, doc) in classes.items():
+        assert module == cfg.CLASS_FILE_PATH_MAPPING[name] and doc == cfg.MULTI_TURN_FUNC_DOC_FILE_MAPPING[name]
+        assert data.environment_class(name).__name__ == name
+    assert [c for c in classes if data.is_stateless(c)] == [c for c in cfg.STATELESS_CLASSES if c in classes]
+
+
+def test_bfcl_missed_function_holds_docs_upstream():
+    """bfcl-eval's loader replaces miss_func names by the docs (and drops them from `function`)."""
+    from treadle.data.bfcl import load_bfcl_multi_turn, missed_function_names
+
+    entries = load_bfcl_multi_turn("miss_func")
+    e = next(x for x in entries if x["missed_function"])
+    turn, docs = next(iter(e["missed_function"].items()))
+    assert docs and all(isinstance(d, dict) and "parameters" in d for d in docs)
+    names = missed_function_names(e)[int(turn)]
+    assert names == [d["name"] for d in docs]
+    assert not set(names) & {f["name"] for f in e["function"]}  # withheld from the offered docs
+    assert missed_function_names({"missed_function": {"2": ["tail"]}}) == {2: ["tail"]}  # raw-file form

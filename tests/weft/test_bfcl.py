@@ -8,6 +8,7 @@ import pytest
 
 pytest.importorskip("bfcl_eval")
 
+from treadle.data.bfcl import missed_function_names  # noqa: E402
 from treadle.weft.envs import bfcl  # noqa: E402
 from treadle.weft.errors import ErrorKind  # noqa: E402
 from treadle.weft.runtime import Runtime  # noqa: E402
@@ -19,7 +20,7 @@ def _gold_policy(gold):
     return lambda k: gold[k]
 
 
-def _replay(category, entries, policy_for=None):
+def _replay(category, entries, policy_for=None, judging="cumulative"):
     entries_all, gold = bfcl.load_entries(category)
 
     async def main():
@@ -28,7 +29,8 @@ def _replay(category, entries, policy_for=None):
             for e in entries:
                 g = gold[e["id"]]
                 pol = policy_for(e, g) if policy_for else _gold_policy(g)
-                out.append(await bfcl.run_entry(rt, e, g, pol, category=category))
+                out.append(await bfcl.run_entry(rt, e, g, pol, category=category, judging=judging))
+            assert rt.sessions() == []  # agent and gold sessions are all closed
             return out
     return anyio.run(main)
 
@@ -52,22 +54,25 @@ def test_servers_register_with_converted_schemas():
     anyio.run(main)
 
 
+@pytest.mark.parametrize("judging", bfcl.JUDGING)
 @pytest.mark.parametrize("category", bfcl.CATEGORIES)
-def test_gold_replay_passes_quick(category):
+def test_gold_replay_passes_quick(category, judging):
     entries, _ = bfcl.load_entries(category)
     chosen = [e for e in entries if e["id"] not in bfcl.KNOWN_BAD_GOLD][:QUICK]
     before = copy.deepcopy(chosen)
-    for res in _replay(category, chosen):
-        assert res.reward == 1.0, [(r.name, r.details[:2]) for r in res.results if r.r == 0]
+    for res in _replay(category, chosen, judging=judging):
+        assert res.reward == 1.0 and res.judging == judging, [(r.name, r.details[:2]) for r in res.results if r.r == 0]
     assert chosen == before  # the caller's entries (and their configs) are never modified or kept
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("judging", bfcl.JUDGING)
 @pytest.mark.parametrize("category", bfcl.CATEGORIES)
-def test_gold_replay_passes_every_scored_entry(category):
+def test_gold_replay_passes_every_scored_entry(category, judging):
     entries, _ = bfcl.load_entries(category)
     scored = [e for e in entries if e["id"] not in bfcl.KNOWN_BAD_GOLD]
-    failed = [(r.id, [x.name for x in r.results if x.r == 0]) for r in _replay(category, scored) if r.reward != 1.0]
+    failed = [(r.id, [x.name for x in r.results if x.r == 0]) for r in _replay(category, scored, judging=judging)
+              if r.reward != 1.0]
     assert failed == []
 
 
@@ -79,17 +84,66 @@ def test_skipping_one_call_fails_exactly_that_turn():
         k = next(i for i, t in enumerate(g) if t)
         def policy_for(entry, gg, k=k):
             return lambda i: gg[i][:-1] if i == k else gg[i]
-        res = _replay("base", [e], policy_for)[0]
+        res = _replay("base", [e], policy_for, judging="per_turn")[0]
         assert [r.r for r in res.results] == [0 if i == k else 1 for i in range(len(g))], e["id"]
         assert res.results[k].policy_failure
+        assert res.reward == (len(g) - 1) / len(g)
         checked += 1
     assert checked == 4
+
+
+def test_cumulative_judging_is_upstreams_rule():
+    """Upstream (bfcl-eval's multi_turn_checker): gold replayed from the start, state compared after every
+    turn with gold; a missed state change fails that turn AND every later turn that compares the state,
+    and the entry scores 0."""
+    entries, gold = bfcl.load_entries("base")
+    e = next(x for x in entries if x["id"] == "multi_turn_base_0")
+    g = gold[e["id"]]
+    assert g[0][1] == "mkdir(dir_name='temp')"  # turn 0: cd document, mkdir temp, mv ...
+    res = _replay("base", [e], lambda entry, gg: (lambda i: [c for c in gg[i] if "mkdir" not in c] if i == 0
+                                                  else gg[i]))[0]
+    assert res.judging == "cumulative" and res.reward == 0.0
+    assert res.results[0].r == 0 and "state_mismatch" in [x.value for x in res.results[0].reasons]
+    # the missing folder stays missing: every later turn with gold calls compares against the gold state
+    assert all(r.r == 0 for r, gt in zip(res.results[1:], g[1:]) if gt)
+    per_turn = _replay("base", [e], lambda entry, gg: (lambda i: [c for c in gg[i] if "mkdir" not in c] if i == 0
+                                                       else gg[i]), judging="per_turn")[0]
+    assert per_turn.results[0].r == 0 and per_turn.reward > 0  # WEFT's atomic turns forgive later turns
+
+
+def test_cumulative_judging_credits_results_of_earlier_turns_and_needs_a_call():
+    """Upstream's response check looks at the agent's results of ALL turns so far; a turn with gold calls
+    and no agent call fails."""
+    entries, gold = bfcl.load_entries("base")
+    e = next(x for x in entries if x["id"] == "multi_turn_base_4")  # turn 0: ls(a=True), turn 1: sort(...)
+    g = gold[e["id"]]
+    assert g[0] == ["ls(a=True)"] and g[1] == ["sort(file_name='report.txt')"]
+    # sort done on turn 0 already, turn 1 repeats ls (a read): turn 1's gold result was received earlier
+    early = {0: ["ls(a=True)", "sort(file_name='report.txt')"], 1: ["ls(a=True)"]}
+    res = _replay("base", [e], lambda entry, gg: (lambda i: early.get(i, gg[i])))[0]
+    assert [r.r for r in res.results[:2]] == [1, 1]
+    per_turn = _replay("base", [e], lambda entry, gg: (lambda i: early.get(i, gg[i])), judging="per_turn")[0]
+    assert per_turn.results[1].r == 0  # WEFT's atomic turn wants the result within the turn
+    res = _replay("base", [e], lambda entry, gg: (lambda i: [] if i == 1 else gg[i]))[0]
+    assert res.results[1].r == 0 and "no call on a turn whose gold has calls" in res.results[1].details[0]
+    assert res.reward == 0.0
+
+
+def test_unknown_judging_is_refused_before_any_session():
+    entries, gold = bfcl.load_entries("base")
+
+    async def main():
+        async with Runtime() as rt:
+            with pytest.raises(ValueError, match="judging must be one of"):
+                await bfcl.run_entry(rt, entries[0], gold[entries[0]["id"]], lambda k: [], judging="loose")
+            assert rt.sessions() == []
+    anyio.run(main)
 
 
 def test_withheld_and_excluded_functions_are_unknown_tools():
     entries, gold = bfcl.load_entries("miss_func")
     e = next(x for x in entries if x["missed_function"])
-    turn, names = next(iter(e["missed_function"].items()))
+    turn, names = next(iter(missed_function_names(e).items()))  # upstream's entries hold docs, not names
     g = gold[e["id"]]
 
     def policy(k):

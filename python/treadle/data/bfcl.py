@@ -5,89 +5,150 @@ Install the package WITHOUT its dependencies (it pulls gigabytes of model SDKs o
 
     pip install --no-deps bfcl-eval
 
-Only its shipped JSON data and the eight multi-turn backends (``GorillaFileSystem``, ``MathAPI``,
-``MessageAPI``, ``TwitterAPI``, ``TicketAPI``, ``TradingBot``, ``TravelAPI``,
-``VehicleControlAPI``) are used; those import nothing beyond the standard library and ``mpmath``.
-Every loader hands out deep copies: callers can never alter the shipped data.
+Everything BFCL-specific comes from bfcl-eval itself, so an upgrade is picked up rather than broken:
+the category list (``bfcl_eval.constants.category_mapping.MULTI_TURN_CATEGORY``), the class-to-module
+and class-to-doc tables and the stateless-class list (``...executable_backend_config``), the data
+paths (``...eval_config``) and the loaders (``bfcl_eval.utils.load_dataset_entry`` /
+``load_ground_truth_entry``). The environment classes are the multi-turn backends that the entries
+name (``GorillaFileSystem``, ``MathAPI``, ...); they import nothing beyond the standard library and
+``mpmath``. Every loader hands out deep copies: callers can never alter the shipped data.
+
+Note: importing ``bfcl_eval.utils`` creates bfcl-eval's ``result/``, ``score/`` and ``.file_locks/``
+folders under ``$BFCL_PROJECT_ROOT`` (default: beside the installed package); where that is not
+writable, this module points ``BFCL_PROJECT_ROOT`` at ``~/.cache/treadle/bfcl`` instead.
 """
 from __future__ import annotations
 
 import copy
 import importlib
-import json
+import os
 from functools import lru_cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
 
-__all__ = ["MULTI_TURN_CATEGORIES", "MULTI_TURN_CLASSES", "load_bfcl_multi_turn", "function_docs", "make_environment"]
+__all__ = ["MULTI_TURN_CATEGORIES", "MULTI_TURN_CLASSES", "load_bfcl_multi_turn", "function_docs",
+           "make_environment", "missed_function_names"]
 
-MULTI_TURN_CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
-
-#: class name -> (module under bfcl_eval's func_source_code, function-doc file)
-MULTI_TURN_CLASSES = {
-    "GorillaFileSystem": ("gorilla_file_system", "gorilla_file_system.json"),
-    "MathAPI": ("math_api", "math_api.json"),
-    "MessageAPI": ("message_api", "message_api.json"),
-    "TwitterAPI": ("posting_api", "posting_api.json"),
-    "TicketAPI": ("ticket_api", "ticket_api.json"),
-    "TradingBot": ("trading_bot", "trading_bot.json"),
-    "TravelAPI": ("travel_booking", "travel_booking.json"),
-    "VehicleControlAPI": ("vehicle_control", "vehicle_control.json"),
-}
-_BACKENDS = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
-_STATELESS = ("MathAPI",)
+_INSTALL = "pip install --no-deps bfcl-eval"
 
 
-def _data_dir():
+def _upstream(module: str) -> ModuleType:
+    """Import ``bfcl_eval.<module>``; a clear error when bfcl-eval is absent."""
+    name = f"bfcl_eval.{module}"
     try:
-        import importlib.resources as resources
-
-        root = resources.files("bfcl_eval") / "data"
+        return importlib.import_module(name)
     except ModuleNotFoundError as err:
-        raise ModuleNotFoundError("BFCL loaders need the 'bfcl-eval' package, installed without its dependencies: "
-                                  "pip install --no-deps bfcl-eval") from err
-    return root
+        if err.name and err.name.split(".")[0] == "bfcl_eval":
+            raise ModuleNotFoundError(f"BFCL loaders need the 'bfcl-eval' package, installed without its "
+                                      f"dependencies: {_INSTALL}", name="bfcl_eval") from err
+        raise
+    except OSError:  # eval_config creates result/score/lock folders at import: not writable here
+        if "BFCL_PROJECT_ROOT" in os.environ:
+            raise
+        os.environ["BFCL_PROJECT_ROOT"] = str(Path.home() / ".cache" / "treadle" / "bfcl")
+        return importlib.import_module(name)
 
 
-def _read_jsonl(path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+def _utils() -> ModuleType:
+    return _upstream("utils")
+
+
+def _backend_config() -> ModuleType:
+    return _upstream("constants.executable_backend_config")
 
 
 @lru_cache(maxsize=None)
-def _entries(category: str) -> tuple[dict, ...]:
-    root = _data_dir()
-    entries = _read_jsonl(root / f"BFCL_v4_multi_turn_{category}.json")
-    answers = {a["id"]: a["ground_truth"] for a in _read_jsonl(root / "possible_answer" / f"BFCL_v4_multi_turn_{category}.json")}
+def _categories() -> tuple[str, ...]:
+    upstream = _upstream("constants.category_mapping").MULTI_TURN_CATEGORY
+    return tuple(c.removeprefix("multi_turn_") for c in upstream)
+
+
+@lru_cache(maxsize=None)
+def _classes() -> dict[str, tuple[str, str]]:
+    """Class name -> (module path, function-doc file name), for the classes the multi-turn entries use."""
+    cfg = _backend_config()
+    used: set[str] = set()
+    for cat in _categories():
+        for e in _raw_entries(cat):
+            used.update(e["involved_classes"])
+    return {c: (cfg.CLASS_FILE_PATH_MAPPING[c], cfg.MULTI_TURN_FUNC_DOC_FILE_MAPPING[c])
+            for c in cfg.CLASS_FILE_PATH_MAPPING if c in used}
+
+
+def __getattr__(name: str) -> Any:  # the tables come from bfcl-eval, read on first use
+    if name == "MULTI_TURN_CATEGORIES":
+        return _categories()
+    if name == "MULTI_TURN_CLASSES":
+        return dict(_classes())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@lru_cache(maxsize=None)
+def _raw_entries(category: str) -> tuple[dict, ...]:
+    """Upstream's own loaders: the prompt entries (``function`` docs populated, ``missed_function``
+    turned into docs) with the possible answers joined as ``ground_truth``."""
+    u = _utils()
+    full = f"multi_turn_{category}"
+    entries = u.load_dataset_entry(full, include_language_specific_hint=False)
+    answers = {a["id"]: a["ground_truth"] for a in u.load_ground_truth_entry(full)}
     for e in entries:
         e["ground_truth"] = answers.get(e["id"])
     return tuple(entries)
 
 
+def _check_category(category: str) -> None:
+    known = _categories()
+    if category not in known:
+        raise ValueError(f"category must be one of {known}, got {category!r}")
+
+
 def load_bfcl_multi_turn(category: str = "base", limit: int | None = None) -> list[dict]:
-    """BFCL v4 multi-turn entries of one category, as fresh deep copies.
+    """BFCL v4 multi-turn entries of one category, as fresh deep copies, loaded by bfcl-eval's own loader.
 
     Each dict has ``id``, ``question`` (one list of messages per user turn), ``initial_config``
     (class name -> that environment's starting state), ``involved_classes``, ``path``,
-    ``excluded_function``, ``missed_function`` (``miss_func`` only) and ``ground_truth`` (per turn,
-    the list of reference calls as Python-call strings, from the package's possible answers).
+    ``excluded_function`` (names), ``function`` (the offered function docs), ``missed_function``
+    (``miss_func`` only: ``{turn: [function doc, ...]}`` -- upstream's loader replaces the names by the
+    docs, withheld from ``function`` until that turn; :func:`missed_function_names` gives the names) and
+    ``ground_truth`` (per turn, the reference calls as Python-call strings, from the possible answers).
 
     Args:
-        category: one of :data:`MULTI_TURN_CATEGORIES` (200 entries each).
+        category: one of :data:`MULTI_TURN_CATEGORIES` (upstream's multi-turn categories without the
+            ``multi_turn_`` prefix: ``base``, ``miss_func``, ``miss_param``, ``long_context``; 200 each).
         limit: at most this many entries.
 
     Raises:
         ValueError: unknown category, negative limit.
         ModuleNotFoundError: ``bfcl-eval`` is not installed.
     """
-    if category not in MULTI_TURN_CATEGORIES:
-        raise ValueError(f"category must be one of {MULTI_TURN_CATEGORIES}, got {category!r}")
-    if limit is not None and (not isinstance(limit, int) or limit < 0):
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
         raise ValueError(f"limit must be a non-negative int or None, got {limit!r}")
-    entries = _entries(category)
+    _check_category(category)
+    entries = _raw_entries(category)
     return copy.deepcopy(list(entries[:limit] if limit is not None else entries))
+
+
+def missed_function_names(entry: dict) -> dict[int, list[str]]:
+    """``{turn: [tool name, ...]}`` of the tools an entry withholds until that turn (``miss_func``).
+
+    Accepts upstream's docs (what :func:`load_bfcl_multi_turn` returns) and plain names (the raw file).
+    """
+    out: dict[int, list[str]] = {}
+    for turn, items in (entry.get("missed_function") or {}).items():
+        out[int(turn)] = [d["name"] if isinstance(d, dict) else str(d) for d in items]
+    return out
 
 
 @lru_cache(maxsize=None)
 def _docs(class_name: str) -> tuple[dict, ...]:
-    return tuple(_read_jsonl(_data_dir() / "multi_turn_func_doc" / MULTI_TURN_CLASSES[class_name][1]))
+    u = _utils()
+    return tuple(u.load_file(u.MULTI_TURN_FUNC_DOC_PATH / _classes()[class_name][1]))
+
+
+def _check_class(class_name: str) -> None:
+    if class_name not in _classes():
+        raise ValueError(f"unknown BFCL multi-turn class {class_name!r}; known: {sorted(_classes())}")
 
 
 def function_docs(class_names: list[str]) -> list[dict]:
@@ -95,11 +156,26 @@ def function_docs(class_names: list[str]) -> list[dict]:
 
     Raises:
         ValueError: a class name not in :data:`MULTI_TURN_CLASSES`.
+        ModuleNotFoundError: ``bfcl-eval`` is not installed.
     """
     for c in class_names:
-        if c not in MULTI_TURN_CLASSES:
-            raise ValueError(f"unknown BFCL multi-turn class {c!r}; known: {sorted(MULTI_TURN_CLASSES)}")
+        _check_class(c)
     return copy.deepcopy([d for c in class_names for d in _docs(c)])
+
+
+def environment_class(class_name: str) -> type:
+    """The environment class itself (imported from bfcl-eval's module for it).
+
+    Raises:
+        ValueError: unknown class.
+    """
+    _check_class(class_name)
+    return getattr(importlib.import_module(_classes()[class_name][0]), class_name)
+
+
+def is_stateless(class_name: str) -> bool:
+    """Whether upstream lists the class as stateless (no ``_load_scenario``)."""
+    return class_name in _backend_config().STATELESS_CLASSES
 
 
 def make_environment(entry: dict, *, long_context: bool | None = None) -> dict:
@@ -108,7 +184,7 @@ def make_environment(entry: dict, *, long_context: bool | None = None) -> dict:
     Args:
         entry: an entry from :func:`load_bfcl_multi_turn` (it is not modified).
         long_context: passed to the classes' ``_load_scenario`` (default: True for ids containing
-            ``long_context``).
+            ``long_context``, as upstream's checker does).
 
     Returns:
         ``{class_name: instance}``; call tools as methods, e.g. ``env["GorillaFileSystem"].ls()``.
@@ -119,16 +195,14 @@ def make_environment(entry: dict, *, long_context: bool | None = None) -> dict:
     """
     if not isinstance(entry, dict) or "involved_classes" not in entry:
         raise ValueError("entry must be a BFCL multi-turn entry dict with 'involved_classes'")
+    for name in entry["involved_classes"]:
+        _check_class(name)
     lc = ("long_context" in str(entry.get("id", ""))) if long_context is None else long_context
     config = entry.get("initial_config", {})
     env = {}
     for name in entry["involved_classes"]:
-        if name not in MULTI_TURN_CLASSES:
-            raise ValueError(f"unknown BFCL multi-turn class {name!r}; known: {sorted(MULTI_TURN_CLASSES)}")
-        _data_dir()
-        module = importlib.import_module(f"{_BACKENDS}.{MULTI_TURN_CLASSES[name][0]}")
-        inst = getattr(module, name)()
-        if name not in _STATELESS:
+        inst = environment_class(name)()
+        if not is_stateless(name):
             inst._load_scenario(copy.deepcopy(config.get(name, {})), long_context=lc)
         env[name] = inst
     return env

@@ -14,10 +14,12 @@ Differences from upstream's harness, on purpose:
 - every session imports its own copy of the class module (or shares one only when the static check
   finds nothing), and instances are never cached in module globals by name, so two checks cannot
   leak into each other; scenario configs are deep-copied before loading;
-- turns are judged as atomic tasks (seed: WEFT 4.1): the gold calls of turn k are replayed from the
-  *agent's* state at the start of turn k, so a mistake fails its own turn only. Each turn's
-  checkpoint follows BFCL's checker: public attributes equal to the gold instance's, gold results
-  contained in the agent's results, no call on a turn whose gold is empty.
+- turns are judged by upstream's rule by default (``judging="cumulative"``, what BFCL numbers must
+  use: the gold replayed from the initial state, the agent's state compared with it after every
+  turn whose gold is not empty, gold results among the agent's results so far, all-or-nothing per
+  entry), or as atomic tasks (``judging="per_turn"``, seed: WEFT 4.1: the gold calls of turn k
+  replayed from the *agent's* state at the start of turn k, so a mistake fails its own turn only).
+  Both compare public attributes as BFCL's checker does.
 
 Install: ``pip install --no-deps bfcl-eval`` (its declared dependencies pin numpy and pull model SDKs
 that the environments do not use); ``mpmath`` is needed by the math class.
@@ -25,6 +27,7 @@ that the environments do not use); ``mpmath`` is needed by the math class.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import inspect
 import json
 from functools import lru_cache
@@ -33,7 +36,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from treadle.data.bfcl import MULTI_TURN_CATEGORIES, MULTI_TURN_CLASSES, function_docs, load_bfcl_multi_turn
+from treadle.data import bfcl as _data
+from treadle.data.bfcl import function_docs, load_bfcl_multi_turn, missed_function_names
 from treadle.weft.bfcl_schema import bfcl_to_tool
 from treadle.weft.callparse import ToolCall, parse_call
 from treadle.weft.errors import CallParseError
@@ -43,22 +47,21 @@ from treadle.weft.server import WeftServer
 from treadle.weft.state import Snapshot
 from treadle.weft.verify import CheckpointResult, CheckpointSpec, FailureReason, trajectory_reward
 
-# class name -> (source module in bfcl_eval's func_source_code, function doc file); the categories.
-CLASSES = MULTI_TURN_CLASSES
-CATEGORIES = MULTI_TURN_CATEGORIES
 
-# Entries whose gold answer is wrong (no tool output can satisfy it), excluded from scoring:
-# {entry id: reason}. Found by replaying every gold answer through the runtime; see tests/weft/test_bfcl.py.
-_TICKET_001 = ("gold close_ticket(ticket_id='ticket_001') passes a str where the doc declares an integer: "
-               "under schema validation the gold call itself is rejected")
-KNOWN_BAD_GOLD: dict[str, str] = {
-    "multi_turn_base_173": _TICKET_001,
-    "multi_turn_miss_param_173": _TICKET_001,
-    "multi_turn_long_context_173": _TICKET_001,
-    "multi_turn_miss_func_173": _TICKET_001,
-    "multi_turn_miss_func_49": "turn 1 gold calls tail, which the entry withholds (missed_function) until turn 3",
-}
 
+def __getattr__(name: str) -> Any:
+    """``CLASSES`` (class name -> (module path, function-doc file)) and ``CATEGORIES``: bfcl-eval's own
+    tables through :mod:`treadle.data.bfcl`, read on first use; ``KNOWN_BAD_GOLD``: ``{entry id: reason}``
+    of the entries excluded from scoring by the mechanical audit (:mod:`treadle.weft.envs.bfcl_audit`)."""
+    if name == "CLASSES":
+        return _data.MULTI_TURN_CLASSES
+    if name == "CATEGORIES":
+        return _data.MULTI_TURN_CATEGORIES
+    if name == "KNOWN_BAD_GOLD":  # {entry id: reason}: entries no honest trajectory can pass, never scored
+        from treadle.weft.envs.bfcl_audit import excluded
+
+        return excluded()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 def bfcl_root() -> Path:
     """The installed ``bfcl_eval`` package folder.
@@ -122,11 +125,11 @@ def class_server(cls: type, docs: list[dict[str, Any]], name: str) -> WeftServer
 @lru_cache(maxsize=None)
 def server_source(class_name: str) -> str:
     """Source of the WEFT server module for one BFCL class: its code + a generated declaration."""
-    if class_name not in CLASSES:
-        raise ValueError(f"unknown BFCL class {class_name!r}; known: {sorted(CLASSES)}")
-    module, _ = CLASSES[class_name]
-    root = bfcl_root()
-    code = (root / "eval_checker" / "multi_turn_eval" / "func_source_code" / f"{module}.py").read_text(encoding="utf-8")
+    classes = _data.MULTI_TURN_CLASSES
+    if class_name not in classes:
+        raise ValueError(f"unknown BFCL class {class_name!r}; known: {sorted(classes)}")
+    spec = importlib.util.find_spec(classes[class_name][0])  # upstream's module for the class
+    code = Path(spec.origin).read_text(encoding="utf-8")
     docs = function_docs([class_name])
     decl = (f"\n\n# --- generated by treadle.weft.envs.bfcl: WEFT server declaration for {class_name} ---\n"
             "import json as _weft_json\n"
@@ -166,10 +169,20 @@ def initial_snapshot(rt: Any, server_hash: str, class_name: str, config: dict[st
         release_module(module)
 
 
+#: How turns are judged. ``cumulative`` is upstream's rule (bfcl-eval's ``multi_turn_checker``), the
+#: default and the one to use when reporting BFCL numbers; ``per_turn`` is WEFT's atomic-turn rule.
+JUDGING = ("cumulative", "per_turn")
+
+
 class BfclEntryResult(BaseModel):
-    """Per-turn verdicts of one BFCL entry and ``R = mean_k r_k``."""
+    """Per-turn verdicts of one BFCL entry and its reward.
+
+    ``reward``: under ``cumulative`` judging upstream's entry verdict (1.0 when every turn passes, else
+    0.0: BFCL accuracy is the mean of it); under ``per_turn`` judging ``R = mean_k r_k``.
+    """
 
     id: str
+    judging: str = "cumulative"
     results: list[CheckpointResult]
     reward: float
     outcomes: list[list[dict[str, Any]]]
@@ -184,7 +197,7 @@ def _merge(name: str, parts: list[CheckpointResult]) -> CheckpointResult:
 
 
 async def run_entry(rt: Any, entry: dict[str, Any], gold: list[list[str]], policy: Any, *,
-                    category: str = "base") -> BfclEntryResult:
+                    category: str = "base", judging: str = "cumulative") -> BfclEntryResult:
     """Run one BFCL multi-turn entry in ``rt``: one session per involved class, one checkpoint per turn.
 
     Args:
@@ -193,35 +206,57 @@ async def run_entry(rt: Any, entry: dict[str, Any], gold: list[list[str]], polic
         gold: the entry's ground truth, one list of call strings per turn.
         policy: ``policy(turn_index) -> list of call strings`` (the agent's calls for that turn).
         category: one of :data:`CATEGORIES` (``long_context`` loads the long-context scenario).
+        judging: one of :data:`JUDGING`.
+
+            - ``"cumulative"`` (upstream's rule, the default; use it for BFCL numbers): the gold calls
+              are replayed turn after turn from the initial state, in sessions of their own. On each
+              turn whose gold is not empty the agent must have made a call, its state (public
+              attributes of every class) must equal the gold state so far, and the gold results of
+              the turn must be among the results the agent received on this or an earlier turn. Turns
+              with empty gold are not checked (their calls still change the state later turns are
+              compared with). The entry passes only if every turn does: ``reward`` is 1.0 or 0.0.
+            - ``"per_turn"`` (WEFT's atomic turns, seed: WEFT 4.1): the gold calls of turn k are
+              replayed from the *agent's* state at the start of turn k, so a mistake fails its own
+              turn only; a call on a turn whose gold is empty fails it; ``reward = mean_k r_k``.
+
+    Raises:
+        ValueError: unknown ``judging`` (before any session is created).
 
     A call string that does not parse, or names a tool no involved class has, is recorded as an
     ``invalid_args`` / ``unknown_tool`` outcome of the first class's session. Tools in the entry's
     ``excluded_function`` are never offered; those in ``missed_function`` only from their turn on
     (an earlier call gets ``unknown_tool``).
     """
+    if judging not in JUDGING:
+        raise ValueError(f"judging must be one of {JUDGING}, got {judging!r}")
+    cumulative = judging == "cumulative"
     long_context = category == "long_context"
     sessions: dict[str, str] = {}
+    gold_sessions: dict[str, str] = {}
     owner: dict[str, str] = {}
     order: dict[str, list[str]] = {}
-    for cls_name in entry["involved_classes"]:
-        h = register_class(rt, cls_name)
-        snap = initial_snapshot(rt, h, cls_name, entry.get("initial_config", {}).get(cls_name, {}),
-                                long_context=long_context)
-        sessions[cls_name] = await rt.create_session(h, snap)
-        for t in rt.registry.spec(h).tools:
-            owner.setdefault(t["name"], cls_name)
-            order.setdefault(t["name"], list(t["input_schema"].get("properties", {})))
-    first = next(iter(sessions.values()))
-    excluded = set(entry.get("excluded_function") or [])
-    withheld = {name: int(turn) for turn, names in (entry.get("missed_function") or {}).items() for name in names}
     results: list[CheckpointResult] = []
     all_outcomes: list[list[dict[str, Any]]] = []
     try:
+        for cls_name in entry["involved_classes"]:
+            h = register_class(rt, cls_name)
+            snap = initial_snapshot(rt, h, cls_name, entry.get("initial_config", {}).get(cls_name, {}),
+                                    long_context=long_context)
+            sessions[cls_name] = await rt.create_session(h, snap)
+            if cumulative:  # the gold trajectory, advanced turn by turn alongside the agent's
+                gold_sessions[cls_name] = await rt.create_session(h, snap)
+            for t in rt.registry.spec(h).tools:
+                owner.setdefault(t["name"], cls_name)
+                order.setdefault(t["name"], list(t["input_schema"].get("properties", {})))
+        first = next(iter(sessions.values()))
+        excluded = set(entry.get("excluded_function") or [])
+        withheld = {name: turn for turn, names in missed_function_names(entry).items() for name in names}
+        earlier: dict[str, list[Any]] = {c: [] for c in sessions}  # the agent's successful calls of past turns
         for k, gold_turn in enumerate(gold):
             for c, sid in sessions.items():  # tools offered this turn: minus excluded and not-yet-given ones
                 rt.set_available_tools(sid, [t for t in rt.server_of(sid).tool_names
                                              if t not in excluded and withheld.get(t, -1) <= k])
-            starts = {c: rt.snapshot(sid) for c, sid in sessions.items()}
+            starts = {c: rt.snapshot(sid) for c, sid in (gold_sessions if cumulative else sessions).items()}
             outs: dict[str, list[Any]] = {c: [] for c in sessions}
             turn_log = []
             for text in policy(k):
@@ -238,14 +273,28 @@ async def run_entry(rt: Any, entry: dict[str, Any], gold: list[list[str]], polic
                 turn_log.append(out.model_dump(mode="json"))
             all_outcomes.append(turn_log)
             gold_calls = [parse_call(g, param_order=order) for g in gold_turn]
-            parts = []
-            for c, sid in sessions.items():
-                spec = CheckpointSpec(name=f"{entry['id']}/turn{k}/{c}",
-                                      gold_calls=[g for g in gold_calls if owner.get(g.name) == c],
-                                      compare_private=False, calls_allowed_without_gold=bool(gold_calls))
-                parts.append(await rt.verify_turn(sid, starts[c], spec, outs[c]))
-            results.append(_merge(f"{entry['id']}/turn{k}", parts))
+            name = f"{entry['id']}/turn{k}"
+            if cumulative and not gold_calls:
+                results.append(CheckpointResult(name=name, r=1))  # upstream checks nothing on such a turn
+            elif cumulative and not turn_log:
+                results.append(CheckpointResult(name=name, r=0, reasons=[FailureReason.response_mismatch], details=[
+                    "response_mismatch: no call on a turn whose gold has calls (upstream: empty_turn_model_response)"]))
+            else:
+                parts = []
+                for c, sid in sessions.items():
+                    spec = CheckpointSpec(name=f"{name}/{c}", gold_calls=[g for g in gold_calls if owner.get(g.name) == c],
+                                          compare_private=False,
+                                          calls_allowed_without_gold=cumulative or bool(gold_calls))
+                    seen = earlier[c] + outs[c] if cumulative else outs[c]
+                    parts.append(await rt.verify_turn(sid, starts[c], spec, seen))
+                results.append(_merge(name, parts))
+            for c in sessions:
+                earlier[c] += [o for o in outs[c] if o.ok]
+            for g in gold_calls if cumulative else []:
+                if g.name in owner:
+                    await rt.call_tool(gold_sessions[owner[g.name]], g.name, g.arguments)
     finally:
-        for sid in sessions.values():
+        for sid in [*sessions.values(), *gold_sessions.values()]:
             await rt.close(sid)
-    return BfclEntryResult(id=entry["id"], results=results, reward=trajectory_reward(results), outcomes=all_outcomes)
+    reward = float(all(r.r == 1 for r in results)) if cumulative else trajectory_reward(results)
+    return BfclEntryResult(id=entry["id"], judging=judging, results=results, reward=reward, outcomes=all_outcomes)
