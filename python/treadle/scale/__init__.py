@@ -1,6 +1,7 @@
 """SCALE (per-token gated LoRA; SCALE sec. 3.3, 4.3, 5.3) on PEFT models.
 
-- :mod:`treadle.scale.gates`: gates on PEFT LoRA layers (attach, freeze, save/load, lambda statistics).
+- :mod:`treadle.scale.gates`: gates on PEFT LoRA layers (attach, freeze, save/load, remove, merge, lambda
+  statistics).
 - :mod:`treadle.scale.sft`: Stage I, ordinary LoRA SFT through PEFT (r = 16, alpha = 16, all linear).
 - :mod:`treadle.scale.training`: Stage II, only the gates, on the normalised top-k entropy over
   response positions (no CE, no KL); ablations (no reverse, no extrapolate, CE calibration);
@@ -21,6 +22,7 @@ from treadle.scale.gates import (
     lambda_shares,
     load_gates,
     record_lambda,
+    remove_gates,
     save_gates,
 )
 from treadle.scale.sft import SFTConfig, SFTResult, sft
@@ -35,5 +37,5 @@ from treadle.scale.training import (
 )
 
 __all__ = ["GateConfig", "GateError", "attach_gates", "gated_layers", "lambda_report", "lambda_shares", "load_gates",
-           "record_lambda", "save_gates", "SFTConfig", "SFTResult", "sft", "ScaleTrainConfig", "clamp_lambda",
+           "record_lambda", "remove_gates", "save_gates", "SFTConfig", "SFTResult", "sft", "ScaleTrainConfig", "clamp_lambda",
            "evaluate", "gate_objective", "load_stage_one", "train", "sweep"]
