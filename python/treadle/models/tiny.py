@@ -16,6 +16,7 @@ or loads any local HF checkpoint instead.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -26,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 __all__ = ["TinyTrainConfig", "TrainResult", "CheckpointError", "CorruptCheckpointError", "NotACausalLMError",
            "build_tokenizer", "cache_root", "pinned_threads", "default_checkpoint_dir", "train_tiny", "load_default_model",
@@ -53,10 +55,11 @@ class NotACausalLMError(CheckpointError, ValueError):
     """The folder holds a HF model that is not a causal LM (or no model config at all)."""
 
 
-class TinyTrainConfig(BaseModel):
+@pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+class TinyTrainConfig:
     """Everything that determines the trained tiny model (same config + seed -> same weights on one CPU).
 
-    A frozen pydantic model: bad values raise ``pydantic.ValidationError`` (a ``ValueError``) naming
+    A frozen pydantic dataclass (``dataclasses.asdict`` works): bad values raise ``pydantic.ValidationError`` (a ``ValueError``) naming
     the field, before anything is trained.
 
     Attributes:
@@ -76,8 +79,6 @@ class TinyTrainConfig(BaseModel):
             machine's core count; one thread is also the fastest on a shared 2-core machine (OpenMP
             spinning costs more than it gives on these tiny GEMMs).
     """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     seed: int = Field(0, ge=0, strict=True)
     steps: int = Field(1500, ge=1, strict=True)
@@ -125,7 +126,7 @@ class TinyTrainConfig(BaseModel):
 
     def as_dict(self) -> dict:
         """JSON-ready fields (what the checkpoint's marker records and is compared against)."""
-        return json.loads(self.model_dump_json())
+        return json.loads(json.dumps(dataclasses.asdict(self)))
 
 
 @dataclass
