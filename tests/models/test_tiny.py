@@ -135,3 +135,64 @@ def test_stale_cache_from_other_settings_is_retrained(trained, tmp_path, monkeyp
     assert json.loads((tmp_path / "tiny-qwen3" / MARKER).read_text())["config"]["steps"] == 3
     load_default_model(config=TinyTrainConfig.quick(steps=2, eval_per_level=1))
     assert json.loads((tmp_path / "tiny-qwen3" / MARKER).read_text())["config"]["steps"] == 2
+
+
+def test_config_is_validated_field_by_field():
+    import dataclasses
+
+    import pydantic
+
+    for bad, field in ((dict(steps=0), "steps"), (dict(steps=True), "steps"), (dict(batch_size=2.5), "batch_size"),
+                       (dict(lr=float("nan")), "lr"), (dict(lr=0.0), "lr"), (dict(min_lr_rate=1.5), "min_lr_rate"),
+                       (dict(threads=0), "threads"), (dict(level_weights={1: -1.0}), "level_weights"),
+                       (dict(stepz=3), "stepz")):
+        with pytest.raises(pydantic.ValidationError, match=field):
+            TinyTrainConfig(**bad)
+    with pytest.raises(ValueError, match="must divide by num_heads"):
+        TinyTrainConfig(hidden_size=10)
+    cfg = TinyTrainConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.steps = 3
+    assert dataclasses.asdict(cfg)["level_weights"] == cfg.level_weights
+    assert TinyTrainConfig(**cfg.as_dict()) == cfg  # the marker's JSON round-trips
+    assert json.loads(json.dumps(cfg.as_dict())) == cfg.as_dict()
+
+
+def test_training_pins_threads_and_restores_them(tmp_path, monkeypatch):
+    seen = []
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (seen.append(n), real(n))[1])
+    before = torch.get_num_threads()
+    train_tiny(TinyTrainConfig.quick(steps=1, eval_per_level=1, threads=3), tmp_path / "t", progress=False)
+    assert seen == [3, before] and torch.get_num_threads() == before
+
+
+def test_lock_errors_are_checkpoint_errors(tmp_path):
+    from filelock import FileLock
+
+    from treadle.models import CheckpointError
+    from treadle.models.tiny import _lock
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CheckpointError, match="cannot write the checkpoint folder"):
+        train_tiny(CFG, tmp_path / "file" / "tiny", progress=False)
+    with FileLock(str(tmp_path / ".busy.lock")):
+        with pytest.raises(CheckpointError, match="another process"):
+            with _lock(tmp_path / "busy", timeout=0.05):
+                pass
+    with _lock(tmp_path / "busy", timeout=0.05):  # released: free again
+        pass
+
+
+def test_checkpoint_vocab_size_reads_nested_text_configs(tmp_path, trained):
+    import transformers as tf
+
+    from treadle.models.tiny import checkpoint_vocab_size
+
+    assert checkpoint_vocab_size(trained.path) == len(build_tokenizer())
+    tf.Qwen3_5Config(text_config=dict(vocab_size=123, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                      num_key_value_heads=1)).save_pretrained(tmp_path / "vl")
+    assert "vocab_size" not in json.loads((tmp_path / "vl" / "config.json").read_text())  # only the nested one
+    assert checkpoint_vocab_size(tmp_path / "vl") == 123
+    with pytest.raises(NotACausalLMError, match="not a loadable"):
+        checkpoint_vocab_size(tmp_path)

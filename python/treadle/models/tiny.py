@@ -17,21 +17,22 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import math
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 __all__ = ["TinyTrainConfig", "TrainResult", "CheckpointError", "CorruptCheckpointError", "NotACausalLMError",
-           "build_tokenizer", "cache_root", "default_checkpoint_dir", "train_tiny", "load_default_model",
-           "check_checkpoint", "accuracy_table", "MARKER", "PARTIAL"]
+           "build_tokenizer", "cache_root", "pinned_threads", "default_checkpoint_dir", "train_tiny", "load_default_model",
+           "check_checkpoint", "checkpoint_vocab_size", "accuracy_table", "MARKER", "PARTIAL"]
 
 MARKER = "treadle_checkpoint.json"
 PARTIAL = ".treadle-partial"
@@ -54,37 +55,48 @@ class NotACausalLMError(CheckpointError, ValueError):
     """The folder holds a HF model that is not a causal LM (or no model config at all)."""
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))
 class TinyTrainConfig:
-    """Everything that determines the trained tiny model (same config + seed -> same weights).
+    """Everything that determines the trained tiny model (same config + seed -> same weights on one CPU).
+
+    A frozen pydantic dataclass (``dataclasses.asdict`` works): bad values raise ``pydantic.ValidationError`` (a ``ValueError``) naming
+    the field, before anything is trained.
 
     Attributes:
         seed: seeds the problem stream and the initialisation.
         steps: optimizer steps; batch_size: problems per step.
-        lr, warmup, weight_decay, grad_clip: AdamW with linear warm-up then cosine decay to lr/10.
+        lr, warmup, weight_decay, grad_clip: AdamW with linear warm-up over ``warmup`` steps, then
+            cosine decay to ``min_lr_rate * lr`` (``transformers.get_cosine_with_min_lr_schedule_with_warmup``).
         hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size: Qwen3 shape (head_dim =
             hidden_size / num_heads).
         level_weights: training mixture, level -> relative weight (held-out prompts never trained on;
-            level 6 is left out by default: its long prompts would set every batch's padded width).
+            levels 5-6 are left out by default: the tiny model does not learn them in the budget, and
+            level 6's long prompts would set every batch's padded width).
         eval_per_level: held-out problems per level for the accuracy table.
         max_new_tokens: decoding budget for evaluation.
+        threads: torch intra-op threads while training (restored afterwards). Pinned, like the STAIR
+            and SCALE demos, so that the float reductions, and so the weights, do not depend on the
+            machine's core count; one thread is also the fastest on a shared 2-core machine (OpenMP
+            spinning costs more than it gives on these tiny GEMMs).
     """
 
-    seed: int = 0
-    steps: int = 1500
-    batch_size: int = 32
-    lr: float = 3e-3
-    warmup: int = 30
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    hidden_size: int = 192
-    num_layers: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 512
-    level_weights: dict = field(default_factory=lambda: {1: 3.0, 2: 2.0, 3: 3.0, 4: 3.0, 5: 1.0})
-    eval_per_level: int = 100
-    max_new_tokens: int = 10
+    seed: int = Field(0, ge=0, strict=True)
+    steps: int = Field(1500, ge=1, strict=True)
+    batch_size: int = Field(32, ge=1, strict=True)
+    lr: float = Field(2e-3, gt=0, allow_inf_nan=False)
+    min_lr_rate: float = Field(0.1, ge=0, le=1)
+    warmup: int = Field(100, ge=0, strict=True)
+    weight_decay: float = Field(0.01, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    hidden_size: int = Field(192, ge=1, strict=True)
+    num_layers: int = Field(4, ge=1, strict=True)
+    num_heads: int = Field(4, ge=1, strict=True)
+    num_kv_heads: int = Field(2, ge=1, strict=True)
+    intermediate_size: int = Field(512, ge=1, strict=True)
+    level_weights: dict[int, float] = Field(default_factory=lambda: {1: 2.0, 2: 4.0, 3: 3.0, 4: 3.0})
+    eval_per_level: int = Field(100, ge=1, strict=True)
+    max_new_tokens: int = Field(10, ge=1, strict=True)
+    threads: int = Field(1, ge=1, strict=True)
 
     @classmethod
     def quick(cls, **overrides) -> "TinyTrainConfig":
@@ -94,21 +106,27 @@ class TinyTrainConfig:
         kw.update(overrides)
         return cls(**kw)
 
-    def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                     "intermediate_size", "max_new_tokens"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"TinyTrainConfig.{name} must be an int >= 1, got {v!r}")
+    @field_validator("level_weights")
+    @classmethod
+    def _levels_exist(cls, v: dict[int, float]) -> dict[int, float]:
+        from treadle.data.arithmetic import difficulty
+
+        if not v or any(w < 0 for w in v.values()) or not sum(v.values()) > 0:
+            raise ValueError(f"level_weights must map difficulty levels to weights >= 0 with a positive sum, got {v}")
+        for lv in v:
+            difficulty(int(lv))
+        return v
+
+    @model_validator(mode="after")
+    def _shape(self) -> "TinyTrainConfig":
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
             raise ValueError(f"hidden_size ({self.hidden_size}) must divide by num_heads ({self.num_heads}) and "
                              f"num_heads by num_kv_heads ({self.num_kv_heads})")
-        if not self.lr > 0:
-            raise ValueError(f"TinyTrainConfig.lr must be > 0, got {self.lr}")
-        from treadle.data.arithmetic import difficulty
+        return self
 
-        for lv in self.level_weights:
-            difficulty(int(lv))
+    def as_dict(self) -> dict:
+        """JSON-ready fields (what the checkpoint's marker records and is compared against)."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
 
 
 @dataclass
@@ -218,15 +236,36 @@ def check_checkpoint(path: str | os.PathLike, *, require_marker: bool = False) -
     return info
 
 
+#: seconds to wait for another process training into the same folder before giving up
+LOCK_TIMEOUT = 1800.0
+
+
 @contextlib.contextmanager
-def _lock(dest: Path):
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with open(dest.parent / f".{dest.name}.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+def _lock(dest: Path, timeout: float | None = None):
+    """Hold ``<parent>/.<name>.lock`` (``filelock.FileLock``) while training or checking ``dest``.
+
+    Raises:
+        CheckpointError: the folder's parent cannot be created or the lock file cannot be written
+            (unwritable path), or another process held the lock for ``timeout`` seconds.
+    """
+    from filelock import FileLock, Timeout
+
+    timeout = LOCK_TIMEOUT if timeout is None else timeout
+    lock_path = dest.parent / f".{dest.name}.lock"
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(lock_path), timeout=timeout)
+        lock.acquire()
+    except Timeout:
+        raise CheckpointError(f"another process has been training into {dest} for over {timeout:.0f} s "
+                              f"(lock {lock_path}); wait for it, or choose another folder") from None
+    except OSError as err:
+        raise CheckpointError(f"cannot write the checkpoint folder {dest}: {err.strerror or err}; "
+                              f"choose a writable folder") from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _clean_stale_tmp(dest: Path, console) -> None:
@@ -285,13 +324,24 @@ def _heldout_sets(cfg: TinyTrainConfig) -> dict[int, list]:
     return {lv: gen.batch(lv, cfg.eval_per_level, split="heldout") for lv in range(1, len(LEVELS) + 1)}
 
 
+@contextlib.contextmanager
+def pinned_threads(n: int):
+    """Run the block with ``torch.set_num_threads(n)``; the previous count is restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def train_tiny(config: TinyTrainConfig | None = None, out_dir: str | os.PathLike | None = None, *, force: bool = False,
                progress: bool = True, console=None) -> TrainResult:
     """Train the tiny Qwen3 LM and save it as a HF checkpoint (see the module docstring).
 
     Args:
         config: training settings (default :class:`TinyTrainConfig`: about 1.6M parameters,
-            1500 steps of 32 problems, about 3 minutes on 2 idle CPU cores).
+            1500 steps of 32 problems on one pinned thread, about 4 minutes on an idle x86 core).
         out_dir: destination folder (default :func:`default_checkpoint_dir`).
         force: replace an existing checkpoint at ``out_dir`` (otherwise an existing complete one is
             kept and returned without training).
@@ -303,13 +353,10 @@ def train_tiny(config: TinyTrainConfig | None = None, out_dir: str | os.PathLike
 
     Raises:
         TypeError: ``config`` is not a TinyTrainConfig.
+        CheckpointError: ``out_dir`` cannot be written, or another process holds its lock for longer
+            than :data:`LOCK_TIMEOUT` seconds.
         CorruptCheckpointError: ``out_dir`` holds a damaged checkpoint and ``force`` is False.
     """
-    from tqdm.auto import tqdm
-
-    from treadle.data.arithmetic import ProblemGenerator
-    from treadle.models.generation import accuracy_by_level
-
     cfg = TinyTrainConfig() if config is None else config
     if not isinstance(cfg, TinyTrainConfig):
         raise TypeError(f"config must be a TinyTrainConfig, got {type(cfg).__name__}")
@@ -320,51 +367,57 @@ def train_tiny(config: TinyTrainConfig | None = None, out_dir: str | os.PathLike
             return TrainResult(dest, {int(k): v for k, v in info.get("accuracy", {}).items()}, 0.0,
                                info.get("params", 0), info.get("final_loss", float("nan")))
         _clean_stale_tmp(dest, console)
-        t0 = time.perf_counter()
-        torch.manual_seed(cfg.seed)
-        tokenizer = build_tokenizer()
-        model = _build_model(cfg, tokenizer)
-        n_params = sum(p.numel() for p in model.parameters())
-        if console is not None:
-            console.print(f"training tiny Qwen3 ({n_params / 1e6:.2f}M parameters, {cfg.steps} steps x "
-                          f"{cfg.batch_size} problems, seed {cfg.seed}) -> {dest}")
-        decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-        no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                 {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.98))
-
-        def lr_at(step: int) -> float:
-            if step < cfg.warmup:
-                return cfg.lr * (step + 1) / cfg.warmup
-            frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-            return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
-
-        gen = ProblemGenerator(cfg.seed)
-        weights = {int(k): float(v) for k, v in cfg.level_weights.items()}
-        model.train()
-        ema = float("nan")
-        bar = tqdm(range(cfg.steps), desc="train-tiny", disable=not progress, dynamic_ncols=True)
-        for step in bar:
-            ids, _, labels = sft_batch(tokenizer, gen.mixture(cfg.batch_size, weights, split="train"))
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step)
-            # right padding + causal attention: pads come after every real token and carry label -100,
-            # so no attention mask is needed (and the unmasked SDPA path is faster)
-            loss = model(input_ids=ids, labels=labels).loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            ema = loss.item() if math.isnan(ema) else 0.95 * ema + 0.05 * loss.item()
-            bar.set_postfix(loss=f"{ema:.3f}")
-        bar.close()
-        model.eval()
-        accuracy = accuracy_by_level(model, tokenizer, _heldout_sets(cfg), max_new_tokens=cfg.max_new_tokens)
-        seconds = time.perf_counter() - t0
-        _save(model, tokenizer, dest, cfg, accuracy, n_params, ema, seconds)
+        with pinned_threads(cfg.threads):
+            result = _train_and_save(cfg, dest, progress, console)
     if console is not None:
-        console.print(accuracy_table(accuracy, title=f"held-out greedy accuracy ({cfg.eval_per_level} per level)"))
-        console.print(f"saved {dest} in {seconds:.0f} s")
+        console.print(accuracy_table(result.accuracy, title=f"held-out greedy accuracy ({cfg.eval_per_level} per level)"))
+        console.print(f"saved {dest} in {result.seconds:.0f} s")
+    return result
+
+
+def _train_and_save(cfg: TinyTrainConfig, dest: Path, progress: bool, console) -> TrainResult:
+    from tqdm.auto import tqdm
+    from transformers import get_cosine_with_min_lr_schedule_with_warmup
+
+    from treadle.data.arithmetic import ProblemGenerator
+    from treadle.models.generation import accuracy_by_level
+
+    t0 = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    tokenizer = build_tokenizer()
+    model = _build_model(cfg, tokenizer)
+    n_params = sum(p.numel() for p in model.parameters())
+    if console is not None:
+        console.print(f"training tiny Qwen3 ({n_params / 1e6:.2f}M parameters, {cfg.steps} steps x "
+                      f"{cfg.batch_size} problems, seed {cfg.seed}, {cfg.threads} thread(s)) -> {dest}")
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.98))
+    sched = get_cosine_with_min_lr_schedule_with_warmup(opt, num_warmup_steps=cfg.warmup,
+                                                        num_training_steps=cfg.steps, min_lr_rate=cfg.min_lr_rate)
+    gen = ProblemGenerator(cfg.seed)
+    weights = {int(k): float(v) for k, v in cfg.level_weights.items() if v > 0}
+    model.train()
+    ema = float("nan")
+    bar = tqdm(range(cfg.steps), desc="train-tiny", disable=not progress, dynamic_ncols=True)
+    for _ in bar:
+        ids, _, labels = sft_batch(tokenizer, gen.mixture(cfg.batch_size, weights, split="train"))
+        # right padding + causal attention: pads come after every real token and carry label -100,
+        # so no attention mask is needed (and the unmasked SDPA path is faster)
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        sched.step()
+        ema = loss.item() if math.isnan(ema) else 0.95 * ema + 0.05 * loss.item()
+        bar.set_postfix(loss=f"{ema:.3f}")
+    bar.close()
+    model.eval()
+    accuracy = accuracy_by_level(model, tokenizer, _heldout_sets(cfg), max_new_tokens=cfg.max_new_tokens)
+    seconds = time.perf_counter() - t0
+    _save(model, tokenizer, dest, cfg, accuracy, n_params, ema, seconds)
     return TrainResult(dest, accuracy, seconds, n_params, ema)
 
 
@@ -378,7 +431,7 @@ def _save(model, tokenizer, dest: Path, cfg: TinyTrainConfig, accuracy: dict, n_
     tokenizer.save_pretrained(tmp)
     files = {f.name: {"size": f.stat().st_size, "sha256": _sha256(f)}
              for f in sorted(tmp.iterdir()) if f.is_file() and f.name not in (PARTIAL, MARKER)}
-    info = {"format": 1, "config": dataclasses.asdict(cfg), "accuracy": {str(k): v for k, v in accuracy.items()},
+    info = {"format": 1, "config": cfg.as_dict(), "accuracy": {str(k): v for k, v in accuracy.items()},
             "params": n_params, "final_loss": loss, "train_seconds": seconds, "files": files,
             "torch": torch.__version__}
     (tmp / MARKER).write_text(json.dumps(info, indent=1))
@@ -392,6 +445,24 @@ def _save(model, tokenizer, dest: Path, cfg: TinyTrainConfig, accuracy: dict, n_
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(tmp, dest)
+
+
+def checkpoint_vocab_size(path: str | os.PathLike) -> int | None:
+    """The vocabulary size of a local HF checkpoint's text model, read through
+    ``AutoConfig.from_pretrained(path).get_text_config()`` (so nested ``text_config`` s of multimodal
+    configs, e.g. Qwen3.5's, are found); None when the config has no ``vocab_size``.
+
+    Raises:
+        NotACausalLMError: ``path`` holds no loadable model config.
+    """
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(Path(path).expanduser())
+    except (OSError, ValueError) as err:
+        raise NotACausalLMError(f"{path} is not a loadable Hugging Face model config: {err}") from None
+    vocab = getattr(cfg.get_text_config(), "vocab_size", None)
+    return int(vocab) if vocab else None
 
 
 def accuracy_table(accuracy: dict, *, title: str = "accuracy per difficulty level"):
@@ -447,7 +518,7 @@ def load_default_model(path: str | os.PathLike | None = None, *, train_if_missin
                 raise FileNotFoundError(f"no cached tiny model at {dest}; run `treadle model train-tiny` first")
             train_tiny(config, dest, console=console, progress=progress)
         info = check_checkpoint(dest, require_marker=True)
-        want = json.loads(json.dumps(dataclasses.asdict(config or TinyTrainConfig())))
+        want = (config or TinyTrainConfig()).as_dict()
         if train_if_missing and info.get("config") != want:
             if console is not None:
                 console.print(f"[yellow]{dest} was trained with other settings than the current default; "

@@ -1,7 +1,8 @@
 """SCALE (per-token gated LoRA; SCALE sec. 3.3, 4.3, 5.3) on PEFT models.
 
-- :mod:`treadle.scale.gates`: gates on PEFT LoRA layers (attach, freeze, save/load, lambda statistics).
-- :mod:`treadle.scale.sft`: Stage I, ordinary LoRA SFT through PEFT (r = 16, alpha = 16, all linear).
+- :mod:`treadle.scale.gates`: gates on PEFT LoRA layers (attach, freeze, save/load, remove, merge, lambda
+  statistics).
+- :mod:`treadle.scale.sft`: Stage I, ordinary LoRA SFT on TRL's SFTTrainer + PEFT (r = 16, alpha = 16, all linear).
 - :mod:`treadle.scale.training`: Stage II, only the gates, on the normalised top-k entropy over
   response positions (no CE, no KL); ablations (no reverse, no extrapolate, CE calibration);
   held-out accuracy, entropy and the learned lambda distribution before/after.
@@ -21,9 +22,10 @@ from treadle.scale.gates import (
     lambda_shares,
     load_gates,
     record_lambda,
+    remove_gates,
     save_gates,
 )
-from treadle.scale.sft import SFTConfig, SFTResult, sft
+from treadle.scale.sft import SFTConfig, SFTResult, sft, stage_one_trainer
 from treadle.scale.sweep import sweep
 from treadle.scale.training import (
     ScaleTrainConfig,
@@ -35,5 +37,5 @@ from treadle.scale.training import (
 )
 
 __all__ = ["GateConfig", "GateError", "attach_gates", "gated_layers", "lambda_report", "lambda_shares", "load_gates",
-           "record_lambda", "save_gates", "SFTConfig", "SFTResult", "sft", "ScaleTrainConfig", "clamp_lambda",
-           "evaluate", "gate_objective", "load_stage_one", "train", "sweep"]
+           "record_lambda", "remove_gates", "save_gates", "SFTConfig", "SFTResult", "sft", "stage_one_trainer",
+           "ScaleTrainConfig", "clamp_lambda", "evaluate", "gate_objective", "load_stage_one", "train", "sweep"]

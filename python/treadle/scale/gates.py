@@ -16,11 +16,25 @@ layers (bitsandbytes, GPTQ, ...), LoRA on embeddings/convolutions, several activ
 active LoRA dropout (pass ``disable_dropout=True`` to replace it by identity for Stage II). When
 PEFT's adapters are disabled (``with model.disable_adapter():``) or per-request ``adapter_names``
 are passed, PEFT's own forward runs (no gates), as PEFT documents for those paths.
+
+Merging: lambda depends on the token, so a trained gate cannot be folded into the base weight. PEFT's
+``merge_and_unload()`` / ``merge_adapter()`` / a layer's ``merge()`` on a gated model therefore fold
+the gates only when every gate to merge is constant (``w = 0``: lambda = ``lambda(tanh(b / tau))`` for
+every token, e.g. freshly attached gates, lambda = 1), giving ``W + lambda * scaling * B A``, and
+otherwise refuse with a :class:`GateError` naming the layers, before any weight changes (PEFT alone
+would merge the Stage-I delta and silently drop the gates). :func:`remove_gates` takes the gates off
+(returning them), leaving the plain Stage-I LoRA model that PEFT merges as usual.
+
+Gradient on an untrained LoRA: ``d y / d lambda = scaling * B (A h)``, so gates on a LoRA whose ``B``
+is zero (PEFT's initialisation, before Stage I) get exactly zero gradient by construction and never
+move; :func:`attach_gates` warns in that case. Train Stage I first (:func:`treadle.scale.sft`).
 """
 from __future__ import annotations
 
+import inspect
 import json
 import math
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,6 +42,7 @@ import torch
 from torch import nn
 
 from treadle.ops.gated_lora import gated_lora, gated_lora_linear
+from treadle.reference.scale import gate_lambda_reference
 
 FORMAT = "treadle.scale.gates/1"
 
@@ -110,8 +125,100 @@ def _gated_class():
                 y, self.scale_last_lambda = y
             return y.to(result_dtype)
 
+        def scale_constant_lambda(self) -> float | None:
+            """The gate's lambda when it is the same for every token (gate weight all zero), else None."""
+            if bool(self.scale_gate_weight.detach().any()):
+                return None
+            cfg: GateConfig = self.scale_config
+            v = torch.tanh(self.scale_gate_bias.detach().double().reshape(()) / cfg.tau)
+            return float(gate_lambda_reference(v, cfg.L, cfg.U))
+
+        def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
+            """PEFT's merge, with the gate folded in when it is constant; GateError (before any change) when
+            the gated adapter is to be merged and its gate depends on the token."""
+            adapter = self.scale_config.adapter
+            names = list(self.active_adapters) if adapter_names is None else list(adapter_names)
+            if adapter in names and adapter not in self.merged_adapters:
+                lam = self.scale_constant_lambda()
+                if lam is None:
+                    raise GateError(_unfoldable_message([self.scale_name]))
+                self.scale_fold = lam
+            super().merge(safe_merge=safe_merge, adapter_names=adapter_names)
+
+        def unmerge(self) -> None:
+            super().unmerge()
+            if self.scale_config.adapter not in self.merged_adapters:
+                self.scale_fold = None
+
+        def get_delta_weight(self, adapter) -> torch.Tensor:
+            delta = super().get_delta_weight(adapter)
+            if adapter != self.scale_config.adapter:
+                return delta
+            if self.scale_fold is None:
+                raise GateError(f"layer {self.scale_name!r}: the gated adapter's delta weight depends on the "
+                                f"token (lambda B A); merge() folds constant gates, remove_gates() drops them")
+            return delta * self.scale_fold
+
     _GATED_CLASS = GatedLoraLinear
     return GatedLoraLinear
+
+
+def _unfoldable_message(names: list[str]) -> str:
+    shown = ", ".join(repr(n) for n in names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return (f"cannot merge a gated SCALE adapter: the gates of {len(names)} layer(s) ({shown}) depend on the token "
+            f"(lambda = lambda(w . h + b) with w != 0), so no single weight matrix equals the gated model. Keep the "
+            f"model unmerged, or call treadle.scale.remove_gates(model) first to merge the Stage-I LoRA without "
+            f"gates (lambda = 1); nothing was changed")
+
+
+_GATED_TUNERS: dict = {}
+
+
+def _gated_tuner_class(base: type) -> type:
+    """A subclass of the PEFT tuner class ``base`` (e.g. ``LoraModel``) whose model-wide merges
+    (``merge_and_unload``, ``merge_adapter``) check every gated layer before merging any."""
+    if base in _GATED_TUNERS:
+        return _GATED_TUNERS[base]
+
+    def _names(method, args, kwargs):
+        bound = inspect.signature(method).bind(None, *args, **kwargs)
+        return bound.arguments.get("adapter_names"), bound.arguments.get("merge", True)
+
+    class GatedTuner(base):
+        def _scale_check_foldable(self, adapter_names) -> None:
+            bad = []
+            for name, m in gated_layers(self.model).items():
+                names = list(m.active_adapters) if adapter_names is None else list(adapter_names)
+                if m.scale_config.adapter in names and m.scale_config.adapter not in m.merged_adapters \
+                        and m.scale_constant_lambda() is None:
+                    bad.append(name)
+            if bad:
+                raise GateError(_unfoldable_message(bad))
+
+        def _unload_and_optionally_merge(self, *args, **kwargs):
+            adapter_names, merge = _names(base._unload_and_optionally_merge, args, kwargs)
+            if merge:
+                self._scale_check_foldable(adapter_names)
+            return super()._unload_and_optionally_merge(*args, **kwargs)
+
+        def merge_adapter(self, *args, **kwargs):
+            adapter_names, _ = _names(base.merge_adapter, args, kwargs)
+            self._scale_check_foldable(adapter_names)
+            return super().merge_adapter(*args, **kwargs)
+
+    GatedTuner.__name__ = GatedTuner.__qualname__ = f"Gated{base.__name__}"
+    _GATED_TUNERS[base] = GatedTuner
+    return GatedTuner
+
+
+def _tuner(peft_model: nn.Module):
+    """The PEFT tuner (``LoraModel``) of a ``PeftModel`` or the tuner itself; None for other modules."""
+    from peft.tuners.tuners_utils import BaseTuner
+
+    for cand in (peft_model, getattr(peft_model, "base_model", None)):
+        if isinstance(cand, BaseTuner):
+            return cand
+    return None
 
 
 def _carries(module, adapter: str) -> bool:
@@ -194,6 +301,10 @@ def attach_gates(peft_model: nn.Module, L: float, U: float, tau: float, *,
         device), in module order; their total size is ``sum over modules of (d_in + 1)``. Only these
         require grad afterwards.
 
+    Warns:
+        UserWarning: every ``lora_B`` is zero (an untrained LoRA): the gates then get exactly zero
+            gradient by construction (``d y / d lambda = scaling * B A h``), so Stage II cannot move them.
+
     Raises:
         GateError (a ValueError): bad L/U/tau, not a PEFT model, several active adapters, no LoRA
             layer, or a layer that is merged / DoRA or another variant / biased / quantised / not a
@@ -207,7 +318,7 @@ def attach_gates(peft_model: nn.Module, L: float, U: float, tau: float, *,
     for p in peft_model.parameters():
         p.requires_grad_(False)
     params: list[nn.Parameter] = []
-    for _, module in layers:
+    for name, module in layers:
         if disable_dropout:
             module.lora_dropout[adapter] = nn.Identity()
         d_in = module.lora_A[adapter].weight.shape[1]
@@ -218,8 +329,53 @@ def attach_gates(peft_model: nn.Module, L: float, U: float, tau: float, *,
         module.scale_config = cfg
         module.scale_record_lambda = False
         module.scale_last_lambda = None
+        module.scale_fold = None
+        module.scale_name = name
         params += [module.scale_gate_weight, module.scale_gate_bias]
+    tuner = _tuner(peft_model)
+    if tuner is not None and type(tuner) not in _GATED_TUNERS.values():
+        tuner.__class__ = _gated_tuner_class(type(tuner))
+    if all(not bool(m.lora_B[adapter].weight.detach().any()) for _, m in layers):
+        warnings.warn(f"every lora_B of adapter {adapter!r} is zero (an untrained LoRA): the gates get exactly zero "
+                      f"gradient (d y / d lambda = scaling * B A h = 0) and will not move; train Stage I first "
+                      f"(treadle.scale.sft)", UserWarning, stacklevel=2)
     return params
+
+
+def remove_gates(peft_model: nn.Module) -> dict[str, torch.Tensor]:
+    """Take the SCALE gates off: every gated layer becomes PEFT's plain ``lora.Linear`` again (the Stage-I
+    LoRA, lambda = 1), which PEFT merges (``merge_and_unload()``) and saves as usual.
+
+    Parameters keep their ``requires_grad`` (everything frozen by :func:`attach_gates` stays frozen).
+
+    Returns:
+        The removed gates, ``{"<module name>.weight": (d_in,), "<module name>.bias": (1,)}`` float32
+        (the tensors :func:`save_gates` writes), so that nothing is lost.
+
+    Raises:
+        GateError: the model has no gates, or a gated layer is merged (unmerge first:
+            ``peft_model.unmerge_adapter()``); raised before anything is changed.
+    """
+    layers = gated_layers(peft_model)
+    if not layers:
+        raise GateError("the model has no gates to remove")
+    merged = [n for n, m in layers.items() if m.scale_config.adapter in m.merged_adapters]
+    if merged:
+        raise GateError(f"{len(merged)} gated layer(s) are merged (e.g. {merged[0]!r}): their weights hold the folded "
+                        f"gate; call peft_model.unmerge_adapter() before remove_gates()")
+    base_cls = _peft_lora().Linear
+    removed = {}
+    for name, m in layers.items():
+        removed[f"{name}.weight"] = m.scale_gate_weight.detach()
+        removed[f"{name}.bias"] = m.scale_gate_bias.detach()
+        del m.scale_gate_weight, m.scale_gate_bias  # registered parameters: nn.Module.__delattr__ unregisters
+        for attr in ("scale_config", "scale_record_lambda", "scale_last_lambda", "scale_fold", "scale_name"):
+            m.__dict__.pop(attr, None)
+        m.__class__ = base_cls
+    tuner = _tuner(peft_model)
+    if tuner is not None and type(tuner) in _GATED_TUNERS.values():
+        tuner.__class__ = type(tuner).__mro__[1]
+    return removed
 
 
 def gated_layers(peft_model: nn.Module) -> dict[str, nn.Module]:

@@ -1,35 +1,46 @@
-"""SCALE Stage I (SCALE sec. 4.3, "Stage I: learn"): ordinary LoRA SFT through PEFT.
+"""SCALE Stage I (SCALE sec. 4.3, "Stage I: learn"): ordinary LoRA SFT on TRL's ``SFTTrainer``.
 
 The paper's Stage I is plain supervised LoRA fine-tuning (r = 16, alpha = 16, all linear layers) whose
 result, the frozen LoRA delta, Stage II then re-weights per token (:mod:`treadle.scale.training`).
-Nothing here is SCALE-specific, which is the point: any existing PEFT LoRA adapter can be used for
-Stage II instead (``treadle scale train --adapter DIR``).
+Nothing here is SCALE-specific, which is the point: :func:`sft` is a thin call of ``trl.SFTTrainer``
+with a ``peft.LoraConfig`` (so bf16, gradient accumulation, ``report_to``, multi-GPU through
+accelerate work as in any TRL run), and any existing PEFT LoRA adapter can be used for Stage II
+instead (``treadle scale train --adapter DIR``).
 
-Data: worked problems from :class:`treadle.data.ProblemGenerator` (train split; the prompt as one user
-turn, the verified answer + EOS as the assistant turn), cross-entropy on response tokens only.
-The adapter is written with PEFT's ``save_pretrained`` (``adapter_config.json`` +
-``adapter_model.safetensors``, loadable with ``PeftModel.from_pretrained``), next to the tokenizer.
+Data: worked problems from :class:`treadle.data.ProblemGenerator` (train split, ``steps x batch_size``
+fresh problems, each seen once) as a prompt-completion dataset: the prompt rendered with the
+tokenizer's chat template (one user turn + the generation prompt), the verified answer as the
+completion; TRL appends EOS and masks the prompt tokens (``completion_only_loss``), so the loss is the
+cross-entropy on the answer and its EOS only. The adapter is written with PEFT's ``save_pretrained``
+(``adapter_config.json`` + ``adapter_model.safetensors``, loadable with ``PeftModel.from_pretrained``),
+next to the tokenizer.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-import math
+import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, Union
 
 import torch
+from pydantic import ConfigDict, Field, field_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 from torch import nn
 
 from treadle.run_dirs import make_out_dir
 
-__all__ = ["SFTConfig", "SFTResult", "sft", "response_loss", "linear_targets"]
+__all__ = ["SFTConfig", "SFTResult", "sft", "stage_one_trainer", "sft_dataset", "response_loss", "linear_targets"]
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))
 class SFTConfig:
-    """Stage-I settings (SCALE sec. 4.3: r = 16, alpha = 16, all linear layers).
+    """Stage-I settings (SCALE sec. 4.3: r = 16, alpha = 16, all linear layers), a frozen pydantic
+    dataclass: bad values raise :class:`pydantic.ValidationError` (a ``ValueError``) naming the field.
 
     Attributes:
         r, lora_alpha: LoRA rank and alpha (``scaling = alpha / r``).
@@ -40,26 +51,34 @@ class SFTConfig:
             wraps MoE routers or fused expert parameters (e.g. Qwen3-Next's ``mlp.gate`` /
             ``mlp.experts``, which PEFT would wrap in ``ParamWrapper`` layers that have no gate).
         lora_dropout: LoRA dropout during Stage I (Stage II runs without it).
-        steps: optimizer steps; batch_size: problems per step (fresh problems each step).
-        lr: AdamW learning rate (linear warm-up over the first 10% of steps, then constant);
-            weight_decay, grad_clip: AdamW weight decay and gradient-norm clip.
+        steps: optimizer steps (``max_steps``); batch_size: problems per step
+            (``per_device_train_batch_size``; fresh problems each step).
+        lr: AdamW learning rate (transformers' ``constant_with_warmup``: linear warm-up from 0 over the
+            first ``steps // 10`` steps, none below 10 steps, then constant); weight_decay, grad_clip:
+            AdamW weight decay and ``max_grad_norm``.
         levels: difficulty levels of :mod:`treadle.data.arithmetic` drawn uniformly (train split).
         probe_size: held-out problems whose response loss is reported before/after.
-        seed: seeds the LoRA initialisation and the problem stream.
+        seed: seeds the LoRA initialisation, the problem stream and the trainer.
+        report_to: the trainer's ``report_to`` (``"none"``, ``"tensorboard"``, ``"wandb"``...).
+        bf16: train under bf16 autocast (TRL's own default is True where supported; False here, so
+            that Stage I is the float32 computation the rest of treadle's SCALE runs on, and the
+            trained model's forward is not left wrapped in accelerate's autocast).
     """
 
-    r: int = 16
-    lora_alpha: int = 16
-    target_modules: str | tuple = "all-linear"
-    lora_dropout: float = 0.0
-    steps: int = 60
-    batch_size: int = 32
-    lr: float = 2e-3
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    levels: tuple = (1, 2, 3)
-    probe_size: int = 64
+    r: int = Field(16, ge=1, strict=True)
+    lora_alpha: float = Field(16, gt=0, allow_inf_nan=False)
+    target_modules: Union[Literal["all-linear"], tuple[str, ...]] = "all-linear"
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    steps: int = Field(60, ge=1, strict=True)
+    batch_size: int = Field(32, ge=1, strict=True)
+    lr: float = Field(2e-3, gt=0, allow_inf_nan=False)
+    weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False)
+    grad_clip: float = Field(1.0, gt=0, allow_inf_nan=False)
+    levels: tuple[int, ...] = (1, 2, 3)
+    probe_size: int = Field(64, ge=1, strict=True)
     seed: int = 0
+    report_to: str = "none"
+    bf16: bool = False
 
     @classmethod
     def quick(cls, **overrides) -> "SFTConfig":
@@ -68,31 +87,23 @@ class SFTConfig:
         kw.update(overrides)
         return cls(**kw)
 
-    def __post_init__(self) -> None:
+    @field_validator("target_modules")
+    @classmethod
+    def _names(cls, v):
+        if v != "all-linear" and (not v or not all(m for m in v)):
+            raise ValueError(f"target_modules must be 'all-linear' or a non-empty tuple of module names, got {v!r}")
+        return v
+
+    @field_validator("levels")
+    @classmethod
+    def _levels(cls, v):
         from treadle.data.arithmetic import difficulty
 
-        for name in ("r", "steps", "batch_size", "probe_size"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"SFTConfig.{name} must be an int >= 1, got {v!r}")
-        for name in ("lora_alpha", "lr"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or not math.isfinite(v):
-                raise ValueError(f"SFTConfig.{name} must be a finite number > 0, got {v!r}")
-        if not 0 <= self.lora_dropout < 1:
-            raise ValueError(f"SFTConfig.lora_dropout must be in [0, 1), got {self.lora_dropout!r}")
-        if self.weight_decay < 0 or not self.grad_clip > 0:
-            raise ValueError(f"SFTConfig.weight_decay must be >= 0 and grad_clip > 0, got {self.weight_decay!r}, "
-                             f"{self.grad_clip!r}")
-        tm = self.target_modules
-        if not (tm == "all-linear" or (isinstance(tm, (tuple, list)) and tm and all(isinstance(m, str) and m
-                                                                                    for m in tm))):
-            raise ValueError(f"SFTConfig.target_modules must be 'all-linear' or a non-empty tuple of module names, "
-                             f"got {tm!r}")
-        if not self.levels:
-            raise ValueError("SFTConfig.levels must name at least one difficulty level")
-        for lv in self.levels:
+        if not v:
+            raise ValueError("levels must name at least one difficulty level")
+        for lv in v:
             difficulty(lv)
+        return v
 
 
 @dataclass
@@ -173,19 +184,106 @@ def _has_lora(model: nn.Module) -> bool:
     return any(isinstance(m, LoraLayer) for m in model.modules())
 
 
+def sft_dataset(tokenizer, problems):
+    """A TRL prompt-completion ``datasets.Dataset`` of worked problems: ``prompt`` is the chat-template
+    rendering of the problem as one user turn plus the generation prompt, ``completion`` the verified
+    answer (TRL appends EOS and masks the prompt).
+
+    Raises:
+        ValueError: empty ``problems``; a tokenizer without a chat template / EOS / pad token.
+    """
+    from datasets import Dataset
+
+    from treadle.scale.batches import _check_tokenizer
+
+    if not problems:
+        raise ValueError("problems must be a non-empty list")
+    _check_tokenizer(tokenizer)
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p.prompt}], tokenize=False,
+                                             add_generation_prompt=True) for p in problems]
+    return Dataset.from_dict({"prompt": prompts, "completion": [p.answer for p in problems]})
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Silence the dataset-preparation progress bars, transformers' info/warning lines and the
+    FutureWarnings of the trainer's setup (our own console line says what happened)."""
+    import datasets
+    import transformers
+
+    bars = datasets.utils.logging.is_progress_bar_enabled()
+    verbosity = transformers.logging.get_verbosity()
+    datasets.utils.logging.disable_progress_bar()
+    transformers.logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            yield
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        if bars:
+            datasets.utils.logging.enable_progress_bar()
+
+
+def _trainer_args(config: SFTConfig, output_dir: str, progress: bool):
+    from trl import SFTConfig as TRLSFTConfig
+
+    return TRLSFTConfig(
+        output_dir=output_dir, max_steps=config.steps, per_device_train_batch_size=config.batch_size,
+        gradient_accumulation_steps=1, learning_rate=config.lr, lr_scheduler_type="constant_with_warmup",
+        warmup_steps=config.steps // 10, weight_decay=config.weight_decay, max_grad_norm=config.grad_clip,
+        optim="adamw_torch", seed=config.seed, data_seed=config.seed, logging_steps=1, save_strategy="no",
+        report_to=config.report_to, disable_tqdm=not progress, completion_only_loss=True, packing=False,
+        dataloader_num_workers=0, dataset_num_proc=None, use_cpu=not torch.cuda.is_available(),
+        remove_unused_columns=True, bf16=config.bf16, fp16=False)
+
+
+def stage_one_trainer(model: nn.Module, tokenizer, config: SFTConfig, output_dir: str | Path, *,
+                      targets: list[str] | None = None, callbacks=(), progress: bool = False):
+    """The ``trl.SFTTrainer`` that :func:`sft` runs (not yet trained): ``model`` wrapped with a fresh
+    ``peft.LoraConfig`` (r, alpha, dropout of ``config``; ``targets`` or :func:`linear_targets`), on
+    ``config.steps * config.batch_size`` fresh train-split problems (:func:`sft_dataset`).
+
+    Use it to run Stage I with TRL features :func:`sft` does not expose (edit ``trainer.args``
+    before ``trainer.train()``: bf16, gradient accumulation, checkpoints and ``resume_from_checkpoint``).
+    """
+    import peft
+    from transformers.trainer_callback import PrinterCallback
+    from trl import SFTTrainer
+
+    from treadle.data.arithmetic import ProblemGenerator
+
+    targets = targets if targets is not None else (
+        linear_targets(model) if config.target_modules == "all-linear" else list(config.target_modules))
+    weights = {lv: 1.0 for lv in config.levels}
+    train_set = sft_dataset(tokenizer, ProblemGenerator(config.seed).mixture(config.steps * config.batch_size,
+                                                                             weights, split="train"))
+    lcfg = peft.LoraConfig(r=config.r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                           target_modules=targets, task_type="CAUSAL_LM")
+    with _quiet():
+        args = _trainer_args(config, str(output_dir), progress)
+        torch.manual_seed(config.seed)  # the LoRA initialisation
+        trainer = SFTTrainer(model=model, args=args, train_dataset=train_set, processing_class=tokenizer,
+                             peft_config=lcfg, callbacks=list(callbacks))
+        if not progress:
+            trainer.remove_callback(PrinterCallback)  # per-step dicts on stdout: sft() writes log.jsonl
+    return trainer
+
+
 def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: str | Path | None = None, *,
         console=None, progress: bool = False) -> SFTResult:
-    """Stage I of SCALE (sec. 4.3): wrap ``model`` with a fresh PEFT LoRA adapter and fine-tune it.
+    """Stage I of SCALE (sec. 4.3): fine-tune ``model`` with a fresh PEFT LoRA adapter on TRL's ``SFTTrainer``.
 
     Args:
         model: a HF causal LM without LoRA layers (e.g. :func:`treadle.models.load_default_model`'s, or a
-            tiny one from :func:`treadle.models.build_tiny_model`); it is wrapped in place by
-            ``peft.get_peft_model``.
+            tiny one from :func:`treadle.models.build_tiny_model`); it is wrapped in place by PEFT
+            (through the trainer's ``peft_config``).
         tokenizer: its tokenizer (chat template, EOS and pad token).
         config: :class:`SFTConfig` (default: r = 16, alpha = 16, all linear layers).
         out_dir: run folder: ``adapter/`` (PEFT ``save_pretrained`` + tokenizer), ``log.jsonl`` (one line
-            per step), ``summary.json``. None: nothing is written.
-        console: a rich Console for messages (None: silent); progress: a tqdm bar.
+            per step: step, loss, lr), ``summary.json``, ``trainer/`` (the trainer's output_dir). None:
+            nothing is kept (the trainer writes to a temporary folder).
+        console: a rich Console for messages (None: silent); progress: the trainer's tqdm bar.
 
     Returns:
         :class:`SFTResult` (probe loss before/after on held-out problems, per-step losses).
@@ -197,8 +295,7 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
             file, or not writable. Raised before training and (but for PEFT's message) before ``model``
             is changed.
     """
-    import peft
-    from tqdm.auto import tqdm
+    from transformers import TrainerCallback
 
     from treadle.data.arithmetic import ProblemGenerator
     from treadle.scale.batches import collate, problem_pairs
@@ -214,48 +311,46 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
     weights = {lv: 1.0 for lv in config.levels}
     probe = problem_pairs(tokenizer, ProblemGenerator(config.seed + 10_007).mixture(config.probe_size, weights,
                                                                                   split="heldout"))
-    torch.manual_seed(config.seed)
-    lcfg = peft.LoraConfig(r=config.r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                           target_modules=targets, task_type="CAUSAL_LM")
-    pm = peft.get_peft_model(model, lcfg)
-    device = next(pm.parameters()).device
-    params = [p for p in pm.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    warm = max(1, config.steps // 10)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
-    probe_batch = collate(probe, tokenizer.pad_token_id).to(device)
+    losses: list[float] = []
+    log = open(out / "log.jsonl", "w") if out is not None else None
 
-    def probe_loss() -> float:
-        pm.eval()
-        with torch.no_grad():
-            return float(response_loss(pm, probe_batch))
+    class _Log(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                losses.append(float(logs["loss"]))
+                if log is not None:
+                    log.write(json.dumps({"step": state.global_step - 1, "loss": losses[-1],
+                                          "lr": logs.get("learning_rate")}) + "\n")
+                    log.flush()
 
-    before = probe_loss()
-    log = None
-    if out is not None:
-        log = open(out / "log.jsonl", "w")
-    gen = ProblemGenerator(config.seed)
-    losses = []
-    t0 = time.perf_counter()
+    tmp = None
     try:
-        pm.train()
-        for step in tqdm(range(config.steps), disable=not progress, desc="scale sft"):
-            batch = collate(problem_pairs(tokenizer, gen.mixture(config.batch_size, weights, split="train")),
-                            tokenizer.pad_token_id).to(device)
-            loss = response_loss(pm, batch)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
-            opt.step()
-            sched.step()
-            losses.append(loss.item())
-            if log is not None:
-                log.write(json.dumps({"step": step, "loss": losses[-1], "lr": sched.get_last_lr()[0]}) + "\n")
+        if out is None:
+            tmp = tempfile.TemporaryDirectory(prefix="treadle-sft-")
+        trainer = stage_one_trainer(model, tokenizer, config, str(out / "trainer") if out is not None else tmp.name,
+                                    targets=targets, callbacks=[_Log()], progress=progress)
+        pm = trainer.model
+        device = next(pm.parameters()).device
+        probe_batch = collate(probe, tokenizer.pad_token_id).to(device)
+
+        def probe_loss() -> float:
+            pm.eval()
+            with torch.no_grad():
+                return float(response_loss(pm, probe_batch))
+
+        before = probe_loss()
+        t0 = time.perf_counter()
+        with _quiet():
+            trainer.train()
+        seconds = time.perf_counter() - t0
     finally:
         if log is not None:
             log.close()
-    seconds = time.perf_counter() - t0
+        if tmp is not None:
+            tmp.cleanup()
     after = probe_loss()
+    pm.eval()
+    trainable = sum(p.numel() for p in pm.parameters() if p.requires_grad)
     adapter = None
     if out is not None:
         adapter = out / "adapter"
@@ -264,11 +359,11 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
         tokenizer.save_pretrained(str(adapter))
         summary = {"config": dataclasses.asdict(config), "base_model": getattr(model, "name_or_path", "") or None,
                    "probe_loss_before": before, "probe_loss_after": after, "seconds": seconds,
-                   "trainable": sum(p.numel() for p in params), "adapter": str(adapter)}
+                   "trainable": trainable, "adapter": str(adapter), "trainer": "trl.SFTTrainer"}
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if console is not None:
-        console.print(f"Stage I (LoRA r={config.r}, alpha={config.lora_alpha}, {config.target_modules}): "
-                      f"{sum(p.numel() for p in params)} trainable parameters, {config.steps} steps in {seconds:.1f}s; "
-                      f"held-out response CE {before:.4f} -> {after:.4f}" + (f"; adapter {adapter}" if adapter else ""),
-                      markup=False)
-    return SFTResult(pm, adapter, before, after, losses, seconds, sum(p.numel() for p in params))
+        console.print(f"Stage I (TRL SFTTrainer, LoRA r={config.r}, alpha={config.lora_alpha}, "
+                      f"{config.target_modules}): {trainable} trainable parameters, {config.steps} steps in "
+                      f"{seconds:.1f}s; held-out response CE {before:.4f} -> {after:.4f}"
+                      + (f"; adapter {adapter}" if adapter else ""), markup=False)
+    return SFTResult(pm, adapter, before, after, losses, seconds, trainable)

@@ -146,7 +146,7 @@ def sweep(model_path: str | Path, adapter: str | Path, Ls, Us, config=None, out_
     """
     from rich.progress import Progress
 
-    from treadle.models.tiny import check_checkpoint
+    from treadle.models.tiny import check_checkpoint, checkpoint_vocab_size
     from treadle.run_dirs import check_out_dir, make_out_dir
     from treadle.scale.training import ScaleTrainConfig
 
@@ -175,7 +175,7 @@ def sweep(model_path: str | Path, adapter: str | Path, Ls, Us, config=None, out_
                                 f"(treadle scale sft writes <out>/adapter)")
     if not (adapter / "adapter_config.json").exists():
         raise ValueError(f"{adapter} is not a PEFT adapter folder (no adapter_config.json)")
-    vocab = json.loads((Path(model_path) / "config.json").read_text()).get("vocab_size") or config.k
+    vocab = checkpoint_vocab_size(model_path) or config.k
     out = make_out_dir(out_dir)
     _clear_stale_cells(out)
     threads = max(1, cores // jobs) if jobs > 1 else 0
