@@ -154,6 +154,15 @@ def test_low_precision_dtypes_keep_their_dtype_and_the_formula(mode, dtype, rel)
     assert got.item() == pytest.approx(want, rel=rel, abs=rel)
 
 
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_result_dtype_is_the_loss_dtype_whatever_the_mask_dtype(mode):
+    loss, mask = _ragged(seed=6)
+    loss = torch.where(mask, loss, torch.zeros_like(loss)).to(torch.float16)
+    got = aggregate_loss(loss, mask.to(torch.float32), mode, **_kw(mode))
+    assert got.dtype == torch.float16
+    assert got.item() == pytest.approx(_by_hand(loss, mask, mode, **_kw(mode)), rel=2e-3, abs=2e-3)
+
+
 def test_all_rows_empty_is_zero_not_nan_for_the_sequence_modes():
     loss = torch.full((2, 3), GARBAGE, dtype=torch.float64)
     mask = torch.zeros(2, 3, dtype=torch.bool)
@@ -187,8 +196,17 @@ def test_aggregate_refusals_name_the_problem():
         aggregate_loss(loss, mask, dp_size=2.0)
     with pytest.raises(ValueError, match="global_seqs is required when dp_size > 1"):
         aggregate_loss(loss, mask, "seq-mean-token-mean", dp_size=2)
-    with pytest.raises(ValueError, match="norm_constant > 0"):
+    with pytest.raises(ValueError, match=r"^seq-mean-token-sum-norm needs norm_constant > 0 \(e\.g\. the maximum "
+                                         r"response length\); the padded width is never used, since it changes "
+                                         r"with the micro-batch$"):
         aggregate_loss(loss, mask, "seq-mean-token-sum-norm", norm_constant=0.0)
+    with pytest.raises(ValueError, match=r"^global_tokens is required when dp_size > 1$"):
+        aggregate_loss(loss, mask, "token-mean", dp_size=2)
+    with pytest.raises(ValueError, match=r"^global_seqs is required when dp_size > 1$"):
+        aggregate_loss(loss, mask, "seq-mean-token-sum", dp_size=2)
+    # any positive constant is allowed, also below 1
+    want = _by_hand(loss, mask, "seq-mean-token-sum-norm", norm_constant=0.5)
+    assert aggregate_loss(loss, mask, "seq-mean-token-sum-norm", norm_constant=0.5).item() == pytest.approx(want)
     # dp_size = 1 needs no global denominator
     assert torch.isfinite(aggregate_loss(loss, mask, "seq-mean-token-sum", dp_size=1))
 
@@ -292,6 +310,30 @@ def test_approx_kl_is_k1_mean_over_masked_tokens_only():
     _, stats = policy_loss(lp, old, torch.ones(2), mask)
     # (old - new) on the three masked tokens: 0.5, 1.0, 0.25
     assert stats["approx_kl"].item() == pytest.approx((-0.5 + 1.0 + 0.25) / 3, rel=1e-15)
+
+
+def test_policy_loss_one_token_and_dtypes():
+    # one masked token: clipfrac and KL are over exactly that token (the count is not clamped above 1)
+    lp = torch.tensor([[math.log(2.0), -3.0]], dtype=torch.float32)
+    old = torch.zeros(1, 2, dtype=torch.float32)
+    mask = torch.tensor([[True, False]])
+    adv = torch.tensor([1.0], dtype=torch.float64)  # float64 advantages do not promote a float32 loss
+    loss, stats = policy_loss(lp, old, adv, mask, clip_low=0.2)
+    assert loss.dtype == torch.float32 and loss.item() == pytest.approx(-1.2)
+    assert stats["clipfrac"].item() == 1.0
+    assert stats["approx_kl"].item() == pytest.approx(-math.log(2.0))
+
+
+def test_dual_clip_tie_is_not_counted_as_clipped():
+    """ratio exactly c with A < 0: the loss equals -A c on both sides; verl counts a lower clip only
+    when the PPO term is strictly above -A c."""
+    lp = torch.tensor([[math.log(2.0), math.log(4.0)]], dtype=torch.float64)  # exp gives 2.0, 4.0 exactly
+    assert torch.exp(lp).tolist() == [[2.0, 4.0]]
+    old = torch.zeros(1, 2, dtype=torch.float64)
+    loss, stats = policy_loss(lp, old, torch.tensor([[-1.0, -1.0]], dtype=torch.float64), torch.ones(1, 2),
+                              dual_clip=2.0)
+    assert loss.item() == pytest.approx((2.0 + 2.0) / 2)
+    assert stats["clipfrac_lower"].item() == 0.5
 
 
 def test_policy_loss_with_no_token_is_finite():
