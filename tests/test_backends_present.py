@@ -107,6 +107,8 @@ def test_require_module(monkeypatch):
         require_module("treadle_no_such_dep")
     with pytest.raises(pytest.skip.Exception, match="'treadle_no_such_dep' is not installed .*'treadle_no_such_dep.sub'"):
         require_module("treadle_no_such_dep.sub")
+    with pytest.raises(ModuleNotFoundError, match="json.no_such_sub"):  # package there, submodule not: an error
+        require_module("json.no_such_sub")
     monkeypatch.setenv("CI", "1")
     with pytest.raises(pytest.fail.Exception, match="'treadle_no_such_dep' is not installed"):
         require_module("treadle_no_such_dep")

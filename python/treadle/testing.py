@@ -77,7 +77,7 @@ def skip_or_fail(reason: str) -> NoReturn:
 
     if in_ci():
         pytest.fail(f"{reason} (CI is set: a missing backend or dependency fails instead of skipping)", pytrace=False)
-    pytest.skip(reason)
+    pytest.skip(reason, allow_module_level=True)
 
 
 def backend_missing(op: str, backend: str, device: str = "cpu") -> str | None:
@@ -114,16 +114,19 @@ def require_backend(op: str, backend: str = "cpp", device: str = "cpu"):
 
 
 def require_module(name: str):
-    """Import and return the optional dependency ``name``; if exactly that module (or a parent
-    package of it) is not installed, skip naming it, or fail under CI. Any other import error (the
-    module is there but its own imports break) propagates, so it is never mistaken for "not installed".
+    """Import and return the optional dependency ``name`` (a module or a submodule of it).
+
+    If the distribution's top-level package (``verl`` for ``verl.trainer.ppo.core_algos``) is not
+    installed: skip, naming it, or fail under CI. Any other import error (the package is there but a
+    submodule is missing, or its own imports break) propagates, so a broken or incompatible install is
+    never mistaken for "not installed".
     """
     import importlib
 
+    top = name.split(".")[0]
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as err:
-        missing = err.name or ""
-        if missing and (name == missing or name.startswith(missing + ".")):
-            skip_or_fail(f"optional dependency {missing!r} is not installed (needed for {name!r})")
+        if err.name == top:
+            skip_or_fail(f"optional dependency {top!r} is not installed (needed for {name!r})")
         raise

@@ -6,7 +6,9 @@ import json
 import anyio
 import pytest
 
-pytest.importorskip("bfcl_eval")
+from treadle.testing import require_module
+
+require_module("bfcl_eval")
 
 from treadle.weft.envs import bfcl  # noqa: E402
 from treadle.weft.errors import ErrorKind  # noqa: E402
