@@ -7,7 +7,7 @@ PIP        := $(PY) -m pip
 STAMP      := $(VENV)/.treadle-installed
 SOURCES    := $(shell find csrc triton_kernels python -name '*.py' -o -name '*.cpp' -o -name '*.cu' -o -name '*.h' 2>/dev/null) setup.py CMakeLists.txt requirements-dev.txt
 
-.PHONY: setup demo test bench check-cuda clean
+.PHONY: setup demo test bench check-cuda clean mutate
 
 setup: $(STAMP)
 
@@ -30,6 +30,13 @@ test: setup
 
 bench: setup
 	$(VENV)/bin/treadle bench
+
+# Mutation testing (not part of `make test`; tests/MUTATION.md): mutmut on the core modules, one area at a
+# time in build/mutate/<area>/ with that area's fast tests. `make mutate AREAS="grpo reference"` picks areas.
+AREAS ?=
+mutate: setup
+	$(PIP) install -q "mutmut==3.8.1"
+	$(PY) tests/mutation/mutate.py $(AREAS)
 
 check-cuda:
 	bash tests/build/nvcc_check.sh
