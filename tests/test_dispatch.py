@@ -16,7 +16,7 @@ def env(monkeypatch):
     tests switch pieces off through the returned dict."""
     have = {"CPU": True, "CUDA": True, "triton": True}
     monkeypatch.setitem(dispatch._REGISTRY, OP, dispatch.OpSpec(OP, ("cpp",), ("cuda", "triton")))
-    monkeypatch.setattr(_extension, "has_kernel", lambda op, key: have[key])
+    monkeypatch.setattr(_extension, "has_kernel", lambda op, key: op == OP and have[key])
     monkeypatch.setattr(_extension, "status", lambda: "treadle._C is not importable (simulated)")
     monkeypatch.setattr(dispatch, "triton_available", lambda: have["triton"])
     monkeypatch.delenv("TREADLE_BACKEND", raising=False)
@@ -177,6 +177,25 @@ def test_table_lists_every_op_on_both_devices(env):
     assert list(t) == sorted(t)
     assert t[OP] == {"cpu": {"backend": "cpp", "reason": "C++ kernel from treadle._C"},
                      "cuda": {"backend": "triton", "reason": "triton kernel for CUDA tensors"}}
+
+
+def test_cache_follows_the_environment(env, monkeypatch):
+    """choose() caches per (op, device, request, environment): changing TRITON_INTERPRET or
+    TREADLE_BACKEND between calls changes the answer with no cache clearing."""
+    assert dispatch.choose(OP, "cpu")[0] == "cpp"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert dispatch.choose(OP, "cpu")[0] == "triton"
+    monkeypatch.setenv("TREADLE_BACKEND", "reference")
+    assert dispatch.choose(OP, "cpu") == ("reference", "TREADLE_BACKEND")
+    monkeypatch.delenv("TREADLE_BACKEND")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert dispatch.choose(OP, "cpu")[0] == "cpp"
+
+
+def test_kernels_are_looked_up_for_this_op(env, monkeypatch):
+    monkeypatch.setattr(_extension, "has_kernel", lambda op, key: op != OP)  # every op but ours has kernels
+    assert choose("cpu")[0] == "reference"
+    assert choose("cuda")[0] == "triton"
 
 
 def test_triton_interpret_reads_the_environment(monkeypatch):
