@@ -24,12 +24,12 @@ def _seed():
 def pytest_configure(config):
     config.addinivalue_line("markers", "treadle_requires(op, backend): the test runs this backend of this op")
     config.addinivalue_line("markers", "treadle_missing(reason): a required backend is missing under CI (fails)")
-    from treadle.testing import in_ci
+    from treadle.testing import FALLBACK_WARNING, in_ci
 
     if in_ci():
         # CI builds the extension and installs Triton: an op falling back to its reference there
         # (one UserWarning from treadle.dispatch) is a failure, not a slower green run.
-        config.addinivalue_line("filterwarnings", "error:treadle. [a-z_]+ falls back to the PyTorch reference")
+        config.addinivalue_line("filterwarnings", f"error:{FALLBACK_WARNING}")
 
 
 def pytest_runtest_setup(item):

@@ -10,7 +10,7 @@ import torch
 
 import treadle
 from treadle import _extension, dispatch
-from treadle.testing import backend_missing, in_ci, require_backend, require_module, skip_or_fail
+from treadle.testing import FALLBACK_WARNING, backend_missing, in_ci, require_backend, require_module, skip_or_fail
 
 # ops that declare no kernel on purpose (the reference is the implementation); every other op must
 # declare both a C++ CPU kernel and a Triton kernel
@@ -154,10 +154,44 @@ def test_a_missing_backend_is_a_skip_locally_and_a_failure_under_ci(tmp_path, ci
     assert "cuda backend of grpo_advantages" in out.stdout
 
 
-def test_fallback_warning_is_an_error_under_ci_filter():
-    """tests/conftest.py adds this filter under CI; it must match dispatch's fallback warning."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message="treadle. [a-z_]+ falls back to the PyTorch reference")
-        with pytest.raises(UserWarning, match="falls back"):
-            warnings.warn("treadle: gated_lora falls back to the PyTorch reference: treadle._C is not importable",
-                          UserWarning)
+def _load_conftest():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("_treadle_tests_conftest", Path(__file__).parent / "conftest.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class _Config:
+    def __init__(self):
+        self.lines = []
+
+    def addinivalue_line(self, name, line):
+        self.lines.append((name, line))
+
+
+@pytest.mark.parametrize("ci", ["", "true"])
+def test_fallback_warning_is_an_error_under_ci(monkeypatch, ci):
+    """tests/conftest.py adds FALLBACK_WARNING as an error filter under CI only, and the filter
+    matches the warning treadle.dispatch really gives when an op falls back to its reference."""
+    monkeypatch.setenv("CI", ci)
+    cfg = _Config()
+    _load_conftest().pytest_configure(cfg)
+    filters = [line for name, line in cfg.lines if name == "filterwarnings"]
+    assert filters == ([f"error:{FALLBACK_WARNING}"] if ci else [])
+    op = "test_backends_fallback_op1"
+    monkeypatch.setitem(dispatch._REGISTRY, op, dispatch.OpSpec(op, ("cpp",), ("triton",)))
+    monkeypatch.setattr(_extension, "has_kernel", lambda name, key: False)
+    monkeypatch.setattr(dispatch, "_warned", set())
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    dispatch._choose.cache_clear()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            warnings.filterwarnings("error", message=FALLBACK_WARNING)
+            with pytest.raises(UserWarning, match=f"^treadle: {op} falls back to the PyTorch reference: "):
+                dispatch.resolve(op, "cpu")
+    finally:
+        dispatch._choose.cache_clear()

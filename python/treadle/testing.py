@@ -64,6 +64,11 @@ def assert_within_rule(kernel: torch.Tensor, plain: torch.Tensor, ref64: torch.T
 # ---------------------------------------------------------------------------------------------------
 # A green run must mean everything ran: skip locally, fail under CI.
 
+# the warning treadle.dispatch gives once per op when it falls back to the reference (a regex for
+# ``warnings.filterwarnings`` / pytest's ``filterwarnings``: no ":" in it, since that separates fields there)
+FALLBACK_WARNING = r"treadle. [a-z_0-9]+ falls back to the PyTorch reference"
+
+
 def in_ci() -> bool:
     """True when the environment variable ``CI`` is set to anything but empty/``0``/``false``/``no``
     (GitHub Actions, GitLab CI and most others set ``CI=true``)."""

@@ -165,3 +165,19 @@ def test_atomic_turn_group_ids_hash_types_and_tensors():
     assert atomic_turn_group_ids([1, 1], [0, 0], [np.int64(3), 3]).tolist() == [0, 0]
     with pytest.raises(TypeError, match=r"^state hashes must be int, str or bytes, got float$"):
         atomic_turn_group_ids([1], [0], [1.5])
+
+
+def test_devices_are_kept_and_checked():
+    """The meta device stands in for a GPU: results stay on the inputs' device; devices that differ
+    are refused."""
+    meta = torch.device("meta")
+    assert group_ids_from_uids(["a", "b", "a"], device=meta).device == meta
+    assert group_ids_from_uids(["a", "b", "a"], device="cpu").device.type == "cpu"
+    # a float tensor that requires grad goes through detach(), not numpy's array protocol
+    assert group_ids_from_uids(torch.tensor([2.0, 1.0, 2.0], requires_grad=True)).tolist() == [0, 1, 0]
+    with pytest.raises(ValueError, match=r"^response_mask is on meta but advantages on cpu$"):
+        broadcast_to_tokens(torch.zeros(2), torch.ones(2, 3, device=meta))
+    out = broadcast_packed(torch.zeros(0, device=meta), torch.tensor([-1, -1], device=meta))
+    assert out.device == meta and out.shape == (2,)
+    out = broadcast_packed(torch.zeros(2, device=meta), torch.tensor([0, 1, -1], device=meta))
+    assert out.device == meta and out.shape == (3,)
