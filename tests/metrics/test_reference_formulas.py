@@ -106,6 +106,13 @@ def test_scatter_yardstick_equals_the_reference_in_float64(unbiased, eps):
                                rtol=1e-12, atol=1e-12)
 
 
+def test_scatter_yardstick_groups_of_one_are_zero_even_with_eps_zero():
+    rewards, ids = _grpo_inputs(seed=4)
+    plain = grpo_advantages_scatter(rewards, ids, eps=0.0)  # a group of one has std 0: 0 / 0 without the guard
+    assert torch.isfinite(plain).all()
+    torch.testing.assert_close(plain, grpo_advantages_reference(rewards, ids, eps=0.0), rtol=1e-12, atol=1e-12)
+
+
 def test_scatter_yardstick_keeps_the_dtype():
     rewards, ids = _grpo_inputs(seed=3)
     plain = grpo_advantages_scatter(rewards.float(), ids)
