@@ -131,6 +131,7 @@ def test_gate_lambda_formula():
     assert v.grad.tolist() == [3.0, 3.0, 2.5, 2.0, 2.0]
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         assert gate_lambda_reference(v.detach().to(dtype), L, U).dtype == dtype
+        assert gate_lambda_reference(torch.tensor(0.5, dtype=dtype), L, U).dtype == dtype  # 0-d: no promotion
 
 
 def test_topk_entropy_formula():
@@ -150,6 +151,14 @@ def test_topk_entropy_formula():
     assert topk_entropy_reference(rows, 2).item() == pytest.approx((want + 1.0) / 2, rel=1e-12)
     assert topk_entropy_reference(rows, 2, mask=torch.tensor([True, False])).item() == pytest.approx(want, rel=1e-12)
     assert topk_entropy_reference(rows, 2, mask=torch.tensor([False, True])).item() == pytest.approx(1.0, rel=1e-12)
+
+
+def test_topk_entropy_default_k_is_100():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 150, generator=gen, dtype=torch.float64) * 4
+    h100 = topk_entropy_reference(logits, 100)
+    assert topk_entropy_reference(logits).item() == h100.item()
+    assert topk_entropy_reference(logits, 101).item() != h100.item()
 
 
 def _stair_by_hand(q, k, v, n, *, lengths, eps, scale, mode):
