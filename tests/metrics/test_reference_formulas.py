@@ -71,7 +71,7 @@ def _by_hand(rewards, ids, *, estimator="grpo", unbiased=True, eps=1e-6, scale_r
     dict(scale_rewards="batch"), dict(scale_rewards="batch", unbiased=False), dict(scale_rewards="none"),
     dict(estimator="dr_grpo"), dict(estimator="rloo"), dict(estimator="reinforce_baseline"),
     dict(estimator="reinforce_baseline", unbiased=False, eps=0.1), dict(singleton="raw", eps=0.25),
-    dict(singleton="raw", estimator="rloo"),
+    dict(singleton="raw", estimator="rloo"), dict(singleton="raw", scale_rewards="none", eps=0.25),
 ])
 def test_grpo_reference_matches_the_formulas(kw):
     rewards, ids = _grpo_inputs()
@@ -92,6 +92,31 @@ def test_grpo_reference_valid_flags_equal_groups():
         torch.testing.assert_close(got, _by_hand(rewards, ids, valid=valid, flags=flags, estimator=est),
                                    rtol=1e-12, atol=1e-12)
     assert (grpo_advantages_reference(rewards, ids)[ids == 3] == 0).all()
+
+
+def test_grpo_reference_nonfinite_rewards():
+    rewards, ids = _grpo_inputs(seed=5)
+    bad = int((ids == 4).nonzero()[0])  # a row of the group of five
+    rewards[bad] = float("nan")
+    default = grpo_advantages_reference(rewards, ids)  # skip_nonfinite=False: NaN spreads over its group only
+    assert torch.isnan(default[ids == 4]).all() and torch.isfinite(default[ids != 4]).all()
+    finite = torch.isfinite(rewards)
+    skipped = grpo_advantages_reference(rewards, ids, skip_nonfinite=True)
+    torch.testing.assert_close(skipped, grpo_advantages_reference(rewards, ids, valid=finite), rtol=0, atol=0)
+    valid = torch.ones(len(ids), dtype=torch.bool)
+    valid[(ids == 2).nonzero()[0]] = False
+    both = grpo_advantages_reference(rewards, ids, valid=valid, skip_nonfinite=True)  # valid AND finite
+    torch.testing.assert_close(both, grpo_advantages_reference(rewards, ids, valid=valid & finite), rtol=0, atol=0)
+    torch.testing.assert_close(both, _by_hand(rewards.nan_to_num(0.0), ids, valid=valid & finite), rtol=1e-12,
+                               atol=1e-12)
+
+
+def test_grpo_reference_batch_scaling_with_two_rows():
+    rewards = torch.tensor([1.0, 3.0], dtype=torch.float64)
+    ids = torch.tensor([0, 0])
+    # batch std of (1, 3) = sqrt(2) (unbiased): A = (-1, 1) / (sqrt(2) + eps)
+    got = grpo_advantages_reference(rewards, ids, scale_rewards="batch", eps=0.0)
+    torch.testing.assert_close(got, torch.tensor([-1.0, 1.0], dtype=torch.float64) / math.sqrt(2), rtol=1e-14, atol=0)
 
 
 @pytest.mark.parametrize("unbiased", [True, False])
