@@ -248,3 +248,31 @@ def test_stair_readout_reference_one_key_mixed_dtypes_and_empty_bank():
     assert z.shape == (1, 2, 1, 3) and torch.equal(z, torch.zeros_like(z))
     with pytest.raises(ValueError, match=r"^mode must be one of \('diff', 'reflected', 'reference'\), got 'sum'$"):
         stair_readout_reference(q, k, v, n, mode="sum")
+
+
+def test_grpo_reference_equal_rewards_exact_zero_with_eps_zero():
+    rewards = torch.tensor([0.5, 0.5, 0.5, 1.0, 2.0], dtype=torch.float64)
+    ids = torch.tensor([0, 0, 0, 1, 1])
+    got = grpo_advantages_reference(rewards, ids, eps=0.0)  # without the max == min guard: 0 / 0 = NaN
+    assert got[:3].tolist() == [0.0, 0.0, 0.0]
+    # group (1, 2): d = -/+0.5, unbiased std sqrt(0.5)
+    torch.testing.assert_close(got[3:], torch.tensor([-0.5, 0.5], dtype=torch.float64) / math.sqrt(0.5),
+                               rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("n_rows", [1, 2])
+def test_reinforce_baseline_whitening_with_one_or_two_rows(n_rows):
+    rewards = torch.tensor([3.0, 5.0][:n_rows], dtype=torch.float64)
+    ids = torch.arange(n_rows)  # every row its own group: raw singletons (a_i = r_i), then whitened
+    got = grpo_advantages_reference(rewards, ids, estimator="reinforce_baseline", singleton="raw", eps=0.5)
+    torch.testing.assert_close(got, _by_hand(rewards, ids, estimator="reinforce_baseline", singleton="raw", eps=0.5),
+                               rtol=1e-14, atol=1e-15)
+    want = [0.0] if n_rows == 1 else [-1.0 / (math.sqrt(2) + 0.5), 1.0 / (math.sqrt(2) + 0.5)]
+    assert got.tolist() == pytest.approx(want, rel=1e-14, abs=0)
+
+
+def test_grpo_reference_unknown_estimator():
+    rewards, ids = _grpo_inputs()
+    with pytest.raises(ValueError, match=r"^unknown estimator 'ppo'; expected one of \('grpo', 'dr_grpo', 'rloo', "
+                                         r"'reinforce_baseline'\)$"):
+        grpo_advantages_reference(rewards, ids, estimator="ppo")
