@@ -7,7 +7,7 @@ PIP        := $(PY) -m pip
 STAMP      := $(VENV)/.treadle-installed
 SOURCES    := $(shell find csrc triton_kernels python -name '*.py' -o -name '*.cpp' -o -name '*.cu' -o -name '*.h' 2>/dev/null) setup.py pyproject.toml MANIFEST.in CMakeLists.txt requirements-dev.txt
 
-.PHONY: setup demo test bench bench-guard check-cuda dist clean
+.PHONY: setup demo test bench bench-guard check-cuda dist clean mutate
 
 setup: $(STAMP)
 
@@ -38,6 +38,13 @@ bench-guard: setup
 # sdist + wheel in dist/, the wheel built from the sdist against the installed torch (needs `build`)
 dist: setup
 	$(PY) -m build --no-isolation --outdir dist .
+
+# Mutation testing (not part of `make test`; tests/MUTATION.md): mutmut on the core modules, one area at a
+# time in build/mutate/<area>/ with that area's fast tests. `make mutate AREAS="grpo reference"` picks areas.
+AREAS ?=
+mutate: setup
+	$(PIP) install -q "mutmut==3.8.1"
+	$(PY) tests/mutation/mutate.py $(AREAS)
 
 check-cuda:
 	bash tests/build/nvcc_check.sh

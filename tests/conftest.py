@@ -21,6 +21,23 @@ def _seed():
     yield
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "treadle_requires(op, backend): the test runs this backend of this op")
+    config.addinivalue_line("markers", "treadle_missing(reason): a required backend is missing under CI (fails)")
+    from treadle.testing import FALLBACK_WARNING, in_ci
+
+    if in_ci():
+        # CI builds the extension and installs Triton: an op falling back to its reference there
+        # (one UserWarning from treadle.dispatch) is a failure, not a slower green run.
+        config.addinivalue_line("filterwarnings", f"error:{FALLBACK_WARNING}")
+
+
+def pytest_runtest_setup(item):
+    for mark in item.iter_markers("treadle_missing"):
+        pytest.fail(f"{mark.kwargs['reason']} (CI is set: a missing backend fails instead of skipping)",
+                    pytrace=False)
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

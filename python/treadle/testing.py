@@ -3,8 +3,14 @@
 The tolerance rule (CONVENTIONS.md, after flash-attention's tests): a kernel's error against the
 float64 reference may be at most ``factor`` times (2 for outputs, 3 for gradients) the error that
 plain PyTorch makes in the same dtype, plus a small absolute floor for exact cases.
+
+A green run must mean everything ran: :func:`require_backend`, :func:`require_module` and
+:func:`skip_or_fail` skip on a developer machine but fail under CI (environment variable ``CI``).
 """
 from __future__ import annotations
+
+import os
+from typing import NoReturn
 
 import torch
 
@@ -53,3 +59,79 @@ def assert_within_rule(kernel: torch.Tensor, plain: torch.Tensor, ref64: torch.T
     ek, ep = max_error(kernel, ref64), max_error(plain, ref64)
     if not ek <= factor * ep + floor:
         raise AssertionError(f"{name}: kernel error {ek:.3g} > {factor} x plain PyTorch error {ep:.3g} (+{floor:g})")
+
+
+# ---------------------------------------------------------------------------------------------------
+# A green run must mean everything ran: skip locally, fail under CI.
+
+# the warning treadle.dispatch gives once per op when it falls back to the reference (a regex for
+# ``warnings.filterwarnings`` / pytest's ``filterwarnings``: no ":" in it, since that separates fields there)
+FALLBACK_WARNING = r"treadle. [a-z_0-9]+ falls back to the PyTorch reference"
+
+
+def in_ci() -> bool:
+    """True when the environment variable ``CI`` is set to anything but empty/``0``/``false``/``no``
+    (GitHub Actions, GitLab CI and most others set ``CI=true``)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def skip_or_fail(reason: str) -> NoReturn:
+    """``pytest.skip(reason)`` on a developer machine; ``pytest.fail`` under CI, where the compiled
+    extension, Triton and the dev dependencies are always installed, so a missing one is a bug."""
+    import pytest
+
+    if in_ci():
+        pytest.fail(f"{reason} (CI is set: a missing backend or dependency fails instead of skipping)", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def backend_missing(op: str, backend: str, device: str = "cpu") -> str | None:
+    """None if ``backend`` can run the treadle op ``op`` on ``device`` tensors here, else why not.
+
+    Raises:
+        KeyError: ``op`` is not a registered treadle op.
+    """
+    from treadle import dispatch, ops  # noqa: F401  (importing ops registers them)
+
+    try:
+        dispatch.choose(op, device, backend)
+    except dispatch.BackendUnavailableError as err:
+        return str(err)
+    return None
+
+
+def require_backend(op: str, backend: str = "cpp", device: str = "cpu"):
+    """A pytest mark for tests of one backend of one op: nothing when the backend is there; a skip
+    naming the reason when it is not; under CI a ``treadle_missing`` mark that tests/conftest.py
+    turns into a failure (so the run is red, never green with the backend untested).
+
+    Use as ``@require_backend("stair_readout")`` or ``pytest.param("cpp", marks=require_backend(op))``.
+    """
+    import pytest
+
+    why = backend_missing(op, backend, device)
+    if why is None:
+        return pytest.mark.treadle_requires(op=op, backend=backend)
+    reason = f"the {backend} backend of {op} is unavailable on {device}: {why}"
+    if in_ci():
+        return pytest.mark.treadle_missing(reason=reason)
+    return pytest.mark.skip(reason=reason)
+
+
+def require_module(name: str):
+    """Import and return the optional dependency ``name`` (a module or a submodule of it).
+
+    If the distribution's top-level package (``verl`` for ``verl.trainer.ppo.core_algos``) is not
+    installed: skip, naming it, or fail under CI. Any other import error (the package is there but a
+    submodule is missing, or its own imports break) propagates, so a broken or incompatible install is
+    never mistaken for "not installed".
+    """
+    import importlib
+
+    top = name.split(".")[0]
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        if err.name == top:
+            skip_or_fail(f"optional dependency {top!r} is not installed (needed for {name!r})")
+        raise

@@ -5,6 +5,7 @@ import copy
 import pytest
 
 from treadle.data import load_humaneval
+from treadle.testing import require_module
 
 
 def test_humaneval_complete_and_immutable():
@@ -32,7 +33,7 @@ def test_humaneval_canonical_solutions_pass_their_tests():
         ns["check"](ns[p["entry_point"]])
 
 
-bfcl = pytest.importorskip("bfcl_eval", reason="bfcl-eval not installed (pip install --no-deps bfcl-eval)")
+bfcl = require_module("bfcl_eval")  # pip install --no-deps bfcl-eval
 
 
 @pytest.mark.parametrize("category", ["base", "miss_func", "miss_param", "long_context"])

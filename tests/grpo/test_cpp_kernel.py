@@ -4,22 +4,13 @@ extreme id values, and the eager shortcut past the custom-op layer giving the cu
 import pytest
 import torch
 
-from treadle import dispatch
 from treadle.ops import grpo_advantages
 from treadle.reference.grpo import grpo_advantages_reference, grpo_advantages_scatter
-from treadle.testing import assert_close_verbose
+from treadle.testing import assert_close_verbose, require_backend
 
 
 
-def _cpp_built() -> bool:
-    try:
-        dispatch.choose("grpo_advantages", "cpu", "cpp")
-    except dispatch.BackendUnavailableError:
-        return False
-    return True
-
-
-pytestmark = pytest.mark.skipif(not _cpp_built(), reason="treadle._C is not built")
+pytestmark = require_backend("grpo_advantages", "cpp")  # skips locally, fails under CI
 
 _M = 2**64
 _C1, _C2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # splitmix64's finaliser, as in the kernel

@@ -5,7 +5,9 @@ import json
 
 import pytest
 
-pytest.importorskip("peft")
+from treadle.testing import require_module
+
+require_module("peft")
 from typer.testing import CliRunner  # noqa: E402
 
 from treadle.cli import app  # noqa: E402

@@ -7,12 +7,11 @@ import torch
 from treadle import _extension
 from treadle.ops.gated_lora import gated_lora
 from treadle.reference.scale import gate_lambda_reference, gated_lora_reference
-from treadle.testing import assert_close_verbose, assert_within_rule
+from treadle.testing import assert_close_verbose, assert_within_rule, require_backend, skip_or_fail
 
 BACKENDS = [
     "reference",
-    pytest.param("cpp", marks=pytest.mark.skipif(not _extension.has_kernel("gated_lora", "CPU"),
-                                                 reason="treadle._C built without gated_lora")),
+    pytest.param("cpp", marks=require_backend("gated_lora", "cpp")),  # skips locally, fails under CI
     "triton",
 ]
 GATE = dict(scaling=2.0, L=-2.0, U=3.0, tau=0.7)
@@ -227,7 +226,7 @@ def test_bad_input_raises_before_work():
 @pytest.mark.parametrize("backend", ["reference", "cpp", "triton"])
 def test_opcheck(backend):
     if backend == "cpp" and not _extension.has_kernel("gated_lora", "CPU"):
-        pytest.skip("treadle._C built without gated_lora")
+        skip_or_fail("treadle._C built without gated_lora")
     x = torch.randn(6, 16, requires_grad=True)
     base = torch.randn(6, 12, requires_grad=True)
     args = (x, base, torch.randn(4, 16), torch.randn(12, 4), torch.randn(16, requires_grad=True),
@@ -342,7 +341,7 @@ def test_linear_bad_input():
 @pytest.mark.parametrize("backend", ["reference", "cpp", "triton"])
 def test_linear_opcheck(backend):
     if backend == "cpp" and not _extension.has_kernel("gated_lora_linear", "CPU"):
-        pytest.skip("treadle._C built without gated_lora_linear")
+        skip_or_fail("treadle._C built without gated_lora_linear")
     x = torch.randn(2, 3, 16, requires_grad=True)
     args = (x, torch.randn(12, 16), torch.randn(12), torch.randn(4, 16), torch.randn(12, 4),
             torch.randn(16, requires_grad=True), torch.zeros(1, requires_grad=True), 1.5, -1.0, 2.0, 0.5, backend)

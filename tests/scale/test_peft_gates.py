@@ -4,8 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-peft = pytest.importorskip("peft")
-transformers = pytest.importorskip("transformers")
+from treadle.testing import require_module
+
+peft = require_module("peft")
+transformers = require_module("transformers")
 
 from treadle.ops import topk_entropy_from_hidden  # noqa: E402
 from treadle.scale import (  # noqa: E402

@@ -6,7 +6,9 @@ import json
 import pytest
 import torch
 
-peft = pytest.importorskip("peft")
+from treadle.testing import require_module
+
+peft = require_module("peft")
 
 from treadle.models import build_tiny_model  # noqa: E402
 from treadle.ops import topk_entropy  # noqa: E402

@@ -6,7 +6,9 @@ import json
 import anyio
 import pytest
 
-pytest.importorskip("bfcl_eval")
+from treadle.testing import require_module
+
+require_module("bfcl_eval")
 
 from treadle.data.bfcl import missed_function_names  # noqa: E402
 from treadle.weft.envs import bfcl  # noqa: E402

@@ -28,7 +28,8 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from treadle.figures import png_figure
 
-__all__ = ["EvalConfig", "evaluate", "CONDITIONS", "results_table", "bar_chart"]
+__all__ = ["EvalConfig", "evaluate", "CONDITIONS", "results_table", "bar_chart", "turn_scores", "mean_over_turns",
+           "answer_transitions"]
 
 CONDITIONS = ("vanilla", "native", "stair", "random", "bank_free", "shuffled", "reflected")
 
@@ -69,6 +70,66 @@ class EvalConfig:
     seed: int = 1234
     conditions: tuple[Condition, ...] = CONDITIONS
     budgets: tuple[PosInt, ...] = ()
+
+
+def turn_scores(correct: torch.Tensor) -> dict[str, float]:
+    """Avg@k and Pass@k of one turn (STAIR sec. 5.4).
+
+    Args:
+        correct: ``(n_problems, k)`` bool, sample j of problem i right or not.
+
+    Returns:
+        ``{"avg": mean over problems and samples, "pass": share of problems with at least one right
+        sample}``, both in [0, 1].
+
+    Raises:
+        ValueError: ``correct`` is not a non-empty 2-D bool tensor.
+    """
+    if not isinstance(correct, torch.Tensor) or correct.dtype != torch.bool or correct.dim() != 2 \
+            or correct.numel() == 0:
+        raise ValueError(f"correct must be a non-empty (n_problems, k) bool tensor, got "
+                         f"{getattr(correct, 'dtype', type(correct).__name__)} {tuple(getattr(correct, 'shape', ()))}")
+    # exact counts over Python ints (a float32 mean would round, e.g. 3/5 -> 0.6000000238)
+    return {"avg": int(correct.sum()) / correct.numel(), "pass": int(correct.any(1).sum()) / correct.shape[0]}
+
+
+def mean_over_turns(turns: dict[int, dict]) -> dict[str, float]:
+    """Unweighted mean of the per-turn ``"avg"`` and ``"pass"`` (turns 2..n, each turn counts once).
+
+    Raises:
+        ValueError: no turn.
+    """
+    if not turns:
+        raise ValueError("no turn to average")
+    return {"avg": sum(x["avg"] for x in turns.values()) / len(turns),
+            "pass": sum(x["pass"] for x in turns.values()) / len(turns)}
+
+
+def answer_transitions(before: dict[int, torch.Tensor], after: dict[int, torch.Tensor], *,
+                       before_name: str = "native") -> dict:
+    """Count (problem, sample) pairs whose answer goes wrong -> right and right -> wrong from the
+    ``before`` condition to ``after``, over the turns of ``after`` (same problems and sampling seeds).
+
+    Args:
+        before, after: turn -> ``(n_problems, k)`` bool correctness; ``before`` has every turn of ``after``.
+
+    Returns:
+        ``{"from": before_name, "wrong_to_right", "right_to_wrong", "pairs"}`` (ints; pairs = all
+        compared (problem, sample) pairs).
+
+    Raises:
+        ValueError: a turn of ``after`` missing from ``before``, or shapes that differ.
+    """
+    w2r = r2w = pairs = 0
+    for t, a in after.items():
+        if t not in before or before[t].shape != a.shape:
+            raise ValueError(f"turn {t}: {before_name} has {tuple(before[t].shape) if t in before else 'no such turn'}, "
+                             f"expected shape {tuple(a.shape)}")
+        b = before[t]
+        w2r += int((~b & a).sum())
+        r2w += int((b & ~a).sum())
+        pairs += a.numel()
+    return {"from": before_name, "wrong_to_right": w2r, "right_to_wrong": r2w, "pairs": pairs}
 
 
 def _correct(texts, golds) -> list[bool]:
@@ -178,21 +239,18 @@ def evaluate(model, tokenizer, cfg: EvalConfig, *, normals=None, bank_free=None,
         finally:
             ctrl.detach()
         raw[name] = r
-        turns = {t: {"avg": float(v["correct"].float().mean()), "pass": float(v["correct"].any(1).float().mean()),
-                     "prefill_s": v["prefill_s"], "peak_bytes": v["peak_bytes"], "bank_tokens": v["bank_tokens"]}
+        turns = {t: {**turn_scores(v["correct"]), "prefill_s": v["prefill_s"], "peak_bytes": v["peak_bytes"],
+                     "bank_tokens": v["bank_tokens"]}
                  for t, v in r.items()}
-        results[name] = {"turns": turns, "avg": sum(x["avg"] for x in turns.values()) / len(turns),
-                         "pass": sum(x["pass"] for x in turns.values()) / len(turns)}
+        results[name] = {"turns": turns, **mean_over_turns(turns)}
     bar.close()
     transitions = {}
     if "native" in raw:
         for name, r in raw.items():
             if name == "native":
                 continue
-            w2r = sum(int((~raw["native"][t]["correct"] & r[t]["correct"]).sum()) for t in r)
-            r2w = sum(int((raw["native"][t]["correct"] & ~r[t]["correct"]).sum()) for t in r)
-            transitions[name] = {"from": "native", "wrong_to_right": w2r, "right_to_wrong": r2w,
-                                 "pairs": sum(r[t]["correct"].numel() for t in r)}
+            transitions[name] = answer_transitions({t: v["correct"] for t, v in raw["native"].items()},
+                                                   {t: v["correct"] for t, v in r.items()})
     cost = {}
     if "native" in results and "stair" in results:
         pn = [v["prefill_s"] for v in results["native"]["turns"].values()]
