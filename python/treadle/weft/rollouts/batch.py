@@ -28,6 +28,31 @@ class ConfigMismatchError(ValueError):
     """The run folder holds a different config (resume would mix runs)."""
 
 
+class RunDirError(ValueError):
+    """The run folder cannot be one: an existing file, an unwritable or uncreatable path, or a folder whose
+    ``config.json`` is not a JSON object (raised before any rollout; nothing in the folder is changed)."""
+
+
+def check_run_dir(run_dir: str | Path) -> Path:
+    """``Path(run_dir)`` if it can be (or already is) a run folder; raises :class:`RunDirError` otherwise."""
+    from treadle.run_dirs import check_out_dir
+
+    try:
+        p = check_out_dir(run_dir, "run folder")
+    except ValueError as err:
+        raise RunDirError(str(err)) from None
+    cfg_path = p / "config.json"
+    if cfg_path.exists():
+        try:
+            old = json.loads(cfg_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise RunDirError(f"{cfg_path} is not a readable JSON config ({err}); fix it or use a new run folder") \
+                from None
+        if not isinstance(old, dict):
+            raise RunDirError(f"{cfg_path} is not a JSON object; fix it or use a new run folder")
+    return p
+
+
 class Component(BaseModel):
     """A registered component as stored in the run folder: ``{name, args}``."""
 
@@ -118,7 +143,11 @@ def read_trajectories(path: str | Path) -> list[Trajectory]:
 
 async def sample_async(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: SampleConfig, *, client: Any = None,
                        console: Any = None) -> list[Trajectory]:
-    """Run every (task, method, k) rollout not yet in ``run_dir``; return all trajectories of the run."""
+    """Run every (task, method, k) rollout not yet in ``run_dir``; return all trajectories of the run.
+
+    Raises (before any rollout): :class:`RunDirError` (``run_dir`` cannot be a run folder),
+    :class:`ConfigMismatchError` (it holds another config), TypeError / ValueError (bad tasks or components).
+    """
     from treadle.weft.runtime import Runtime
 
     setup = build_setup(cfg, client=client)
@@ -128,7 +157,7 @@ async def sample_async(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: S
         t.ordered()
         if t.env not in ENVS:
             raise ValueError(f"task {t.name!r}: unknown env {t.env!r}; expected one of {sorted(ENVS)}")
-    run_dir = Path(run_dir)
+    run_dir = check_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = run_dir / "config.json"
     doc = cfg.model_dump(mode="json")
