@@ -50,3 +50,20 @@ def test_cli_bad_files(tmp_path):
     b = tmp_path / "b.json"
     b.write_bytes(b"\xff\xfe\x00")
     assert "cannot read" in _err(["diff", b, b], "OLD")
+
+
+def test_resume_after_a_torn_line_and_a_broken_config(tmp_path):
+    import json
+
+    out = tmp_path / "run"
+    r = CliRunner()
+    assert r.invoke(app, ["rsi", "run", "--out", str(out), "--seeds", "4", "--rounds", "1"]).exit_code == 0
+    log = out / "log.jsonl"
+    log.write_text(log.read_text() + '{"round": 1, "torn')  # the next round killed mid-write
+    res = r.invoke(app, ["rsi", "run", "--out", str(out), "--seeds", "4", "--rounds", "2"])
+    assert res.exit_code == 0, res.output
+    rounds = [json.loads(x)["round"] for x in log.read_text().splitlines()]
+    assert max(rounds) == 1 and sorted(set(rounds)) == [0, 1]
+    (out / "config.json").write_text("{bad")
+    msg = _err(["run", "--out", out, "--seeds", "4", "--rounds", "2"], "--out")
+    assert "not a readable run config" in msg and (out / "config.json").read_text() == "{bad"

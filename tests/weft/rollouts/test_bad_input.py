@@ -53,3 +53,19 @@ def test_cli_run_dir_and_llm_config(tmp_path):
     assert "only the llm policy" in _err([run, "--llm-config", cfg], "--llm-config")
     assert "cannot reach" in _err([run, "--policy", "llm", "--llm-config", cfg, "--role", "judge"], "--llm-config")
     assert not run.exists()
+
+
+def test_resume_after_a_torn_last_line_redoes_only_that_rollout(tmp_path):
+    import json
+
+    args = ["sample", str(tmp_path), "--k", "1", "--k", "2", "--method", "prefix", "--no-sft"]
+    assert runner.invoke(app, args).exit_code == 0
+    p = tmp_path / "trajectories.jsonl"
+    lines = p.read_text().splitlines(keepends=True)
+    assert len(lines) == 4
+    p.write_text("".join(lines[:3]) + lines[3][:40])  # killed mid-write
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in p.read_text().splitlines()]  # every line whole again
+    assert len(rows) == 4 and len({x["key"] for x in rows}) == 4
+    assert p.read_text().splitlines(keepends=True)[:3] == lines[:3]  # earlier rollouts kept as they were

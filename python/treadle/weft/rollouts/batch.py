@@ -141,6 +141,18 @@ def read_trajectories(path: str | Path) -> list[Trajectory]:
     return out
 
 
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a last line without its newline (a write cut by a kill), so that appends start on a line of their
+    own; that rollout is redone on resume."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with path.open("rb+") as f:
+        data = f.read()
+        if data.endswith(b"\n"):
+            return
+        f.truncate(data.rfind(b"\n") + 1)
+
+
 async def sample_async(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: SampleConfig, *, client: Any = None,
                        console: Any = None) -> list[Trajectory]:
     """Run every (task, method, k) rollout not yet in ``run_dir``; return all trajectories of the run.
@@ -171,6 +183,7 @@ async def sample_async(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: S
         tmp.write_text(json.dumps(doc, indent=1), encoding="utf-8")
         tmp.replace(cfg_path)
     out_path = run_dir / TRAJECTORIES
+    _drop_torn_tail(out_path)
     done = {t.key for t in read_trajectories(out_path)}
     jobs = [(t, m, k) for t in tasks for m in cfg.methods for k in cfg.ks
             if trajectory_key(t, m, k, setup) not in done]
