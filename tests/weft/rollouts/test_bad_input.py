@@ -69,3 +69,25 @@ def test_resume_after_a_torn_last_line_redoes_only_that_rollout(tmp_path):
     rows = [json.loads(x) for x in p.read_text().splitlines()]  # every line whole again
     assert len(rows) == 4 and len({x["key"] for x in rows}) == 4
     assert p.read_text().splitlines(keepends=True)[:3] == lines[:3]  # earlier rollouts kept as they were
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--replicas", "100000000"], "--replicas"),
+    (["--replicas", "0"], "--replicas"),
+    (["--concurrency", "100000000"], "--concurrency"),
+    (["--concurrency", "0"], "--concurrency"),
+    (["--k", "100000000"], "--k"),
+])
+def test_huge_and_zero_counts(tmp_path, args, flag):
+    _err([tmp_path / "run", *args], flag)
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_with_other_concurrency(tmp_path):
+    args = ["sample", str(tmp_path), "--k", "1", "--method", "prefix", "--no-sft"]
+    assert runner.invoke(app, [*args, "--concurrency", "1"]).exit_code == 0
+    r = runner.invoke(app, [*args, "--concurrency", "3"])
+    assert r.exit_code == 0, r.output
+    assert len((tmp_path / "trajectories.jsonl").read_text().splitlines()) == 2
+    r = runner.invoke(app, [*args[:-3], "--k", "2", "--method", "prefix", "--no-sft"])
+    assert r.exit_code == 2 and "['ks']" in r.output

@@ -28,6 +28,10 @@ class ConfigMismatchError(ValueError):
     """The run folder holds a different config (resume would mix runs)."""
 
 
+_NOT_IDENTITY = frozenset({"concurrency"})
+"""SampleConfig fields that do not change any trajectory: a resume may change them."""
+
+
 class RunDirError(ValueError):
     """The run folder cannot be one: an existing file, an unwritable or uncreatable path, or a folder whose
     ``config.json`` is not a JSON object (raised before any rollout; nothing in the folder is changed)."""
@@ -175,8 +179,8 @@ async def sample_async(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: S
     doc = cfg.model_dump(mode="json")
     if cfg_path.exists():
         old = json.loads(cfg_path.read_text(encoding="utf-8"))
-        if old != doc:
-            diff = sorted(k for k in set(old) | set(doc) if old.get(k) != doc.get(k))
+        diff = sorted(k for k in set(old) | set(doc) if old.get(k) != doc.get(k) and k not in _NOT_IDENTITY)
+        if diff:
             raise ConfigMismatchError(f"{cfg_path} holds another config (differs in {diff}); use a new run folder")
     else:
         tmp = cfg_path.with_suffix(".tmp")

@@ -59,6 +59,11 @@ def sample_cmd(run_dir: Path = typer.Argument(..., help="Run folder (created; a 
         _fail("--env", f"unknown env {env!r}; expected 'shop'")
     if disclosure not in DISCLOSURES:
         _fail("--disclosure", f"expected one of {list(DISCLOSURES)}, got {disclosure!r}")
+    for flag, val, top in (("--replicas", replicas, 10_000), ("--concurrency", concurrency, 1_024)):
+        if not 1 <= val <= top:
+            _fail(flag, f"expected an int in [1, {top}], got {val}")
+    if any(not 1 <= x <= 1_000 for x in k):
+        _fail("--k", f"expected ints in [1, 1000], got {k}")
     rates = {}
     for r in rate:
         name, _, val = r.partition("=")
