@@ -67,3 +67,11 @@ def test_resume_after_a_torn_line_and_a_broken_config(tmp_path):
     (out / "config.json").write_text("{bad")
     msg = _err(["run", "--out", out, "--seeds", "4", "--rounds", "2"], "--out")
     assert "not a readable run config" in msg and (out / "config.json").read_text() == "{bad"
+
+
+def test_out_is_a_file(tmp_path):
+    f = tmp_path / "f"
+    f.write_text("mine")
+    for cmd in ("run", "ablate"):
+        assert _err([cmd, "--out", f], "--out") == f"--out: run folder {str(f)!r} exists and is a file, not a folder\n"
+    assert f.read_text() == "mine"

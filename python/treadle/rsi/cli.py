@@ -65,7 +65,7 @@ def _check_out(out: Path) -> None:
     from treadle.run_dirs import check_out_dir
 
     try:
-        check_out_dir(out, "--out")
+        check_out_dir(out, "run folder")
     except ValueError as err:
         _fail("--out", str(err))
 
