@@ -34,15 +34,15 @@ Example::
 """
 from treadle.llm.backends import (BadResponseError, EndpointError, OpenAIBackend, RecordedBackend, Recorder,
                                   UnrecordedRequestError)
-from treadle.llm.cache import Cache, request_key
+from treadle.llm.cache import Cache, CacheError, request_key
 from treadle.llm.client import LLMClient
 from treadle.llm.config import ConfigError, LLMConfig, Prices, RoleConfig, Sampling, UsageLimits
-from treadle.llm.ledger import Ledger, LedgerRecord, Totals, read_ledger, totals
+from treadle.llm.ledger import Ledger, LedgerError, LedgerRecord, Totals, read_ledger, totals
 from treadle.llm.records import (ChatResult, Failure, FailureKind, LLMCallError, StructuredResult, TokenLogprob,
                                  ToolCall, Usage)
 from treadle.llm.server import LocalServer, ServerStartError, local_server
 
-__all__ = ["LLMConfig", "RoleConfig", "Sampling", "Prices", "UsageLimits", "ConfigError", "LLMClient", "ChatResult",
+__all__ = ["LLMConfig", "RoleConfig", "Sampling", "Prices", "UsageLimits", "ConfigError", "CacheError", "LedgerError", "LLMClient", "ChatResult",
            "ToolCall", "Usage", "TokenLogprob", "StructuredResult", "Failure", "FailureKind", "LLMCallError",
            "EndpointError", "BadResponseError", "Cache", "request_key", "Ledger", "LedgerRecord", "Totals",
            "read_ledger", "totals", "OpenAIBackend", "RecordedBackend", "Recorder", "UnrecordedRequestError",

@@ -17,7 +17,12 @@ from typing import Literal
 
 from treadle.llm.records import ChatResult
 
-__all__ = ["Cache", "CacheMode", "request_key", "canonical_json"]
+__all__ = ["Cache", "CacheError", "CacheMode", "request_key", "canonical_json"]
+
+
+class CacheError(ValueError):
+    """The cache path cannot hold a cache: a folder, a file that is not a SQLite database, or unwritable.
+    Raised by :class:`Cache` before anything is written; the file at the path is left untouched."""
 
 CacheMode = Literal["use", "refresh", "off"]
 """``use``: read and write; ``refresh``: ignore stored entries, overwrite them; ``off``: neither."""
@@ -42,6 +47,10 @@ class Cache:
     Args:
         path: database file (e.g. ``runs/x/llm_cache.sqlite``).
         mode: default :data:`CacheMode` of clients using it.
+
+    Raises:
+        ValueError: an unknown ``mode``.
+        CacheError: ``path`` is a folder, an existing file that is not a SQLite database, or cannot be created.
     """
 
     def __init__(self, path: str | os.PathLike, mode: CacheMode = "use"):
@@ -49,11 +58,25 @@ class Cache:
             raise ValueError(f"cache mode must be 'use', 'refresh' or 'off', got {mode!r}")
         self.path = Path(path)
         self.mode = mode
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.is_dir():
+            raise CacheError(f"cache path {str(self.path)!r} is a folder; expected a SQLite file "
+                             f"(e.g. {str(self.path / 'llm_cache.sqlite')!r})")
+        if self.path.is_file() and self.path.stat().st_size > 0:
+            with open(self.path, "rb") as f:
+                if f.read(16) != b"SQLite format 3\x00":
+                    raise CacheError(f"cache path {str(self.path)!r} is not a SQLite database; "
+                                     f"expected a cache file written by treadle (left untouched)")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise CacheError(f"cache path {str(self.path)!r}: cannot create its folder: {err.strerror or err}") from None
         self._local = threading.local()
-        con = self._con()
-        con.execute("CREATE TABLE IF NOT EXISTS entries "
-                    "(key TEXT PRIMARY KEY, value TEXT NOT NULL, created REAL NOT NULL)")
+        try:
+            con = self._con()
+            con.execute("CREATE TABLE IF NOT EXISTS entries "
+                        "(key TEXT PRIMARY KEY, value TEXT NOT NULL, created REAL NOT NULL)")
+        except sqlite3.Error as err:
+            raise CacheError(f"cache path {str(self.path)!r}: cannot open as a SQLite cache: {err}") from None
 
     def _con(self) -> sqlite3.Connection:
         con = getattr(self._local, "con", None)

@@ -69,7 +69,13 @@ def ledger_cmd(path: Path = typer.Argument(..., help="A ledger JSONL file writte
     if not path.is_file():
         console.print(f"PATH: no ledger file at {path}", style="red", markup=False)
         raise typer.Exit(2)
-    t = totals(read_ledger(path))
+    from treadle.llm.ledger import LedgerError
+
+    try:
+        t = totals(read_ledger(path))
+    except LedgerError as err:
+        console.print(f"PATH: {err}", style="red", markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
     table = Table(title=f"{path} by {by}")
     for col in (by, "calls", "cache hits", "failures", "tokens in", "tokens out", "cost USD"):
         table.add_column(col, justify="right" if col != by else "left")
@@ -92,7 +98,9 @@ def _config(config: Path | None, model: str | None, base_url: str | None, overri
             raise typer.Exit(2)
         return cfg.with_overrides(overrides or [])
     except ConfigError as err:
-        flag = "--set" if str(err).startswith("override") else ("--config" if config is not None else "--model")
+        msg = str(err)
+        flag = ("--set" if msg.startswith("override") else "--config" if config is not None
+                else "--base-url" if "base_url" in msg else "--model")
         console.print(f"{flag}: " + "; ".join(ln.strip() for ln in str(err).splitlines() if ln.strip()),
                       style="red", markup=False, soft_wrap=True)
         raise typer.Exit(2) from None
@@ -162,8 +170,15 @@ def ask_cmd(prompt: str = typer.Argument(..., help="User message."),
         async with LLMClient(cfg, cache=cache, ledger=ledger) as llm:
             return await llm.chat([{"role": "user", "content": prompt}], role=role, tag="cli")
 
+    from treadle.llm.cache import CacheError
+    from treadle.llm.ledger import LedgerError
+
     try:
         r = asyncio.run(go())
+    except (CacheError, LedgerError) as err:  # raised by LLMClient(...) before any call
+        flag = "--cache" if isinstance(err, CacheError) else "--ledger"
+        console.print(f"{flag}: {err}", style="red", markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
     except LLMCallError as err:
         console.print(str(err), style="red", markup=False)
         raise typer.Exit(1) from None

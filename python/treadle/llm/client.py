@@ -107,9 +107,10 @@ class LLMClient:
             raise ValueError(f"cache_mode must be 'use', 'refresh' or 'off', got {cache_mode!r}")
         if limits is not None and not isinstance(limits, UsageLimits):
             raise TypeError(f"limits must be a UsageLimits, got {type(limits).__name__}")
+        # the ledger first: it writes nothing until a call, so a bad ledger path fails before a cache file is made
+        self.ledger = ledger if isinstance(ledger, Ledger) or ledger is None else Ledger(ledger)
         self.cache = cache if isinstance(cache, Cache) or cache is None else Cache(cache)
         self.cache_mode: CacheMode = cache_mode or (self.cache.mode if self.cache is not None else "off")
-        self.ledger = ledger if isinstance(ledger, Ledger) or ledger is None else Ledger(ledger)
         self.backend = backend or OpenAIBackend()
         self.recorder = Recorder(record_to) if record_to is not None else None
         per_url: dict[str, int] = {}

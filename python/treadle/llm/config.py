@@ -19,6 +19,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 __all__ = ["Sampling", "Prices", "RoleConfig", "LLMConfig", "UsageLimits", "ConfigError", "SAMPLING_FIELDS"]
 
 
+def _brief(err: ValidationError) -> str:
+    """One line per pydantic error, ``roles.x.field: message (got value)``, joined by ``; ``."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field"
+        parts.append(f"{loc}: {msg}" if e["type"] == "missing" or "got " in msg else f"{loc}: {msg} (got {e['input']!r})")
+    return "; ".join(parts)
+
+
 class ConfigError(ValueError):
     """A model config file or override is malformed (the message names the file/field and what was expected)."""
 
@@ -142,8 +154,12 @@ class LLMConfig(_Frozen):
     @classmethod
     def single(cls, model: str, base_url: str = "http://127.0.0.1:8000/v1", *, roles=("default",),
                **fields) -> "LLMConfig":
-        """One endpoint for the given roles (convenience for scripts and tests)."""
-        rc = RoleConfig(model=model, base_url=base_url, **fields)
+        """One endpoint for the given roles (convenience for scripts and tests); raises :class:`ConfigError`
+        on an invalid field (e.g. a ``base_url`` that is not http(s))."""
+        try:
+            rc = RoleConfig(model=model, base_url=base_url, **fields)
+        except ValidationError as err:
+            raise ConfigError(f"invalid model config: {_brief(err)}") from None
         return cls(roles={r: rc for r in roles})
 
     @classmethod
@@ -151,7 +167,7 @@ class LLMConfig(_Frozen):
         try:
             return cls.model_validate(data)
         except ValidationError as err:
-            raise ConfigError(f"{source}: invalid model config:\n{err}") from None
+            raise ConfigError(f"{source}: invalid model config: {_brief(err)}") from None
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "LLMConfig":
@@ -160,7 +176,10 @@ class LLMConfig(_Frozen):
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"model config file not found: {p}")
-        text = p.read_text()
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigError(f"{p}: cannot read: {err}") from None
         try:
             if p.suffix == ".toml":
                 data = tomllib.loads(text)

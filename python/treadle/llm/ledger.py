@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["LedgerRecord", "Ledger", "Totals", "read_ledger", "totals"]
+__all__ = ["LedgerRecord", "Ledger", "LedgerError", "Totals", "read_ledger", "totals"]
 
 
 class LedgerRecord(BaseModel):
@@ -76,13 +76,31 @@ def totals(records: list[LedgerRecord]) -> dict:
     return out
 
 
+class LedgerError(ValueError):
+    """A ledger path that is a folder or cannot be created, or a ledger file with a malformed line (named)."""
+
+
+def _check_path(p: Path) -> None:
+    if p.is_dir():
+        raise LedgerError(f"ledger path {str(p)!r} is a folder; expected a JSONL file (e.g. {str(p / 'ledger.jsonl')!r})")
+
+
 def read_ledger(path: str | os.PathLike) -> list[LedgerRecord]:
-    """All whole records of a ledger file (a torn final line is skipped with a warning)."""
+    """All whole records of a ledger file (a torn final line is skipped with a warning; a missing file is empty).
+
+    Raises:
+        LedgerError: ``path`` is a folder, is not UTF-8 text, or a line other than a torn last one is not a
+            ledger record (file and line number named).
+    """
     p = Path(path)
+    _check_path(p)
     if not p.exists():
         return []
     out = []
-    lines = p.read_text().split("\n")
+    try:
+        lines = p.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as err:
+        raise LedgerError(f"{p}: not a JSONL ledger (not UTF-8 text: {err.reason})") from None
     for i, line in enumerate(lines):
         if not line.strip():
             continue
@@ -92,16 +110,26 @@ def read_ledger(path: str | os.PathLike) -> list[LedgerRecord]:
             if i == len(lines) - 1:  # last line without its newline: a write cut by a kill
                 warnings.warn(f"{p}: skipping a torn last line")
                 continue
-            raise
+            raise LedgerError(f"{p}:{i + 1}: not a ledger record (expected one JSON object per line as written "
+                              f"by Ledger); got {line[:80]!r}") from None
     return out
 
 
 class Ledger:
-    """Appends :class:`LedgerRecord` lines to ``path`` (created with its folder); thread-safe."""
+    """Appends :class:`LedgerRecord` lines to ``path`` (created with its folder); thread-safe.
+
+    Raises:
+        LedgerError: ``path`` is a folder, or its folder cannot be created (before anything is written).
+    """
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _check_path(self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise LedgerError(f"ledger path {str(self.path)!r}: cannot create its folder: {err.strerror or err}") \
+                from None
         self._lock = threading.Lock()
         self._f = None
 

@@ -35,7 +35,7 @@ def _seeds(n: int, seed_file: Path | None, seed: int):
     return make_seeds(n, seed)
 
 
-def _hygiene(pool, benchmark_files, heldout_fraction: float, seed: int):
+def _hygiene(pool, benchmark_files, heldout_fraction: float, seed: int, seed_flag: str = "--seeds"):
     """Dedup, decontaminate, split by near-duplicate family; exits 2 naming the flag on bad input."""
     from treadle.rsi.decontam import BenchmarkIndex, DecontaminationFileError, dedup, split_by_family
 
@@ -55,7 +55,9 @@ def _hygiene(pool, benchmark_files, heldout_fraction: float, seed: int):
         pool = kept
     train, heldout = split_by_family(pool, heldout_fraction, seed)
     if not train:
-        _fail("--seeds", "no training seeds left after dedup, decontamination and the held-out split")
+        _fail(seed_flag, f"no training seeds left after dedup, decontamination and the held-out split "
+                         f"({len(pool)} seed(s) before the split; give more seeds or a lower --heldout-fraction "
+                         f"than {heldout_fraction})")
     return train, heldout, notes
 
 
@@ -63,7 +65,7 @@ def _check_out(out: Path) -> None:
     from treadle.run_dirs import check_out_dir
 
     try:
-        check_out_dir(out, "--out")
+        check_out_dir(out, "run folder")
     except ValueError as err:
         _fail("--out", str(err))
 
@@ -94,7 +96,8 @@ def run_cmd(
         _fail("--solver", f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)}")
     _check_out(out)
     pool = _seeds(n_seeds, seed_file, seed)
-    seeds, heldout, notes = _hygiene(pool, decontaminate or [], heldout_fraction, seed)
+    seeds, heldout, notes = _hygiene(pool, decontaminate or [], heldout_fraction, seed,
+                                     "--seed-file" if seed_file is not None else "--seeds")
     for n in notes:
         console.print(n, markup=False)
     cfg = LoopConfig(seed=seed, rounds=rounds, online=online, post_batch=post_batch, margin=margin)
@@ -168,6 +171,10 @@ def diff_cmd(old: Path = typer.Argument(..., help="Harness JSON (e.g. harness/v0
             hs.append(Harness.from_json(p.read_text()))
         except FileNotFoundError:
             _fail(name, f"no file {p}")
+        except IsADirectoryError:
+            _fail(name, f"{p} is a folder; expected a harness JSON file (e.g. harness/v0.json)")
+        except (OSError, UnicodeDecodeError) as err:
+            _fail(name, f"cannot read {p}: {err}")
         except ValidationError as err:
             _fail(name, f"{p} is not a harness record ({err.error_count()} errors, first: {err.errors()[0]['msg']})")
     for line in diff(*hs) or ["(no differences)"]:

@@ -60,6 +60,8 @@ class BenchmarkIndex:
         not JSON (``.jsonl``), or an object with none of the text fields.
         """
         p = Path(path)
+        if p.is_dir():
+            raise DecontaminationFileError(f"benchmark file {str(p)!r} is a folder; expected a .jsonl or text file")
         if not p.is_file():
             raise DecontaminationFileError(f"benchmark file {str(p)!r} does not exist")
         count = 0

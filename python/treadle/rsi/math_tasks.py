@@ -288,15 +288,22 @@ def load_seed_file(path) -> list[MathTask]:
     """Seeds from JSONL lines ``{"id": str, "expression": "3+4"}``.
 
     Raises:
-        SeedError: missing/empty file, a line that is not such an object, duplicated ids (all named).
+        SeedError: missing/empty/unreadable file or a folder, a line that is not such an object, an expression
+            that is not an integer expression or divides by zero, duplicated ids (file and line named).
     """
     from pathlib import Path
 
     p = Path(path)
+    if p.is_dir():
+        raise SeedError(f"seed file {str(p)!r} is a folder; expected a JSONL file")
     if not p.is_file():
         raise SeedError(f"seed file {str(p)!r} does not exist")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise SeedError(f"seed file {str(p)!r} cannot be read as UTF-8 JSONL: {err}") from None
     tasks, seen = [], {}
-    for i, line in enumerate(p.read_text().splitlines(), 1):
+    for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -308,7 +315,14 @@ def load_seed_file(path) -> list[MathTask]:
         if rec["id"] in seen:
             raise SeedError(f"{p}:{i}: duplicated seed id {rec['id']!r} (first on line {seen[rec['id']]})")
         seen[rec["id"]] = i
-        tasks.append(_with(MathTask(seed_id=rec["id"], tree=parse_seed_expression(rec["expression"]), answer="0")))
+        try:
+            tree = parse_seed_expression(rec["expression"])
+            evaluate_tree(tree)
+        except SeedError as err:
+            raise SeedError(f"{p}:{i}: {err}") from None
+        except ZeroDivisionError:
+            raise SeedError(f"{p}:{i}: seed expression {rec['expression']!r} divides by zero") from None
+        tasks.append(_with(MathTask(seed_id=rec["id"], tree=tree, answer="0")))
     if not tasks:
         raise SeedError(f"seed file {str(p)!r} has no seeds")
     return tasks

@@ -86,7 +86,19 @@ def _keep_rounds(path: Path, upto: int) -> list[dict]:
     """Rows of a JSONL file with ``round < upto`` (rewritten in place); [] if absent."""
     if not path.exists():
         return []
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    text = path.read_text()
+    lines = text.splitlines()
+    rows = []
+    for i, x in enumerate(lines):
+        if not x.strip():
+            continue
+        try:
+            rows.append(json.loads(x))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1 and not text.endswith("\n"):  # a write cut by a kill: that round is redone
+                continue
+            raise RunMismatchError(f"{path}:{i + 1} is not a JSON line; the run folder is damaged, "
+                                   f"use another folder") from None
     rows = [r for r in rows if r.get("round", -1) < upto]
     _write_atomic(path, "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows))
     return rows
@@ -129,7 +141,13 @@ def run(out_dir, seeds: list[MathTask], heldout: list[MathTask] = (), loop: Loop
     out = Path(out_dir)
     cfg_path, state_path = out / "config.json", out / "state.json"
     if cfg_path.exists():
-        old = json.loads(cfg_path.read_text())
+        try:
+            old = json.loads(cfg_path.read_text())
+            if not isinstance(old, dict) or not isinstance(old.get("loop"), dict):
+                raise ValueError("not a run config object")
+        except (ValueError, OSError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise RunMismatchError(f"{cfg_path} is not a readable run config ({err}); the folder is left as "
+                                   f"it is, use another folder") from None
         new = json.loads(cfg.model_dump_json())
         if not resume:
             raise RunMismatchError(f"{out} already holds a run; resume it or choose another folder")

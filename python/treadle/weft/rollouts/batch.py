@@ -28,6 +28,35 @@ class ConfigMismatchError(ValueError):
     """The run folder holds a different config (resume would mix runs)."""
 
 
+_NOT_IDENTITY = frozenset({"concurrency"})
+"""SampleConfig fields that do not change any trajectory: a resume may change them."""
+
+
+class RunDirError(ValueError):
+    """The run folder cannot be one: an existing file, an unwritable or uncreatable path, or a folder whose
+    ``config.json`` is not a JSON object (raised before any rollout; nothing in the folder is changed)."""
+
+
+def check_run_dir(run_dir: str | Path) -> Path:
+    """``Path(run_dir)`` if it can be (or already is) a run folder; raises :class:`RunDirError` otherwise."""
+    from treadle.run_dirs import check_out_dir
+
+    try:
+        p = check_out_dir(run_dir, "run folder")
+    except ValueError as err:
+        raise RunDirError(str(err)) from None
+    cfg_path = p / "config.json"
+    if cfg_path.exists():
+        try:
+            old = json.loads(cfg_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise RunDirError(f"{cfg_path} is not a readable JSON config ({err}); fix it or use a new run folder") \
+                from None
+        if not isinstance(old, dict):
+            raise RunDirError(f"{cfg_path} is not a JSON object; fix it or use a new run folder")
+    return p
+
+
 class Component(BaseModel):
     """A registered component as stored in the run folder: ``{name, args}``."""
 
@@ -116,9 +145,25 @@ def read_trajectories(path: str | Path) -> list[Trajectory]:
     return out
 
 
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a last line without its newline (a write cut by a kill), so that appends start on a line of their
+    own; that rollout is redone on resume."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with path.open("rb+") as f:
+        data = f.read()
+        if data.endswith(b"\n"):
+            return
+        f.truncate(data.rfind(b"\n") + 1)
+
+
 async def sample_async(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: SampleConfig, *, client: Any = None,
                        console: Any = None) -> list[Trajectory]:
-    """Run every (task, method, k) rollout not yet in ``run_dir``; return all trajectories of the run."""
+    """Run every (task, method, k) rollout not yet in ``run_dir``; return all trajectories of the run.
+
+    Raises (before any rollout): :class:`RunDirError` (``run_dir`` cannot be a run folder),
+    :class:`ConfigMismatchError` (it holds another config), TypeError / ValueError (bad tasks or components).
+    """
     from treadle.weft.runtime import Runtime
 
     setup = build_setup(cfg, client=client)
@@ -128,20 +173,21 @@ async def sample_async(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: S
         t.ordered()
         if t.env not in ENVS:
             raise ValueError(f"task {t.name!r}: unknown env {t.env!r}; expected one of {sorted(ENVS)}")
-    run_dir = Path(run_dir)
+    run_dir = check_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = run_dir / "config.json"
     doc = cfg.model_dump(mode="json")
     if cfg_path.exists():
         old = json.loads(cfg_path.read_text(encoding="utf-8"))
-        if old != doc:
-            diff = sorted(k for k in set(old) | set(doc) if old.get(k) != doc.get(k))
+        diff = sorted(k for k in set(old) | set(doc) if old.get(k) != doc.get(k) and k not in _NOT_IDENTITY)
+        if diff:
             raise ConfigMismatchError(f"{cfg_path} holds another config (differs in {diff}); use a new run folder")
     else:
         tmp = cfg_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=1), encoding="utf-8")
         tmp.replace(cfg_path)
     out_path = run_dir / TRAJECTORIES
+    _drop_torn_tail(out_path)
     done = {t.key for t in read_trajectories(out_path)}
     jobs = [(t, m, k) for t in tasks for m in cfg.methods for k in cfg.ks
             if trajectory_key(t, m, k, setup) not in done]

@@ -59,6 +59,11 @@ def sample_cmd(run_dir: Path = typer.Argument(..., help="Run folder (created; a 
         _fail("--env", f"unknown env {env!r}; expected 'shop'")
     if disclosure not in DISCLOSURES:
         _fail("--disclosure", f"expected one of {list(DISCLOSURES)}, got {disclosure!r}")
+    for flag, val, top in (("--replicas", replicas, 10_000), ("--concurrency", concurrency, 1_024)):
+        if not 1 <= val <= top:
+            _fail(flag, f"expected an int in [1, {top}], got {val}")
+    if any(not 1 <= x <= 1_000 for x in k):
+        _fail("--k", f"expected ints in [1, 1000], got {k}")
     rates = {}
     for r in rate:
         name, _, val = r.partition("=")
@@ -68,6 +73,24 @@ def sample_cmd(run_dir: Path = typer.Argument(..., help="Run folder (created; a 
             _fail("--rate", f"expected NAME=RATE (e.g. wrong_argument=0.1), got {r!r}")
     if policy == "llm" and llm_config is None:
         _fail("--llm-config", "the llm policy needs a treadle.llm config file")
+    if policy != "llm" and llm_config is not None:
+        _fail("--llm-config", f"only the llm policy reads a model config; --policy is {policy!r}")
+    llm_cfg = None
+    if policy == "llm":
+        from treadle.llm import ConfigError, LLMConfig
+
+        try:
+            llm_cfg = LLMConfig.load(llm_config)
+        except ConfigError as err:
+            _fail("--llm-config", str(err).replace("\n", " "))
+        if role not in llm_cfg.roles:
+            _fail("--role", f"unknown role {role!r}; {llm_config} defines {sorted(llm_cfg.roles)}")
+    from treadle.weft.rollouts.batch import RunDirError, check_run_dir
+
+    try:
+        check_run_dir(run_dir)
+    except RunDirError as err:
+        _fail("RUN_DIR", str(err))
     pargs = {"rates": rates, "seed": seed} if policy == "replay" else {"role": role}
     try:
         cfg = SampleConfig(view=Component(name=view), harness=Component(name=harness),
@@ -83,14 +106,21 @@ def sample_cmd(run_dir: Path = typer.Argument(..., help="Run folder (created; a 
     async def go():
         if policy != "llm":
             return await sample_async(run_dir, tasks, cfg, console=console)
-        from treadle.llm import LLMClient, LLMConfig
+        from treadle.llm import LLMClient
 
-        async with LLMClient(LLMConfig.load(llm_config), cache=run_dir / "llm_cache.sqlite",
+        from treadle.llm.backends import EndpointError
+
+        async with LLMClient(llm_cfg) as probe_client:  # before the run folder is touched
+            try:
+                await probe_client.probe(role)
+            except EndpointError as err:
+                _fail("--llm-config", f"role {role!r}: {err}".replace("\n", " "))
+        async with LLMClient(llm_cfg, cache=run_dir / "llm_cache.sqlite",
                              ledger=run_dir / "llm_ledger.jsonl") as client:
             return await sample_async(run_dir, tasks, cfg, client=client, console=console)
     try:
         trs = anyio.run(go)
-    except ConfigMismatchError as err:
+    except (ConfigMismatchError, RunDirError) as err:
         _fail("RUN_DIR", str(err))
     except DependencyCycleError as err:
         _fail("--env", str(err))
