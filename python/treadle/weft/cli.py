@@ -13,6 +13,10 @@ app = typer.Typer(help="WEFT runtime: stateful MCP tool environments, sessions, 
                   no_args_is_help=True, add_completion=False)
 console = make_console()
 
+from treadle.weft.rollouts.cli import sample_cmd  # noqa: E402  (typer + rich only; the work imports lazily)
+
+app.command("sample")(sample_cmd)
+
 
 @app.command("check")
 def check_cmd(path: Path = typer.Argument(..., help="A server module (.py) defining `server = WeftServer(...)`."),

@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
+from treadle.cli_output import make_console
 
 app = typer.Typer(help="WEFT rollouts: rejection sampling of SFT trajectories.", add_completion=False)
-console = Console()
+console = make_console()
 
 
 @app.callback()
@@ -26,7 +26,10 @@ def _fail(flag: str, msg: str) -> None:
 
 
 @app.command("sample")
-def sample_cmd(run_dir: Path = typer.Argument(..., help="Run folder (created; a rerun resumes)."),
+def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
+                                              help="Run folder (same as --out; kept for scripts)."),
+               out: Path = typer.Option(None, "--out", "--run-dir", show_default=False,
+                                        help="Run folder (created; a rerun resumes). Default: runs/weft-sample."),
                env: str = typer.Option("shop", "--env", help="Environment (tasks): shop."),
                view: str = typer.Option("agentic", "--view", help="agentic | simuser."),
                disclosure: str = typer.Option("full", "--disclosure", help="SimUser disclosure: vague | partial | full."),
@@ -52,6 +55,9 @@ def sample_cmd(run_dir: Path = typer.Argument(..., help="Run folder (created; a 
     from treadle.weft.rollouts.tasks import DISCLOSURES, DependencyCycleError, from_shop, replicate
     from treadle.weft.rollouts.tokens import write_sft
 
+    if run_dir is not None and out is not None and Path(run_dir) != Path(out):
+        _fail("--out", f"give the run folder once: RUN_DIR {str(run_dir)!r} and --out {str(out)!r} differ")
+    run_dir = Path(out if out is not None else run_dir if run_dir is not None else "runs/weft-sample")
     for flag, name, reg in (("--view", view, VIEWS), ("--harness", harness, HARNESSES), ("--policy", policy, POLICIES)):
         if name not in reg.names():
             _fail(flag, f"unknown {reg.kind} {name!r}; expected one of {reg.names()}")
