@@ -104,6 +104,20 @@ def difficulty(level: int | Difficulty) -> Difficulty:
     return LEVELS[level - 1]
 
 
+def known_levels(levels):
+    """``levels`` (a non-empty sequence of preset level numbers) unchanged, for config validators.
+
+    Raises:
+        ValueError: an empty sequence, or a level outside ``[1, len(LEVELS)]`` (the message names the range).
+        TypeError: a level that is not an int.
+    """
+    if not levels:
+        raise ValueError("name at least one difficulty level")
+    for lv in levels:
+        difficulty(lv)
+    return levels
+
+
 @dataclass(frozen=True)
 class Problem:
     """One problem with its verified answer.

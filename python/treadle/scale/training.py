@@ -42,6 +42,7 @@ from pydantic import AfterValidator, ConfigDict, Field, field_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 from torch import nn
 
+from treadle.data.arithmetic import known_levels
 from treadle.figures import png_figure
 from treadle.reference.scale import gate_lambda_reference
 
@@ -52,17 +53,7 @@ OBJECTIVES = ("entropy", "ce")
 RESPONSES = ("dataset", "sampled")
 
 
-def _known_levels(levels: tuple) -> tuple:
-    from treadle.data.arithmetic import difficulty
-
-    if not levels:
-        raise ValueError("name at least one difficulty level")
-    for lv in levels:
-        difficulty(lv)  # ValueError naming the known levels
-    return levels
-
-
-Levels = Annotated[tuple[Annotated[int, Field(strict=True)], ...], AfterValidator(_known_levels)]
+Levels = Annotated[tuple[Annotated[int, Field(strict=True)], ...], AfterValidator(known_levels)]
 PosInt = Annotated[int, Field(ge=1, strict=True)]
 PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 

@@ -26,6 +26,7 @@ import torch
 from pydantic import AfterValidator, ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
+from treadle.data.arithmetic import known_levels
 from treadle.figures import png_figure
 
 __all__ = ["EvalConfig", "evaluate", "CONDITIONS", "results_table", "bar_chart", "turn_scores", "mean_over_turns",
@@ -36,16 +37,6 @@ CONDITIONS = ("vanilla", "native", "stair", "random", "bank_free", "shuffled", "
 
 Condition = Literal["vanilla", "native", "stair", "random", "bank_free", "shuffled", "reflected"]
 PosInt = Annotated[int, Field(ge=1, strict=True)]
-
-
-def _known_levels(levels: list) -> list:
-    from treadle.data.arithmetic import difficulty
-
-    if not levels:
-        raise ValueError("name at least one difficulty level")
-    for lv in levels:
-        difficulty(lv)
-    return levels
 
 
 @pydantic_dataclass(config=ConfigDict(extra="forbid"))
@@ -62,7 +53,7 @@ class EvalConfig:
 
     sessions: PosInt = 32
     turns: Annotated[int, Field(ge=2, strict=True)] = 4
-    levels: Annotated[list[Annotated[int, Field(strict=True)]], AfterValidator(_known_levels)] = field(
+    levels: Annotated[list[Annotated[int, Field(strict=True)]], AfterValidator(known_levels)] = field(
         default_factory=lambda: [2, 3, 2, 3])
     k: PosInt = 4
     temperature: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.7

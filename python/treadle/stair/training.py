@@ -26,20 +26,12 @@ import torch.nn.functional as F
 from pydantic import AfterValidator, ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
+from treadle.data.arithmetic import known_levels
+
 __all__ = ["StairTrainConfig", "make_training_sessions", "self_responses", "stair_loss", "train_step", "train"]
 
 
-def _known_levels(levels: list) -> list:
-    from treadle.data.arithmetic import difficulty
-
-    if not levels:
-        raise ValueError("name at least one difficulty level")
-    for lv in levels:
-        difficulty(lv)  # ValueError naming the known levels
-    return levels
-
-
-Levels = Annotated[list[Annotated[int, Field(strict=True)]], AfterValidator(_known_levels)]
+Levels = Annotated[list[Annotated[int, Field(strict=True)]], AfterValidator(known_levels)]
 PosInt = Annotated[int, Field(ge=1, strict=True)]
 
 
