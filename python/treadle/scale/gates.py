@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import inspect
 import json
-import math
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
+from typing import Annotated
 
 import torch
+from pydantic import ConfigDict, Field, ValidationError, field_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 from torch import nn
 
 from treadle.ops.gated_lora import gated_lora, gated_lora_linear
@@ -51,25 +53,53 @@ class GateError(ValueError):
     """A model or gate file that :func:`attach_gates` / :func:`load_gates` cannot work with."""
 
 
-@dataclass(frozen=True)
-class GateConfig:
-    """Gate hyper-parameters (SCALE sec. 3.3): lambda in (L, U), L < 0 < 1 < U; temperature tau > 0."""
+FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
-    L: float
-    U: float
-    tau: float
+
+@pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+class GateConfig:
+    """Gate hyper-parameters (SCALE sec. 3.3): lambda in (L, U), L < 0 < 1 < U; temperature tau > 0.
+
+    A pydantic dataclass: ``GateConfig.make(...)`` raises :class:`GateError` (a ValueError) naming the
+    field on bad values (not finite, ``L >= 0``, ``U <= 1``, ``tau <= 0``, unknown fields).
+    """
+
+    L: FiniteFloat
+    U: FiniteFloat
+    tau: FiniteFloat
     adapter: str
 
-    def __post_init__(self):
-        for name, value in (("L", self.L), ("U", self.U), ("tau", self.tau)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise GateError(f"{name} must be a finite number, got {value!r}")
-        if not self.L < 0:
-            raise GateError(f"L must be < 0 (lambda's lower end, L < 0 < 1 < U), got {self.L}")
-        if not self.U > 1:
-            raise GateError(f"U must be > 1 (lambda's upper end, L < 0 < 1 < U), got {self.U}")
-        if not self.tau > 0:
-            raise GateError(f"tau must be > 0 (the gate temperature), got {self.tau}")
+    @field_validator("L")
+    @classmethod
+    def _lower(cls, v: float) -> float:
+        if not v < 0:
+            raise ValueError(f"L must be < 0 (lambda's lower end, L < 0 < 1 < U), got {v}")
+        return v
+
+    @field_validator("U")
+    @classmethod
+    def _upper(cls, v: float) -> float:
+        if not v > 1:
+            raise ValueError(f"U must be > 1 (lambda's upper end, L < 0 < 1 < U), got {v}")
+        return v
+
+    @field_validator("tau")
+    @classmethod
+    def _temperature(cls, v: float) -> float:
+        if not v > 0:
+            raise ValueError(f"tau must be > 0 (the gate temperature), got {v}")
+        return v
+
+    @classmethod
+    def make(cls, **kw) -> "GateConfig":
+        """Validated construction; the first problem as one :class:`GateError` line."""
+        try:
+            return cls(**kw)
+        except ValidationError as err:
+            e = err.errors()[0]
+            loc = ".".join(str(x) for x in e["loc"]) or "config"
+            msg = e["msg"].removeprefix("Value error, ")
+            raise GateError(msg if msg.startswith(loc + " ") else f"{loc}: {msg} (got {e.get('input')!r})") from None
 
 
 def _peft_lora():
@@ -312,7 +342,7 @@ def attach_gates(peft_model: nn.Module, L: float, U: float, tau: float, *,
             message names the layer.
     """
     adapter = _active_adapter(peft_model)
-    cfg = GateConfig(L=L, U=U, tau=tau, adapter=adapter)
+    cfg = GateConfig.make(L=L, U=U, tau=tau, adapter=adapter)
     layers = _lora_layers(peft_model, adapter, disable_dropout=disable_dropout, expect_gated=False)
     gated_cls = _gated_class()
     for p in peft_model.parameters():
@@ -450,7 +480,7 @@ def load_gates(peft_model: nn.Module, path: str | Path, *, disable_dropout: bool
     except (SafetensorError, OSError) as err:
         raise GateError(f"could not read the gate file {path} (not a safetensors file written by save_gates, or "
                         f"truncated): {err}") from None
-    cfg = GateConfig(**json.loads(meta["config"]))
+    cfg = GateConfig.make(**json.loads(meta["config"]))
     layout = json.loads(meta["layout"])
     existing = gated_layers(peft_model)
     if existing:
