@@ -555,9 +555,14 @@ bool contiguous_advantages(const T* r, const int64_t* ids, const bool* valid, co
         return d * d;
       });
       const double std = grpo::std_from(m2, cnt, o.unbiased);
+      // all considered a equal (e.g. every group all-equal): exactly 0, never 0/0 at eps = 0 (as the general path)
+      int64_t first = 0;
+      while (first < n && !ok(first)) ++first;
+      const double a0 = first < n ? a[first] : 0.0;
+      const bool differs = blocked_sum_if(n, partial.data(), ok, [&](int64_t i) { return a[i] != a0 ? 1.0 : 0.0; }) > 0.0;
 #pragma omp for schedule(static)
       for (int64_t i = 0; i < n; ++i) {
-        double adv = ok(i) ? (a[i] - mean) / (std + o.eps) : 0.0;
+        double adv = (ok(i) && differs) ? (a[i] - mean) / (std + o.eps) : 0.0;
         if (flags != nullptr && flags[i] && adv > 0.0) adv = 0.0;
         out[i] = static_cast<T>(adv);
       }
