@@ -118,14 +118,19 @@ def test_bad_paths(tmp_path):
         TinyTrainConfig(level_weights={9: 1.0})
 
 
-def test_cli_train_tiny_reuses_checkpoint(trained):
+def test_cli_train_tiny_reuses_checkpoint(tmp_path):
     from typer.testing import CliRunner
 
     from treadle.models.cli import app
 
-    res = CliRunner().invoke(app, ["train-tiny", "--quick", "--out", str(trained.path), "--no-progress"])
+    # a checkpoint trained with exactly the settings `train-tiny --quick --steps 3` asks for is reused;
+    # one trained with other settings is refused (the run-folder rule), never silently replaced
+    path = train_tiny(TinyTrainConfig.quick(steps=3), tmp_path / "tiny", progress=False).path
+    res = CliRunner().invoke(app, ["train-tiny", "--quick", "--steps", "3", "--out", str(path), "--no-progress"])
     assert res.exit_code == 0, res.output
-    assert "already holds a complete checkpoint" in res.output and "accuracy" in res.output
+    assert "already holds this model (same settings)" in res.output and "accuracy" in res.output
+    res = CliRunner().invoke(app, ["train-tiny", "--quick", "--steps", "4", "--out", str(path), "--no-progress"])
+    assert res.exit_code == 2 and "other settings" in res.output, res.output
 
 
 def test_stale_cache_from_other_settings_is_retrained(trained, tmp_path, monkeypatch):
