@@ -116,4 +116,7 @@ def test_chaos_drill_small():
     assert rep.cross_session_leaks == 0 and rep.lost_checkpointed_mutations == 0
     assert rep.unfinished_sessions == 0 and rep.stale_writes_accepted == 0
     assert rep.kills >= 1 and rep.sessions_restored >= 1 and rep.stale_writes_rejected == rep.sessions_restored
-    assert rep.acknowledged_checkpoints >= 24 * 3
+    # not every step's checkpoint is acknowledged: a worker killed after writing a checkpoint but before
+    # replying leaves it unacknowledged, and the session resumes after the restored turn (so it is not
+    # re-taken); the invariants above are what must hold, this only checks the drill did real work
+    assert 24 <= rep.acknowledged_checkpoints <= 24 * 3 + (rep.sessions_restored + rep.reopened_sessions) * 3
