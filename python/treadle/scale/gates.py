@@ -69,25 +69,14 @@ class GateConfig:
     tau: FiniteFloat
     adapter: str
 
-    @field_validator("L")
+    @field_validator("L", "U", "tau")
     @classmethod
-    def _lower(cls, v: float) -> float:
-        if not v < 0:
-            raise ValueError(f"L must be < 0 (lambda's lower end, L < 0 < 1 < U), got {v}")
-        return v
-
-    @field_validator("U")
-    @classmethod
-    def _upper(cls, v: float) -> float:
-        if not v > 1:
-            raise ValueError(f"U must be > 1 (lambda's upper end, L < 0 < 1 < U), got {v}")
-        return v
-
-    @field_validator("tau")
-    @classmethod
-    def _temperature(cls, v: float) -> float:
-        if not v > 0:
-            raise ValueError(f"tau must be > 0 (the gate temperature), got {v}")
+    def _in_range(cls, v: float, info) -> float:
+        ok, rule = {"L": (v < 0, "< 0 (lambda's lower end, L < 0 < 1 < U)"),
+                    "U": (v > 1, "> 1 (lambda's upper end, L < 0 < 1 < U)"),
+                    "tau": (v > 0, "> 0 (the gate temperature)")}[info.field_name]
+        if not ok:
+            raise ValueError(f"{info.field_name} must be {rule}, got {v}")
         return v
 
     @classmethod
