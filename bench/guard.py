@@ -13,16 +13,20 @@ rounds falls below the threshold. Times are process CPU time on one torch thread
 (``--clock cpu --threads 1``): with 2 cores shared by many jobs, wall time mostly measures how long the
 process waited for a core (ratios of the same code moved 25%+ between passes), CPU time the work done. Memory checks (the ops whose point is memory: STAIR read-out, top-k
 entropy) measure the peak RSS above the inputs of treadle's op and of the naive peer, each in turn in
-one fresh subprocess (glibc's mmap threshold fixed so freed buffers go back to the system), and gate
-naive peak / treadle peak; these are deterministic to a few percent.
+one fresh subprocess (glibc's mmap threshold fixed so freed buffers go back to the system), after one
+warm-up call of each (the smaller of two measured calls), and gate naive peak / treadle peak. Without the
+warm-up, one-off costs of the first call (kernel code pages touched for the first time, thread pools:
+~7 MiB) landed in treadle's side, whose true extra peak is ~1.2 MiB for the STAIR check, and the CI
+machine measured 12.5x where this one measured 31x.
 
 Margins: ``--calibrate N`` runs N full passes and stores, per check, the N median ratios and the
 threshold ``min(medians) * (1 - margin)`` with ``margin = max(floor, 2 * spread)``, where spread is
-(max - min) / median of the N medians and floor is 0.15 for time checks and 0.10 for memory checks.
+(max - min) / median of the N medians and floor is 0.15 for time checks and 0.35 for memory checks.
 Measured on the shared 2-core VM while ~8 other jobs kept its load average at 10-20 (the spreads are
 stored in the JSON): medians of 15 interleaved rounds in CPU time moved 3-24% between passes (wall
 time: 25%+, hence the CPU clock), peak-memory ratios under 0.2%. The threshold sits below the
-lowest calibration median by twice the largest move seen (at least 15%; 10% for memory), a margin no
+lowest calibration median by twice the largest move seen (at least 15%; 35% for memory, whose small
+treadle-side peaks move with the machine's allocator and libraries more than between passes), a margin no
 pass crossed, while a real regression (a kernel 2x slower, a fast path no longer taken, an op that
 materialises the naive buffers again) still crosses it.
 
@@ -47,7 +51,7 @@ from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 THRESHOLDS = HERE / "guard_thresholds.json"
-MARGIN_FLOOR = {"time": 0.15, "memory": 0.10}
+MARGIN_FLOOR = {"time": 0.15, "memory": 0.35}
 SPREAD_FACTOR = 2.0
 
 
@@ -213,13 +217,18 @@ def make(impl):
 out = {}
 for impl in impls:
     run = make(impl)
-    gc.collect()
-    with open("/proc/self/clear_refs", "w") as f:  # reset the peak-RSS high-water mark (VmHWM)
-        f.write("5")
-    before = status("VmRSS")
-    t0 = time.perf_counter()
+    # one warm-up call first: lazy one-off costs (code pages of kernels touched for the first time,
+    # thread pools, allocator arenas) otherwise land in whichever side runs first and swamp a small peak
     run()
-    out[impl] = {"extra_peak": max(status("VmHWM") - before, 1), "seconds": time.perf_counter() - t0}
+    peaks, t0 = [], time.perf_counter()
+    for _ in range(2):  # the smaller of two measured calls
+        gc.collect()
+        with open("/proc/self/clear_refs", "w") as f:  # reset the peak-RSS high-water mark (VmHWM)
+            f.write("5")
+        before = status("VmRSS")
+        run()
+        peaks.append(max(status("VmHWM") - before, 1))
+    out[impl] = {"extra_peak": min(peaks), "seconds": (time.perf_counter() - t0) / 2}
     del run
     gc.collect()
 print(json.dumps(out))
@@ -311,7 +320,7 @@ def calibrate(names: list[str], passes: int, rounds: int, round_ms: float, path:
                                         **machine()}}
     doc = ("ratio = peer / treadle (time: median over interleaved rounds; memory: naive peak / treadle peak). "
            "min_ratio = min(calibration medians) * (1 - margin), margin = max(floor, 2 * spread), spread = "
-           "(max - min) / median of the calibration medians, floor 0.15 (time) / 0.10 (memory). "
+           "(max - min) / median of the calibration medians, floor 0.15 (time) / 0.35 (memory). "
            "Recalibrate with `python bench/guard.py --calibrate 3` on an idle machine; see bench/guard.py.")
     path.write_text(json.dumps({"_doc": doc, "checks": checks}, indent=1) + "\n")
     return checks
