@@ -116,3 +116,49 @@ def test_shipped_minilm_separates_paraphrases_from_other_problems(monkeypatch):
     h = EmbeddingIndex(HashingEmbedder(), threshold=0.9)
     h.add(BENCH)
     assert not any(h.contaminated_many(PARAPHRASES))
+
+
+def test_run_drops_exported_paraphrases_the_13_gram_check_misses(tmp_path):
+    from treadle.rsi.decontam import BenchmarkIndex
+    from treadle.rsi.loop import LoopConfig
+    from treadle.rsi.math_tasks import make_seeds
+    from treadle.rsi.runs import RunMismatchError, run
+
+    seeds = make_seeds(4, 0)
+    clean = run(tmp_path / "clean", seeds, (), LoopConfig(rounds=1))
+    problems = [json.loads(x) for x in (tmp_path / "clean" / "problems.jsonl").read_text().splitlines()]
+    assert clean["n_problems"] == len(problems) > 0
+    victim = problems[0]["text"]
+    reworded = victim.replace("Compute", "Evaluate").replace("Solve", "Find x in")
+    bench = tmp_path / "bench.txt"
+    bench.write_text(reworded + "\n")
+    ngram = BenchmarkIndex()
+    ngram.add_file(bench)
+    assert not ngram.contaminated(victim)  # the 13-gram / containment check misses the rewording
+    run(tmp_path / "ng", seeds, (), LoopConfig(rounds=1), decontamination=(str(bench),))
+    assert len((tmp_path / "ng" / "problems.jsonl").read_text().splitlines()) == len(problems)
+    run(tmp_path / "emb", seeds, (), LoopConfig(rounds=1), decontamination=(str(bench),),
+        embedding_threshold=0.8, embedder=HashingEmbedder())
+    kept = [json.loads(x) for x in (tmp_path / "emb" / "problems.jsonl").read_text().splitlines()]
+    repairs = [json.loads(x) for x in (tmp_path / "emb" / "repairs.jsonl").read_text().splitlines()]
+    assert victim not in [p["text"] for p in kept] and len(kept) < len(problems)
+    assert any(r["reason"] == "contaminated_embedding" and r["text"] == victim for r in repairs)
+    cfg = json.loads((tmp_path / "emb" / "config.json").read_text())
+    assert cfg["embedding"] == {"embedder": "hashing-3gram-512", "threshold": 0.8}
+    with pytest.raises(RunMismatchError, match="embedding"):  # another threshold is another run
+        run(tmp_path / "emb", seeds, (), LoopConfig(rounds=1), decontamination=(str(bench),),
+            embedding_threshold=0.9, embedder=HashingEmbedder())
+    with pytest.raises(ValueError, match="needs decontamination"):
+        run(tmp_path / "x", seeds, (), LoopConfig(rounds=1), embedding_threshold=0.8, embedder=HashingEmbedder())
+    assert not (tmp_path / "x").exists()
+
+
+def test_cli_embedding_threshold_needs_benchmark_files(tmp_path):
+    from typer.testing import CliRunner
+
+    from treadle.cli import app
+
+    res = CliRunner().invoke(app, ["rsi", "run", "--out", str(tmp_path / "o"), "--seeds", "4",
+                                   "--embedding-threshold", "0.85"])
+    assert res.exit_code == 2 and "--embedding-threshold" in res.output and "--decontaminate" in res.output
+    assert not (tmp_path / "o").exists()
