@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -81,7 +80,8 @@ def test_cannot_write_outside_its_directory(tmp_path):
     code = f"""
 import os
 results = []
-for path in [{str(target)!r}, {str(tmp_path / 'new.txt')!r}, '/tmp/treadle-sandbox-escape.txt', os.path.expanduser('~root/x')]:
+for path in [{str(target)!r}, {str(tmp_path / 'new.txt')!r}, '/tmp/treadle-sandbox-escape.txt',
+             os.path.expanduser('~root/x')]:
     try:
         with open(path, 'w') as f:
             f.write('pwned')
@@ -165,8 +165,8 @@ def test_memory_and_file_size_limits():
     r = run_python("open('big', 'wb').write(b'x' * (4 << 20))\nprint('WROTE')", limits=SandboxLimits(max_file_mb=1))
     # Python ignores SIGXFSZ, so the write fails with EFBIG; a program that does not gets the signal
     assert r.returncode == 1 and "WROTE" not in r.stdout and "File too large" in r.stderr
-    r = run_command(["sh", "-c", "exec head -c 4194304 /dev/zero > big"], limits=SandboxLimits(max_file_mb=1, max_output_bytes=2 << 20),
-                    collect=["big"])
+    r = run_command(["sh", "-c", "exec head -c 4194304 /dev/zero > big"],
+                    limits=SandboxLimits(max_file_mb=1, max_output_bytes=2 << 20), collect=["big"])
     assert r.termination == "file_size_limit" and len(r.files["big"]) == 1 << 20
     r = run_python("import os\nfds = [os.open('/dev/null', os.O_RDONLY) for _ in range(100)]\nprint('OPENED')",
                    limits=SandboxLimits(max_open_files=16))

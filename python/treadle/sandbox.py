@@ -285,8 +285,8 @@ def run_python(source: str, *, limits: SandboxLimits | None = None, files: dict[
         raise TypeError(f"source must be a str of Python code, got {type(source).__name__}")
     if files and "main.py" in files:
         raise ValueError("files must not contain 'main.py': run_python writes the source there")
-    return run_command([sys.executable, *python_args, "main.py"], limits=limits, files={**(files or {}), "main.py": source},
-                       stdin=stdin, env=env, collect=collect)
+    return run_command([sys.executable, *python_args, "main.py"], limits=limits,
+                       files={**(files or {}), "main.py": source}, stdin=stdin, env=env, collect=collect)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -16,8 +16,8 @@ import json
 import re
 from pathlib import Path
 
-__all__ = ["BenchmarkIndex", "DecontaminationFileError", "dedup", "family_key", "read_benchmark_file", "split_by_family",
-           "tokens"]
+__all__ = ["BenchmarkIndex", "DecontaminationFileError", "dedup", "family_key", "read_benchmark_file",
+           "split_by_family", "tokens"]
 
 _TOK = re.compile(r"\d+|[a-z]+|[^\s\w]")
 _FIELDS = ("problem", "question", "prompt", "text", "input")

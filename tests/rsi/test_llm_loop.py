@@ -1,0 +1,223 @@
+"""LLM roles inside an RSI round, offline against a fake OpenAI-compatible HTTP endpoint (http.server on
+127.0.0.1 in a thread: the client's whole HTTP stack runs; each role is its own model name)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import sympy
+
+from treadle.llm import LLMClient, LLMConfig, RoleConfig, read_ledger
+from treadle.rsi.harness import Harness, Skill
+from treadle.rsi.llm_loop import LLMLoopConfig, LLMRound, MathDomain, TextMathTask
+from treadle.rsi.llm_roles import cost_from_llm_ledger
+
+SKILL = Skill(name="wrap_product", intent="multiply the expression and add a constant", method=("(E)*7+3",))
+H = Harness(skills=(SKILL,))
+
+
+def _reply(text: str) -> dict:
+    return {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": len(text), "total_tokens": 10 + len(text)}}
+
+
+def policy(req: dict):
+    """Scripted roles by model name. Returns a reply text, or an int HTTP status for an error."""
+    model, user = req["model"], req["messages"][-1]["content"]
+    if model == "director":
+        state = json.loads(user.split("\n")[0])["state"]
+        if state["pending_unverified"]:
+            return json.dumps({"step": "verify", "reason": "check it"})
+        if state["extends"] < 1:
+            lib = json.loads(user.split("\n")[0])["library"]
+            return json.dumps({"step": "extend", "skill": lib[-1]["name"], "reason": "newest skill"})
+        return json.dumps({"step": "finish"})
+    if model == "generator":
+        task = json.loads(user)["task"]
+        if "11" in task["problem"]:
+            return "I cannot do that, sorry."  # never validates
+        e = re.fullmatch(r"Compute (.+)\.", task["problem"]).group(1)
+        new = f"({e})*7+3"
+        ans = int(sympy.sympify(new)) + (1 if "13" in task["problem"] else 0)  # seed '13': wrong reference
+        return json.dumps({"problem": f"Compute {new}.", "answer": str(ans)})
+    if model == "solver":
+        e = re.fullmatch(r"Compute (.+)\.", user).group(1)
+        if "17" in e:
+            return 500  # the solver endpoint fails for this chain
+        val = int(sympy.sympify(e))
+        return str(val if len(e) <= 6 else val + 2)  # long expressions defeat the solver
+    if model == "meta":
+        return json.dumps({"name": "deep_nesting", "intent": "nest the expression inside a product",
+                           "method": ["wrap the whole expression in parentheses", "multiply by a two-digit number"],
+                           "tool_hint": "sympy"})
+    return 400
+
+
+class FakeEndpoint:
+    def __init__(self):
+        self.requests: list[dict] = []
+        self.override = None  # req -> reply/status, or None for the policy
+        ep = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+                ep.requests.append(req)
+                out = ep.override(req) if ep.override else None
+                out = policy(req) if out is None else out
+                status, body = (out, {"error": {"message": "scripted"}}) if isinstance(out, int) else (200, _reply(out))
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def fake():
+    ep = FakeEndpoint()
+    yield ep
+    ep.close()
+
+
+def _config(base_url: str, roles=("director", "generator", "solver", "meta")) -> LLMConfig:
+    return LLMConfig(roles={r: RoleConfig(model=r, base_url=base_url, max_retries=0, backoff_s=0.01, timeout_s=10,
+                                          structured_mode="prompt") for r in roles})
+
+
+def _queue():
+    return [TextMathTask(seed_id=f"s{i}", text=f"Compute {a}+{b}.", answer=str(a + b))
+            for i, (a, b) in enumerate([(2, 3), (11, 4), (13, 5), (17, 1), (4, 5)])]
+
+
+def _run(fake, tmp_path, queue, cfg=None, cache=True):
+    async def go():
+        async with LLMClient(_config(fake.base_url), cache=tmp_path / "cache.sqlite" if cache else None,
+                             ledger=tmp_path / "ledger.jsonl") as c:
+            loop = LLMRound(c, MathDomain(), H, cfg or LLMLoopConfig(concurrency=2, max_repairs=0))
+            recs = await loop.run(queue, 0)
+            return recs, loop.harness
+
+    return asyncio.run(go())
+
+
+def test_round_with_llm_roles_keeps_every_row_and_admits_only_valid_failures(fake, tmp_path):
+    queue = _queue()
+    recs, h = _run(fake, tmp_path, queue)
+    assert [r.seed_id for r in recs] == [t.seed_id for t in queue]  # one row per task, in order
+    by = {r.seed_id: r for r in recs}
+    # s0 and s4: extended, verified, the solver fails the harder task -> exported, skill induced once
+    for sid in ("s0", "s4"):
+        assert by[sid].new_valid and by[sid].accuracy == 0.0 and len(by[sid].exports) == 1
+        assert by[sid].task.skills_used[0] in ("wrap_product", "deep_nesting")
+    assert [s.name for s in h.skills] == ["wrap_product", "deep_nesting"]
+    assert h.skills[1].provenance.source == "online_failure" and h.skills[1].provenance.failure_task is not None
+    assert sum(len(r.admitted) for r in recs) == 1
+    # s1: the generator's output never validates -> failure + repair, the chain keeps its seed task
+    assert not by["s1"].new_valid and by["s1"].task == queue[1]
+    assert by["s1"].failures[0]["operator"] == "generator" and by["s1"].failures[0]["kind"] == "invalid_output"
+    assert by["s1"].repairs[0]["reason"] == "generator_failure"
+    # s2: wrong reference answer -> the verifier's repair, never a skill
+    assert [x["reason"] for x in by["s2"].repairs] == ["wrong_reference_answer"] and not by["s2"].admitted
+    assert not by["s2"].new_valid
+    # s3: the solver endpoint fails -> tool failure, recorded, never a skill, the row kept
+    assert by["s3"].repairs[0]["reason"] == "tool_failure" and not by["s3"].admitted
+    assert {f["operator"] for f in by["s3"].failures} == {"solver"}
+    assert all(f["blame"] == "provider" for f in by["s3"].failures)
+    # exports carry provenance
+    e = by["s0"].exports[0]
+    assert e["verifier_version"] == "math-sympy-1" and e["harness_version"] in (0, 1) and e["solver_accuracy"] == 0.0
+
+
+def test_the_next_director_call_sees_an_admitted_skill(fake, tmp_path):
+    _run(fake, tmp_path, [_queue()[0], _queue()[4]], LLMLoopConfig(concurrency=1, max_repairs=0))
+    director = [json.loads(r["messages"][-1]["content"].split("\n")[0]) for r in fake.requests
+                if r["model"] == "director"]
+    libs = [[s["name"] for s in d["library"]] for d in director]
+    first_meta = next(i for i, r in enumerate(fake.requests) if r["model"] == "meta")
+    later = [r for r in fake.requests[first_meta + 1:] if r["model"] == "director"]
+    assert later and all("deep_nesting" in r["messages"][-1]["content"] for r in later)
+    assert libs[0] == ["wrap_product"] and libs[-1] == ["wrap_product", "deep_nesting"]
+    # the second chain extends with the skill admitted by the first
+    gen = [json.loads(r["messages"][-1]["content"]) for r in fake.requests if r["model"] == "generator"]
+    assert [g["skill"]["name"] for g in gen] == ["wrap_product", "deep_nesting"]
+
+
+def test_rerun_is_served_from_the_cache_and_ledger_totals_add_up(fake, tmp_path):
+    queue = [q for q in _queue() if q.seed_id != "s3"]  # errors are not cached, so leave the failing chain out
+    first, _ = _run(fake, tmp_path, queue, LLMLoopConfig(concurrency=1, max_repairs=0))
+    n = len(fake.requests)
+    again, _ = _run(fake, tmp_path, queue, LLMLoopConfig(concurrency=1, max_repairs=0))
+    assert len(fake.requests) == n  # nothing re-paid
+    assert [(r.seed_id, r.task, r.accuracy, r.admitted) for r in again] == \
+        [(r.seed_id, r.task, r.accuracy, r.admitted) for r in first]
+    records = read_ledger(tmp_path / "ledger.jsonl")
+    live = [r for r in records if not r.cache_hit]
+    led = cost_from_llm_ledger(live)
+    s = led.summary()
+    assert s["total"] == len(live) == n
+    assert sum(s["by_operator"].values()) == s["total"]
+    assert s["tokens"] == sum(r.tokens_in + r.tokens_out for r in live)
+    assert set(s["by_operator"]) == {"director", "extend", "verify", "skill_update"}
+    assert sum(led.by("seed_id").values()) == s["total"]
+
+
+def test_configuration_mistakes_fail_before_any_call(fake, tmp_path):
+    async def go():
+        async with LLMClient(_config(fake.base_url, roles=("director", "solver"))) as c:
+            LLMRound(c, MathDomain(), H)
+
+    with pytest.raises(ValueError, match=r"no role\(s\) \['generator', 'meta'\]"):
+        asyncio.run(go())
+
+    async def dup():
+        async with LLMClient(_config(fake.base_url)) as c:
+            await LLMRound(c, MathDomain(), H).run([_queue()[0], _queue()[0]], 0)
+
+    with pytest.raises(ValueError, match="duplicated seed ids"):
+        asyncio.run(dup())
+    with pytest.raises(ValueError, match="missing"):
+        LLMRound(None, MathDomain(), H, LLMLoopConfig(roles={"director": "director"}))
+    assert fake.requests == []
+
+
+
+
+def test_malformed_director_output_is_recorded_and_the_chain_falls_back(fake, tmp_path):
+    # the Director answers garbage once a task is pending: the chain falls back to Verify, then stops
+    def garbage_when_pending(req):
+        if req["model"] == "director" and '"pending_unverified": true' in req["messages"][-1]["content"]:
+            return "{not json"
+        return None
+
+    fake.override = garbage_when_pending
+    recs, _ = _run(fake, tmp_path, [_queue()[0]], cache=False)
+    r = recs[0]
+    assert r.failures[0] == {"operator": "director", "kind": "invalid_output", "blame": "model",
+                             "message": r.failures[0]["message"]}
+    assert r.steps[:2] == ["extend", "verify"] and r.new_valid and len(r.exports) == 1
+    # garbage from the start: nothing pending, the chain finishes with its seed task, row kept
+    fake.override = lambda req: "nope" if req["model"] == "director" else None
+    recs, _ = _run(fake, tmp_path, _queue()[:2], cache=False)
+    assert [x.seed_id for x in recs] == ["s0", "s1"]
+    assert all(x.steps == ["finish"] and x.task == q and x.failures for x, q in zip(recs, _queue()[:2]))
