@@ -270,3 +270,21 @@ def test_coding_round_verifies_generated_tasks_in_the_sandbox(fake, tmp_path):
     (rec,), h = asyncio.run(go())
     assert not rec.new_valid and rec.task == seed and not rec.admitted
     assert rec.repairs[0]["reason"].startswith("failed")
+
+
+def test_paraphrase_judge_and_its_failures(fake, tmp_path):
+    from treadle.llm import Failure
+    from treadle.rsi.llm_roles import llm_paraphrase_judge
+
+    replies = iter([json.dumps({"paraphrase": True, "reason": "same task"}), json.dumps({"paraphrase": False}),
+                    "maybe?"])
+    fake.override = lambda req: next(replies)
+
+    async def go():
+        async with LLMClient(_config(fake.base_url, roles=("judge",))) as c:
+            return [await llm_paraphrase_judge(c, "How many clips in total?", "Natalia sold clips...", max_repairs=0)
+                    for _ in range(3)]
+
+    yes, no, bad = asyncio.run(go())
+    assert yes is True and no is False
+    assert isinstance(bad, Failure) and bad.kind.value == "invalid_output"
