@@ -288,3 +288,60 @@ def test_paraphrase_judge_and_its_failures(fake, tmp_path):
     yes, no, bad = asyncio.run(go())
     assert yes is True and no is False
     assert isinstance(bad, Failure) and bad.kind.value == "invalid_output"
+
+
+def test_llm_run_folder_resumes_without_repaying_or_duplicating(fake, tmp_path):
+    from treadle.rsi.llm_runs import run_llm
+    from treadle.rsi.runs import RunMismatchError
+
+    queue = [q for q in _queue() if q.seed_id != "s3"]
+    cfg = LLMLoopConfig(concurrency=1, max_repairs=0)
+
+    def go(folder, rounds, cache):
+        async def inner():
+            async with LLMClient(_config(fake.base_url), cache=tmp_path / cache,
+                                 ledger=tmp_path / f"{folder}.ledger.jsonl") as c:
+                return await run_llm(tmp_path / folder, queue, MathDomain(), c, rounds, harness=H, config=cfg)
+        return asyncio.run(inner())
+
+    one = go("one", 2, "a.sqlite")
+    n_one = len(fake.requests)
+    go("two", 1, "b.sqlite")
+    n_first = len(fake.requests) - n_one
+    with (tmp_path / "two" / "problems.jsonl").open("a") as f:  # a crash in round 1 left a stray record
+        f.write(json.dumps({"round": 1, "task": "stray"}) + "\n")
+    two = go("two", 2, "b.sqlite")
+    assert len(fake.requests) - n_one == n_one  # round 0 was not asked again: rounds 0 + 1 cost one run's calls
+    assert n_first < n_one
+    for name in ("problems.jsonl", "repairs.jsonl", "failures.jsonl", "state.json"):
+        assert (tmp_path / "one" / name).read_text() == (tmp_path / "two" / name).read_text(), name
+    assert one["rounds"] == two["rounds"] and len(one["rounds"]) == 2
+    assert one["skills"] == ["wrap_product", "deep_nesting"]
+    assert one["ledger"]["total"] == n_one and sum(one["ledger"]["by_operator"].values()) == n_one
+    with pytest.raises(RunMismatchError, match="loop"):
+        async def other():
+            async with LLMClient(_config(fake.base_url)) as c:
+                await run_llm(tmp_path / "one", queue, MathDomain(), c, 2, harness=H,
+                              config=LLMLoopConfig(attempts=2))
+        asyncio.run(other())
+
+
+def test_llm_run_bad_input_before_any_call(fake, tmp_path):
+    from treadle.rsi.coding import CodingTask
+    from treadle.rsi.llm_runs import run_llm
+
+    async def go(queue, **kw):
+        async with LLMClient(_config(fake.base_url)) as c:
+            await run_llm(tmp_path / "r", queue, MathDomain(), c, 1, **{"harness": H, **kw})
+
+    with pytest.raises(ValueError, match="no seed tasks"):
+        asyncio.run(go([]))
+    with pytest.raises(ValueError, match="duplicated seed ids"):
+        asyncio.run(go([_queue()[0], _queue()[0]]))
+    code = CodingTask(seed_id="c", prompt="def f():\n", entry_point="f", tests="def check(c):\n  pass\n",
+                      reference="  return 1\n")
+    with pytest.raises(ValueError, match="needs TextMathTask"):
+        asyncio.run(go([code]))
+    with pytest.raises(ValueError, match="no skills"):
+        asyncio.run(go(_queue()[:1], harness=Harness()))
+    assert fake.requests == [] and not (tmp_path / "r").exists()
