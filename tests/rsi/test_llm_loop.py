@@ -345,3 +345,46 @@ def test_llm_run_bad_input_before_any_call(fake, tmp_path):
     with pytest.raises(ValueError, match="no skills"):
         asyncio.run(go(_queue()[:1], harness=Harness()))
     assert fake.requests == [] and not (tmp_path / "r").exists()
+
+
+def _toml(path, base_url, roles=("director", "generator", "solver", "meta")):
+    path.write_text("".join(f'[roles.{r}]\nmodel = "{r}"\nbase_url = "{base_url}"\nmax_retries = 0\n'
+                            f'structured_mode = "prompt"\nmax_repairs = 0\n' for r in roles))
+    return path
+
+
+def test_cli_llm_runs_and_resumes_against_the_endpoint(fake, tmp_path):
+    from typer.testing import CliRunner
+
+    from treadle.cli import app
+
+    seeds = tmp_path / "seeds.jsonl"
+    seeds.write_text("".join(json.dumps({"id": f"q{i}", "expression": e}) + "\n" for i, e in enumerate(["2+3", "4+5"])))
+    cfg = _toml(tmp_path / "m.toml", fake.base_url)
+    args = ["rsi", "llm", "--out", str(tmp_path / "run"), "--llm-config", str(cfg), "--seed-file", str(seeds),
+            "--rounds", "1", "--concurrency", "1"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "round 0: 2 verified" in res.output and "deep_nesting" in res.output
+    n = len(fake.requests)
+    res = CliRunner().invoke(app, [*args[:-4], "--rounds", "1", "--concurrency", "1"])  # same run: nothing to do
+    assert res.exit_code == 0 and len(fake.requests) == n
+    assert len((tmp_path / "run" / "problems.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("case, flag", [("no_file", "--llm-config"), ("roles", "--llm-config"),
+                                        ("domain", "--domain"), ("seed_file_code", "--seed-file")])
+def test_cli_llm_bad_input_is_one_line_exit_2(fake, tmp_path, case, flag):
+    from typer.testing import CliRunner
+
+    from treadle.cli import app
+
+    cfg = {"no_file": tmp_path / "none.toml",
+           "roles": _toml(tmp_path / "m.toml", fake.base_url, roles=("director", "solver"))}.get(
+        case, _toml(tmp_path / "ok.toml", fake.base_url))
+    extra = {"domain": ["--domain", "poetry"], "seed_file_code": ["--domain", "code", "--seed-file", "x.jsonl"]}
+    res = CliRunner().invoke(app, ["rsi", "llm", "--out", str(tmp_path / "run"), "--llm-config", str(cfg),
+                                   *extra.get(case, [])])
+    assert res.exit_code == 2, res.output
+    assert res.output.startswith(flag + ":") and len(res.output.strip().splitlines()) == 1, res.output
+    assert fake.requests == [] and not (tmp_path / "run").exists()

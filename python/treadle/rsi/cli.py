@@ -4,6 +4,7 @@
                     [--decontaminate bench.jsonl ... [--embedding-threshold 0.85]]
     treadle rsi ablate --out runs/rsi-ablate [--rounds 3] [--runs 3]
     treadle rsi diff runs/rsi/harness/v0.json runs/rsi/harness/v3.json
+    treadle rsi llm --out runs/rsi-llm --llm-config models.toml [--domain math|code] [--rounds 2]
 """
 from __future__ import annotations
 
@@ -179,6 +180,74 @@ def ablate_cmd(
                        else f"{sum(r[c] for r in rs) / len(rs):.0f}" for c in cols])
     console.print(t)
     console.print(f"-> {out / 'ablation.json'}, {out / 'ablation.png'}", markup=False)
+
+
+@app.command("llm")
+def llm_cmd(
+    out: Path = typer.Option(..., "--out", help="Run folder (created; an existing run there is resumed)."),
+    llm_config: Path = typer.Option(..., "--llm-config",
+                                    help="treadle.llm config (TOML/YAML/JSON) with roles director, generator, "
+                                         "solver, meta."),
+    domain: str = typer.Option("math", "--domain", help="math (sympy-verified) or code (HumanEval, sandboxed tests)."),
+    rounds: int = typer.Option(2, "--rounds", min=1, max=100),
+    n_seeds: int = typer.Option(8, "--seeds", min=1, max=10000,
+                                help="math: generated seeds (if no --seed-file); code: the first N HumanEval tasks."),
+    seed_file: Path = typer.Option(None, "--seed-file", help='math: JSONL of {"id": ..., "expression": "3+4"} seeds.'),
+    attempts: int = typer.Option(4, "--attempts", min=1, max=64, help="Solver samples per verified task."),
+    concurrency: int = typer.Option(4, "--concurrency", min=1, max=256, help="Seed chains at once."),
+    seed: int = typer.Option(0, "--seed", help="Seeds the generated math seeds."),
+) -> None:
+    """Online RSI rounds with LLM roles (cache and ledger in the run folder; rerun to resume)."""
+    import asyncio
+
+    from treadle.llm import ConfigError, LLMClient, LLMConfig
+    from treadle.rsi.llm_loop import ROLES, CodingDomain, LLMLoopConfig, MathDomain, TextMathTask, initial_llm_harness
+    from treadle.rsi.llm_runs import run_llm
+    from treadle.rsi.runs import RunMismatchError
+
+    if domain not in ("math", "code"):
+        _fail("--domain", f"unknown domain {domain!r}; choose math or code")
+    try:
+        cfg = LLMConfig.load(llm_config)
+    except ConfigError as err:
+        _fail("--llm-config", str(err))
+    missing = [r for r in ROLES if r not in cfg.roles]
+    if missing:
+        _fail("--llm-config", f"{llm_config} has no role(s) {missing}; RSI needs {list(ROLES)} (has "
+                              f"{sorted(cfg.roles)})")
+    _check_out(out)
+    if domain == "code":
+        from treadle.rsi.coding import load_humaneval_seeds
+        from treadle.sandbox import SandboxUnavailableError, isolation_mode
+
+        try:
+            isolation_mode()
+        except SandboxUnavailableError as err:
+            _fail("--domain", f"code needs the sandbox: {err}")
+        if seed_file is not None:
+            _fail("--seed-file", "is for --domain math; code seeds are the first --seeds HumanEval tasks")
+        queue, dom = load_humaneval_seeds(limit=n_seeds), CodingDomain()
+    else:
+        queue = [TextMathTask(seed_id=t.seed_id, text=t.text, answer=t.answer)
+                 for t in _seeds(n_seeds, seed_file, seed)]
+        dom = MathDomain()
+
+    async def go():
+        async with LLMClient(cfg, cache=out / "llm_cache.sqlite", ledger=out / "llm_ledger.jsonl") as client:
+            return await run_llm(out, queue, dom, client, rounds, harness=initial_llm_harness(domain),
+                                 config=LLMLoopConfig(attempts=attempts, concurrency=concurrency),
+                                 on_round=lambda r: console.print(
+                                     f"round {r['round']}: {r['verified']} verified, {r['repairs']} repairs, "
+                                     f"{r['failed_calls']} failed calls, admitted {r['admitted']}", markup=False))
+
+    try:
+        summ = asyncio.run(go())
+    except RunMismatchError as err:
+        _fail("--out", str(err))
+    led = summ.get("ledger", {})
+    console.print(f"calls by operator: {json.dumps(led.get('by_operator', {}))}; tokens {led.get('tokens', 0)}; "
+                  f"library: {summ['skills']}", markup=False)
+    console.print(f"-> {out / 'problems.jsonl'}, {out / 'summary.json'}", markup=False)
 
 
 @app.command("diff")

@@ -33,7 +33,8 @@ from treadle.rsi.llm_roles import CodeGeneration, MathGeneration, llm_generate, 
 from treadle.rsi.verifier import VERIFIER_VERSION, check_answer, check_task
 from treadle.sandbox import SandboxLimits
 
-__all__ = ["ChainRecord", "CodingDomain", "LLMLoopConfig", "LLMRound", "MathDomain", "TextMathTask"]
+__all__ = ["ChainRecord", "CodingDomain", "LLMLoopConfig", "LLMRound", "MathDomain", "TextMathTask",
+           "initial_llm_harness"]
 
 ROLES = ("director", "generator", "solver", "meta")
 
@@ -75,8 +76,11 @@ class MathDomain:
     def __init__(self, checker=None):
         self.checker = checker
 
+    FORMAT = ("Write the new problem as optional context sentences followed by 'Compute EXPR.' or 'Solve L=R for x.' "
+              "(EXPR, L and R without spaces, integers, + - * / and parentheses), with one integer answer.")
+
     def view(self, task: TextMathTask) -> dict:
-        return {"problem": task.text, "answer": task.answer}
+        return {"problem": task.text, "answer": task.answer, "format": self.FORMAT}
 
     def from_generation(self, parent: TextMathTask, g: MathGeneration, skill: str) -> TextMathTask:
         return TextMathTask(seed_id=parent.seed_id, text=g.problem, answer=g.answer,
@@ -128,6 +132,29 @@ class CodingDomain:
     async def score(self, task: CodingTask, answers: list[str]) -> list[bool]:
         cs = await asyncio.gather(*(self._run(run_tests, task, a, self.limits) for a in answers))
         return [c.passed for c in cs]
+
+
+_MATH_SKILLS = (("add_term", "one more operation", ("append one more arithmetic operation with a new operand",)),
+                ("widen_digits", "wider operands", ("replace one operand by a number with one more digit",)),
+                ("nest", "a deeper expression", ("replace one operand by a parenthesised sub-expression equal to it",)))
+_CODE_SKILLS = (("edge_cases", "tests that pin down edge cases",
+                 ("add test cases for empty input, one element and boundary values", "adjust the reference if needed")),
+                ("extra_constraint", "one more requirement in the specification",
+                 ("add one constraint to the docstring", "update the reference and add tests for it")),
+                ("compose", "a second step built on the first",
+                 ("make the function return a derived quantity that needs the original result",)))
+
+
+def initial_llm_harness(domain: str) -> Harness:
+    """H_0 for LLM rounds: three construction skills with free-text methods for ``domain``
+    (``"math"`` or ``"code"``); ValueError for another domain."""
+    from treadle.rsi.harness import Provenance, Skill
+
+    table = {"math": _MATH_SKILLS, "code": _CODE_SKILLS}
+    if domain not in table:
+        raise ValueError(f"domain must be 'math' or 'code', got {domain!r}")
+    return Harness(skills=tuple(Skill(name=n, intent=i, method=m, tool_hint="sympy" if domain == "math" else "python",
+                                      provenance=Provenance(source="initial")) for n, i, m in table[domain]))
 
 
 class LLMLoopConfig(BaseModel):
