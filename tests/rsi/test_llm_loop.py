@@ -388,3 +388,24 @@ def test_cli_llm_bad_input_is_one_line_exit_2(fake, tmp_path, case, flag):
     assert res.exit_code == 2, res.output
     assert res.output.startswith(flag + ":") and len(res.output.strip().splitlines()) == 1, res.output
     assert fake.requests == [] and not (tmp_path / "run").exists()
+
+
+def test_a_later_failure_never_loses_the_task_already_verified(fake, tmp_path):
+    # extend -> verify (valid, exported) -> extend again: the generator now fails -> verify has nothing new
+    def override(req):
+        user = req["messages"][-1]["content"]
+        if req["model"] == "director":
+            state = json.loads(user.split("\n")[0])["state"]
+            if not state["pending_unverified"] and state["extends"] < 2:
+                return json.dumps({"step": "extend", "skill": "wrap_product"})
+        if req["model"] == "generator" and "*7+3" in json.loads(user)["task"]["problem"]:
+            return 503
+        return None
+
+    fake.override = override
+    recs, _ = _run(fake, tmp_path, [_queue()[0]], LLMLoopConfig(online=False, max_repairs=0), cache=False)
+    r = recs[0]
+    assert r.steps[:3] == ["extend", "verify", "extend"]
+    assert r.new_valid and r.task.text == "Compute (2+3)*7+3." and len(r.exports) == 1
+    assert r.failures[-1]["operator"] == "generator" and r.failures[-1]["kind"] == "server_error"
+    assert r.repairs[-1]["reason"] == "generator_failure"
