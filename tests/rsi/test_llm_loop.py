@@ -409,3 +409,11 @@ def test_a_later_failure_never_loses_the_task_already_verified(fake, tmp_path):
     assert r.new_valid and r.task.text == "Compute (2+3)*7+3." and len(r.exports) == 1
     assert r.failures[-1]["operator"] == "generator" and r.failures[-1]["kind"] == "server_error"
     assert r.repairs[-1]["reason"] == "generator_failure"
+
+
+def test_verify_with_nothing_new_exports_nothing(fake, tmp_path):
+    answers = iter([json.dumps({"step": "verify"}), json.dumps({"step": "finish"})])
+    fake.override = lambda req: next(answers) if req["model"] == "director" else None
+    recs, _ = _run(fake, tmp_path, [_queue()[0]], cache=False)
+    assert recs[0].steps == ["verify", "finish"] and not recs[0].exports and not recs[0].new_valid
+    assert [r["model"] for r in fake.requests] == ["director", "director"]  # no solver call

@@ -300,6 +300,8 @@ class LLMRound:
                 working, pending, last_invalid = latest, False, False
             elif step == "verify":
                 pending = False
+                if working is latest:  # nothing new since the last verified task: no re-export, no solver calls
+                    continue
                 valid, reason = await self.domain.verify(working)
                 if not valid:
                     last_invalid = True
@@ -310,8 +312,8 @@ class LLMRound:
                 if acc is None:
                     last_invalid = True
                     continue
-                if prev_acc is None and cfg.online and working is not latest:
-                    prev_acc = await self._solve(latest, rec, rnd) if latest is task else last_acc
+                if prev_acc is None and cfg.online:  # the round's starting task, measured once
+                    prev_acc = await self._solve(latest, rec, rnd)
                 rec.exports.append({"round": rnd, "seed_id": sid, "domain": self.domain.name,
                                     "harness_version": self.harness.version, "key": working.key,
                                     "task": working.model_dump(mode="json"), "skills_used": list(working.skills_used),
