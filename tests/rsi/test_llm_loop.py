@@ -417,3 +417,110 @@ def test_verify_with_nothing_new_exports_nothing(fake, tmp_path):
     recs, _ = _run(fake, tmp_path, [_queue()[0]], cache=False)
     assert recs[0].steps == ["verify", "finish"] and not recs[0].exports and not recs[0].new_valid
     assert [r["model"] for r in fake.requests] == ["director", "director"]  # no solver call
+
+
+def _post_batch_policy(meta_replies):
+    """Baseline skill 'wrap_product' makes (E)+1, which the solver gets right; 'hard_skill' makes (E)*11, which
+    it gets wrong. Post-batch Meta proposals come from ``meta_replies`` in order."""
+    replies = iter(meta_replies)
+
+    def respond(req):
+        model, user = req["model"], req["messages"][-1]["content"]
+        if model == "director":
+            d = json.loads(user.split("\n")[0])
+            if d["state"]["pending_unverified"]:
+                return json.dumps({"step": "verify"})
+            if d["state"]["extends"] < 1:
+                return json.dumps({"step": "extend", "skill": d["library"][-1]["name"]})
+            return json.dumps({"step": "finish"})
+        if model == "generator":
+            g = json.loads(user)
+            e = re.fullmatch(r"Compute (.+)\.", g["task"]["problem"]).group(1)
+            new = f"({e})*11" if g["skill"]["name"] == "hard_skill" else f"({e})+1"
+            return json.dumps({"problem": f"Compute {new}.", "answer": str(int(sympy.sympify(new)))})
+        if model == "solver":
+            e = re.fullmatch(r"Compute (.+)\.", user).group(1)
+            return str(int(sympy.sympify(e)) + (1 if "*11" in e else 0))
+        if model == "meta":
+            assert "Propose one edit" in user
+            return next(replies)
+        return 400
+
+    return respond
+
+
+HARD = {"op": "add_skill", "skill": {"name": "hard_skill", "intent": "multiply by a two-digit number",
+                                     "method": ["multiply the whole expression by 11"]}}
+
+
+def _post_batch(fake, tmp_path, replies):
+    from treadle.rsi.llm_post_batch import llm_post_batch
+
+    fake.override = _post_batch_policy(replies)
+
+    async def go():
+        async with LLMClient(_config(fake.base_url), cache=tmp_path / "c.sqlite") as c:
+            return await llm_post_batch(c, MathDomain(), H, _queue()[:2] + _queue()[4:], 0,
+                                        LLMLoopConfig(concurrency=1, max_repairs=0))
+
+    return asyncio.run(go())
+
+
+def test_post_batch_accepts_a_harder_candidate(fake, tmp_path):
+    edit_prompt = {"op": "edit_prompt", "prompt_role": "generator", "prompt": "Be creative."}
+    h, log = _post_batch(fake, tmp_path, [json.dumps(edit_prompt), json.dumps(HARD)])
+    assert [s.name for s in h.skills] == ["wrap_product", "hard_skill"] and h.version == 1
+    assert h.skills[1].provenance.source == "llm"
+    base = log[0]["evaluation"]
+    assert base["validity"] == 1.0 and base["accuracy"] == 1.0
+    first, second = log[1], log[2]
+    assert not first["accepted"] and "difficulty" in first["reason"]  # the prompt edit was not harder
+    assert second["accepted"] and second["verdict"]["candidate"]["accuracy"] == 0.0
+    assert second["diff"][0].startswith("+ skill hard_skill")
+    metas = [r for r in fake.requests if r["model"] == "meta"]
+    assert "difficulty" in metas[1]["messages"][-1]["content"]  # the Meta agent read the first rejection
+
+
+def test_post_batch_rolls_back_after_exactly_three_rejections(fake, tmp_path):
+    bad = [json.dumps({"op": "delete_skill", "name": "nope"}), "not json",
+           json.dumps({"op": "edit_workflow", "workflow": {"max_steps": 7}}), json.dumps(HARD)]
+    h, log = _post_batch(fake, tmp_path, bad)
+    assert h == H  # H_online kept
+    cands = [e for e in log if e["event"] == "candidate"]
+    assert len(cands) == 3 and not any(c["accepted"] for c in cands)
+    assert "no skill 'nope'" in cands[0]["reason"] and "proposal failed" in cands[1]["reason"]
+    assert log[-1] == {"event": "rollback", "round": 0, "kept_version": 0}
+    assert sum(r["model"] == "meta" for r in fake.requests) == 3  # the fourth (good) proposal is never asked for
+
+
+def test_apply_edit_bad_edits_are_clear_errors():
+    from treadle.rsi.llm_post_batch import HarnessEdit, apply_edit
+
+    for e, msg in [({"op": "add_skill"}, "needs 'skill'"), ({"op": "delete_skill", "name": "wrap_product"}, "empty"),
+                   ({"op": "edit_prompt", "prompt_role": "solver"}, "non-empty 'prompt'"),
+                   ({"op": "edit_workflow", "workflow": {"bogus": 1}}, "unknown workflow fields"),
+                   ({"op": "modify_skill", "skill": {"name": "x", "intent": "i", "method": ["m"]}}, "no skill 'x'")]:
+        with pytest.raises(ValueError, match=msg):
+            apply_edit(H, HarnessEdit.model_validate(e), 0)
+    with pytest.raises(ValueError):
+        apply_edit(H, HarnessEdit.model_validate({"op": "edit_workflow", "workflow": {"max_steps": 0}}), 0)
+    h = apply_edit(H, HarnessEdit.model_validate({"op": "edit_workflow", "workflow": {"max_extends": 3}}), 0)
+    assert h.workflow.max_extends == 3 and h.parent == 0 and H.workflow.max_extends == 2
+
+
+def test_llm_run_folder_with_post_batch(fake, tmp_path):
+    from treadle.rsi.llm_runs import run_llm
+
+    fake.override = _post_batch_policy([json.dumps(HARD)])
+
+    async def go():
+        async with LLMClient(_config(fake.base_url), cache=tmp_path / "c.sqlite") as c:
+            return await run_llm(tmp_path / "run", [_queue()[0], _queue()[4]], MathDomain(), c, 1, harness=H,
+                                 config=LLMLoopConfig(concurrency=1, max_repairs=0), post_batch=True)
+
+    summ = asyncio.run(go())
+    assert summ["rounds"][0]["post_batch_accepted"] is True and summ["skills"] == ["wrap_product", "hard_skill"]
+    log = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in log] == ["baseline", "candidate"] and log[1]["accepted"]
+    assert Harness.from_json((tmp_path / "run" / "harness" / "v1.json").read_text()).skills[-1].name == "hard_skill"
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["post_batch"] == {"margin": 0.02}

@@ -196,6 +196,9 @@ def llm_cmd(
     attempts: int = typer.Option(4, "--attempts", min=1, max=64, help="Solver samples per verified task."),
     concurrency: int = typer.Option(4, "--concurrency", min=1, max=256, help="Seed chains at once."),
     seed: int = typer.Option(0, "--seed", help="Seeds the generated math seeds."),
+    post_batch: bool = typer.Option(True, "--post-batch/--no-post-batch",
+                                    help="LLM post-batch harness edits judged by the Critic after each round."),
+    margin: float = typer.Option(0.02, "--margin", min=0.0, max=1.0, help="Critic's noise margin on accuracy."),
 ) -> None:
     """Online RSI rounds with LLM roles (cache and ledger in the run folder; rerun to resume)."""
     import asyncio
@@ -236,9 +239,11 @@ def llm_cmd(
         async with LLMClient(cfg, cache=out / "llm_cache.sqlite", ledger=out / "llm_ledger.jsonl") as client:
             return await run_llm(out, queue, dom, client, rounds, harness=initial_llm_harness(domain),
                                  config=LLMLoopConfig(attempts=attempts, concurrency=concurrency),
+                                 post_batch=post_batch, margin=margin,
                                  on_round=lambda r: console.print(
                                      f"round {r['round']}: {r['verified']} verified, {r['repairs']} repairs, "
-                                     f"{r['failed_calls']} failed calls, admitted {r['admitted']}", markup=False))
+                                     f"{r['failed_calls']} failed calls, admitted {r['admitted']}, harness "
+                                     f"v{r['harness_version']}", markup=False))
 
     try:
         summ = asyncio.run(go())

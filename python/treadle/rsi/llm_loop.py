@@ -13,8 +13,10 @@ Guarantees (tested against a fake OpenAI-compatible HTTP endpoint):
   valid task; a failed call is a record (``failures``), it never drops or shifts a row;
 - role names are checked against the client's config before any call.
 
-Not here: LLM post-batch proposals (the offline :class:`~treadle.rsi.loop.RSILoop` has them), a run
-folder for LLM rounds (the cache makes reruns free, but there is no ``treadle rsi run --llm``).
+Post-batch edits with an LLM Meta agent: :mod:`treadle.rsi.llm_post_batch`; run folders and resume:
+:mod:`treadle.rsi.llm_runs` (CLI ``treadle rsi llm``). Not here: a difficulty curve on a fixed queue
+for LLM runs (the summary reports the mean solver accuracy of each round's new tasks instead), the
+held-out transfer and ablation with LLM roles (offline only).
 """
 from __future__ import annotations
 
@@ -193,6 +195,8 @@ class ChainRecord:
     """Director steps taken, in order (after fallbacks)."""
     last_answers: list[str] = field(default_factory=list)
     """Solver answers of the last solved task (what the Meta agent sees on a failure)."""
+    calls: int = 0
+    """Model calls this chain asked for (a solve counts ``attempts``; cache hits included): its cost in units."""
 
 
 class LLMRound:
@@ -245,6 +249,7 @@ class LLMRound:
     async def _solve(self, task, rec: ChainRecord, rnd: int) -> float | None:
         """Solver accuracy on ``task`` over the answered attempts; None (and a repair) when none answered."""
         sid = task.seed_id
+        rec.calls += self.config.attempts
         r = (await llm_solve(self.client, self.harness, [self.domain.solver_text(task)], self.config.attempts,
                              role=self._role("solver"), tags=[tag(rnd, "verify", sid)]))[0]
         for f in r.failures:
@@ -272,6 +277,7 @@ class LLMRound:
             state = {"round": rnd, "steps": steps, "max_steps": w.max_steps, "extends": extends,
                      "max_extends": w.max_extends, "pending_unverified": pending, "last_invalid": last_invalid,
                      "last_accuracy": last_acc}
+            rec.calls += 1
             d = await llm_director_decide(self.client, self.harness, state, role=self._role("director"),
                                           max_repairs=cfg.max_repairs, tag=tag(rnd, "director", sid))
             if isinstance(d, Failure):  # recorded; the chain falls back to verifying what it has, then stops
@@ -287,6 +293,7 @@ class LLMRound:
             steps += 1
             if step == "extend":
                 s = self.harness.skill(skill)
+                rec.calls += 1
                 g = await llm_generate(self.client, self.harness, self.domain.view(working), s, self.domain.schema,
                                        rnd=rnd, seed_id=sid, role=self._role("generator"), max_repairs=cfg.max_repairs)
                 extends += 1
@@ -319,6 +326,7 @@ class LLMRound:
                                     "task": working.model_dump(mode="json"), "skills_used": list(working.skills_used),
                                     "solver_accuracy": acc, "verifier_version": self.domain.verifier_version})
                 if cfg.online and prev_acc is not None and prev_acc > cfg.failure_threshold >= acc:
+                    rec.calls += 1
                     sk = await llm_induce_skill(self.client, self.harness, self.domain.solver_text(working),
                                                 rec.last_answers, acc, rnd=rnd, seed_id=sid, failure_task=working.key,
                                                 role=self._role("meta"), max_repairs=cfg.max_repairs)

@@ -8,6 +8,7 @@ Run folder layout::
     problems.jsonl     verified tasks with provenance (seed, harness version, skills, solver accuracy)
     repairs.jsonl      invalid tasks, generator failures, tool failures
     failures.jsonl     failed model calls (operator, kind, blame, message), per chain and round
+    log.jsonl          post-batch: baseline, every proposal with its diff and verdict, rollbacks
     state.json         written atomically after each round (round, harness, chains): the resume point
     summary.json       per-round mean accuracy of newly verified tasks, counts, the cost ledger per operator
 
@@ -34,7 +35,8 @@ def _task_type(domain):
 
 
 async def run_llm(out_dir, queue: list, domain, client: LLMClient, rounds: int, *, harness: Harness | None = None,
-                  config: LLMLoopConfig | None = None, on_round=None) -> dict:
+                  config: LLMLoopConfig | None = None, on_round=None, post_batch: bool = False,
+                  margin: float = 0.02) -> dict:
     """Run (or resume) ``rounds`` LLM rounds over ``queue`` into ``out_dir``; returns the summary.
 
     Args:
@@ -42,7 +44,9 @@ async def run_llm(out_dir, queue: list, domain, client: LLMClient, rounds: int, 
             matching ``domain``), distinct ``seed_id``.
         client: an open :class:`treadle.llm.LLMClient` (give it a cache so resumed rounds are free, and a
             ledger for the cost summary).
-        harness: the starting harness (default: an empty library is not useful: pass skills).
+        harness: the starting harness (its library must not be empty).
+        post_batch: after each round's online phase, LLM post-batch proposals judged by the Critic
+            (:func:`~treadle.rsi.llm_post_batch.llm_post_batch`, noise ``margin``) on the frozen queue.
 
     Raises:
         ValueError: empty queue, duplicated seed ids, tasks of the wrong type, ``rounds`` < 1, an empty library.
@@ -66,6 +70,7 @@ async def run_llm(out_dir, queue: list, domain, client: LLMClient, rounds: int, 
         raise ValueError("the starting harness has no skills: the Director could only Finish")
     loop = LLMRound(client, domain, harness, config)  # checks the roles before any call
     cfg = {"domain": domain.name, "loop": config.model_dump(mode="json"), "seed_ids": ids,
+           "post_batch": {"margin": margin} if post_batch else None,
            "models": {r: client.config.role(config.roles[r]).model for r in config.roles}}
     out = Path(out_dir)
     cfg_path, state_path = out / "config.json", out / "state.json"
@@ -82,16 +87,16 @@ async def run_llm(out_dir, queue: list, domain, client: LLMClient, rounds: int, 
     if not cfg_path.exists():
         _write_atomic(cfg_path, json.dumps(cfg, indent=1))
     chains = {t.seed_id: t for t in queue}
-    done, per_round = 0, []
+    done, per_round, reports = 0, [], []
     if state_path.exists():
         st = json.loads(state_path.read_text())
-        done, per_round = st["round"], st["per_round"]
+        done, per_round, reports = st["round"], st["per_round"], st["reports"]
         loop.harness = Harness.model_validate(st["harness"])
         chains = {k: ttype.model_validate(v) for k, v in st["chains"].items()}
-        for name in ("problems.jsonl", "repairs.jsonl", "failures.jsonl"):
+        for name in ("problems.jsonl", "repairs.jsonl", "failures.jsonl", "log.jsonl"):
             _keep_rounds(out / name, done)
     else:
-        for name in ("problems.jsonl", "repairs.jsonl", "failures.jsonl"):
+        for name in ("problems.jsonl", "repairs.jsonl", "failures.jsonl", "log.jsonl"):
             (out / name).unlink(missing_ok=True)
         _write_atomic(out / "harness" / f"v{harness.version}.json", harness.to_json())
     for rnd in range(done, rounds):
@@ -100,13 +105,25 @@ async def run_llm(out_dir, queue: list, domain, client: LLMClient, rounds: int, 
         _append(out / "problems.jsonl", [e for r in recs for e in r.exports])
         _append(out / "repairs.jsonl", [e for r in recs for e in r.repairs])
         _append(out / "failures.jsonl", [{"round": rnd, "seed_id": r.seed_id, **f} for r in recs for f in r.failures])
+        if post_batch:  # S_n: the queue frozen at the batch boundary
+            from treadle.rsi.llm_post_batch import llm_post_batch
+
+            h_online = loop.harness
+            _write_atomic(out / "harness" / f"v{h_online.version}.json", h_online.to_json())
+            loop.harness, log = await llm_post_batch(client, domain, h_online, [chains[i] for i in ids], rnd, config,
+                                                     margin=margin, reports=reports)
+            _append(out / "log.jsonl", log)
+            accepted = any(e.get("accepted") for e in log)
+        else:
+            accepted = None
         accs = [e["solver_accuracy"] for r in recs for e in r.exports]
         per_round.append({"round": rnd, "verified": len(accs), "repairs": sum(len(r.repairs) for r in recs),
                           "failed_calls": sum(len(r.failures) for r in recs),
                           "mean_accuracy_new": sum(accs) / len(accs) if accs else None,
-                          "admitted": [s for r in recs for s in r.admitted], "harness_version": loop.harness.version})
+                          "admitted": [s for r in recs for s in r.admitted], "harness_version": loop.harness.version,
+                          "post_batch_accepted": accepted})
         _write_atomic(out / "harness" / f"v{loop.harness.version}.json", loop.harness.to_json())
-        _write_atomic(state_path, json.dumps({"round": rnd + 1, "per_round": per_round,
+        _write_atomic(state_path, json.dumps({"round": rnd + 1, "per_round": per_round, "reports": reports,
                                               "harness": loop.harness.model_dump(mode="json"),
                                               "chains": {k: v.model_dump(mode="json") for k, v in chains.items()}}))
         if on_round is not None:
