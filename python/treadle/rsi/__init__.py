@@ -8,7 +8,13 @@ improves; the verifier is outside it. Layers (never imports ``treadle.weft``):
 - offline math backend: :mod:`~treadle.rsi.math_tasks` (symbolic tasks, primitive transformations),
   :mod:`~treadle.rsi.verifier` (sympy, versioned), :mod:`~treadle.rsi.solvers` (fixed solvers);
 - execute: :mod:`~treadle.rsi.loop` (:class:`RSILoop`: Director, online admission, post-batch, transfer);
-- batch: :mod:`~treadle.rsi.runs` (run folders, resume, curve PNG, ablation), CLI ``treadle rsi``.
+- batch: :mod:`~treadle.rsi.runs` (run folders, resume, curve PNG, ablation), CLI ``treadle rsi``;
+- LLM roles: :mod:`~treadle.rsi.agents` (Director, solver), :mod:`~treadle.rsi.llm_roles` (generator, Meta
+  skill induction, paraphrase judge), :mod:`~treadle.rsi.llm_loop` (:class:`LLMRound`: an online round
+  with LLM roles over math or HumanEval coding tasks);
+- verification helpers: :mod:`~treadle.rsi.coding` (HumanEval seeds, tests run in :mod:`treadle.sandbox`),
+  :mod:`~treadle.rsi.answer_check` (math-verify in worker processes, parent-enforced timeout),
+  :mod:`~treadle.rsi.embedding` (embedding decontamination, offline MiniLM).
 
 Example::
 

@@ -1,9 +1,9 @@
 """LLM roles of the RSI loop through :mod:`treadle.llm` (every call cached and in the ledger):
 the Director (structured decision) and the solver (``n`` samples per task).
 
-Scope today: these are the async execute-layer agents, tested against a scripted model; the offline
-:class:`~treadle.rsi.loop.RSILoop` still runs the rule-based Director and a synchronous solver. Wiring
-them into an async loop (bounded concurrency, resume) and an LLM generator / Meta are not done.
+The offline :class:`~treadle.rsi.loop.RSILoop` runs the rule-based Director and a synchronous solver;
+:class:`~treadle.rsi.llm_loop.LLMRound` runs these agents with the LLM generator and Meta of
+:mod:`treadle.rsi.llm_roles` inside a round (bounded concurrency; a rerun is served from the cache).
 Malformed output and endpoint failures come back as :class:`treadle.llm.Failure` records, never raised.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ class DirectorDecision(BaseModel):
 
 
 async def llm_director_decide(client: LLMClient, h: Harness, state: dict, *, role: str = "director",
-                              max_repairs: int | None = None) -> DirectorDecision | Failure:
+                              max_repairs: int | None = None, tag: str = "rsi.director") -> DirectorDecision | Failure:
     """Ask the ``role`` model for the next step given the library *as it is now* and the chain ``state``
     (e.g. steps used, extends, last accuracy). An ``extend`` naming a skill that is not in ``h`` is an
     ``invalid_output`` failure (blame: model), like output that never validates."""
@@ -41,7 +41,7 @@ async def llm_director_decide(client: LLMClient, h: Harness, state: dict, *, rol
                 {"role": "user", "content": json.dumps({"library": library, "workflow": h.workflow.model_dump(),
                                                         "state": state}, sort_keys=True)
                  + '\nAnswer with JSON {"step": ..., "skill": ..., "reason": ...}.'}]
-    r = await client.structured(messages, DirectorDecision, role=role, tag="rsi.director", max_repairs=max_repairs)
+    r = await client.structured(messages, DirectorDecision, role=role, tag=tag, max_repairs=max_repairs)
     if isinstance(r, Failure):
         return r
     d = r.value
@@ -60,12 +60,15 @@ class SolveResult:
 
 
 async def llm_solve(client: LLMClient, h: Harness, texts: list[str], n: int = 4, *,
-                    role: str = "solver") -> list[SolveResult]:
-    """``n`` samples per task (distinct cache entries); one result per text, in order, even when calls fail."""
+                    role: str = "solver", tags: list[str] | None = None) -> list[SolveResult]:
+    """``n`` samples per task (distinct cache entries); one result per text, in order, even when calls fail.
+    ``tags``: ledger tag per text (default ``rsi.solver``)."""
+    if tags is not None and len(tags) != len(texts):
+        raise ValueError(f"tags must have one entry per text: {len(tags)} tags for {len(texts)} texts")
     out = []
-    for t in texts:
+    for i, t in enumerate(texts):
         rs = await client.sample([{"role": "system", "content": h.prompts.solver}, {"role": "user", "content": t}],
-                                 n, role=role, tag="rsi.solver")
+                                 n, role=role, tag="rsi.solver" if tags is None else tags[i])
         res = SolveResult()
         for r in rs:
             if isinstance(r, Failure):

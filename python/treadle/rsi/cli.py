@@ -1,9 +1,10 @@
 """``treadle rsi ...``: the offline harness self-improvement loop (issue 16).
 
     treadle rsi run --out runs/rsi [--rounds 3] [--seeds 16 | --seed-file seeds.jsonl] [--heldout-fraction 0.3]
-                    [--decontaminate bench.jsonl ...]
+                    [--decontaminate bench.jsonl ... [--embedding-threshold 0.85]]
     treadle rsi ablate --out runs/rsi-ablate [--rounds 3] [--runs 3]
     treadle rsi diff runs/rsi/harness/v0.json runs/rsi/harness/v3.json
+    treadle rsi llm --out runs/rsi-llm --llm-config models.toml [--domain math|code] [--rounds 2]
 """
 from __future__ import annotations
 
@@ -35,8 +36,10 @@ def _seeds(n: int, seed_file: Path | None, seed: int):
     return make_seeds(n, seed)
 
 
-def _hygiene(pool, benchmark_files, heldout_fraction: float, seed: int, seed_flag: str = "--seeds"):
-    """Dedup, decontaminate, split by near-duplicate family; exits 2 naming the flag on bad input."""
+def _hygiene(pool, benchmark_files, heldout_fraction: float, seed: int, seed_flag: str = "--seeds",
+             embedding_index=None):
+    """Dedup, decontaminate (13-grams, and embeddings when ``embedding_index`` is given), split by
+    near-duplicate family; exits 2 naming the flag on bad input."""
     from treadle.rsi.decontam import BenchmarkIndex, DecontaminationFileError, dedup, split_by_family
 
     notes = []
@@ -53,6 +56,13 @@ def _hygiene(pool, benchmark_files, heldout_fraction: float, seed: int, seed_fla
         kept = [t for t in pool if not index.contaminated(t.text)]
         notes.append(f"decontamination: dropped {len(pool) - len(kept)} seed(s) overlapping the benchmark files")
         pool = kept
+        if embedding_index is not None:
+            for p in benchmark_files:
+                embedding_index.add_file(p)
+            flags = embedding_index.contaminated_many([t.text for t in pool])
+            notes.append(f"embedding decontamination ({embedding_index.embedder.name}, threshold "
+                         f"{embedding_index.threshold}): dropped {sum(flags)} seed(s)")
+            pool = [t for t, f in zip(pool, flags) if not f]
     train, heldout = split_by_family(pool, heldout_fraction, seed)
     if not train:
         _fail(seed_flag, f"no training seeds left after dedup, decontamination and the held-out split "
@@ -81,6 +91,9 @@ def run_cmd(
     decontaminate: list[Path] = typer.Option(None, "--decontaminate",
                                              help="Benchmark file (.jsonl or text lines); repeatable. Seeds and "
                                                   "exported problems sharing a 13-gram with it are dropped."),
+    embedding_threshold: float = typer.Option(None, "--embedding-threshold", min=0.01, max=1.0,
+                                              help="Also drop seeds and problems whose MiniLM cosine similarity to "
+                                                   "a --decontaminate item reaches this (needs treadle[embed])."),
     seed: int = typer.Option(0, "--seed", help="Seeds every random choice."),
     solver: str = typer.Option("capacity", "--solver", help="Fixed solver: capacity (programmatic) or tiny-model."),
     online: bool = typer.Option(True, "--online/--no-online", help="Online skill admission."),
@@ -95,15 +108,27 @@ def run_cmd(
     if solver not in SOLVERS:
         _fail("--solver", f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)}")
     _check_out(out)
+    embedder = None
+    if embedding_threshold is not None:
+        if not decontaminate:
+            _fail("--embedding-threshold", "needs at least one --decontaminate benchmark file to compare with")
+        from treadle.rsi.embedding import EmbedderUnavailableError, EmbeddingIndex, MiniLMEmbedder
+
+        try:
+            embedder = MiniLMEmbedder()
+        except EmbedderUnavailableError as err:
+            _fail("--embedding-threshold", str(err))
     pool = _seeds(n_seeds, seed_file, seed)
     seeds, heldout, notes = _hygiene(pool, decontaminate or [], heldout_fraction, seed,
-                                     "--seed-file" if seed_file is not None else "--seeds")
+                                     "--seed-file" if seed_file is not None else "--seeds",
+                                     None if embedder is None else EmbeddingIndex(embedder, embedding_threshold))
     for n in notes:
         console.print(n, markup=False)
     cfg = LoopConfig(seed=seed, rounds=rounds, online=online, post_batch=post_batch, margin=margin)
     try:
         summ = run(out, seeds, heldout, cfg, SolverSpec(name=solver), resume=resume,
                    decontamination=tuple(str(p) for p in decontaminate or []),
+                   embedding_threshold=embedding_threshold, embedder=embedder,
                    on_round=lambda r: console.print(f"after round {r['round'] + 1}: accuracy {r['accuracy']:.3f}, "
                                                     f"{len(r['exports'])} verified, {len(r['repairs'])} repairs, "
                                                     f"harness v{r['harness'].version}", markup=False))
@@ -155,6 +180,79 @@ def ablate_cmd(
                        else f"{sum(r[c] for r in rs) / len(rs):.0f}" for c in cols])
     console.print(t)
     console.print(f"-> {out / 'ablation.json'}, {out / 'ablation.png'}", markup=False)
+
+
+@app.command("llm")
+def llm_cmd(
+    out: Path = typer.Option(..., "--out", help="Run folder (created; an existing run there is resumed)."),
+    llm_config: Path = typer.Option(..., "--llm-config",
+                                    help="treadle.llm config (TOML/YAML/JSON) with roles director, generator, "
+                                         "solver, meta."),
+    domain: str = typer.Option("math", "--domain", help="math (sympy-verified) or code (HumanEval, sandboxed tests)."),
+    rounds: int = typer.Option(2, "--rounds", min=1, max=100),
+    n_seeds: int = typer.Option(8, "--seeds", min=1, max=10000,
+                                help="math: generated seeds (if no --seed-file); code: the first N HumanEval tasks."),
+    seed_file: Path = typer.Option(None, "--seed-file", help='math: JSONL of {"id": ..., "expression": "3+4"} seeds.'),
+    attempts: int = typer.Option(4, "--attempts", min=1, max=64, help="Solver samples per verified task."),
+    concurrency: int = typer.Option(4, "--concurrency", min=1, max=256, help="Seed chains at once."),
+    seed: int = typer.Option(0, "--seed", help="Seeds the generated math seeds."),
+    post_batch: bool = typer.Option(True, "--post-batch/--no-post-batch",
+                                    help="LLM post-batch harness edits judged by the Critic after each round."),
+    margin: float = typer.Option(0.02, "--margin", min=0.0, max=1.0, help="Critic's noise margin on accuracy."),
+) -> None:
+    """Online RSI rounds with LLM roles (cache and ledger in the run folder; rerun to resume)."""
+    import asyncio
+
+    from treadle.llm import ConfigError, LLMClient, LLMConfig
+    from treadle.rsi.llm_loop import ROLES, CodingDomain, LLMLoopConfig, MathDomain, TextMathTask, initial_llm_harness
+    from treadle.rsi.llm_runs import run_llm
+    from treadle.rsi.runs import RunMismatchError
+
+    if domain not in ("math", "code"):
+        _fail("--domain", f"unknown domain {domain!r}; choose math or code")
+    try:
+        cfg = LLMConfig.load(llm_config)
+    except ConfigError as err:
+        _fail("--llm-config", str(err))
+    missing = [r for r in ROLES if r not in cfg.roles]
+    if missing:
+        _fail("--llm-config", f"{llm_config} has no role(s) {missing}; RSI needs {list(ROLES)} (has "
+                              f"{sorted(cfg.roles)})")
+    _check_out(out)
+    if domain == "code":
+        from treadle.rsi.coding import load_humaneval_seeds
+        from treadle.sandbox import SandboxUnavailableError, isolation_mode
+
+        try:
+            isolation_mode()
+        except SandboxUnavailableError as err:
+            _fail("--domain", f"code needs the sandbox: {err}")
+        if seed_file is not None:
+            _fail("--seed-file", "is for --domain math; code seeds are the first --seeds HumanEval tasks")
+        queue, dom = load_humaneval_seeds(limit=n_seeds), CodingDomain()
+    else:
+        queue = [TextMathTask(seed_id=t.seed_id, text=t.text, answer=t.answer)
+                 for t in _seeds(n_seeds, seed_file, seed)]
+        dom = MathDomain()
+
+    async def go():
+        async with LLMClient(cfg, cache=out / "llm_cache.sqlite", ledger=out / "llm_ledger.jsonl") as client:
+            return await run_llm(out, queue, dom, client, rounds, harness=initial_llm_harness(domain),
+                                 config=LLMLoopConfig(attempts=attempts, concurrency=concurrency),
+                                 post_batch=post_batch, margin=margin,
+                                 on_round=lambda r: console.print(
+                                     f"round {r['round']}: {r['verified']} verified, {r['repairs']} repairs, "
+                                     f"{r['failed_calls']} failed calls, admitted {r['admitted']}, harness "
+                                     f"v{r['harness_version']}", markup=False))
+
+    try:
+        summ = asyncio.run(go())
+    except RunMismatchError as err:
+        _fail("--out", str(err))
+    led = summ.get("ledger", {})
+    console.print(f"calls by operator: {json.dumps(led.get('by_operator', {}))}; tokens {led.get('tokens', 0)}; "
+                  f"library: {summ['skills']}", markup=False)
+    console.print(f"-> {out / 'problems.jsonl'}, {out / 'summary.json'}", markup=False)
 
 
 @app.command("diff")
