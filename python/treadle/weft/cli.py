@@ -17,6 +17,10 @@ from treadle.weft.rollouts.cli import sample_cmd  # noqa: E402  (typer + rich on
 
 app.command("sample")(sample_cmd)
 
+from treadle.weft.evolve.cli import reverify_cmd  # noqa: E402  (typer + rich only; the work imports lazily)
+
+app.command("reverify")(reverify_cmd)
+
 
 @app.command("check")
 def check_cmd(path: Path = typer.Argument(..., help="A server module (.py) defining `server = WeftServer(...)`."),
