@@ -110,7 +110,21 @@ def generate_verifier(spec: CheckpointSpec, start: Snapshot, evidence: Reference
     """The deterministic check of a task, made from its reference evidence (seed: WEFT 5.1 verifier generation):
     the spec's gold-replay checks plus, for every table the reference changed, an SQL assertion that its
     rows equal the evidence's, and the reference's results as expected returns. The generated check holds
-    independently of the server it later runs against (an environment bug then fails it)."""
+    independently of the server it later runs against (an environment bug then fails it). For object state
+    (BFCL classes) the state check is a predicate: public attributes equal the evidence's."""
+    returns = [r for r in evidence.results if r not in (None, [], {})]
+    if start.kind != "sqlite":
+        def matches_reference(obj: Any) -> bool:
+            from treadle.weft.object_state import ObjectState, snapshot_from_object
+
+            ref = ObjectState(evidence.final, type(obj))
+            try:
+                return _public(ref.diff(snapshot_from_object(obj))).empty
+            finally:
+                ref.close()
+
+        return spec.model_copy(update={"predicates": [*spec.predicates, matches_reference],
+                                       "expected_returns": [*spec.expected_returns, *returns]})
     diff = SqliteState(start).diff(evidence.final)
     con = SqliteState(evidence.final)
     try:
@@ -121,7 +135,6 @@ def generate_verifier(spec: CheckpointSpec, start: Snapshot, evidence: Reference
                                           description=f"{table} as the reference left it"))
     finally:
         con.close()
-    returns = [r for r in evidence.results if r not in (None, [], {})]
     return spec.model_copy(update={"assertions": [*spec.assertions, *asserts],
                                    "expected_returns": [*spec.expected_returns, *returns]})
 
