@@ -1,7 +1,7 @@
 """``treadle rsi ...``: the offline harness self-improvement loop (issue 16).
 
     treadle rsi run --out runs/rsi [--rounds 3] [--seeds 16 | --seed-file seeds.jsonl] [--heldout-fraction 0.3]
-                    [--decontaminate bench.jsonl ...]
+                    [--decontaminate bench.jsonl ... [--embedding-threshold 0.85]]
     treadle rsi ablate --out runs/rsi-ablate [--rounds 3] [--runs 3]
     treadle rsi diff runs/rsi/harness/v0.json runs/rsi/harness/v3.json
 """
@@ -35,8 +35,10 @@ def _seeds(n: int, seed_file: Path | None, seed: int):
     return make_seeds(n, seed)
 
 
-def _hygiene(pool, benchmark_files, heldout_fraction: float, seed: int, seed_flag: str = "--seeds"):
-    """Dedup, decontaminate, split by near-duplicate family; exits 2 naming the flag on bad input."""
+def _hygiene(pool, benchmark_files, heldout_fraction: float, seed: int, seed_flag: str = "--seeds",
+             embedding_index=None):
+    """Dedup, decontaminate (13-grams, and embeddings when ``embedding_index`` is given), split by
+    near-duplicate family; exits 2 naming the flag on bad input."""
     from treadle.rsi.decontam import BenchmarkIndex, DecontaminationFileError, dedup, split_by_family
 
     notes = []
@@ -53,6 +55,13 @@ def _hygiene(pool, benchmark_files, heldout_fraction: float, seed: int, seed_fla
         kept = [t for t in pool if not index.contaminated(t.text)]
         notes.append(f"decontamination: dropped {len(pool) - len(kept)} seed(s) overlapping the benchmark files")
         pool = kept
+        if embedding_index is not None:
+            for p in benchmark_files:
+                embedding_index.add_file(p)
+            flags = embedding_index.contaminated_many([t.text for t in pool])
+            notes.append(f"embedding decontamination ({embedding_index.embedder.name}, threshold "
+                         f"{embedding_index.threshold}): dropped {sum(flags)} seed(s)")
+            pool = [t for t, f in zip(pool, flags) if not f]
     train, heldout = split_by_family(pool, heldout_fraction, seed)
     if not train:
         _fail(seed_flag, f"no training seeds left after dedup, decontamination and the held-out split "
@@ -81,6 +90,9 @@ def run_cmd(
     decontaminate: list[Path] = typer.Option(None, "--decontaminate",
                                              help="Benchmark file (.jsonl or text lines); repeatable. Seeds and "
                                                   "exported problems sharing a 13-gram with it are dropped."),
+    embedding_threshold: float = typer.Option(None, "--embedding-threshold", min=0.01, max=1.0,
+                                              help="Also drop seeds and problems whose MiniLM cosine similarity to "
+                                                   "a --decontaminate item reaches this (needs treadle[embed])."),
     seed: int = typer.Option(0, "--seed", help="Seeds every random choice."),
     solver: str = typer.Option("capacity", "--solver", help="Fixed solver: capacity (programmatic) or tiny-model."),
     online: bool = typer.Option(True, "--online/--no-online", help="Online skill admission."),
@@ -95,15 +107,27 @@ def run_cmd(
     if solver not in SOLVERS:
         _fail("--solver", f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)}")
     _check_out(out)
+    embedder = None
+    if embedding_threshold is not None:
+        if not decontaminate:
+            _fail("--embedding-threshold", "needs at least one --decontaminate benchmark file to compare with")
+        from treadle.rsi.embedding import EmbedderUnavailableError, EmbeddingIndex, MiniLMEmbedder
+
+        try:
+            embedder = MiniLMEmbedder()
+        except EmbedderUnavailableError as err:
+            _fail("--embedding-threshold", str(err))
     pool = _seeds(n_seeds, seed_file, seed)
     seeds, heldout, notes = _hygiene(pool, decontaminate or [], heldout_fraction, seed,
-                                     "--seed-file" if seed_file is not None else "--seeds")
+                                     "--seed-file" if seed_file is not None else "--seeds",
+                                     None if embedder is None else EmbeddingIndex(embedder, embedding_threshold))
     for n in notes:
         console.print(n, markup=False)
     cfg = LoopConfig(seed=seed, rounds=rounds, online=online, post_batch=post_batch, margin=margin)
     try:
         summ = run(out, seeds, heldout, cfg, SolverSpec(name=solver), resume=resume,
                    decontamination=tuple(str(p) for p in decontaminate or []),
+                   embedding_threshold=embedding_threshold, embedder=embedder,
                    on_round=lambda r: console.print(f"after round {r['round'] + 1}: accuracy {r['accuracy']:.3f}, "
                                                     f"{len(r['exports'])} verified, {len(r['repairs'])} repairs, "
                                                     f"harness v{r['harness'].version}", markup=False))

@@ -6,7 +6,8 @@ tokens is compared as a whole: it is contaminated when its token sequence occurs
 item's. Near-duplicates: two seeds with the same *bag* of tokens (``3+4`` and ``4+3``; the same
 question with its clauses reordered) form one family.
 
-Not done here: embedding similarity and an LLM paraphrase judge (issue 16 lists both).
+Embedding similarity lives in :mod:`treadle.rsi.embedding` (same benchmark files, via
+:func:`read_benchmark_file`); an LLM paraphrase judge in :mod:`treadle.rsi.llm_roles`.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import json
 import re
 from pathlib import Path
 
-__all__ = ["BenchmarkIndex", "DecontaminationFileError", "dedup", "family_key", "split_by_family", "tokens"]
+__all__ = ["BenchmarkIndex", "DecontaminationFileError", "dedup", "family_key", "read_benchmark_file", "split_by_family",
+           "tokens"]
 
 _TOK = re.compile(r"\d+|[a-z]+|[^\s\w]")
 _FIELDS = ("problem", "question", "prompt", "text", "input")
@@ -53,37 +55,17 @@ class BenchmarkIndex:
         self.grams.update(tuple(t[i:i + self.n]) for i in range(max(1, len(t) - self.n + 1)))
 
     def add_file(self, path) -> int:
-        """Index a ``.jsonl`` (objects with one of the fields problem/question/prompt/text/input, and
-        optionally solution/answer/output/canonical_solution) or a plain text file (one item per line).
+        """Index a benchmark file (see :func:`read_benchmark_file`); returns the number of items.
 
-        Returns the number of items. Raises DecontaminationFileError on a missing file, a line that is
-        not JSON (``.jsonl``), or an object with none of the text fields.
+        Raises DecontaminationFileError on a missing file, a line that is not JSON (``.jsonl``), or an
+        object with none of the text fields.
         """
-        p = Path(path)
-        if p.is_dir():
-            raise DecontaminationFileError(f"benchmark file {str(p)!r} is a folder; expected a .jsonl or text file")
-        if not p.is_file():
-            raise DecontaminationFileError(f"benchmark file {str(p)!r} does not exist")
-        count = 0
-        for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
-            if not line.strip():
-                continue
-            if p.suffix == ".jsonl":
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise DecontaminationFileError(f"{p}:{i}: not JSON ({err.msg})") from None
-                texts = [rec[f] for f in (*_FIELDS, *_SOLUTION_FIELDS) if isinstance(rec, dict)
-                         and isinstance(rec.get(f), str)]
-                if not isinstance(rec, dict) or not any(isinstance(rec.get(f), str) for f in _FIELDS):
-                    raise DecontaminationFileError(f"{p}:{i}: expected an object with one of the fields {_FIELDS}")
-            else:
-                texts = [line]
+        items = read_benchmark_file(path)
+        for texts in items:
             for t in texts:
                 self.add(t)
-            count += 1
-        self.sources.append(str(p))
-        return count
+        self.sources.append(str(path))
+        return len(items)
 
     def contaminated(self, text: str) -> bool:
         """Whether ``text`` shares an n-gram with the index (short texts: occurs inside an item)."""
@@ -94,6 +76,37 @@ class BenchmarkIndex:
             return any(tuple(t[i:i + self.n]) in self.grams for i in range(len(t) - self.n + 1))
         needle = " " + " ".join(t) + " "
         return any(needle in j for j in self.joined)
+
+
+def read_benchmark_file(path) -> list[list[str]]:
+    """The texts of each item of a benchmark file: a ``.jsonl`` (objects with one of the fields
+    problem/question/prompt/text/input, and optionally solution/answer/output/canonical_solution) or a plain
+    text file (one item per line). Problems *and* solutions are returned, so neither can leak.
+
+    Raises:
+        DecontaminationFileError: a missing file or a folder, a line that is not JSON (``.jsonl``), or an
+            object with none of the text fields (file and line named).
+    """
+    p = Path(path)
+    if p.is_dir():
+        raise DecontaminationFileError(f"benchmark file {str(p)!r} is a folder; expected a .jsonl or text file")
+    if not p.is_file():
+        raise DecontaminationFileError(f"benchmark file {str(p)!r} does not exist")
+    items = []
+    for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        if p.suffix == ".jsonl":
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DecontaminationFileError(f"{p}:{i}: not JSON ({err.msg})") from None
+            if not isinstance(rec, dict) or not any(isinstance(rec.get(f), str) for f in _FIELDS):
+                raise DecontaminationFileError(f"{p}:{i}: expected an object with one of the fields {_FIELDS}")
+            items.append([rec[f] for f in (*_FIELDS, *_SOLUTION_FIELDS) if isinstance(rec.get(f), str)])
+        else:
+            items.append([line])
+    return items
 
 
 def family_key(text: str) -> str:

@@ -60,6 +60,8 @@ class RunConfig(BaseModel):
     heldout_ids: tuple[str, ...] = ()
     decontamination: tuple[str, ...] = ()
     """Benchmark files whose 13-grams no exported problem may share."""
+    embedding: dict | None = None
+    """Embedding decontamination against the same files: ``{"embedder": name, "threshold": t}`` (None: off)."""
 
 
 def build_solver(spec: SolverSpec) -> Solver:
@@ -106,15 +108,20 @@ def _keep_rounds(path: Path, upto: int) -> list[dict]:
 
 def run(out_dir, seeds: list[MathTask], heldout: list[MathTask] = (), loop: LoopConfig | None = None,
         solver: SolverSpec | None = None, *, resume: bool = True, solver_obj: Solver | None = None,
-        on_round=None, decontamination: tuple[str, ...] = ()) -> dict:
+        on_round=None, decontamination: tuple[str, ...] = (), embedding_threshold: float | None = None,
+        embedder=None) -> dict:
     """Run (or resume) the offline loop into ``out_dir``; returns the summary (also ``summary.json``).
 
     ``decontamination``: benchmark files (see :class:`treadle.rsi.decontam.BenchmarkIndex`); a verified
     problem sharing a 13-gram with one of them is not exported but recorded in ``repairs.jsonl``
-    (reason ``contaminated``).
+    (reason ``contaminated``). ``embedding_threshold``: also drop problems whose cosine similarity to a
+    benchmark item reaches it (:class:`treadle.rsi.embedding.EmbeddingIndex` with ``embedder``, default the
+    offline :class:`~treadle.rsi.embedding.MiniLMEmbedder`; reason ``contaminated_embedding``).
 
     Raises:
-        ValueError: no seeds, duplicated ids, a held-out id that is also a training id.
+        ValueError: no seeds, duplicated ids, a held-out id that is also a training id, an
+            ``embedding_threshold`` without ``decontamination`` files or outside (0, 1].
+        EmbedderUnavailableError: ``embedding_threshold`` set, no ``embedder`` and the MiniLM wheel missing.
         RunMismatchError: ``out_dir`` holds a run with another config (the message lists the differences;
             ``rounds`` may differ: the run continues to the new count),
             or ``resume`` is False and the folder already holds a run.
@@ -129,8 +136,19 @@ def run(out_dir, seeds: list[MathTask], heldout: list[MathTask] = (), loop: Loop
     both = sorted(set(ids) & {t.seed_id for t in heldout})
     if both:
         raise ValueError(f"seed ids both in training and held-out seeds: {both}")
+    emb_index = None
+    if embedding_threshold is not None:
+        from treadle.rsi.embedding import EmbeddingIndex, MiniLMEmbedder
+
+        if not decontamination:
+            raise ValueError("embedding_threshold needs decontamination benchmark files to compare with")
+        if not 0.0 < embedding_threshold <= 1.0:
+            raise ValueError(f"embedding_threshold must be in (0, 1], got {embedding_threshold!r}")
+        emb_index = EmbeddingIndex(embedder if embedder is not None else MiniLMEmbedder(), embedding_threshold)
     cfg = RunConfig(loop=loop, solver=solver, seed_ids=tuple(ids), heldout_ids=tuple(t.seed_id for t in heldout),
-                    decontamination=tuple(str(p) for p in decontamination))
+                    decontamination=tuple(str(p) for p in decontamination),
+                    embedding=None if emb_index is None else {"embedder": emb_index.embedder.name,
+                                                              "threshold": embedding_threshold})
     index = None
     if decontamination:
         from treadle.rsi.decontam import BenchmarkIndex
@@ -138,6 +156,8 @@ def run(out_dir, seeds: list[MathTask], heldout: list[MathTask] = (), loop: Loop
         index = BenchmarkIndex()
         for p in decontamination:
             index.add_file(p)
+            if emb_index is not None:
+                emb_index.add_file(p)
     out = Path(out_dir)
     cfg_path, state_path = out / "config.json", out / "state.json"
     if cfg_path.exists():
@@ -151,11 +171,13 @@ def run(out_dir, seeds: list[MathTask], heldout: list[MathTask] = (), loop: Loop
         new = json.loads(cfg.model_dump_json())
         if not resume:
             raise RunMismatchError(f"{out} already holds a run; resume it or choose another folder")
+        old.setdefault("embedding", None)  # run folders from before embedding decontamination
         old["loop"].pop("rounds", None)  # more (or fewer) rounds: the same run, continued
         new_rounds = new["loop"].pop("rounds")
         if old != new:
             keys = sorted(k for k in set(old["loop"]) | set(new["loop"]) if old["loop"].get(k) != new["loop"].get(k))
-            other = [k for k in ("solver", "seed_ids", "heldout_ids", "decontamination") if old.get(k) != new.get(k)]
+            other = [k for k in ("solver", "seed_ids", "heldout_ids", "decontamination", "embedding")
+                     if old.get(k) != new.get(k)]
             raise RunMismatchError(f"{out} holds a run with another config: differs in {keys + other}")
         new["loop"]["rounds"] = new_rounds
         _write_atomic(cfg_path, json.dumps(new, indent=1))
@@ -191,6 +213,10 @@ def run(out_dir, seeds: list[MathTask], heldout: list[MathTask] = (), loop: Loop
             bad = [e for e in exports if index.contaminated(e["text"])]
             exports = [e for e in exports if not index.contaminated(e["text"])]
             repairs = repairs + [{**e, "reason": "contaminated"} for e in bad]
+        if emb_index is not None and exports:
+            flags = emb_index.contaminated_many([e["text"] for e in exports])
+            repairs = repairs + [{**e, "reason": "contaminated_embedding"} for e, f in zip(exports, flags) if f]
+            exports = [e for e, f in zip(exports, flags) if not f]
         _append(out / "problems.jsonl", exports)
         _append(out / "repairs.jsonl", repairs)
         _append(out / "log.jsonl", L.log[n_log:])

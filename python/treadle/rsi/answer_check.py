@@ -1,0 +1,132 @@
+"""Answer checking with math-verify in worker processes, the timeout enforced by the parent (issue 16).
+
+math-verify's own timeout uses ``signal.alarm``: it raises ``ValueError`` outside the main thread (so
+it cannot run inside an async loop's executor or a thread pool) and it cannot stop a computation stuck
+in C code. Here its signal-based timeouts are off (``parsing_timeout=None``, ``timeout_seconds=None``)
+and each check runs in a worker process of a :class:`pebble.ProcessPool`; a check that runs past
+``timeout_s`` is reported as ``timeout`` and its worker is killed and replaced by the pool. Workers also
+carry an address-space limit, so a runaway big-integer computation cannot take the machine's memory.
+
+Example::
+
+    with AnswerChecker(timeout_s=5) as checker:
+        checker.check("The answer is $\\frac{1}{2}$", "0.5")       # AnswerVerdict(correct=True, ...)
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Callable, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["ANSWER_CHECKER_VERSION", "AnswerChecker", "AnswerVerdict", "math_verify_equal"]
+
+ANSWER_CHECKER_VERSION = "math-verify-worker-1"
+
+
+class AnswerVerdict(BaseModel):
+    """One check: ``correct`` and its ``status`` (``ok``: checked; ``timeout``: killed by the parent after
+    ``timeout_s``; ``error``: the checker raised or its worker died). Only ``ok`` verdicts can be correct."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    correct: bool
+    status: Literal["ok", "timeout", "error"]
+    detail: str = ""
+
+
+def math_verify_equal(answer: str, reference: str) -> bool:
+    """math-verify's ``verify(parse(reference), parse(answer))`` with its signal-based timeouts off.
+
+    Call it only where something else bounds its time (an :class:`AnswerChecker` worker): with the
+    timeouts off it can run for ever (e.g. ``9^{9^{9^{9}}}``).
+    """
+    from math_verify import parse, verify
+
+    gold = parse(reference, parsing_timeout=None)
+    pred = parse(answer, parsing_timeout=None)
+    return bool(verify(gold, pred, timeout_seconds=None))
+
+
+def _init_worker(memory_mb: int) -> None:
+    import resource
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # its "timeout is disabled" warnings
+    limit = memory_mb << 20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+class AnswerChecker:
+    """A pool of answer-checking worker processes with a per-check timeout enforced by the parent.
+
+    Args:
+        timeout_s: seconds one check may take (> 0); past it the check is ``timeout`` and its worker killed.
+        max_workers: worker processes (>= 1).
+        memory_mb: address-space limit of each worker (MiB, >= 256).
+        fn: the picklable check ``fn(answer, reference) -> bool`` (default :func:`math_verify_equal`).
+        context: multiprocessing start method (``spawn`` by default: safe with threads in the parent).
+
+    Raises:
+        ValueError: a limit out of range.
+    """
+
+    def __init__(self, timeout_s: float = 5.0, max_workers: int = 2, memory_mb: int = 2048,
+                 fn: Callable[[str, str], bool] = math_verify_equal, context: str = "spawn"):
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        if max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {max_workers!r}")
+        if memory_mb < 256:
+            raise ValueError(f"memory_mb must be >= 256, got {memory_mb!r}")
+        from pebble import ProcessPool
+
+        self.timeout_s, self.fn = timeout_s, fn
+        self._pool = ProcessPool(max_workers=max_workers, initializer=_init_worker, initargs=(memory_mb,),
+                                 context=multiprocessing.get_context(context))
+
+    def __enter__(self) -> AnswerChecker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the workers (pending checks are cancelled)."""
+        self._pool.stop()
+        self._pool.join()
+
+    def _submit(self, answer: str, reference: str):
+        if not isinstance(answer, str) or not isinstance(reference, str):
+            raise TypeError(f"answer and reference must be str, got {type(answer).__name__} and "
+                            f"{type(reference).__name__}")
+        return self._pool.schedule(self.fn, args=(answer, reference), timeout=self.timeout_s)
+
+    @staticmethod
+    def _verdict(future) -> AnswerVerdict:
+        try:
+            return AnswerVerdict(correct=bool(future.result()), status="ok")
+        except FutureTimeout:
+            return AnswerVerdict(correct=False, status="timeout", detail="killed by the parent after the timeout")
+        except Exception as err:  # the check raised, or its worker died (e.g. MemoryError, killed)
+            return AnswerVerdict(correct=False, status="error", detail=f"{type(err).__name__}: {err}"[:300])
+
+    def check(self, answer: str, reference: str) -> AnswerVerdict:
+        """Whether ``answer`` matches ``reference``. Never raises for what the check does (TypeError for
+        non-string input)."""
+        return self._verdict(self._submit(answer, reference))
+
+    def check_many(self, pairs: list[tuple[str, str]]) -> list[AnswerVerdict]:
+        """All ``(answer, reference)`` pairs at once across the workers; one verdict per pair, in order."""
+        futures = [self._submit(a, r) for a, r in pairs]
+        return [self._verdict(f) for f in futures]
+
+    async def acheck(self, answer: str, reference: str) -> AnswerVerdict:
+        """:meth:`check` for async code (awaits the worker without blocking the event loop)."""
+        fut = self._submit(answer, reference)
+        try:
+            await asyncio.wrap_future(fut)
+        except BaseException:  # noqa: BLE001 - turned into a verdict below
+            pass
+        return self._verdict(fut)
