@@ -5,6 +5,10 @@
 - :mod:`~treadle.weft.evolve.compose`: cross-server composition (ranking, DAG with entity bindings,
   progressive grounding into a resettable initial snapshot) and the multi-server runner.
 - :mod:`~treadle.weft.evolve.attribute`: deterministic failure attribution (policy / environment /
-  task / evaluator); :mod:`~treadle.weft.evolve.faults`: the fault-injection suite.
+  task / evaluator) and verifier generation from reference evidence; :mod:`~treadle.weft.evolve.faults`
+  and :mod:`~treadle.weft.evolve.faults_bfcl`: the fault-injection suites.
+- :mod:`~treadle.weft.evolve.reverify`: stored rollouts re-scored with a revised verifier.
 - :mod:`~treadle.weft.evolve.filtering`: RL task filtering by judge/executable correlation.
+- :mod:`~treadle.weft.evolve.synth`: environment synthesis with LLM roles, validated by execution in
+  the sandbox (:mod:`~treadle.weft.evolve.synth_validate`), revised where the fault lies.
 """

@@ -62,3 +62,66 @@ def reverify_cmd(run: Path = typer.Option(..., "--run", help="A `treadle weft sa
                   f"{r.new_reward:.2f}", style="bold" if r.changed else None)
     console.print(t)
     console.print(f"{sum(r.changed for r in rows)} trajectories changed; written to {target}", markup=False)
+
+
+def synth_cmd(docs: Path = typer.Option(..., "--docs", help="Tool documentation: plain text, or OpenAPI (.json)."),
+              requirement: str = typer.Option(..., "--requirement", help="The business requirement, in words."),
+              llm_config: Path = typer.Option(None, "--llm-config", help="treadle.llm config with the roles designer, "
+                                              "schema, backend and checker (an OpenAI-compatible endpoint)."),
+              out: Path = typer.Option(Path("runs/weft-synth"), "--out", help="Folder for the artefacts."),
+              max_rounds: int = typer.Option(3, "--max-rounds", min=1, help="Validation / revision rounds.")) -> None:
+    """Synthesise an environment (design, schema, backend, checks) with LLM roles, validated in the sandbox."""
+    import json
+
+    import anyio
+
+    from treadle.weft.evolve.synth import ROLES, synthesize
+
+    try:
+        text = Path(docs).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        _fail("--docs", f"cannot read {str(docs)!r}: {err}")
+    if Path(docs).suffix.lower() == ".json":
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as err:
+            _fail("--docs", f"{str(docs)!r} is not valid JSON (OpenAPI documents are JSON): {err}")
+    if not text.strip():
+        _fail("--docs", f"{str(docs)!r} is empty")
+    if not requirement.strip():
+        _fail("--requirement", "empty; say what the environment is for")
+    if llm_config is None:
+        _fail("--llm-config", "treadle weft synth needs an OpenAI-compatible endpoint for its roles "
+                              f"{', '.join(ROLES)}; none is configured (give a treadle.llm config file)")
+    from treadle.llm import ConfigError, LLMClient, LLMConfig
+
+    try:
+        cfg = LLMConfig.load(llm_config)
+    except ConfigError as err:
+        _fail("--llm-config", str(err))
+    missing = [r for r in ROLES if r not in cfg.roles]
+    if missing:
+        _fail("--llm-config", f"no role(s) {missing} in {str(llm_config)!r}; expected {list(ROLES)}")
+    if out.exists() and not out.is_dir():
+        _fail("--out", f"{str(out)!r} is a file, expected a folder")
+    out.mkdir(parents=True, exist_ok=True)
+
+    async def main():
+        async with LLMClient(cfg, cache=out / "llm_cache.sqlite", ledger=out / "llm_ledger.jsonl") as llm:
+            return await synthesize(llm, text, requirement, max_rounds=max_rounds)
+
+    res = anyio.run(main)
+    (out / "result.json").write_text(res.model_dump_json(indent=1, by_alias=True), encoding="utf-8")
+    if res.backend is not None:
+        (out / "backend.py").write_text(res.backend.source, encoding="utf-8")
+    if res.schema_ is not None:
+        (out / "schema.sql").write_text(res.schema_.ddl + "\n" + res.schema_.seed + "\n", encoding="utf-8")
+    for r in res.rounds:
+        console.print(f"round {r.round}: {len(r.failures)} failure(s)"
+                      + (f"; revised {r.revised.value}" if r.revised else ""), markup=False)
+        for f in r.failures:
+            console.print(f"  [{f.stage.value}] {f.detail}", markup=False)
+    for f in res.role_failures:
+        console.print(f"role answer rejected [{f.stage.value}]: {f.detail}", markup=False)
+    console.print(("accepted" if res.accepted else "not accepted") + f"; artefacts in {out}", markup=False)
+    raise typer.Exit(0 if res.accepted else 1)
