@@ -1,8 +1,8 @@
-"""``treadle weft reverify``: re-score a rollout run folder with a revised verifier (no new rollouts).
+"""``treadle weft reverify | synth | evolve``: the WEFT evolution commands (see each command's help).
 
-Bad input is one line naming the flag, exit code 2, before any work; the run folder is only read.
-Writes ``reverify-<version>.jsonl`` (one :class:`~treadle.weft.evolve.reverify.Rescore` per trajectory)
-into ``--out`` (default: the run folder) and prints old vs new rewards.
+Bad input is one line naming the flag, exit code 2, before any work (reverify only reads its run folder).
+``reverify`` writes ``reverify-<version>.jsonl`` (one :class:`~treadle.weft.evolve.reverify.Rescore` per trajectory)
+into ``--out`` (default: the run folder) and prints old vs new rewards. ``synth`` writes the synthesised artefacts and ``evolve`` the rounds (JSONL) and a PNG into ``--out``.
 """
 from __future__ import annotations
 
@@ -125,3 +125,62 @@ def synth_cmd(docs: Path = typer.Option(..., "--docs", help="Tool documentation:
         console.print(f"role answer rejected [{f.stage.value}]: {f.detail}", markup=False)
     console.print(("accepted" if res.accepted else "not accepted") + f"; artefacts in {out}", markup=False)
     raise typer.Exit(0 if res.accepted else 1)
+
+
+def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help="Folder for rounds.jsonl, "
+                                        "attributions.jsonl and error_rate.png."),
+               rate: list[str] = typer.Option(["wrong_argument=0.15"], "--rate",
+                                              help="Replay-policy perturbation NAME=RATE (repeatable)."),
+               k: int = typer.Option(2, "--k", min=1, help="Attempts per task and round (the first pass is selected)."),
+               max_rounds: int = typer.Option(5, "--max-rounds", min=1, help="Rounds at most."),
+               seed: int = typer.Option(0, "--seed")) -> None:
+    """Attribution and revision rounds on the offline drill (certified shop and CRM with one injected fault of
+    each kind), until the tool-call error rate of the selected trajectories stops falling."""
+    import json
+    import logging
+
+    import anyio
+
+    from treadle.weft.rollouts.policies import PERTURBATIONS
+
+    rates: dict[str, float] = {}
+    for item in rate:
+        name, _, value = item.partition("=")
+        try:
+            rates[name.strip()] = float(value)
+        except ValueError:
+            _fail("--rate", f"{item!r} is not NAME=RATE (e.g. wrong_argument=0.2)")
+        if name.strip() not in PERTURBATIONS:
+            _fail("--rate", f"unknown perturbation {name.strip()!r}; expected one of {list(PERTURBATIONS)}")
+    if any(not 0 <= v <= 1 for v in rates.values()) or sum(rates.values()) > 1:
+        _fail("--rate", f"rates must be in [0, 1] and sum to <= 1, got {rates}")
+    if out.exists() and not out.is_dir():
+        _fail("--out", f"{str(out)!r} is a file, expected a folder")
+    from treadle.weft.evolve.drill import drill_system
+    from treadle.weft.evolve.loop import evolve, plot_rounds
+    from treadle.weft.runtime import Runtime
+
+    logging.getLogger("treadle.weft.tools").setLevel(logging.CRITICAL)  # the drill's crashing tool is expected
+
+    async def main():
+        async with Runtime() as rt:
+            return await evolve(rt, await drill_system(rt), rates=rates, max_rounds=max_rounds, k=k, seed=seed)
+
+    rounds = anyio.run(main)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rounds.jsonl").write_text("".join(r.model_dump_json(exclude={"attributions"}) + "\n" for r in rounds),
+                                      encoding="utf-8")
+    (out / "attributions.jsonl").write_text("".join(json.dumps({"round": r.round, **a.model_dump(mode="json")}) + "\n"
+                                                    for r in rounds for a in r.attributions), encoding="utf-8")
+    plot_rounds(rounds, out / "error_rate.png")
+    from rich.table import Table
+
+    t = Table(title="evolution rounds (offline drill)")
+    for col in ("round", "tool-call error rate", "passed", "attributed", "revised"):
+        t.add_column(col)
+    for r in rounds:
+        t.add_row(str(r.round), f"{r.error_rate:.3f}", f"{r.passed}/{r.tasks}",
+                  ", ".join(f"{a.checkpoint}:{a.blame.value}" for a in r.attributions) or "-",
+                  ", ".join(r.revised) or "-")
+    console.print(t)
+    console.print(f"written to {out}", markup=False)
