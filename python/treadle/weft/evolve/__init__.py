@@ -3,7 +3,10 @@
 - :mod:`~treadle.weft.evolve.certify`: atomic-task certification by execution (three baselines),
   near-duplicate pruning, tool coverage.
 - :mod:`~treadle.weft.evolve.compose`: cross-server composition (ranking, DAG with entity bindings,
-  progressive grounding into a resettable initial snapshot) and the multi-server runner.
+  progressive grounding into a resettable initial snapshot) and the multi-server runner;
+  :mod:`~treadle.weft.evolve.composed_env` runs a composed task through the rollouts layer.
+- :mod:`~treadle.weft.evolve.loop`: attribution and revision rounds (``treadle weft evolve``, offline
+  drill in :mod:`~treadle.weft.evolve.drill`).
 - :mod:`~treadle.weft.evolve.attribute`: deterministic failure attribution (policy / environment /
   task / evaluator) and verifier generation from reference evidence; :mod:`~treadle.weft.evolve.faults`
   and :mod:`~treadle.weft.evolve.faults_bfcl`: the fault-injection suites.

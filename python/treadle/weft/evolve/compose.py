@@ -15,7 +15,8 @@ Seed: WEFT 4.1 ("composition across servers"). From the certified atomic tasks o
   on the server that owns an entity precedes the tasks that refer to it there) and keeps a node only
   if the reference plan passes its checkpoint by execution, in order.
 - :func:`run_composed` runs a composed task in the runtime: one session per server from the grounded
-  snapshots, calls routed by tool name, each node judged on its own server (``verify_turn``).
+  snapshots, calls routed by tool name, each node judged on its own server (``verify_turn``);
+  :mod:`~treadle.weft.evolve.composed_env` serves it to the rollouts layer (every view and harness).
 """
 from __future__ import annotations
 
