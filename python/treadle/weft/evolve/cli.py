@@ -1,4 +1,4 @@
-"""``treadle weft reverify | synth | evolve``: the WEFT evolution commands (see each command's help).
+"""``treadle weft reverify | synth | evolve | filter``: the WEFT evolution commands (see each command's help).
 
 Bad input is one line naming the flag, exit code 2, before any work (reverify only reads its run folder).
 ``reverify`` writes ``reverify-<version>.jsonl`` (one :class:`~treadle.weft.evolve.reverify.Rescore` per trajectory)
@@ -184,3 +184,64 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
                   ", ".join(r.revised) or "-")
     console.print(t)
     console.print(f"written to {out}", markup=False)
+
+
+def filter_cmd(scores: Path = typer.Option(..., "--scores", help="JSONL, one pilot rollout per line: "
+                                           '{"task": ..., "judge": 0..1, "executable": 0..1}.'),
+               min_pearson: float = typer.Option(0.5, "--min-pearson", min=-1, max=1),
+               min_spearman: float = typer.Option(0.5, "--min-spearman", min=-1, max=1),
+               min_rollouts: int = typer.Option(8, "--min-rollouts", min=3),
+               confidence: float = typer.Option(0.95, "--confidence", min=0.5, max=0.999),
+               out: Path = typer.Option(None, "--out", help="Write the decisions as JSONL here.")) -> None:
+    """RL task filtering: keep tasks whose judge and executable scores agree (Pearson and Spearman, with CIs)."""
+    import json
+
+    from treadle.weft.evolve.filtering import FilterConfig, filter_tasks
+
+    try:
+        lines = Path(scores).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        _fail("--scores", f"cannot read {str(scores)!r}: {err}")
+    per: dict[str, tuple[list, list]] = {}
+    bad: dict[str, str] = {}
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            task = str(row["task"])
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            _fail("--scores", f"line {n} is not a JSON object with a 'task' ({err})")
+        j, e = per.setdefault(task, ([], []))
+        if "judge" not in row or "executable" not in row:
+            bad.setdefault(task, f"line {n} has no 'judge' or 'executable' score")
+        j.append(row.get("judge"))
+        e.append(row.get("executable"))
+    if not per:
+        _fail("--scores", f"{str(scores)!r} holds no pilot rollouts")
+    cfg = FilterConfig(min_pearson=min_pearson, min_spearman=min_spearman, min_rollouts=min_rollouts,
+                       confidence=confidence)
+    decisions = filter_tasks({t: (("missing",) if t in bad else j, e) for t, (j, e) in per.items()}, cfg)
+    if out is not None:
+        if out.exists() and out.is_dir():
+            _fail("--out", f"{str(out)!r} is a folder, expected a file path")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("".join(d.model_dump_json() + "\n" for d in decisions), encoding="utf-8")
+    from rich.table import Table
+
+    def ci(x):
+        return f"[{x[0]:.2f}, {x[1]:.2f}]" if x else "-"
+
+    t = Table(title=f"RL task filter (pearson >= {min_pearson}, spearman >= {min_spearman}, n >= {min_rollouts}; "
+                    f"{confidence:.0%} CIs)")
+    for col in ("task", "n", "pearson", "CI", "spearman", "CI", "kept", "reasons"):
+        t.add_column(col)
+    for d in decisions:
+        reasons = "; ".join(d.reasons) + (" -> evaluator attribution" if d.to_attribution else "")
+        if d.task in bad:
+            reasons = f"malformed scores: {bad[d.task]}"
+        t.add_row(d.task, str(d.n), "-" if d.pearson is None else f"{d.pearson:.2f}", ci(d.pearson_ci),
+                  "-" if d.spearman is None else f"{d.spearman:.2f}", ci(d.spearman_ci), "yes" if d.kept else "no",
+                  reasons)
+    console.print(t)
+    console.print(f"kept {sum(d.kept for d in decisions)} of {len(decisions)} tasks", markup=False)
