@@ -147,7 +147,6 @@ def test_native_fault_suite_meets_the_target():
     assert {c.label.value for c in r.observed} == {"policy", "environment", "task", "evaluator"}
     assert sum(sum(v.values()) for v in r.confusion.values()) == len(r.observed) >= 60
     assert r.accuracy >= 0.95
-    wrong = [c.id for c in r.observed if not c.correct]
-    # the known miss: a product deleted from the state is an entity the entity maps do not describe, so the
-    # failing reference is blamed on the environment
-    assert wrong == ["shop/shop-place-order/task:missing-nested"]
+    assert [c.id for c in r.observed if not c.correct] == []
+    [nested] = [c for c in r.observed if c.id == "shop/shop-place-order/task:missing-nested"]
+    assert nested.attribution.rule == "precondition" and "products" in nested.attribution.detail

@@ -5,7 +5,8 @@ signal before any model is asked (an LLM attributor, when one is configured, onl
 leaves :attr:`Blame.undecided`):
 
 1. **task**: the entities the reference plan names (through the tool contracts and the server's
-   entity map) do not exist in the turn's start state: the task's preconditions do not hold;
+   entity map, or inside nested arguments by a table's primary-key name, e.g. an order line's ``sku``)
+   do not exist in the turn's start state: the task's preconditions do not hold;
 2. **environment**: the reference plan fails to execute from the start state, or it executes but its
    results or state change differ from the *reference evidence* recorded when the task was
    certified on a healthy server (an update that no longer persists, a wrong return value);
@@ -154,6 +155,25 @@ def missing_entities(con: Any, emap: EntityMap, tools: dict[str, dict], gold: Se
                 continue
             if identity_of(con, emap, hit[0], hit[1], value) is None or not _exists(con, emap, hit[0], hit[1], value):
                 out.append(f"{c.name}.{arg}={value!r} ({hit[0]})")
+    return out + missing_nested(con, gold)
+
+
+def missing_nested(con: Any, gold: Sequence[ToolCall]) -> list[str]:
+    """References inside nested arguments (``items=[{"sku": "MUG"}]``) to rows that do not exist: a key that is
+    the single-column primary key of a table (``products.sku``) names a row of that table."""
+    keys: dict[str, str] = {}
+    for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"):
+        pk = [r[1] for r in con.execute(f"PRAGMA table_info({t})") if r[5]]
+        if len(pk) == 1 and pk[0] != "id":
+            keys.setdefault(pk[0], t)
+    out = []
+    for c in gold:
+        for arg, value in c.arguments.items():
+            for item in value if isinstance(value, list) else []:
+                for k, v in (item.items() if isinstance(item, dict) else ()):
+                    t = keys.get(k)
+                    if t and con.execute(f"SELECT 1 FROM {t} WHERE {k} = ?", (v,)).fetchone() is None:
+                        out.append(f"{c.name}.{arg}[].{k}={v!r} ({t})")
     return out
 
 
