@@ -1,5 +1,6 @@
 """Deterministic attribution: each rule on hand-built cases, and the native fault-injection suite."""
 import inspect
+import json
 
 import anyio
 import pytest
@@ -88,7 +89,7 @@ def test_policy_mistake_and_the_cross_signals():
     a = _attribute_one("shop-cancel-order", calls=calls, rubric_pass=True)
     assert (a.blame, a.rule) == (Blame.evaluator, "rubric_disagrees")
     a = _attribute_one("shop-cancel-order", calls=calls, harness_verdicts={"hermes": 0, "react": 0, "native": 0})
-    assert (a.blame, a.rule) == (Blame.task, "fails_every_harness")
+    assert (a.blame, a.rule) == (Blame.undecided, "fails_every_harness")
     a = _attribute_one("shop-cancel-order", calls=calls, harness_verdicts={"hermes": 0, "react": 1, "native": 1})
     assert (a.blame, a.rule) == (Blame.policy, "interaction_adaptation")
 
@@ -150,3 +151,47 @@ def test_native_fault_suite_meets_the_target():
     assert [c.id for c in r.observed if not c.correct] == []
     [nested] = [c for c in r.observed if c.id == "shop/shop-place-order/task:missing-nested"]
     assert nested.attribution.rule == "precondition" and "products" in nested.attribution.detail
+
+
+def test_llm_attributor_decides_only_what_the_deterministic_path_left(tmp_path):
+    """A strict scripted model (fails on an unexpected call): one good answer, one malformed, one refused call."""
+    from treadle.llm import LLMClient, LLMConfig
+    from treadle.weft.evolve.attribute import Attribution, llm_attribute
+
+    answers = ['{"blame": "task", "reason": "the request never names the order"}', "I think the task", "FAIL"]
+
+    class Scripted:
+        recorded = False
+
+        async def send(self, cfg, kind, payload, key):
+            text = answers.pop(0)
+            if text == "FAIL":
+                from treadle.llm import BadResponseError
+                raise BadResponseError("response has no choices")
+            body = json.loads(payload["messages"][1]["content"])
+            assert body["evidence"]["rule"] == "fails_every_harness" and body["evidence"]["span"]
+            return {"id": "x", "object": "chat.completion", "model": cfg.model, "usage": {},
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                 "finish_reason": "stop"}]}
+
+        async def probe(self, cfg):
+            return None
+
+        async def aclose(self):
+            return None
+
+    undecided = Attribution(checkpoint="c", blame=Blame.undecided, rule="fails_every_harness", span=["f(x=1)"])
+    decided = undecided.model_copy(update={"blame": Blame.policy, "rule": "reference_passes"})
+
+    async def main():
+        cfg = LLMConfig.single("scripted", "http://127.0.0.1:9/v1", roles=("attributor",), max_retries=0)
+        async with LLMClient(cfg, backend=Scripted()) as llm:
+            same = await llm_attribute(llm, decided)  # never asks
+            return same, [await llm_attribute(llm, undecided) for _ in range(3)]
+    same, (good, malformed, failed) = anyio.run(main)
+    assert same == decided
+    assert (good.blame, good.rule, good.detail) == (Blame.task, "llm(fails_every_harness)",
+                                                    "the request never names the order")
+    assert good.llm["answer"].startswith('{"blame"')
+    assert malformed.blame == Blame.undecided and malformed.llm["error"].startswith("malformed")
+    assert failed.blame == Blame.undecided and "error" in failed.llm and not answers

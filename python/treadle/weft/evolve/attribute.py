@@ -15,8 +15,9 @@ leaves :attr:`Blame.undecided`):
    (same results, same state) and is still failed, and when a rubric judge and the executable check
    disagree on a trajectory that reproduces the reference;
 4. cross-harness pattern: a task that fails under every one of at least ``min_harnesses`` harnesses
-   while its reference passes points away from the policy (**task**: under-specified request); a
-   failure under one harness only is the policy's (``interaction_adaptation``);
+   while its reference passes points away from the policy but says nothing of where: **undecided**,
+   left to :func:`llm_attribute`; a failure under one harness only is the policy's
+   (``interaction_adaptation``);
 5. otherwise **policy** (the task is valid and the policy is at fault).
 
 Every verdict stores its evidence beside it: the turn's calls (trajectory span), the state diff of
@@ -24,6 +25,8 @@ the reference against the evidence, and the check results.
 """
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Sequence
 from enum import Enum
 from typing import Any
@@ -81,6 +84,7 @@ class Attribution(BaseModel):
     reference_diff: dict[str, dict[str, int]] = Field(default_factory=dict,
                                                       description="reference final state vs evidence, counts")
     check: list[str] = Field(default_factory=list, description="the failed check's details")
+    llm: dict[str, Any] | None = Field(None, description="the LLM attributor's answer and role, when it decided")
 
 
 def _public(diff: Any) -> Any:
@@ -254,7 +258,45 @@ async def attribute(rt: Any, server_hash: str, start: Snapshot, spec: Checkpoint
                            detail="a rubric judge passes what the executable check fails", **base)
     hv = harness_verdicts or {}
     if len(hv) >= min_harnesses and not any(hv.values()):
-        return Attribution(blame=Blame.task, rule="fails_every_harness",
-                           detail=f"fails under every harness {sorted(hv)} while the reference passes", **base)
+        return Attribution(blame=Blame.undecided, rule="fails_every_harness",
+                           detail=f"fails under every harness {sorted(hv)} while the reference passes: not the "
+                                  "policy's, but no executable signal says whose (see llm_attribute)", **base)
     rule = "interaction_adaptation" if hv and sum(1 for v in hv.values() if not v) == 1 else "reference_passes"
     return Attribution(blame=Blame.policy, rule=rule, detail="the reference passes; the policy's calls do not", **base)
+
+
+_LLM_BLAMES = (Blame.policy, Blame.environment, Blame.task, Blame.evaluator)
+
+
+async def llm_attribute(client: Any, att: Attribution, *, role: str = "attributor", request: str = "") -> Attribution:
+    """Ask an LLM role to decide an :attr:`Blame.undecided` attribution from its recorded evidence (the
+    trajectory span, the failed check, the reference diff, the deterministic rule that abstained).
+
+    The answer must be a JSON object ``{"blame": "policy"|"environment"|"task"|"evaluator", "reason": str}``;
+    the raw answer is stored in :attr:`Attribution.llm`. A failed call or an answer of another shape leaves
+    the attribution undecided with the problem recorded (never an exception). Decided attributions are
+    returned unchanged (the deterministic path always comes first).
+    """
+    if att.blame != Blame.undecided:
+        return att
+    from treadle.llm import LLMCallError
+
+    evidence = att.model_dump(mode="json", exclude={"llm", "blame"})
+    messages = [{"role": "system", "content": "You attribute failed checkpoints of tool-use tasks to the component "
+                                              "at fault: policy, environment, task or evaluator. Answer with one "
+                                              'JSON object {"blame": ..., "reason": ...}.'},
+                {"role": "user", "content": json.dumps({"request": request, "evidence": evidence}, sort_keys=True)}]
+    try:
+        r = await client.chat(messages, role=role, tag="weft-attribution")
+    except LLMCallError as err:
+        return att.model_copy(update={"llm": {"role": role, "error": f"{err.failure.kind.value}: {err.failure.message}"}})
+    try:
+        doc = json.loads(re.sub(r"^```(?:json)?|```$", "", r.text.strip()).strip())
+        blame = Blame(doc["blame"])
+        reason = str(doc.get("reason", ""))
+        if blame not in _LLM_BLAMES:
+            raise ValueError(f"blame must be one of {[b.value for b in _LLM_BLAMES]}")
+    except (ValueError, KeyError, TypeError) as err:
+        return att.model_copy(update={"llm": {"role": role, "answer": r.text[:2000], "error": f"malformed: {err}"}})
+    return att.model_copy(update={"blame": blame, "rule": f"llm({att.rule})", "detail": reason[:500],
+                                  "llm": {"role": role, "answer": r.text[:2000]}})
