@@ -17,6 +17,7 @@ SECTIONS: list[tuple[str, str]] = [
     ("scale", "treadle.scale.demo:run"),
     ("weft-rollouts", "treadle.weft.rollouts.demo:run"),
     ("rsi", "treadle.rsi.demo:run"),
+    ("weft-evolve", "treadle.weft.evolve.demo:run"),
 ]
 
 

@@ -17,6 +17,13 @@ from treadle.weft.rollouts.cli import sample_cmd  # noqa: E402  (typer + rich on
 
 app.command("sample")(sample_cmd)
 
+from treadle.weft.evolve.cli import evolve_cmd, filter_cmd, reverify_cmd, synth_cmd  # noqa: E402  (typer + rich)
+
+app.command("reverify")(reverify_cmd)
+app.command("synth")(synth_cmd)
+app.command("evolve")(evolve_cmd)
+app.command("filter")(filter_cmd)
+
 
 @app.command("check")
 def check_cmd(path: Path = typer.Argument(..., help="A server module (.py) defining `server = WeftServer(...)`."),

@@ -1,0 +1,17 @@
+"""``treadle.weft.evolve``: the WEFT system-evolution loop's deterministic parts (seed: WEFT 4.1, 5.1).
+
+- :mod:`~treadle.weft.evolve.certify`: atomic-task certification by execution (three baselines),
+  near-duplicate pruning, tool coverage.
+- :mod:`~treadle.weft.evolve.compose`: cross-server composition (ranking, DAG with entity bindings,
+  progressive grounding into a resettable initial snapshot) and the multi-server runner;
+  :mod:`~treadle.weft.evolve.composed_env` runs a composed task through the rollouts layer.
+- :mod:`~treadle.weft.evolve.loop`: attribution and revision rounds (``treadle weft evolve``, offline
+  drill in :mod:`~treadle.weft.evolve.drill`).
+- :mod:`~treadle.weft.evolve.attribute`: deterministic failure attribution (policy / environment /
+  task / evaluator) and verifier generation from reference evidence; :mod:`~treadle.weft.evolve.faults`
+  and :mod:`~treadle.weft.evolve.faults_bfcl`: the fault-injection suites.
+- :mod:`~treadle.weft.evolve.reverify`: stored rollouts re-scored with a revised verifier.
+- :mod:`~treadle.weft.evolve.filtering`: RL task filtering by judge/executable correlation.
+- :mod:`~treadle.weft.evolve.synth`: environment synthesis with LLM roles, validated by execution in
+  the sandbox (:mod:`~treadle.weft.evolve.synth_validate`), revised where the fault lies.
+"""

@@ -1,0 +1,247 @@
+"""``treadle weft reverify | synth | evolve | filter``: the WEFT evolution commands (see each command's help).
+
+Bad input is one line naming the flag, exit code 2, before any work (reverify only reads its run folder).
+``reverify`` writes ``reverify-<version>.jsonl`` (one :class:`~treadle.weft.evolve.reverify.Rescore` per trajectory)
+into ``--out`` (default: the run folder) and prints old vs new rewards. ``synth`` writes the synthesised artefacts and ``evolve`` the rounds (JSONL) and a PNG into ``--out``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from treadle.cli_output import make_console
+
+console = make_console()
+
+
+def _fail(flag: str, msg: str) -> None:
+    console.print(f"error: {flag}: {msg}", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def reverify_cmd(run: Path = typer.Option(..., "--run", help="A `treadle weft sample` run folder."),
+                 revision: Path = typer.Option(..., "--revision", help="Verifier revision JSON: "
+                                               "{version, checkpoints: {name: {field: value}}}."),
+                 out: Path = typer.Option(None, "--out", help="Where reverify-<version>.jsonl goes (default: --run).")
+                 ) -> None:
+    """Re-score stored rollouts with a revised verifier: recorded calls are replayed, no policy is called."""
+    import anyio
+
+    from treadle.weft.evolve.reverify import load_revision, reverify
+    from treadle.weft.rollouts.batch import ENVS, TRAJECTORIES, read_trajectories
+    from treadle.weft.rollouts.tasks import from_shop
+
+    path = Path(run) / TRAJECTORIES
+    if not path.is_file():
+        _fail("--run", f"{str(run)!r} holds no {TRAJECTORIES} (expected a `treadle weft sample` run folder)")
+    trajs = read_trajectories(path)
+    if not trajs:
+        _fail("--run", f"{str(path)!r} holds no readable trajectory")
+    tasks = from_shop()
+    try:
+        rev = load_revision(revision, [a.name for t in tasks for a in t.atomic])
+    except ValueError as err:
+        _fail("--revision", str(err))
+    dest = Path(out) if out is not None else Path(run)
+    if dest.exists() and not dest.is_dir():
+        _fail("--out", f"{str(dest)!r} is a file, expected a folder")
+    rows = anyio.run(lambda: reverify(trajs, tasks, rev, ENVS))
+    dest.mkdir(parents=True, exist_ok=True)
+    target = dest / f"reverify-{rev.version}.jsonl"
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text("".join(r.model_dump_json() + "\n" for r in rows), encoding="utf-8")
+    tmp.replace(target)
+    from rich.table import Table
+
+    t = Table(title=f"re-scored with verifier {rev.version} ({len(rows)} trajectories, no new rollouts)")
+    for col in ("task", "old r_k", "new r_k", "old R", "new R"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r.task, "".join(map(str, r.old_rewards)), "".join(map(str, r.new_rewards)), f"{r.old_reward:.2f}",
+                  f"{r.new_reward:.2f}", style="bold" if r.changed else None)
+    console.print(t)
+    console.print(f"{sum(r.changed for r in rows)} trajectories changed; written to {target}", markup=False)
+
+
+def synth_cmd(docs: Path = typer.Option(..., "--docs", help="Tool documentation: plain text, or OpenAPI (.json)."),
+              requirement: str = typer.Option(..., "--requirement", help="The business requirement, in words."),
+              llm_config: Path = typer.Option(None, "--llm-config", help="treadle.llm config with the roles designer, "
+                                              "schema, backend and checker (an OpenAI-compatible endpoint)."),
+              out: Path = typer.Option(Path("runs/weft-synth"), "--out", help="Folder for the artefacts."),
+              max_rounds: int = typer.Option(3, "--max-rounds", min=1, help="Validation / revision rounds.")) -> None:
+    """Synthesise an environment (design, schema, backend, checks) with LLM roles, validated in the sandbox."""
+    import json
+
+    import anyio
+
+    from treadle.weft.evolve.synth import ROLES, synthesize
+
+    try:
+        text = Path(docs).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        _fail("--docs", f"cannot read {str(docs)!r}: {err}")
+    if Path(docs).suffix.lower() == ".json":
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as err:
+            _fail("--docs", f"{str(docs)!r} is not valid JSON (OpenAPI documents are JSON): {err}")
+    if not text.strip():
+        _fail("--docs", f"{str(docs)!r} is empty")
+    if not requirement.strip():
+        _fail("--requirement", "empty; say what the environment is for")
+    if llm_config is None:
+        _fail("--llm-config", "treadle weft synth needs an OpenAI-compatible endpoint for its roles "
+                              f"{', '.join(ROLES)}; none is configured (give a treadle.llm config file)")
+    from treadle.llm import ConfigError, LLMClient, LLMConfig
+
+    try:
+        cfg = LLMConfig.load(llm_config)
+    except ConfigError as err:
+        _fail("--llm-config", str(err))
+    missing = [r for r in ROLES if r not in cfg.roles]
+    if missing:
+        _fail("--llm-config", f"no role(s) {missing} in {str(llm_config)!r}; expected {list(ROLES)}")
+    if out.exists() and not out.is_dir():
+        _fail("--out", f"{str(out)!r} is a file, expected a folder")
+    out.mkdir(parents=True, exist_ok=True)
+
+    async def main():
+        async with LLMClient(cfg, cache=out / "llm_cache.sqlite", ledger=out / "llm_ledger.jsonl") as llm:
+            return await synthesize(llm, text, requirement, max_rounds=max_rounds)
+
+    res = anyio.run(main)
+    (out / "result.json").write_text(res.model_dump_json(indent=1, by_alias=True), encoding="utf-8")
+    if res.backend is not None:
+        (out / "backend.py").write_text(res.backend.source, encoding="utf-8")
+    if res.schema_ is not None:
+        (out / "schema.sql").write_text(res.schema_.ddl + "\n" + res.schema_.seed + "\n", encoding="utf-8")
+    for r in res.rounds:
+        console.print(f"round {r.round}: {len(r.failures)} failure(s)"
+                      + (f"; revised {r.revised.value}" if r.revised else ""), markup=False)
+        for f in r.failures:
+            console.print(f"  [{f.stage.value}] {f.detail}", markup=False)
+    for f in res.role_failures:
+        console.print(f"role answer rejected [{f.stage.value}]: {f.detail}", markup=False)
+    console.print(("accepted" if res.accepted else "not accepted") + f"; artefacts in {out}", markup=False)
+    raise typer.Exit(0 if res.accepted else 1)
+
+
+def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help="Folder for rounds.jsonl, "
+                                        "attributions.jsonl and error_rate.png."),
+               rate: list[str] = typer.Option(["wrong_argument=0.15"], "--rate",
+                                              help="Replay-policy perturbation NAME=RATE (repeatable)."),
+               k: int = typer.Option(2, "--k", min=1, help="Attempts per task and round (the first pass is selected)."),
+               max_rounds: int = typer.Option(5, "--max-rounds", min=1, help="Rounds at most."),
+               seed: int = typer.Option(0, "--seed")) -> None:
+    """Attribution and revision rounds on the offline drill (certified shop and CRM with one injected fault of
+    each kind), until the tool-call error rate of the selected trajectories stops falling."""
+    import json
+    import logging
+
+    import anyio
+
+    from treadle.weft.rollouts.policies import PERTURBATIONS
+
+    rates: dict[str, float] = {}
+    for item in rate:
+        name, _, value = item.partition("=")
+        try:
+            rates[name.strip()] = float(value)
+        except ValueError:
+            _fail("--rate", f"{item!r} is not NAME=RATE (e.g. wrong_argument=0.2)")
+        if name.strip() not in PERTURBATIONS:
+            _fail("--rate", f"unknown perturbation {name.strip()!r}; expected one of {list(PERTURBATIONS)}")
+    if any(not 0 <= v <= 1 for v in rates.values()) or sum(rates.values()) > 1:
+        _fail("--rate", f"rates must be in [0, 1] and sum to <= 1, got {rates}")
+    if out.exists() and not out.is_dir():
+        _fail("--out", f"{str(out)!r} is a file, expected a folder")
+    from treadle.weft.evolve.drill import drill_system
+    from treadle.weft.evolve.loop import evolve, plot_rounds
+    from treadle.weft.runtime import Runtime
+
+    logging.getLogger("treadle.weft.tools").setLevel(logging.CRITICAL)  # the drill's crashing tool is expected
+
+    async def main():
+        async with Runtime() as rt:
+            return await evolve(rt, await drill_system(rt), rates=rates, max_rounds=max_rounds, k=k, seed=seed)
+
+    rounds = anyio.run(main)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rounds.jsonl").write_text("".join(r.model_dump_json(exclude={"attributions"}) + "\n" for r in rounds),
+                                      encoding="utf-8")
+    (out / "attributions.jsonl").write_text("".join(json.dumps({"round": r.round, **a.model_dump(mode="json")}) + "\n"
+                                                    for r in rounds for a in r.attributions), encoding="utf-8")
+    plot_rounds(rounds, out / "error_rate.png")
+    from rich.table import Table
+
+    t = Table(title="evolution rounds (offline drill)")
+    for col in ("round", "tool-call error rate", "passed", "attributed", "revised"):
+        t.add_column(col)
+    for r in rounds:
+        t.add_row(str(r.round), f"{r.error_rate:.3f}", f"{r.passed}/{r.tasks}",
+                  ", ".join(f"{a.checkpoint}:{a.blame.value}" for a in r.attributions) or "-",
+                  ", ".join(r.revised) or "-")
+    console.print(t)
+    console.print(f"written to {out}", markup=False)
+
+
+def filter_cmd(scores: Path = typer.Option(..., "--scores", help="JSONL, one pilot rollout per line: "
+                                           '{"task": ..., "judge": 0..1, "executable": 0..1}.'),
+               min_pearson: float = typer.Option(0.5, "--min-pearson", min=-1, max=1),
+               min_spearman: float = typer.Option(0.5, "--min-spearman", min=-1, max=1),
+               min_rollouts: int = typer.Option(8, "--min-rollouts", min=3),
+               confidence: float = typer.Option(0.95, "--confidence", min=0.5, max=0.999),
+               out: Path = typer.Option(None, "--out", help="Write the decisions as JSONL here.")) -> None:
+    """RL task filtering: keep tasks whose judge and executable scores agree (Pearson and Spearman, with CIs)."""
+    import json
+
+    from treadle.weft.evolve.filtering import FilterConfig, filter_tasks
+
+    try:
+        lines = Path(scores).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        _fail("--scores", f"cannot read {str(scores)!r}: {err}")
+    per: dict[str, tuple[list, list]] = {}
+    bad: dict[str, str] = {}
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            task = str(row["task"])
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            _fail("--scores", f"line {n} is not a JSON object with a 'task' ({err})")
+        j, e = per.setdefault(task, ([], []))
+        if "judge" not in row or "executable" not in row:
+            bad.setdefault(task, f"line {n} has no 'judge' or 'executable' score")
+        j.append(row.get("judge"))
+        e.append(row.get("executable"))
+    if not per:
+        _fail("--scores", f"{str(scores)!r} holds no pilot rollouts")
+    cfg = FilterConfig(min_pearson=min_pearson, min_spearman=min_spearman, min_rollouts=min_rollouts,
+                       confidence=confidence)
+    decisions = filter_tasks({t: (("missing",) if t in bad else j, e) for t, (j, e) in per.items()}, cfg)
+    if out is not None:
+        if out.exists() and out.is_dir():
+            _fail("--out", f"{str(out)!r} is a folder, expected a file path")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("".join(d.model_dump_json() + "\n" for d in decisions), encoding="utf-8")
+    from rich.table import Table
+
+    def ci(x):
+        return f"[{x[0]:.2f}, {x[1]:.2f}]" if x else "-"
+
+    t = Table(title=f"RL task filter (pearson >= {min_pearson}, spearman >= {min_spearman}, n >= {min_rollouts}; "
+                    f"{confidence:.0%} CIs)")
+    for col in ("task", "n", "pearson", "CI", "spearman", "CI", "kept", "reasons"):
+        t.add_column(col)
+    for d in decisions:
+        reasons = "; ".join(d.reasons) + (" -> evaluator attribution" if d.to_attribution else "")
+        if d.task in bad:
+            reasons = f"malformed scores: {bad[d.task]}"
+        t.add_row(d.task, str(d.n), "-" if d.pearson is None else f"{d.pearson:.2f}", ci(d.pearson_ci),
+                  "-" if d.spearman is None else f"{d.spearman:.2f}", ci(d.spearman_ci), "yes" if d.kept else "no",
+                  reasons)
+    console.print(t)
+    console.print(f"kept {sum(d.kept for d in decisions)} of {len(decisions)} tasks", markup=False)

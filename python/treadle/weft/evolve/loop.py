@@ -1,0 +1,208 @@
+"""The evolution loop: roll out, attribute each failure, revise only the blamed component, re-validate, repeat.
+
+Seed: WEFT 5.1 (the system that produces training data is repaired where the fault lies, not by
+punishing the policy). One round:
+
+1. every task is attempted up to ``k`` times by the rollouts' replay policy (seeded perturbations, the
+   same draws every round, so that a change of the metric comes from the revisions and not from the
+   policy's noise) from its current initial state on the current server; the first passing attempt is selected
+   (else the last one); the round's metric is the **tool-call error rate of the selected
+   trajectories** (failed calls / calls);
+2. each task with no passing attempt is attributed (:func:`~treadle.weft.evolve.attribute.attribute`);
+3. each blamed component, and only it, is revised: **environment** -> the server's backend (offline:
+   restored to the last certified source; an LLM backend role is not wired in yet), **task** -> the
+   task's initial state re-grounded (offline: the certified snapshot), **evaluator** -> the verifier
+   regenerated from the reference evidence; **policy** failures revise nothing (they are training signal);
+4. what depends on a revised component is re-validated (the reference plan of every task on a revised
+   server, or of a revised task, must pass its verifier).
+
+Rounds continue until the error rate stops falling (or ``max_rounds``). Every component carries a
+version and a digest; a round records which it revised, and :attr:`Round.untouched_ok` checks that no
+unblamed component changed.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from treadle.weft.callparse import ToolCall
+from treadle.weft.evolve.attribute import Attribution, Blame, ReferenceEvidence, attribute, generate_verifier
+from treadle.weft.rollouts.tasks import AtomicTask
+from treadle.weft.state import Snapshot
+from treadle.weft.verify import CheckpointSpec
+
+
+@dataclass
+class TaskSlot:
+    """One task of the system: its environment, current initial state and verifier, and what was certified."""
+
+    env: str
+    task: AtomicTask
+    start: Snapshot
+    spec: CheckpointSpec
+    evidence: ReferenceEvidence
+    certified_start: Snapshot
+    versions: dict[str, int] = field(default_factory=lambda: {"task": 1, "verifier": 1})
+
+
+@dataclass
+class EvolvingSystem:
+    """Server sources per environment (current and certified) and the task slots."""
+
+    sources: dict[str, str]
+    certified: dict[str, str]
+    tasks: list[TaskSlot]
+    backend_versions: dict[str, int] = field(default_factory=dict)
+
+    def digests(self) -> dict[str, str]:
+        """``{component: digest}`` for every backend, task initial state and verifier."""
+        out = {f"backend:{e}": hashlib.sha256(s.encode()).hexdigest()[:16] for e, s in self.sources.items()}
+        for t in self.tasks:
+            out[f"task:{t.task.name}"] = t.start.digest
+            out[f"verifier:{t.task.name}"] = hashlib.sha256(t.spec.model_dump_json(exclude={"predicates"})
+                                                            .encode()).hexdigest()[:16]
+        return out
+
+
+class Round(BaseModel):
+    """One round: the metric, the attributions, the blamed and revised components, re-validation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    round: int
+    tool_calls: int
+    tool_errors: int
+    error_rate: float
+    passed: int
+    tasks: int
+    attributions: list[Attribution] = Field(default_factory=list)
+    blamed: list[str] = Field(default_factory=list)
+    revised: list[str] = Field(default_factory=list)
+    revalidated: dict[str, bool] = Field(default_factory=dict)
+
+    @property
+    def untouched_ok(self) -> bool:
+        return set(self.revised) <= set(self.blamed)
+
+
+def _attempt_calls(task: AtomicTask, rates: dict[str, float], seed: int, attempt: int) -> list[ToolCall]:
+    from treadle.weft.rollouts.harnesses import HermesHarness
+    from treadle.weft.rollouts.policies import PolicyContext, ReplayPolicy
+    from treadle.weft.rollouts.tasks import RolloutTask
+
+    h = HermesHarness()
+    ctx = PolicyContext(task=RolloutTask(name=task.name, env="evolve", atomic=(task,)), atomic=task, index=0,
+                        attempt=attempt, step=0, seed=seed)
+    return [ToolCall(name=c.name, arguments=dict(c.arguments))
+            for step in ReplayPolicy(rates, seed=seed).plan(h, ctx) for c in h.parse(step).calls]
+
+
+async def _play(rt: Any, h: str, start: Snapshot, spec: CheckpointSpec, calls: Sequence[ToolCall]):
+    sid = await rt.create_session(h, start)
+    try:
+        outs = [await rt.call_tool(sid, c.name, c.arguments) for c in calls]
+        return outs, await rt.verify_turn(sid, start, spec, outs)
+    finally:
+        await rt.close(sid)
+
+
+async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str, float], k: int = 2,
+                    seed: int = 0) -> Round:
+    """One round of the loop (see the module docstring); revises ``system`` in place."""
+    hashes = {e: rt.register(src) for e, src in system.sources.items()}
+    calls = errors = passed = 0
+    failed: list[tuple[TaskSlot, Any, Any]] = []
+    for slot in system.tasks:
+        last = None
+        for a in range(k):
+            outs, verdict = await _play(rt, hashes[slot.env], slot.start, slot.spec,
+                                        _attempt_calls(slot.task, rates, seed, a))
+            last = (outs, verdict)
+            if verdict.r == 1:
+                break
+        outs, verdict = last
+        calls += len(outs)
+        errors += sum(not o.ok for o in outs)
+        if verdict.r == 1:
+            passed += 1
+        else:
+            failed.append((slot, outs, verdict))
+    rnd = Round(round=n, tool_calls=calls, tool_errors=errors, error_rate=errors / calls if calls else 0.0,
+                passed=passed, tasks=len(system.tasks))
+    before = system.digests()
+    revise_env: set[str] = set()
+    for slot, outs, verdict in failed:
+        att = await attribute(rt, hashes[slot.env], slot.start, slot.spec, slot.evidence, outs, verdict)
+        rnd.attributions.append(att)
+        if att.blame == Blame.environment:
+            rnd.blamed.append(f"backend:{slot.env}")
+            revise_env.add(slot.env)
+        elif att.blame == Blame.task:
+            rnd.blamed.append(f"task:{slot.task.name}")
+            slot.start = slot.certified_start  # re-grounded
+            slot.versions["task"] += 1
+        elif att.blame == Blame.evaluator:
+            rnd.blamed.append(f"verifier:{slot.task.name}")
+            slot.spec = generate_verifier(slot.task.checkpoint, slot.start, slot.evidence)
+            slot.versions["verifier"] += 1
+    for env in sorted(revise_env):
+        system.sources[env] = system.certified[env]
+        system.backend_versions[env] = system.backend_versions.get(env, 1) + 1
+    after = system.digests()
+    rnd.revised = sorted(c for c in after if after[c] != before.get(c))
+    rnd.blamed = sorted(set(rnd.blamed))
+    touched_tasks = {c.split(":", 1)[1] for c in rnd.revised if not c.startswith("backend:")}
+    for slot in system.tasks:  # re-validate what depends on a revised component
+        if slot.env in revise_env or slot.task.name in touched_tasks:
+            h = rt.register(system.sources[slot.env])
+            _, v = await _play(rt, h, slot.start, slot.spec, list(slot.evidence.calls))
+            rnd.revalidated[slot.task.name] = v.r == 1
+    return rnd
+
+
+async def evolve(rt: Any, system: EvolvingSystem, *, rates: dict[str, float], max_rounds: int = 5, k: int = 2,
+                 seed: int = 0) -> list[Round]:
+    """Rounds until the tool-call error rate of the selected trajectories stops falling (at most ``max_rounds``).
+
+    Raises:
+        ValueError: ``max_rounds`` or ``k`` < 1.
+    """
+    if max_rounds < 1 or k < 1:
+        raise ValueError(f"max_rounds and k must be >= 1, got {max_rounds}, {k}")
+    rounds: list[Round] = []
+    for n in range(1, max_rounds + 1):
+        rounds.append(await run_round(rt, system, n, rates=rates, k=k, seed=seed))
+        if len(rounds) >= 2 and rounds[-1].error_rate >= rounds[-2].error_rate:
+            break
+    return rounds
+
+
+def plot_rounds(rounds: Sequence[Round], path: Any) -> None:
+    """PNG: tool-call error rate per round, and failed tasks per blamed component kind."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [r.round for r in rounds]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
+    a.plot(xs, [r.error_rate for r in rounds], marker="o")
+    a.set_xlabel("round")
+    a.set_ylabel("tool-call error rate (selected)")
+    a.set_xticks(xs)
+    bottom = [0] * len(rounds)
+    for blame in (Blame.environment, Blame.task, Blame.evaluator, Blame.policy):
+        ys = [sum(x.blame == blame for x in r.attributions) for r in rounds]
+        b.bar(xs, ys, bottom=bottom, label=blame.value)
+        bottom = [p + q for p, q in zip(bottom, ys)]
+    b.set_xlabel("round")
+    b.set_ylabel("failed tasks by attribution")
+    b.set_xticks(xs)
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

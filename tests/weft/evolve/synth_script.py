@@ -1,0 +1,140 @@
+"""The scripted role answers behind ``fixtures/synth_recorded.jsonl`` (a library environment whose first backend
+is deliberately broken), the config both the recorder and the tests use, and the recorder itself.
+
+Re-record after changing the synthesis prompts: ``python tests/weft/evolve/synth_script.py``.
+"""
+import json
+from pathlib import Path
+
+DOCS = """Library desk API.
+add_book(title, author): catalogue a new book, returns {book_id}.
+lend_book(book_id, member): lend a book that is in; fails if it is out or unknown. Returns {book_id, status}.
+return_book(book_id): take a lent book back. Returns {book_id, status}.
+list_books(): every book with its status."""
+REQUIREMENT = "A small library desk: members borrow and return books; a book is lent to one member at a time."
+FIXTURE = Path(__file__).parent / "fixtures" / "synth_recorded.jsonl"
+
+DESIGN = {"tasks": ["lend a book to a member", "take a book back", "catalogue a new book"],
+          "entities": ["book", "member", "loan"],
+          "tools": [{"name": "add_book", "description": "catalogue a book", "params": {"title": "string", "author": "string"},
+                     "reads": [], "writes": ["books"], "returns": "{book_id}"},
+                    {"name": "lend_book", "description": "lend a book", "params": {"book_id": "integer", "member": "string"},
+                     "reads": ["books"], "writes": ["books", "loans"], "returns": "{book_id, status}"},
+                    {"name": "return_book", "description": "return a book", "params": {"book_id": "integer"},
+                     "reads": ["books", "loans"], "writes": ["books", "loans"], "returns": "{book_id, status}"},
+                    {"name": "list_books", "description": "list books", "params": {}, "reads": ["books"], "writes": [],
+                     "returns": "[{id, title, status}]"}]}
+SCHEMA = {"ddl": "CREATE TABLE books (id INTEGER PRIMARY KEY, title TEXT NOT NULL, author TEXT NOT NULL, "
+                 "status TEXT NOT NULL CHECK (status IN ('in', 'out')));\n"
+                 "CREATE TABLE loans (id INTEGER PRIMARY KEY, book_id INTEGER NOT NULL REFERENCES books(id), "
+                 "member TEXT NOT NULL, returned INTEGER NOT NULL DEFAULT 0);",
+          "seed": "INSERT INTO books VALUES (1, 'Emma', 'Austen', 'in'), (2, 'Ulysses', 'Joyce', 'in');"}
+_COMMON = '''
+def add_book(db, title, author):
+    cur = db.execute("INSERT INTO books (title, author, status) VALUES (?, ?, 'in')", (title, author))
+    return {"book_id": cur.lastrowid}
+
+
+def _book(db, book_id):
+    row = db.execute("SELECT status FROM books WHERE id = ?", (book_id,)).fetchone()
+    if row is None:
+        raise ValueError(f"no book {book_id}")
+    return row[0]
+
+
+def return_book(db, book_id):
+    if _book(db, book_id) != "out":
+        raise ValueError(f"book {book_id} is not lent")
+    db.execute("UPDATE loans SET returned = 1 WHERE book_id = ? AND returned = 0", (book_id,))
+    db.execute("UPDATE books SET status = 'in' WHERE id = ?", (book_id,))
+    return {"book_id": book_id, "status": "in"}
+
+
+def list_books(db):
+    return [{"id": i, "title": t, "status": s} for i, t, s in db.execute("SELECT id, title, status FROM books ORDER BY id")]
+'''
+BROKEN = _COMMON + '''
+def lend_book(db, book_id, member):
+    if _book(db, book_id) != "in":
+        raise ValueError(f"book {book_id} is out")
+    db.execute("INSERT INTO loans (book_id, member) VALUES (?, ?)", (book_id, member))
+    return {"book_id": book_id, "status": "out"}  # forgets to mark the book out
+'''
+FIXED = _COMMON + '''
+def lend_book(db, book_id, member):
+    if _book(db, book_id) != "in":
+        raise ValueError(f"book {book_id} is out")
+    db.execute("INSERT INTO loans (book_id, member) VALUES (?, ?)", (book_id, member))
+    db.execute("UPDATE books SET status = 'out' WHERE id = ?", (book_id,))
+    return {"book_id": book_id, "status": "out"}
+'''
+CHECKS = {"checks": [
+    {"tool": "add_book", "args": {"title": "Dune", "author": "Herbert"}, "expect_returns": {"book_id": 3},
+     "state": [["SELECT id, title, status FROM books WHERE id = 3", [[3, "Dune", "in"]]]]},
+    {"tool": "lend_book", "args": {"book_id": 1, "member": "ann"}, "expect_returns": {"status": "out"},
+     "state": [["SELECT status FROM books WHERE id = 1", [["out"]]],
+               ["SELECT book_id, member, returned FROM loans", [[1, "ann", 0]]]]},
+    {"tool": "lend_book", "args": {"book_id": 1, "member": "bob"}, "kind": "boundary"},
+    {"tool": "lend_book", "args": {"book_id": 99, "member": "x"}, "kind": "boundary"},
+    {"tool": "return_book", "args": {"book_id": 1}, "expect_returns": {"status": "in"},
+     "state": [["SELECT status FROM books WHERE id = 1", [["in"]]]]},
+    {"tool": "list_books", "expect_returns": [{"id": 2, "status": "in"}]}]}
+
+# answers in the order the pipeline asks: design, schema, backend, checks (first answer malformed), revised backend
+SCRIPT = [("Design the environment", json.dumps(DESIGN)), ("SQLite DDL", json.dumps(SCHEMA)),
+          ("Python backend", json.dumps({"source": BROKEN})),
+          ("validation calls", "Sure! Here are some checks: add a book, lend it."),
+          ("validation calls", "```json\n" + json.dumps(CHECKS) + "\n```"),
+          ("Python backend", json.dumps({"source": FIXED}))]
+
+
+def config():
+    from treadle.llm import LLMConfig
+    from treadle.weft.evolve.synth import ROLES
+
+    return LLMConfig.single("synth-recorded", "http://127.0.0.1:9/v1", roles=ROLES,
+                            sampling={"temperature": 0.0, "max_tokens": 4096})
+
+
+class ScriptedBackend:
+    """Answers from SCRIPT in order; fails on an unexpected request (the strict scripted model)."""
+
+    recorded = False
+
+    def __init__(self, script):
+        self.script = list(script)
+
+    async def send(self, cfg, kind, payload, key):
+        want, text = self.script.pop(0)
+        task = json.loads(payload["messages"][1]["content"])["task"]
+        assert want in task, (want, task)
+        return {"id": "x", "object": "chat.completion", "model": cfg.model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+
+    async def probe(self, cfg):
+        return None
+
+    async def aclose(self):
+        return None
+
+
+def record():
+    import anyio
+
+    from treadle.llm import LLMClient
+    from treadle.weft.evolve.synth import synthesize
+
+    FIXTURE.parent.mkdir(parents=True, exist_ok=True)
+    FIXTURE.unlink(missing_ok=True)
+
+    async def main():
+        backend = ScriptedBackend(SCRIPT)
+        async with LLMClient(config(), backend=backend, record_to=FIXTURE) as llm:
+            res = await synthesize(llm, DOCS, REQUIREMENT)
+        assert not backend.script and res.accepted, res
+    anyio.run(main)
+
+
+if __name__ == "__main__":
+    record()
