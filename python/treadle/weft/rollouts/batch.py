@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from treadle.weft.rollouts import harnesses as _h, policies as _p, views as _v  # noqa: F401  (registration)
+from treadle.weft.rollouts import harnesses as _h, openclaw as _o, policies as _p, views as _v  # noqa: F401  (registration)
 from treadle.weft.rollouts.records import Trajectory
 from treadle.weft.rollouts.registry import HARNESSES, POLICIES, VIEWS
 from treadle.weft.rollouts.rollout import METHODS, ROLLOUTS, Env, Setup, trajectory_key

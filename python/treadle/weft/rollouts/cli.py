@@ -33,7 +33,10 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
                env: str = typer.Option("shop", "--env", help="Environment (tasks): shop."),
                view: str = typer.Option("agentic", "--view", help="agentic | simuser."),
                disclosure: str = typer.Option("full", "--disclosure", help="SimUser disclosure: vague | partial | full."),
-               harness: str = typer.Option("hermes", "--harness", help="hermes | react | native."),
+               harness: str = typer.Option("hermes", "--harness", help="hermes | react | native | openclaw."),
+               openclaw_workspace: Path | None = typer.Option(None, "--openclaw-workspace",
+                                                              help="openclaw harness: folder of bootstrap files "
+                                                                   "(AGENTS.md, SOUL.md, ...)."),
                policy: str = typer.Option("replay", "--policy", help="replay | llm."),
                rate: list[str] = typer.Option([], "--rate", help="Replay perturbation NAME=RATE (repeatable)."),
                method: list[str] = typer.Option(["prefix", "end_to_end"], "--method", help="prefix | end_to_end."),
@@ -61,6 +64,9 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
     for flag, name, reg in (("--view", view, VIEWS), ("--harness", harness, HARNESSES), ("--policy", policy, POLICIES)):
         if name not in reg.names():
             _fail(flag, f"unknown {reg.kind} {name!r}; expected one of {reg.names()}")
+    if openclaw_workspace is not None and (harness != "openclaw" or not openclaw_workspace.is_dir()):
+        _fail("--openclaw-workspace", f"expected a folder, with --harness openclaw; got {str(openclaw_workspace)!r} "
+                                      f"with --harness {harness!r}")
     if env != "shop":
         _fail("--env", f"unknown env {env!r}; expected 'shop'")
     if disclosure not in DISCLOSURES:
@@ -99,7 +105,8 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
         _fail("RUN_DIR", str(err))
     pargs = {"rates": rates, "seed": seed} if policy == "replay" else {"role": role}
     try:
-        cfg = SampleConfig(view=Component(name=view), harness=Component(name=harness),
+        cfg = SampleConfig(view=Component(name=view), harness=Component(name=harness, args={"workspace_dir": str(openclaw_workspace)}
+                                                                  if openclaw_workspace is not None else {}),
                            policy=Component(name=policy, args=pargs), methods=tuple(method), ks=tuple(k), seed=seed,
                            concurrency=concurrency)
         tasks = replicate(from_shop(disclosure), replicas)

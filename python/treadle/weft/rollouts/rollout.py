@@ -11,12 +11,13 @@ checkpoint passes.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from treadle.weft.rollouts.harnesses import Harness, harness_label, openai_tools
+from treadle.weft.rollouts.harnesses import Harness, harness_args, harness_label, openai_tools
 from treadle.weft.rollouts.policies import Policy, PolicyContext
 from treadle.weft.rollouts.records import CallRecord, ParsedCall, Step, Trajectory, TurnAttempt
 from treadle.weft.rollouts.tasks import AtomicTask, RolloutTask
@@ -48,16 +49,28 @@ class Setup:
     seed: int = 0
 
 
+BASE_INSTRUCTIONS = "You are a support agent. Use the tools to do what the user asks."
+
+
 def system_message(env: Env, harness: Harness) -> dict[str, Any]:
-    text = "You are a support agent. Use the tools to do what the user asks."
-    extra = harness.instructions(env.tools)  # the tools themselves go to the chat template / endpoint
-    return {"role": "system", "content": text + ("\n" + extra if extra else "")}
+    """The system message: the harness's own system prompt when it has one (OpenClaw), else the task's
+    instructions plus the harness's calling instructions (the tools themselves go to the chat template)."""
+    own = getattr(harness, "system_prompt", None)
+    if callable(own):
+        return {"role": "system", "content": own(BASE_INSTRUCTIONS, env.tools)}
+    extra = harness.instructions(env.tools)
+    return {"role": "system", "content": BASE_INSTRUCTIONS + ("\n" + extra if extra else "")}
+
+
+async def _maybe_await(x: Any) -> Any:
+    """A view hook's result: views may be sync (rule-based) or async (an LLM user simulator)."""
+    return await x if inspect.isawaitable(x) else x
 
 
 async def run_turn(rt: Runtime, sid: str, start: Snapshot, env: Env, task: RolloutTask, atomic: AtomicTask,
                    index: int, attempt: int, history: Sequence[dict], s: Setup) -> TurnAttempt:
     """Run one attempt of one atomic task in session ``sid`` (whose state is ``start``) and judge it."""
-    msgs: list[dict[str, Any]] = list(s.view.turn_start(task, atomic, index))
+    msgs: list[dict[str, Any]] = list(await _maybe_await(s.view.turn_start(task, atomic, index)))
     steps: list[Step] = []
     outcomes: list[ToolOutcome] = []
     tools = openai_tools(env.tools)
@@ -94,7 +107,7 @@ async def run_turn(rt: Runtime, sid: str, start: Snapshot, env: Env, task: Rollo
             continue
         verdict = await rt.verify_turn(sid, start, atomic.checkpoint, outcomes)
         done = verdict.r == 1
-        follow = s.view.after_reply(task, atomic, parsed.reply, done, exchange)
+        follow = await _maybe_await(s.view.after_reply(task, atomic, parsed.reply, done, exchange))
         if follow is None:
             ended = True
             capped = not done and exchange + 1 >= getattr(s.view, "max_exchanges", float("inf"))
@@ -115,7 +128,8 @@ async def run_turn(rt: Runtime, sid: str, start: Snapshot, env: Env, task: Rollo
 
 def trajectory_key(task: RolloutTask, method: str, k: int, s: Setup) -> str:
     doc = {"task": task.key, "method": method, "k": k, "seed": s.seed, "max_steps": s.max_steps,
-           "view": [s.view.name, s.view.args()], "harness": s.harness.name, "policy": [s.policy.name, s.policy.args()]}
+           "view": [s.view.name, s.view.args()],
+           "harness": [s.harness.name, harness_args(s.harness)] if harness_args(s.harness) else s.harness.name, "policy": [s.policy.name, s.policy.args()]}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
