@@ -103,7 +103,12 @@ class SampleConfig(BaseModel):
 
 def build_setup(cfg: SampleConfig, *, client: Any = None) -> Setup:
     """Components from names (UnknownComponentError / TypeError / ValueError before any rollout)."""
-    view = VIEWS.build(cfg.view.name, **cfg.view.args)
+    vargs = dict(cfg.view.args)
+    if getattr(VIEWS.get(cfg.view.name), "needs_client", False):
+        if client is None:
+            raise ValueError(f"the {cfg.view.name} view needs an LLMClient (CLI: --llm-config)")
+        vargs["client"] = client
+    view = VIEWS.build(cfg.view.name, **vargs)
     harness = HARNESSES.build(cfg.harness.name, **cfg.harness.args)
     pargs = dict(cfg.policy.args)
     if cfg.policy.name == "llm":

@@ -31,7 +31,7 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
                out: Path = typer.Option(None, "--out", "--run-dir", show_default=False,
                                         help="Run folder (created; a rerun resumes). Default: runs/weft-sample."),
                env: str = typer.Option("shop", "--env", help="Environment (tasks): shop."),
-               view: str = typer.Option("agentic", "--view", help="agentic | simuser."),
+               view: str = typer.Option("agentic", "--view", help="agentic | simuser | simuser-llm (an LLM user: --llm-config)."),
                disclosure: str = typer.Option("full", "--disclosure", help="SimUser disclosure: vague | partial | full."),
                harness: str = typer.Option("hermes", "--harness", help="hermes | react | native | openclaw."),
                openclaw_workspace: Path | None = typer.Option(None, "--openclaw-workspace",
@@ -46,6 +46,8 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
                concurrency: int = typer.Option(4, "--concurrency", help="Rollouts in flight."),
                llm_config: Path | None = typer.Option(None, "--llm-config", help="treadle.llm config (llm policy)."),
                role: str = typer.Option("policy", "--role", help="Role of the llm config to sample from."),
+               user_role: str = typer.Option("user", "--user-role", help="Role of the llm config that plays the "
+                                                                          "user (--view simuser-llm)."),
                sft: bool = typer.Option(True, "--sft/--no-sft", help="Also write accepted prefix trajectories "
                                                                      "as sft.jsonl.")) -> None:
     """Sample trajectories with rejection sampling and print accepted trajectories per policy call."""
@@ -83,20 +85,25 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
             rates[name] = float(val)
         except ValueError:
             _fail("--rate", f"expected NAME=RATE (e.g. wrong_argument=0.1), got {r!r}")
-    if policy == "llm" and llm_config is None:
-        _fail("--llm-config", "the llm policy needs a treadle.llm config file")
-    if policy != "llm" and llm_config is not None:
-        _fail("--llm-config", f"only the llm policy reads a model config; --policy is {policy!r}")
+    llm_roles = ([("--role", role)] if policy == "llm" else []) + ([("--user-role", user_role)]
+                                                                   if view == "simuser-llm" else [])
+    if llm_roles and llm_config is None:
+        _fail("--llm-config", f"{'the llm policy' if policy == 'llm' else 'the simuser-llm view'} needs a "
+                              "treadle.llm config file")
+    if not llm_roles and llm_config is not None:
+        _fail("--llm-config", f"only the llm policy and the simuser-llm view read a model config; --policy is "
+                              f"{policy!r}, --view {view!r}")
     llm_cfg = None
-    if policy == "llm":
+    if llm_roles:
         from treadle.llm import ConfigError, LLMConfig
 
         try:
             llm_cfg = LLMConfig.load(llm_config)
         except ConfigError as err:
             _fail("--llm-config", str(err).replace("\n", " "))
-        if role not in llm_cfg.roles:
-            _fail("--role", f"unknown role {role!r}; {llm_config} defines {sorted(llm_cfg.roles)}")
+        for flag, r in llm_roles:
+            if r not in llm_cfg.roles:
+                _fail(flag, f"unknown role {r!r}; {llm_config} defines {sorted(llm_cfg.roles)}")
     from treadle.weft.rollouts.batch import RunDirError, check_run_dir
 
     try:
@@ -105,7 +112,8 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
         _fail("RUN_DIR", str(err))
     pargs = {"rates": rates, "seed": seed} if policy == "replay" else {"role": role}
     try:
-        cfg = SampleConfig(view=Component(name=view), harness=Component(name=harness, args={"workspace_dir": str(openclaw_workspace)}
+        vargs = {"role": user_role} if view == "simuser-llm" else {}
+        cfg = SampleConfig(view=Component(name=view, args=vargs), harness=Component(name=harness, args={"workspace_dir": str(openclaw_workspace)}
                                                                   if openclaw_workspace is not None else {}),
                            policy=Component(name=policy, args=pargs), methods=tuple(method), ks=tuple(k), seed=seed,
                            concurrency=concurrency)
@@ -117,17 +125,18 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
         _fail("--replicas", str(err))
 
     async def go():
-        if policy != "llm":
+        if not llm_roles:
             return await sample_async(run_dir, tasks, cfg, console=console)
         from treadle.llm import LLMClient
 
         from treadle.llm.backends import EndpointError
 
         async with LLMClient(llm_cfg) as probe_client:  # before the run folder is touched
-            try:
-                await probe_client.probe(role)
-            except EndpointError as err:
-                _fail("--llm-config", f"role {role!r}: {err}".replace("\n", " "))
+            for _, r in llm_roles:
+                try:
+                    await probe_client.probe(r)
+                except EndpointError as err:
+                    _fail("--llm-config", f"role {r!r}: {err}".replace("\n", " "))
         async with LLMClient(llm_cfg, cache=run_dir / "llm_cache.sqlite",
                              ledger=run_dir / "llm_ledger.jsonl") as client:
             return await sample_async(run_dir, tasks, cfg, client=client, console=console)
