@@ -134,6 +134,18 @@ async def shop_env(rt: Any) -> Env:
 
 
 ENVS = {"shop": shop_env}
+"""Fixed environments by name; ``bfcl:<category>:<entry id>`` names resolve through :func:`env_builder`."""
+
+
+def env_builder(name: str) -> Any:
+    """The async ``builder(rt) -> Env`` of an environment name. Raises ValueError for an unknown name."""
+    if name in ENVS:
+        return ENVS[name]
+    if name.startswith("bfcl:"):
+        from treadle.weft.rollouts.bfcl_tasks import bfcl_env
+
+        return lambda rt: bfcl_env(rt, name)
+    raise ValueError(f"unknown env {name!r}; expected one of {sorted(ENVS)} or 'bfcl:<category>:<entry id>'")
 
 
 def read_trajectories(path: str | Path) -> list[Trajectory]:
@@ -176,8 +188,10 @@ async def sample_async(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: S
         if not isinstance(t, RolloutTask):
             raise TypeError(f"tasks must be RolloutTask, got {type(t).__name__}")
         t.ordered()
-        if t.env not in ENVS:
-            raise ValueError(f"task {t.name!r}: unknown env {t.env!r}; expected one of {sorted(ENVS)}")
+        try:
+            env_builder(t.env)
+        except ValueError as err:
+            raise ValueError(f"task {t.name!r}: {err}") from None
     run_dir = check_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = run_dir / "config.json"
@@ -207,7 +221,7 @@ async def sample_async(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: S
         progress.start()
     try:
         async with Runtime() as rt:
-            envs = {name: await ENVS[name](rt) for name in {t.env for t in tasks}}
+            envs = {name: await env_builder(name)(rt) for name in sorted({t.env for t in tasks})}
             with out_path.open("a", encoding="utf-8") as fh:
                 async def one(task: RolloutTask, method: str, k: int) -> None:
                     async with limiter:

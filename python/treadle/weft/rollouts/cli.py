@@ -30,7 +30,11 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
                                               help="Run folder (same as --out; kept for scripts)."),
                out: Path = typer.Option(None, "--out", "--run-dir", show_default=False,
                                         help="Run folder (created; a rerun resumes). Default: runs/weft-sample."),
-               env: str = typer.Option("shop", "--env", help="Environment (tasks): shop."),
+               env: str = typer.Option("shop", "--env", help="Environment (tasks): shop | bfcl (BFCL v4 multi-turn, "
+                                                           "single-class entries; needs bfcl-eval)."),
+               bfcl_category: str = typer.Option("base", "--bfcl-category", help="BFCL multi-turn category (--env bfcl)."),
+               bfcl_limit: int = typer.Option(None, "--bfcl-limit", show_default=False,
+                                              help="At most this many BFCL entries (--env bfcl; default all eligible)."),
                view: str = typer.Option("agentic", "--view", help="agentic | simuser | simuser-llm (an LLM user: --llm-config)."),
                disclosure: str = typer.Option("full", "--disclosure", help="SimUser disclosure: vague | partial | full."),
                harness: str = typer.Option("hermes", "--harness", help="hermes | react | native | openclaw."),
@@ -69,8 +73,12 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
     if openclaw_workspace is not None and (harness != "openclaw" or not openclaw_workspace.is_dir()):
         _fail("--openclaw-workspace", f"expected a folder, with --harness openclaw; got {str(openclaw_workspace)!r} "
                                       f"with --harness {harness!r}")
-    if env != "shop":
-        _fail("--env", f"unknown env {env!r}; expected 'shop'")
+    if env not in ("shop", "bfcl"):
+        _fail("--env", f"unknown env {env!r}; expected 'shop' or 'bfcl'")
+    if env != "bfcl" and (bfcl_limit is not None or bfcl_category != "base"):
+        _fail("--bfcl-category" if bfcl_category != "base" else "--bfcl-limit", f"only with --env bfcl (--env is {env!r})")
+    if bfcl_limit is not None and not 1 <= bfcl_limit <= 10_000:
+        _fail("--bfcl-limit", f"expected an int in [1, 10000], got {bfcl_limit}")
     if disclosure not in DISCLOSURES:
         _fail("--disclosure", f"expected one of {list(DISCLOSURES)}, got {disclosure!r}")
     for flag, val, top in (("--replicas", replicas, 10_000), ("--concurrency", concurrency, 1_024)):
@@ -117,7 +125,22 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
                                                                   if openclaw_workspace is not None else {}),
                            policy=Component(name=policy, args=pargs), methods=tuple(method), ks=tuple(k), seed=seed,
                            concurrency=concurrency)
-        tasks = replicate(from_shop(disclosure), replicas)
+    except ValidationError as err:
+        e = err.errors()[0]
+        _fail("--" + str(e["loc"][0]).rstrip("s").replace("_", "-"), e["msg"])
+    if env == "bfcl":
+        try:
+            from treadle.weft.rollouts.bfcl_tasks import from_bfcl
+
+            base_tasks = from_bfcl(bfcl_category, limit=bfcl_limit, disclosure=disclosure)
+        except ModuleNotFoundError as err:
+            _fail("--env", f"bfcl needs the bfcl-eval package (pip install --no-deps bfcl-eval): {err}")
+        except ValueError as err:
+            _fail("--bfcl-category", str(err))
+    else:
+        base_tasks = from_shop(disclosure)
+    try:
+        tasks = replicate(base_tasks, replicas)
     except ValidationError as err:
         e = err.errors()[0]
         _fail("--" + str(e["loc"][0]).rstrip("s").replace("_", "-"), e["msg"])
