@@ -99,6 +99,10 @@ def test_endpoint_failure_is_a_recorded_rollout_failure(fake, tmp_path, step):
     assert len(failed) == 1 and failed[0].failure.startswith("UserSimulatorError: user simulator (user)")
     assert not failed[0].accepted
     assert [t.accepted for t in trs if not t.failure] == [True]
+    again = _run(fake, tmp_path, from_shop(), cfg)  # a rerun redoes the failed rollout only
+    assert len(again) == 2 and all(t.accepted and t.failure is None for t in again)
+    lines = (tmp_path / "trajectories.jsonl").read_text().splitlines()
+    assert len(lines) == 3 and sorted(t.key for t in again) == sorted(t.key for t in trs)
 
 
 def test_bad_configuration_fails_before_the_batch(fake, tmp_path):

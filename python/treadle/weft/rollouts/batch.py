@@ -3,7 +3,9 @@
 Run folder: ``config.json`` (the resolved :class:`SampleConfig`), ``trajectories.jsonl`` (one
 :class:`~treadle.weft.rollouts.records.Trajectory` per line, appended and flushed per record).
 A rerun skips the keys already saved and refuses to mix runs whose config differs. A rollout that
-raises is written as a failed trajectory (``failure`` set); it never cancels its siblings.
+raises (an infrastructure failure: the runtime, the user simulator's endpoint) is written as a failed
+trajectory (``failure`` set); it never cancels its siblings, and a rerun redoes it (appending the new
+record; :func:`read_trajectories` keeps the last record of each key).
 """
 from __future__ import annotations
 
@@ -149,17 +151,19 @@ def env_builder(name: str) -> Any:
 
 
 def read_trajectories(path: str | Path) -> list[Trajectory]:
-    """Trajectories of a JSONL file (a torn last line from a killed run is skipped)."""
-    out = []
+    """Trajectories of a JSONL file, one per key (the last record of a key wins: a rollout that failed for
+    an infrastructure reason and was redone by a rerun); a torn last line from a killed run is skipped."""
+    out: dict[str, Trajectory] = {}
     p = Path(path)
     if not p.exists():
-        return out
+        return []
     for line in p.read_text(encoding="utf-8").splitlines():
         try:
-            out.append(Trajectory.model_validate_json(line))
+            t = Trajectory.model_validate_json(line)
         except ValueError:
             continue
-    return out
+        out[t.key] = t
+    return list(out.values())
 
 
 def _drop_torn_tail(path: Path) -> None:
@@ -207,7 +211,7 @@ async def sample_async(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: S
         tmp.replace(cfg_path)
     out_path = run_dir / TRAJECTORIES
     _drop_torn_tail(out_path)
-    done = {t.key for t in read_trajectories(out_path)}
+    done = {t.key for t in read_trajectories(out_path) if t.failure is None}  # failed rollouts are redone
     jobs = [(t, m, k) for t in tasks for m in cfg.methods for k in cfg.ks
             if trajectory_key(t, m, k, setup) not in done]
     lock = anyio.Lock()
