@@ -25,15 +25,15 @@ def test_entries_become_atomic_turn_tasks():
     assert all(a.checkpoint.compare_private is False and a.gold for a in t.atomic)
     skip = skipped("base")
     assert len(skip) + len(from_bfcl("base")) == 200
-    assert any("involved classes" in r for r in skip.values())
-    multi = next(i for i, r in skip.items() if "involved classes" in r)
-    with pytest.raises(ValueError, match="cannot be a rollout task: 2 involved classes|involved classes"):
-        from_bfcl("base", ids=[multi])
+    assert any("known bad gold" in r for r in skip.values())
+    bad = next(i for i, r in skip.items() if "known bad gold" in r)
+    with pytest.raises(ValueError, match="cannot be a rollout task: known bad gold"):
+        from_bfcl("base", ids=[bad])
     with pytest.raises(ValueError, match="limit"):
         from_bfcl("base", limit=0)
     with pytest.raises(ValueError, match="unknown BFCL base entry"):
         from_bfcl("base", ids=["multi_turn_base_99999"])
-    assert eligible({"id": "x", "involved_classes": ["A", "B"], "question": []}).startswith("2 involved")
+    assert eligible({"id": "x", "involved_classes": ["A"], "question": [[]]}) == "a turn without a user message"
 
 
 def test_replay_rollouts_on_bfcl(tmp_path):
@@ -45,6 +45,32 @@ def test_replay_rollouts_on_bfcl(tmp_path):
         name="replay", args={"rates": {"wrong_argument": 1.0}})))
     (t,) = bad
     assert not t.accepted and t.rewards == (0,) and t.attempts[0].r == 0 and t.attempts[0].reasons  # turn 0 fails
+
+
+def test_multi_class_entry_routes_calls_and_judges_per_class(tmp_path):
+    from treadle.data.bfcl import function_docs
+    from treadle.weft.rollouts.bfcl_tasks import _entries
+
+    by_id, _ = _entries("base")
+
+    def owners(task):
+        return {c: {d["name"] for d in function_docs([c])} for c in by_id[task.name]["involved_classes"]}
+
+    def gold_names(task):
+        return {g.name for a in task.atomic for g in a.checkpoint.gold_calls}
+
+    multi = next(t for t in from_bfcl("base") if len(owners(t)) == 2
+                 and all(gold_names(t) & names for names in owners(t).values()))
+    (t,) = sample(tmp_path / "ok", [multi], SampleConfig(harness=Component(name="native")))
+    assert t.accepted
+    offered = {tl["function"]["name"] for tl in t.tools}
+    assert all(names <= offered for names in owners(multi).values())  # the union of both classes' tools
+    calls = [c for a in t.attempts for st in a.steps for c in st.calls]
+    assert all(c.ok for c in calls)  # each call reached the session of the class that owns the tool
+    assert all({c.name for c in calls} & names for names in owners(multi).values())  # both classes used
+    (bad,) = sample(tmp_path / "bad", [multi], SampleConfig(policy=Component(
+        name="replay", args={"rates": {"wrong_argument": 1.0}})))
+    assert not bad.accepted and bad.attempts[0].r == 0
 
 
 @pytest.mark.slow

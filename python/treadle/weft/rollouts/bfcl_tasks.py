@@ -4,13 +4,13 @@ Each BFCL turn is one atomic task: its request is the turn's user message(s), it
 turn's gold calls judged WEFT's way (``per_turn`` in :mod:`treadle.weft.envs.bfcl`: the gold replayed
 from the agent's state at the turn start, public attributes compared, a call on a turn with empty
 gold fails it), and it depends on the previous turn. The environment of an entry is its class's
-server at the entry's ``initial_config`` (env name ``bfcl:<category>:<entry id>``).
+servers (one per involved class) at the entry's ``initial_config`` (env name
+``bfcl:<category>:<entry id>``; a call is routed to the class that owns the tool, each turn judged
+per class and merged, see :mod:`~treadle.weft.rollouts.sessions`).
 
-Scope (checked by :func:`eligible`, the rest is skipped with its reason in :func:`skipped`):
-entries with ONE involved class (a rollout runs in one session; multi-class entries would need one
-session per class routed by tool name), no ``missed_function`` / ``excluded_function`` (tools that
-change per turn), every turn with a user message, and not in ``KNOWN_BAD_GOLD`` (gold no honest
-trajectory passes). BFCL *scores* use upstream's cumulative rule through
+Scope (checked by :func:`eligible`, the rest is skipped with its reason in :func:`skipped`): no
+``missed_function`` / ``excluded_function`` (tools that change per turn), every turn with a user
+message, and not in ``KNOWN_BAD_GOLD`` (gold no honest trajectory passes). BFCL *scores* use upstream's cumulative rule through
 :func:`treadle.weft.envs.bfcl.run_entry`; these tasks are for sampling training data.
 
 Needs ``bfcl-eval`` (``pip install --no-deps bfcl-eval``).
@@ -38,8 +38,6 @@ def eligible(entry: dict[str, Any]) -> str | None:
     from treadle.data.bfcl import missed_function_names
     from treadle.weft.envs import bfcl
 
-    if len(entry["involved_classes"]) != 1:
-        return f"{len(entry['involved_classes'])} involved classes (one session per rollout)"
     if entry["id"] in bfcl.KNOWN_BAD_GOLD:
         return f"known bad gold: {bfcl.KNOWN_BAD_GOLD[entry['id']]}"
     if missed_function_names(entry) or entry.get("excluded_function"):
@@ -55,12 +53,14 @@ def skipped(category: str = "base") -> dict[str, str]:
     return {i: r for i, e in by_id.items() if (r := eligible(e)) is not None}
 
 
-def _param_order(class_name: str) -> dict[str, list[str]]:
+def _param_order(class_names: list[str]) -> dict[str, list[str]]:
     from treadle.data.bfcl import function_docs
     from treadle.weft.bfcl_schema import bfcl_to_tool
 
-    return {t["name"]: list(t["input_schema"].get("properties", {}))
-            for t in map(bfcl_to_tool, function_docs([class_name]))}
+    out: dict[str, list[str]] = {}
+    for t in map(bfcl_to_tool, function_docs(class_names)):
+        out.setdefault(t["name"], list(t["input_schema"].get("properties", {})))
+    return out
 
 
 def task_of(entry: dict[str, Any], gold: list[list[str]], category: str = "base",
@@ -72,7 +72,7 @@ def task_of(entry: dict[str, Any], gold: list[list[str]], category: str = "base"
     why = eligible(entry)
     if why is not None:
         raise ValueError(f"BFCL entry {entry['id']!r} cannot be a rollout task: {why}")
-    order = _param_order(entry["involved_classes"][0])
+    order = _param_order(list(entry["involved_classes"]))
     atomic = []
     for k, (turn, gold_turn) in enumerate(zip(entry["question"], gold)):
         name = f"{entry['id']}/turn{k}"
@@ -114,14 +114,14 @@ def from_bfcl(category: str = "base", *, limit: int | None = None, ids: list[str
 
 
 async def bfcl_env(rt: Any, env_name: str) -> Any:
-    """The :class:`~treadle.weft.rollouts.rollout.Env` of ``bfcl:<category>:<entry id>``: the class's server
-    registered in ``rt`` and its snapshot after ``_load_scenario(initial_config)``.
+    """The :class:`~treadle.weft.rollouts.sessions.Env` of ``bfcl:<category>:<entry id>``: one server per
+    involved class, registered in ``rt``, each at its snapshot after ``_load_scenario(initial_config)``.
 
     Raises:
         ValueError: a malformed env name, unknown category or entry id.
     """
     from treadle.weft.envs import bfcl
-    from treadle.weft.rollouts.rollout import Env
+    from treadle.weft.rollouts.sessions import Env, Server
 
     _, _, rest = env_name.partition(PREFIX)
     category, _, entry_id = rest.partition(":")
@@ -129,13 +129,16 @@ async def bfcl_env(rt: Any, env_name: str) -> Any:
     if entry_id not in by_id:
         raise ValueError(f"env {env_name!r}: no BFCL {category} entry {entry_id!r}")
     entry = by_id[entry_id]
-    cls = entry["involved_classes"][0]
-    h = bfcl.register_class(rt, cls)
-    snap = bfcl.initial_snapshot(rt, h, cls, entry.get("initial_config", {}).get(cls, {}),
-                                 long_context=category == "long_context")
-    sid = await rt.create_session(h, snap)
-    try:
-        tools = tuple(await rt.list_tools(sid))
-    finally:
-        await rt.close(sid)
-    return Env(server_hash=h, snapshot=snap, tools=tools)
+    servers = []
+    for cls in entry["involved_classes"]:
+        h = bfcl.register_class(rt, cls)
+        snap = bfcl.initial_snapshot(rt, h, cls, entry.get("initial_config", {}).get(cls, {}),
+                                     long_context=category == "long_context")
+        sid = await rt.create_session(h, snap)
+        try:
+            tools = tuple(await rt.list_tools(sid))
+        finally:
+            await rt.close(sid)
+        servers.append(Server(h, snap, tools))
+    first, *more = servers
+    return Env(server_hash=first.server_hash, snapshot=first.snapshot, tools=first.tools, more=tuple(more))
