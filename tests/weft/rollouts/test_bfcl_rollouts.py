@@ -102,6 +102,8 @@ def test_cli_bfcl(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
     assert len(lines) == 2 and all(x["accepted"] and x["env"].startswith("bfcl:base:") for x in lines)
     assert "2 accepted trajectories" in r.output
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(x["env"], x["accepted"], x["trajectories"]) for x in rows] == [("bfcl:base", 2, 2)]  # one row per category
     for args, flag in ((["--bfcl-limit", "0"], "--bfcl-limit"), (["--bfcl-category", "nope"], "--bfcl-category")):
         r = CliRunner().invoke(app, ["sample", str(tmp_path / "x"), "--env", "bfcl", *args])
         assert r.exit_code == 2 and r.output.startswith(f"error: {flag}:"), r.output
