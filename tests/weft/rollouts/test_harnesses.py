@@ -13,7 +13,7 @@ CALLS = [ToolCall(name="find_customer", arguments={"email": "ada@example.com"}),
          ToolCall(name="place_order", arguments={"customer_id": 1, "items": [{"sku": "MUG", "qty": 2}]})]
 
 
-@pytest.mark.parametrize("name", ["hermes", "react", "native"])
+@pytest.mark.parametrize("name", ["hermes", "react", "native", "openclaw"])
 def test_round_trip_parallel_calls_and_final_reply(name):
     h = HARNESSES.build(name)
     parsed = h.parse(h.render(CALLS))
@@ -25,7 +25,7 @@ def test_round_trip_parallel_calls_and_final_reply(name):
     assert lab["name"] == name and lab["parser"] and lab["tolerance"]
 
 
-@pytest.mark.parametrize("name", ["hermes", "react", "native"])
+@pytest.mark.parametrize("name", ["hermes", "react", "native", "openclaw"])
 def test_malformed_call_is_a_failure_not_an_exception(name):
     h = HARNESSES.build(name)
     p = h.parse(h.render_malformed(CALLS[0]))
@@ -76,8 +76,8 @@ def test_native_tolerance_and_tool_messages():
 
 
 def test_unknown_harness_name():
-    with pytest.raises(UnknownComponentError, match="unknown harness 'openclaw'.*hermes"):
-        HARNESSES.build("openclaw")
+    with pytest.raises(UnknownComponentError, match="unknown harness 'claw'.*hermes.*openclaw"):
+        HARNESSES.build("claw")
 
 
 @pytest.mark.parametrize("name", ["hermes", "react"])

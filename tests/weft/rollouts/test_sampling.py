@@ -204,6 +204,22 @@ def test_hf_policy_in_process_tiny_model(with_shop):
     with pytest.raises(ValueError, match="max_new_tokens"):
         HFPolicy(model, tok, max_new_tokens=0)
 
+    # its token ids reach the training sample as generated (end-to-end keeps the failed run's messages)
+    from treadle.weft.rollouts.rollout import end_to_end_rollout
+    from treadle.weft.rollouts.tokens import policy_turns, tokenize_trajectory
+
+    async def e2e(rt, env):
+        pol = HFPolicy(model, tok, max_new_tokens=6)
+        return await end_to_end_rollout(rt, env, task, 1, Setup(AgenticView(), HermesHarness(), pol, max_steps=1))
+    tr = with_shop(e2e)
+    ids, cut = policy_turns(tr)
+    assert ids and set(cut) <= set(ids)
+    samples = tokenize_trajectory(tr, tok)
+    for j, g in ids.items():
+        assert any(tuple(g) == s.input_ids[i:i + len(g)] for s in samples for i in range(len(s.input_ids)))
+    flags = {x for s in samples for x in s.flags}
+    assert all(f"truncated_turn:{j}" in flags for j in cut)
+
 
 def test_a_crashing_rollout_is_recorded_and_siblings_finish(tmp_path):
     from treadle.weft.rollouts.registry import POLICIES

@@ -111,3 +111,24 @@ def test_view_args_validated():
         VIEWS.build("simuser", max_exchanges=0)
     with pytest.raises(TypeError, match="view 'agentic'"):
         VIEWS.build("agentic", persona="x")
+
+
+def test_harnesses_keep_goals_dependencies_state_checks_and_tools(with_shop):
+    from treadle.weft.rollouts.registry import HARNESSES
+
+    names = ("hermes", "react", "native", "openclaw")
+    assert set(names) <= set(HARNESSES.names())
+
+    async def go(rt, env):
+        out = {}
+        for name in names:
+            spy = Spy()
+            trs = [await prefix_rollout(rt, env, t, 1, Setup(VIEWS.build("agentic"), HARNESSES.build(name), spy))
+                   for t in from_shop()]
+            out[name] = (spy.seen, [tr.rewards for tr in trs], [tr.tools for tr in trs],
+                         [tr.messages[0]["content"] for tr in trs])
+        return out
+    out = with_shop(go)
+    for name in names[1:]:
+        assert out[name][:3] == out["hermes"][:3]  # same goals, checks, dependencies, tools, verdicts
+    assert len({out[n][3][0] for n in names}) == 4  # only how the model is wired differs (system text)

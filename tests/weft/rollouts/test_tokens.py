@@ -109,3 +109,68 @@ def test_one_trl_sft_step_on_sampled_trajectories(tok, tmp_path):
     out = trainer.train()
     assert out.global_step == 1 and torch.isfinite(torch.tensor(out.training_loss))
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def _ids(tok, text):
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def _chars(tok, text):
+    """Ids of ``text`` written one character at a time (not how the tokenizer splits it)."""
+    return [i for ch in text for i in _ids(tok, ch)]
+
+
+def test_policy_token_ids_are_kept_not_retokenised(tok):
+    conv = CONV[:5] + [{"role": "assistant", "content": "assistant done."}]
+    own = _chars(tok, "assistant done.") + _ids(tok, "<|im_end|>")  # 'assistant' is one token of the vocabulary
+    assert tok.decode(own) == "assistant done.<|im_end|>" and own != _ids(tok, "assistant done.<|im_end|>")
+    (s,) = tokenize_conversation(conv, TOOLS, tok, policy_ids={5: own})
+    assert s.input_ids[-len(own) - 1:-1] == tuple(own) and s.labels[-len(own) - 1:-1] == tuple(own)
+    assert tok.decode(s.input_ids) == tok.apply_chat_template(conv, tools=TOOLS, tokenize=False)
+    (plain,) = tokenize_conversation(conv, TOOLS, tok)
+    assert len(plain.input_ids) < len(s.input_ids)  # without the ids, the text is tokenised canonically
+    # ids without the end-of-turn token (a cut or a stop string): the template's eot is appended, masked
+    cut = _ids(tok, "Both done.")
+    (s,) = tokenize_conversation(CONV, TOOLS, tok, policy_ids={5: cut})
+    assert _trainable_text(tok, s).endswith("</tool_call><|im_end|>Both done.")
+    assert tok.decode(s.input_ids).endswith("Both done.<|im_end|>\n")
+    with pytest.raises(ValueError, match="not assistant messages"):
+        tokenize_conversation(CONV, TOOLS, tok, policy_ids={1: cut})
+
+
+def test_a_turn_the_template_re_renders_differently_splits_the_sample(tok):
+    # the model wrote compact JSON; the template re-serialises the parsed native calls with spaces
+    wrote = ('<tool_call>\n{"name":"f","arguments":{"x":0}}\n</tool_call>\n'
+             '<tool_call>\n{"name":"f","arguments":{"x":1}}\n</tool_call><|im_end|>')
+    assert len(tokenize_conversation(CONV, TOOLS, tok)) == 1
+    s1, s2 = tokenize_conversation(CONV, TOOLS, tok, policy_ids={2: _ids(tok, wrote)})
+    assert s1.flags == ("ids_differ:2",) and _trainable_text(tok, s1) == wrote  # what the model wrote, kept
+    assert tok.decode(s1.input_ids).endswith(wrote)
+    assert s2.flags == ("split_at:5",) and _trainable_text(tok, s2) == "Both done.<|im_end|>"
+    assert '{"name": "f", "arguments": {"x": 0}}' in tok.decode(s2.input_ids)  # the re-rendering it saw next
+    assert all(l == IGNORE for l in s2.labels[:-len(_ids(tok, "Both done.<|im_end|>")) - 1])
+
+
+def test_tokenize_trajectory_uses_the_policy_ids_of_its_outputs(tok, tmp_path):
+    from treadle.weft.rollouts.batch import Component, SampleConfig, sample
+    from treadle.weft.rollouts.policies import ReplayPolicy
+    from treadle.weft.rollouts.registry import POLICIES
+    from treadle.weft.rollouts.tasks import from_shop
+    from treadle.weft.rollouts.tokens import policy_turns, tokenize_trajectory
+
+    @POLICIES.register("test-with-ids")
+    class WithIds(ReplayPolicy):
+        """Replay whose outputs carry token ids written char by char (unlike the tokenizer's own ids)."""
+
+        async def act(self, messages, tools, harness, ctx):
+            out = await super().act(messages, tools, harness, ctx)
+            text = "assistant " + out.text  # outside the <tool_call> blocks: the reply, not the calls
+            return out.model_copy(update={"text": text, "token_ids": tuple(_chars(tok, text) + _ids(tok, "<|im_end|>"))})
+
+    (t,) = sample(tmp_path, from_shop()[1:], SampleConfig(policy=Component(name="test-with-ids")))
+    ids, cut = policy_turns(t)
+    assert sorted(ids) == [i for i, m in enumerate(t.messages) if m["role"] == "assistant"] and cut == []
+    (s,) = tokenize_trajectory(t, tok)
+    trainable = [i for i, l in zip(s.input_ids, s.labels) if l != IGNORE]
+    assert trainable == [x for j in sorted(ids) for x in ids[j]]  # exactly the policy's ids, in order
+    assert t.accepted and 6 not in trainable  # never the tokenizer's own 'assistant' token

@@ -3,7 +3,9 @@
 Run folder: ``config.json`` (the resolved :class:`SampleConfig`), ``trajectories.jsonl`` (one
 :class:`~treadle.weft.rollouts.records.Trajectory` per line, appended and flushed per record).
 A rerun skips the keys already saved and refuses to mix runs whose config differs. A rollout that
-raises is written as a failed trajectory (``failure`` set); it never cancels its siblings.
+raises (an infrastructure failure: the runtime, the user simulator's endpoint) is written as a failed
+trajectory (``failure`` set); it never cancels its siblings, and a rerun redoes it (appending the new
+record; :func:`read_trajectories` keeps the last record of each key).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Any
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from treadle.weft.rollouts import harnesses as _h, policies as _p, views as _v  # noqa: F401  (registration)
+from treadle.weft.rollouts import harnesses as _h, openclaw as _o, policies as _p, views as _v  # noqa: F401  (registration)
 from treadle.weft.rollouts.records import Trajectory
 from treadle.weft.rollouts.registry import HARNESSES, POLICIES, VIEWS
 from treadle.weft.rollouts.rollout import METHODS, ROLLOUTS, Env, Setup, trajectory_key
@@ -103,7 +105,12 @@ class SampleConfig(BaseModel):
 
 def build_setup(cfg: SampleConfig, *, client: Any = None) -> Setup:
     """Components from names (UnknownComponentError / TypeError / ValueError before any rollout)."""
-    view = VIEWS.build(cfg.view.name, **cfg.view.args)
+    vargs = dict(cfg.view.args)
+    if getattr(VIEWS.get(cfg.view.name), "needs_client", False):
+        if client is None:
+            raise ValueError(f"the {cfg.view.name} view needs an LLMClient (CLI: --llm-config)")
+        vargs["client"] = client
+    view = VIEWS.build(cfg.view.name, **vargs)
     harness = HARNESSES.build(cfg.harness.name, **cfg.harness.args)
     pargs = dict(cfg.policy.args)
     if cfg.policy.name == "llm":
@@ -129,20 +136,34 @@ async def shop_env(rt: Any) -> Env:
 
 
 ENVS = {"shop": shop_env}
+"""Fixed environments by name; ``bfcl:<category>:<entry id>`` names resolve through :func:`env_builder`."""
+
+
+def env_builder(name: str) -> Any:
+    """The async ``builder(rt) -> Env`` of an environment name. Raises ValueError for an unknown name."""
+    if name in ENVS:
+        return ENVS[name]
+    if name.startswith("bfcl:"):
+        from treadle.weft.rollouts.bfcl_tasks import bfcl_env
+
+        return lambda rt: bfcl_env(rt, name)
+    raise ValueError(f"unknown env {name!r}; expected one of {sorted(ENVS)} or 'bfcl:<category>:<entry id>'")
 
 
 def read_trajectories(path: str | Path) -> list[Trajectory]:
-    """Trajectories of a JSONL file (a torn last line from a killed run is skipped)."""
-    out = []
+    """Trajectories of a JSONL file, one per key (the last record of a key wins: a rollout that failed for
+    an infrastructure reason and was redone by a rerun); a torn last line from a killed run is skipped."""
+    out: dict[str, Trajectory] = {}
     p = Path(path)
     if not p.exists():
-        return out
+        return []
     for line in p.read_text(encoding="utf-8").splitlines():
         try:
-            out.append(Trajectory.model_validate_json(line))
+            t = Trajectory.model_validate_json(line)
         except ValueError:
             continue
-    return out
+        out[t.key] = t
+    return list(out.values())
 
 
 def _drop_torn_tail(path: Path) -> None:
@@ -171,8 +192,10 @@ async def sample_async(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: S
         if not isinstance(t, RolloutTask):
             raise TypeError(f"tasks must be RolloutTask, got {type(t).__name__}")
         t.ordered()
-        if t.env not in ENVS:
-            raise ValueError(f"task {t.name!r}: unknown env {t.env!r}; expected one of {sorted(ENVS)}")
+        try:
+            env_builder(t.env)
+        except ValueError as err:
+            raise ValueError(f"task {t.name!r}: {err}") from None
     run_dir = check_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = run_dir / "config.json"
@@ -188,7 +211,7 @@ async def sample_async(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: S
         tmp.replace(cfg_path)
     out_path = run_dir / TRAJECTORIES
     _drop_torn_tail(out_path)
-    done = {t.key for t in read_trajectories(out_path)}
+    done = {t.key for t in read_trajectories(out_path) if t.failure is None}  # failed rollouts are redone
     jobs = [(t, m, k) for t in tasks for m in cfg.methods for k in cfg.ks
             if trajectory_key(t, m, k, setup) not in done]
     lock = anyio.Lock()
@@ -202,7 +225,7 @@ async def sample_async(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: S
         progress.start()
     try:
         async with Runtime() as rt:
-            envs = {name: await ENVS[name](rt) for name in {t.env for t in tasks}}
+            envs = {name: await env_builder(name)(rt) for name in sorted({t.env for t in tasks})}
             with out_path.open("a", encoding="utf-8") as fh:
                 async def one(task: RolloutTask, method: str, k: int) -> None:
                     async with limiter:

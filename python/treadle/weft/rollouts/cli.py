@@ -30,10 +30,17 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
                                               help="Run folder (same as --out; kept for scripts)."),
                out: Path = typer.Option(None, "--out", "--run-dir", show_default=False,
                                         help="Run folder (created; a rerun resumes). Default: runs/weft-sample."),
-               env: str = typer.Option("shop", "--env", help="Environment (tasks): shop."),
-               view: str = typer.Option("agentic", "--view", help="agentic | simuser."),
+               env: str = typer.Option("shop", "--env", help="Environment (tasks): shop | bfcl (BFCL v4 multi-turn, "
+                                                           "single-class entries; needs bfcl-eval)."),
+               bfcl_category: str = typer.Option("base", "--bfcl-category", help="BFCL multi-turn category (--env bfcl)."),
+               bfcl_limit: int = typer.Option(None, "--bfcl-limit", show_default=False,
+                                              help="At most this many BFCL entries (--env bfcl; default all eligible)."),
+               view: str = typer.Option("agentic", "--view", help="agentic | simuser | simuser-llm (an LLM user: --llm-config)."),
                disclosure: str = typer.Option("full", "--disclosure", help="SimUser disclosure: vague | partial | full."),
-               harness: str = typer.Option("hermes", "--harness", help="hermes | react | native."),
+               harness: str = typer.Option("hermes", "--harness", help="hermes | react | native | openclaw."),
+               openclaw_workspace: Path | None = typer.Option(None, "--openclaw-workspace",
+                                                              help="openclaw harness: folder of bootstrap files "
+                                                                   "(AGENTS.md, SOUL.md, ...)."),
                policy: str = typer.Option("replay", "--policy", help="replay | llm."),
                rate: list[str] = typer.Option([], "--rate", help="Replay perturbation NAME=RATE (repeatable)."),
                method: list[str] = typer.Option(["prefix", "end_to_end"], "--method", help="prefix | end_to_end."),
@@ -43,6 +50,8 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
                concurrency: int = typer.Option(4, "--concurrency", help="Rollouts in flight."),
                llm_config: Path | None = typer.Option(None, "--llm-config", help="treadle.llm config (llm policy)."),
                role: str = typer.Option("policy", "--role", help="Role of the llm config to sample from."),
+               user_role: str = typer.Option("user", "--user-role", help="Role of the llm config that plays the "
+                                                                          "user (--view simuser-llm)."),
                sft: bool = typer.Option(True, "--sft/--no-sft", help="Also write accepted prefix trajectories "
                                                                      "as sft.jsonl.")) -> None:
     """Sample trajectories with rejection sampling and print accepted trajectories per policy call."""
@@ -61,8 +70,15 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
     for flag, name, reg in (("--view", view, VIEWS), ("--harness", harness, HARNESSES), ("--policy", policy, POLICIES)):
         if name not in reg.names():
             _fail(flag, f"unknown {reg.kind} {name!r}; expected one of {reg.names()}")
-    if env != "shop":
-        _fail("--env", f"unknown env {env!r}; expected 'shop'")
+    if openclaw_workspace is not None and (harness != "openclaw" or not openclaw_workspace.is_dir()):
+        _fail("--openclaw-workspace", f"expected a folder, with --harness openclaw; got {str(openclaw_workspace)!r} "
+                                      f"with --harness {harness!r}")
+    if env not in ("shop", "bfcl"):
+        _fail("--env", f"unknown env {env!r}; expected 'shop' or 'bfcl'")
+    if env != "bfcl" and (bfcl_limit is not None or bfcl_category != "base"):
+        _fail("--bfcl-category" if bfcl_category != "base" else "--bfcl-limit", f"only with --env bfcl (--env is {env!r})")
+    if bfcl_limit is not None and not 1 <= bfcl_limit <= 10_000:
+        _fail("--bfcl-limit", f"expected an int in [1, 10000], got {bfcl_limit}")
     if disclosure not in DISCLOSURES:
         _fail("--disclosure", f"expected one of {list(DISCLOSURES)}, got {disclosure!r}")
     for flag, val, top in (("--replicas", replicas, 10_000), ("--concurrency", concurrency, 1_024)):
@@ -77,20 +93,25 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
             rates[name] = float(val)
         except ValueError:
             _fail("--rate", f"expected NAME=RATE (e.g. wrong_argument=0.1), got {r!r}")
-    if policy == "llm" and llm_config is None:
-        _fail("--llm-config", "the llm policy needs a treadle.llm config file")
-    if policy != "llm" and llm_config is not None:
-        _fail("--llm-config", f"only the llm policy reads a model config; --policy is {policy!r}")
+    llm_roles = ([("--role", role)] if policy == "llm" else []) + ([("--user-role", user_role)]
+                                                                   if view == "simuser-llm" else [])
+    if llm_roles and llm_config is None:
+        _fail("--llm-config", f"{'the llm policy' if policy == 'llm' else 'the simuser-llm view'} needs a "
+                              "treadle.llm config file")
+    if not llm_roles and llm_config is not None:
+        _fail("--llm-config", f"only the llm policy and the simuser-llm view read a model config; --policy is "
+                              f"{policy!r}, --view {view!r}")
     llm_cfg = None
-    if policy == "llm":
+    if llm_roles:
         from treadle.llm import ConfigError, LLMConfig
 
         try:
             llm_cfg = LLMConfig.load(llm_config)
         except ConfigError as err:
             _fail("--llm-config", str(err).replace("\n", " "))
-        if role not in llm_cfg.roles:
-            _fail("--role", f"unknown role {role!r}; {llm_config} defines {sorted(llm_cfg.roles)}")
+        for flag, r in llm_roles:
+            if r not in llm_cfg.roles:
+                _fail(flag, f"unknown role {r!r}; {llm_config} defines {sorted(llm_cfg.roles)}")
     from treadle.weft.rollouts.batch import RunDirError, check_run_dir
 
     try:
@@ -99,10 +120,27 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
         _fail("RUN_DIR", str(err))
     pargs = {"rates": rates, "seed": seed} if policy == "replay" else {"role": role}
     try:
-        cfg = SampleConfig(view=Component(name=view), harness=Component(name=harness),
+        vargs = {"role": user_role} if view == "simuser-llm" else {}
+        cfg = SampleConfig(view=Component(name=view, args=vargs), harness=Component(name=harness, args={"workspace_dir": str(openclaw_workspace)}
+                                                                  if openclaw_workspace is not None else {}),
                            policy=Component(name=policy, args=pargs), methods=tuple(method), ks=tuple(k), seed=seed,
                            concurrency=concurrency)
-        tasks = replicate(from_shop(disclosure), replicas)
+    except ValidationError as err:
+        e = err.errors()[0]
+        _fail("--" + str(e["loc"][0]).rstrip("s").replace("_", "-"), e["msg"])
+    if env == "bfcl":
+        try:
+            from treadle.weft.rollouts.bfcl_tasks import from_bfcl
+
+            base_tasks = from_bfcl(bfcl_category, limit=bfcl_limit, disclosure=disclosure)
+        except ModuleNotFoundError as err:
+            _fail("--env", f"bfcl needs the bfcl-eval package (pip install --no-deps bfcl-eval): {err}")
+        except ValueError as err:
+            _fail("--bfcl-category", str(err))
+    else:
+        base_tasks = from_shop(disclosure)
+    try:
+        tasks = replicate(base_tasks, replicas)
     except ValidationError as err:
         e = err.errors()[0]
         _fail("--" + str(e["loc"][0]).rstrip("s").replace("_", "-"), e["msg"])
@@ -110,17 +148,18 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
         _fail("--replicas", str(err))
 
     async def go():
-        if policy != "llm":
+        if not llm_roles:
             return await sample_async(run_dir, tasks, cfg, console=console)
         from treadle.llm import LLMClient
 
         from treadle.llm.backends import EndpointError
 
         async with LLMClient(llm_cfg) as probe_client:  # before the run folder is touched
-            try:
-                await probe_client.probe(role)
-            except EndpointError as err:
-                _fail("--llm-config", f"role {role!r}: {err}".replace("\n", " "))
+            for _, r in llm_roles:
+                try:
+                    await probe_client.probe(r)
+                except EndpointError as err:
+                    _fail("--llm-config", f"role {r!r}: {err}".replace("\n", " "))
         async with LLMClient(llm_cfg, cache=run_dir / "llm_cache.sqlite",
                              ledger=run_dir / "llm_ledger.jsonl") as client:
             return await sample_async(run_dir, tasks, cfg, client=client, console=console)

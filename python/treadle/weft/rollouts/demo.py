@@ -33,7 +33,7 @@ def run(run_dir: Path, quick: bool, console) -> None:
     n = write_sft([t for t in trs if t.method == "prefix"], run_dir / "methods" / "sft.jsonl")
     all_rows = []
     for view, disclosure in (("agentic", "full"), ("simuser", "vague")):
-        for harness in ("hermes", "react", "native"):
+        for harness in ("hermes", "react", "native", "openclaw"):
             sub = run_dir / f"{view}-{harness}"
             c = SampleConfig(view=Component(name=view), harness=Component(name=harness), policy=policy, ks=(3,))
             all_rows += summarize(sample(sub, replicate(from_shop(disclosure), 2 if quick else 4), c))

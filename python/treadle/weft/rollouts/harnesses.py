@@ -7,7 +7,8 @@ trajectory. An unparseable span becomes a :class:`ParseFailure` (a policy error,
 as an observation), a made-up tool name is dispatched and comes back ``unknown_tool``: never a crash.
 
 Adding a harness is one class registered with ``@HARNESSES.register("name")``. OpenClaw (the
-paper's third harness) is not reproduced here.
+paper's third harness) lives in :mod:`~treadle.weft.rollouts.openclaw`; a harness may also define
+``system_prompt(base, tools)`` (the whole system prompt) and ``args()`` (what changes its prompts).
 """
 from __future__ import annotations
 
@@ -207,6 +208,15 @@ class NativeHarness:
                             finish_reason="tool_calls")
 
 
+def harness_args(h: Harness) -> dict[str, Any]:
+    """A harness's constructor arguments that change its prompts (``{}`` for the argument-free ones)."""
+    args = getattr(h, "args", None)
+    return dict(args()) if callable(args) else {}
+
+
 def harness_label(h: Harness) -> dict[str, Any]:
-    """``{name, parser, tolerance}`` stored in every trajectory."""
-    return {"name": h.name, "parser": h.parser, "tolerance": h.tolerance}
+    """``{name, parser, tolerance}`` (and ``args`` when the harness has any) stored in every trajectory."""
+    out = {"name": h.name, "parser": h.parser, "tolerance": h.tolerance}
+    if harness_args(h):
+        out["args"] = harness_args(h)
+    return out

@@ -11,11 +11,16 @@ from typing import Any
 from treadle.weft.rollouts.records import Trajectory
 
 
+def env_group(env: str) -> str:
+    """The environment a metrics row is about: ``bfcl:<category>:<entry id>`` rolls up to ``bfcl:<category>``."""
+    return env.rsplit(":", 1)[0] if env.startswith("bfcl:") and env.count(":") >= 2 else env
+
+
 def group_key(t: Trajectory) -> tuple:
     rates = t.policy["args"].get("rates", {}) if t.policy["name"] == "replay" else {}
     pol = t.policy["name"] + (f"(p={sum(rates.values()):.2f})" if t.policy["name"] == "replay" else
                               f":{t.policy['args'].get('model', '?')}" if t.policy["name"] == "llm" else "")
-    return (t.env, t.view["name"], t.harness["name"], pol, t.method, t.k)
+    return (env_group(t.env), t.view["name"], t.harness["name"], pol, t.method, t.k)
 
 
 def selected_call_errors(t: Trajectory) -> tuple[int, int]:
@@ -62,7 +67,7 @@ def print_table(rows: Sequence[dict[str, Any]], console: Any, title: str = "reje
     from rich.table import Table
 
     t = Table(title=title)
-    cols = ("view", "harness", "policy", "method", "k", "accepted", "policy_calls", "accepted_per_call",
+    cols = ("env", "view", "harness", "policy", "method", "k", "accepted", "policy_calls", "accepted_per_call",
             "tool_error_rate_selected", "mean_reward")
     for c in cols:
         t.add_column(c.replace("_", " "))

@@ -11,30 +11,27 @@ checkpoint passes.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from treadle.weft.rollouts.harnesses import Harness, harness_label, openai_tools
+from treadle.weft.rollouts.harnesses import Harness, harness_args, harness_label, openai_tools
 from treadle.weft.rollouts.policies import Policy, PolicyContext
 from treadle.weft.rollouts.records import CallRecord, ParsedCall, Step, Trajectory, TurnAttempt
+from treadle.weft.rollouts.sessions import Env, SessionGroup
 from treadle.weft.rollouts.tasks import AtomicTask, RolloutTask
 from treadle.weft.rollouts.views import View
-from treadle.weft.runtime import Runtime, ToolOutcome
+from treadle.weft.runtime import Runtime
 from treadle.weft.state import Snapshot
+
+__all__ = ["Env", "Setup", "METHODS", "ROLLOUTS", "run_turn", "prefix_rollout", "end_to_end_rollout",
+           "system_message", "trajectory_key", "BASE_INSTRUCTIONS"]
 
 Method = Literal["prefix", "end_to_end"]
 METHODS: tuple[Method, ...] = ("prefix", "end_to_end")
 
-
-@dataclass(frozen=True)
-class Env:
-    """A registered server, its initial snapshot and its tool definitions (runtime form)."""
-
-    server_hash: str
-    snapshot: Snapshot
-    tools: tuple[dict[str, Any], ...]
 
 
 @dataclass(frozen=True)
@@ -48,19 +45,31 @@ class Setup:
     seed: int = 0
 
 
+BASE_INSTRUCTIONS = "You are a support agent. Use the tools to do what the user asks."
+
+
 def system_message(env: Env, harness: Harness) -> dict[str, Any]:
-    text = "You are a support agent. Use the tools to do what the user asks."
-    extra = harness.instructions(env.tools)  # the tools themselves go to the chat template / endpoint
-    return {"role": "system", "content": text + ("\n" + extra if extra else "")}
+    """The system message: the harness's own system prompt when it has one (OpenClaw), else the task's
+    instructions plus the harness's calling instructions (the tools themselves go to the chat template)."""
+    own = getattr(harness, "system_prompt", None)
+    if callable(own):
+        return {"role": "system", "content": own(BASE_INSTRUCTIONS, env.all_tools)}
+    extra = harness.instructions(env.all_tools)
+    return {"role": "system", "content": BASE_INSTRUCTIONS + ("\n" + extra if extra else "")}
 
 
-async def run_turn(rt: Runtime, sid: str, start: Snapshot, env: Env, task: RolloutTask, atomic: AtomicTask,
-                   index: int, attempt: int, history: Sequence[dict], s: Setup) -> TurnAttempt:
-    """Run one attempt of one atomic task in session ``sid`` (whose state is ``start``) and judge it."""
-    msgs: list[dict[str, Any]] = list(s.view.turn_start(task, atomic, index))
+async def _maybe_await(x: Any) -> Any:
+    """A view hook's result: views may be sync (rule-based) or async (an LLM user simulator)."""
+    return await x if inspect.isawaitable(x) else x
+
+
+async def run_turn(rt: Runtime, ws: SessionGroup, start: list[Snapshot], env: Env, task: RolloutTask,
+                   atomic: AtomicTask, index: int, attempt: int, history: Sequence[dict], s: Setup) -> TurnAttempt:
+    """Run one attempt of one atomic task in the sessions ``ws`` (whose states are ``start``) and judge it."""
+    msgs: list[dict[str, Any]] = list(await _maybe_await(s.view.turn_start(task, atomic, index)))
     steps: list[Step] = []
-    outcomes: list[ToolOutcome] = []
-    tools = openai_tools(env.tools)
+    outcomes: list[tuple[int, Any]] = []
+    tools = openai_tools(env.all_tools)
     exchange, done, verdict, truncated, ended, capped = 0, False, None, False, False, False
     for step in range(s.max_steps):
         ctx = PolicyContext(task=task, atomic=atomic, index=index, attempt=attempt, step=step, seed=s.seed)
@@ -77,8 +86,8 @@ async def run_turn(rt: Runtime, sid: str, start: Snapshot, env: Env, task: Rollo
         parsed = s.harness.parse(out)
         records, texts, answered = [], [], []
         for c in parsed.calls:
-            o = await rt.call_tool(sid, c.name, c.arguments)
-            outcomes.append(o)
+            where, o = await ws.call_tool(c.name, c.arguments)
+            outcomes.append((where, o))
             records.append(CallRecord(name=c.name, arguments=c.arguments, ok=o.ok,
                                       error_kind=o.error_kind.value if o.error_kind else None, text=o.text[:2000]))
             texts.append(o.text if o.ok else f"Error ({o.error_kind.value}): {o.text}")
@@ -92,9 +101,9 @@ async def run_turn(rt: Runtime, sid: str, start: Snapshot, env: Env, task: Rollo
         if answered:
             msgs.extend(s.harness.tool_messages(answered, texts))
             continue
-        verdict = await rt.verify_turn(sid, start, atomic.checkpoint, outcomes)
+        verdict = await ws.verify_turn(start, atomic.checkpoint, outcomes)
         done = verdict.r == 1
-        follow = s.view.after_reply(task, atomic, parsed.reply, done, exchange)
+        follow = await _maybe_await(s.view.after_reply(task, atomic, parsed.reply, done, exchange))
         if follow is None:
             ended = True
             capped = not done and exchange + 1 >= getattr(s.view, "max_exchanges", float("inf"))
@@ -102,7 +111,7 @@ async def run_turn(rt: Runtime, sid: str, start: Snapshot, env: Env, task: Rollo
         msgs.extend(follow)
         exchange += 1
     if verdict is None or not ended:
-        verdict = await rt.verify_turn(sid, start, atomic.checkpoint, outcomes)
+        verdict = await ws.verify_turn(start, atomic.checkpoint, outcomes)
     r = verdict.r if not truncated and not (steps and steps[-1].output.finish_reason == "error") else 0
     reasons = tuple(x.value for x in verdict.reasons)
     if steps and steps[-1].output.finish_reason == "error":
@@ -115,7 +124,8 @@ async def run_turn(rt: Runtime, sid: str, start: Snapshot, env: Env, task: Rollo
 
 def trajectory_key(task: RolloutTask, method: str, k: int, s: Setup) -> str:
     doc = {"task": task.key, "method": method, "k": k, "seed": s.seed, "max_steps": s.max_steps,
-           "view": [s.view.name, s.view.args()], "harness": s.harness.name, "policy": [s.policy.name, s.policy.args()]}
+           "view": [s.view.name, s.view.args()],
+           "harness": [s.harness.name, harness_args(s.harness)] if harness_args(s.harness) else s.harness.name, "policy": [s.policy.name, s.policy.args()]}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
@@ -123,7 +133,7 @@ def _trajectory(task, env, method, k, s, messages, attempts, selected, rewards, 
     return Trajectory(key=trajectory_key(task, method, k, s), task=task.name, task_key=task.key, env=task.env,
                       method=method, k=k, seed=s.seed, view={"name": s.view.name, "args": s.view.args()},
                       harness=harness_label(s.harness), policy={"name": s.policy.name, "args": s.policy.args()},
-                      tools=tuple(openai_tools(env.tools)), messages=tuple(messages), attempts=tuple(attempts),
+                      tools=tuple(openai_tools(env.all_tools)), messages=tuple(messages), attempts=tuple(attempts),
                       selected=tuple(selected),
                       rewards=tuple(rewards), reward=trajectory_reward_of(rewards, len(task.atomic)),
                       accepted=accepted, policy_calls=sum(a.policy_calls for a in attempts), failure=failure)
@@ -141,31 +151,31 @@ async def prefix_rollout(rt: Runtime, env: Env, task: RolloutTask, k: int, s: Se
     attempts: list[TurnAttempt] = []
     rewards: list[int] = []
     selected: list[int] = []
-    sid = await rt.create_session(env.server_hash, env.snapshot)
+    ws = await SessionGroup.open(rt, env)
     try:
         for idx, atomic in enumerate(order):
-            start = rt.snapshot(sid)
+            start = ws.snapshot()
             for a in range(k):
-                trial = await rt.fork(sid)
+                trial = await ws.fork()
                 try:
                     ta = await run_turn(rt, trial, start, env, task, atomic, idx, a, history, s)
                 except BaseException:
-                    await rt.close(trial)
+                    await trial.close()
                     raise
                 attempts.append(ta)
                 if ta.r == 1:
                     selected.append(len(attempts) - 1)
-                    await rt.close(sid)
-                    sid = trial
+                    await ws.close()
+                    ws = trial
                     history.extend(ta.messages)
                     break
-                await rt.close(trial)
+                await trial.close()
             else:
                 rewards.append(0)
                 break
             rewards.append(1)
     finally:
-        await rt.close(sid)
+        await ws.close()
     ok = len(rewards) == len(order) and all(rewards)
     return _trajectory(task, env, "prefix", k, s, history, attempts, selected, rewards, ok)
 
@@ -180,15 +190,15 @@ async def end_to_end_rollout(rt: Runtime, env: Env, task: RolloutTask, k: int, s
     for a in range(k):
         history = [system_message(env, s.harness)]
         rewards = []
-        sid = await rt.create_session(env.server_hash, env.snapshot)
+        ws = await SessionGroup.open(rt, env)
         try:
             for idx, atomic in enumerate(order):
-                ta = await run_turn(rt, sid, rt.snapshot(sid), env, task, atomic, idx, a, history, s)
+                ta = await run_turn(rt, ws, ws.snapshot(), env, task, atomic, idx, a, history, s)
                 attempts.append(ta)
                 history.extend(ta.messages)
                 rewards.append(ta.r)
         finally:
-            await rt.close(sid)
+            await ws.close()
         if all(rewards):
             break
     selected = list(range(len(attempts) - len(rewards), len(attempts)))
