@@ -68,3 +68,133 @@ def test_merge_of_no_part_passes_and_bad_parts_are_refused():
     assert merge_checkpoints("t", [], []).r == 1
     with pytest.raises(TypeError, match=r"parts\[1\] must be a CheckpointResult, got dict"):
         merge_checkpoints("t", [_part("a"), {"r": 1}], [])
+
+
+# -- judge_checkpoint's details, word for word (what a reader of a failed verdict sees) ---------------------------
+
+from treadle.weft.sqlite_state import SqliteState, snapshot_from_sql  # noqa: E402
+from treadle.weft.verify import (CheckpointSpec, StateAssertion, _filtered, contains,  # noqa: E402
+                                 judge_checkpoint, trajectory_reward)
+
+DDL = "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT);"
+
+
+@pytest.fixture
+def db():
+    s = SqliteState(snapshot_from_sql(DDL, "INSERT INTO t VALUES (1, 'a');"))
+    yield s
+    s.close()
+
+
+def _o(name, result=None, kind=None, text=""):
+    return ToolOutcome(session_id="s", seq=1, call=ToolCall(name=name), ok=kind is None, result=result,
+                       error_kind=kind, text=text)
+
+
+def test_judge_details_of_every_failure_path(db):
+    long = "y" * 300
+    outs = [_o("c", None, ErrorKind.crash, "c" * 300), _o("i", None, ErrorKind.infrastructure, "inf"),
+            _o("t", None, ErrorKind.timeout, long), _o("drop", 7), _o("e", None, ErrorKind.execution_error, "e")]
+    spec = CheckpointSpec(name="k", gold_calls=[], forbidden_tools=["drop", "e"], expected_returns=["z" * 300])
+    res = judge_checkpoint(spec, db, outs, gold_error="g(): boom", gold_results=["w" * 300])
+    assert res.name == "k" and res.r == 0 and res.diff is None
+    assert res.reasons == [FailureReason.infrastructure, FailureReason.timeout, FailureReason.forbidden_call,
+                           FailureReason.response_mismatch]
+    assert res.details == [
+        "infrastructure: gold replay failed: g(): boom",
+        "infrastructure: c: crash: " + "c" * 200,
+        "infrastructure: i: infrastructure: inf",
+        "timeout: t: " + "y" * 200,
+        "forbidden_call: turn needs no call, got ['c', 'i', 't', 'drop', 'e']",
+        "forbidden_call: called forbidden tool drop",
+        "forbidden_call: called forbidden tool e",
+        "response_mismatch: gold result " + "w" * 200 + " not among the agent's results",
+        "response_mismatch: expected return " + "z" * 200 + " not contained in any result",
+    ]
+
+
+def test_judge_details_of_state_assertions_and_predicates(db):
+    other = snapshot_from_sql(DDL, "INSERT INTO t VALUES (1, 'b');")
+
+    def false_pred(con):
+        return 0
+
+    def broken(con):
+        raise KeyError("k")
+
+    spec = CheckpointSpec(name="k", assertions=[
+        StateAssertion(sql="SELECT v FROM t", expected=[["b"]], description="v is b"),
+        StateAssertion(sql="SELECT id FROM t", expected=[]),
+        StateAssertion(sql="SELECT nope FROM t", expected=[]),
+        StateAssertion(sql="SELECT v FROM t", expected=[["a"]])], predicates=[false_pred, broken, lambda con: 1])
+    res = judge_checkpoint(spec, db, [], expected_state=other)
+    assert res.reasons == [FailureReason.state_mismatch, FailureReason.infrastructure]
+    assert res.details == [
+        "state_mismatch: state differs from gold: {'t': {'added': 0, 'changed': 1, 'removed': 0}}",
+        "state_mismatch: v is b: got [['a']], expected [['b']]",
+        "state_mismatch: SELECT id FROM t: got [[1]], expected []",
+        "infrastructure: assertion query failed: no such column: nope: SELECT nope FROM t",
+        "state_mismatch: predicate false_pred is false",
+        "infrastructure: predicate broken raised KeyError('k')",
+    ]
+    assert res.diff.counts() == {"t": {"added": 0, "removed": 0, "changed": 1}}
+
+
+def test_judge_needs_every_gold_result_and_uses_only_successful_results(db):
+    spec = CheckpointSpec(name="k")
+    outs = [_o("f", {"a": 1}), _o("g", None, ErrorKind.execution_error), _o("h", [1])]
+    assert judge_checkpoint(spec, db, outs, gold_results=[[1], {"a": 1}]).r == 1
+    assert judge_checkpoint(spec, db, outs, gold_results=[]).r == 1
+    res = judge_checkpoint(spec, db, outs, gold_results=[{"a": 1}, {"a": 2}, [1]])
+    assert res.details == ["response_mismatch: gold result {'a': 2} not among the agent's results"]
+    res = judge_checkpoint(spec, db, outs, gold_results=[{"a": 1, "b": 2}])  # exact, not containment
+    assert res.r == 0
+    # expected returns: containment in ANY successful result; each expected value needed
+    spec = CheckpointSpec(name="k", expected_returns=[{"a": 1}, [1]])
+    assert judge_checkpoint(spec, db, outs).r == 1
+    assert judge_checkpoint(spec, db, outs[:2]).details == [
+        "response_mismatch: expected return [1] not contained in any result"]
+
+
+def test_judge_interface_error_detail_and_strictness(db):
+    bad = [_o("x", None, ErrorKind.invalid_args), _o("y", None, ErrorKind.unknown_tool),
+           _o("z", None, ErrorKind.execution_error)]
+    res = judge_checkpoint(CheckpointSpec(name="k", strict_interface=True), db, bad)
+    assert res.r == 0 and res.reasons == [FailureReason.interface_error] and res.policy_failure
+    assert res.details == ["interface_error: 2 call(s) with invalid arguments or unknown tools: ['x', 'y']"]
+    assert judge_checkpoint(CheckpointSpec(name="k", strict_interface=True), db, bad[2:]).r == 1
+    assert judge_checkpoint(CheckpointSpec(name="k"), db, bad).r == 1
+    res = judge_checkpoint(CheckpointSpec(name="k", forbidden_tools=["z"]), db, bad)
+    assert res.reasons == [FailureReason.forbidden_call, FailureReason.interface_error]
+
+
+def test_judge_nondeterministic_gold_details(db):
+    res = judge_checkpoint(CheckpointSpec(name="k", expected_returns=[1]), db, [], gold_reproducible=False)
+    assert res.reasons == [FailureReason.response_mismatch, FailureReason.nondeterministic_environment]
+    assert res.details[-1].startswith("nondeterministic_environment: two replays of the gold calls from the same "
+                                      "start state disagree")
+    assert not res.policy_failure
+
+
+def test_judge_state_comparison_respects_ignore_and_private(db):
+    from treadle.weft.object_state import ObjectState, snapshot_from_object
+
+    class Box:
+        def __init__(self, x, _p):
+            self.x, self._p = x, _p
+
+    a = ObjectState(snapshot_from_object(Box(1, 1)), Box)
+    other_private = snapshot_from_object(Box(1, 2))
+    other_public = snapshot_from_object(Box(2, 1))
+    try:
+        assert judge_checkpoint(CheckpointSpec(name="k"), a, [], expected_state=other_private).r == 0
+        assert judge_checkpoint(CheckpointSpec(name="k", compare_private=False), a, [],
+                                expected_state=other_private).r == 1
+        res = judge_checkpoint(CheckpointSpec(name="k", compare_private=False), a, [], expected_state=other_public)
+        assert res.r == 0 and res.reasons == [FailureReason.state_mismatch]
+        assert judge_checkpoint(CheckpointSpec(name="k", ignore_tables=["attributes"]), a, [],
+                                expected_state=other_public).r == 1
+        assert judge_checkpoint(CheckpointSpec(name="k", compare_state=False), a, [],
+                                expected_state=other_public).r == 1
+    finally:
+        a.close()
