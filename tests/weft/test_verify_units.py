@@ -198,3 +198,55 @@ def test_judge_state_comparison_respects_ignore_and_private(db):
                                 expected_state=other_public).r == 1
     finally:
         a.close()
+
+
+def test_filtered_keeps_public_paths_of_every_kind():
+    from treadle.weft.state import RowChange, StateDiff, TableDiff
+
+    d = StateDiff(tables={"attributes": TableDiff(
+        added={"a": 1, "_a": 1}, removed={"b.c": 2, "b._c": 2},
+        changed={"x.y": RowChange(before=1, after=2), "_x.y": RowChange(before=1, after=2)}),
+        "gone": TableDiff(added={"_only": 1}), "t": TableDiff(added={"[1]": {}})})
+    pub = _filtered(d, ["t"], compare_private=False)
+    assert pub.tables == {"attributes": TableDiff(added={"a": 1}, removed={"b.c": 2},
+                                                  changed={"x.y": RowChange(before=1, after=2)})}
+    assert _filtered(d, ["t"]).tables == {k: v for k, v in d.tables.items() if k != "t"}
+    assert _filtered(d, ("t", "gone", "attributes")).tables == {}
+
+
+def test_judge_detail_names_of_callables_without_a_name_and_sql_on_object_state():
+    import functools
+
+    from treadle.weft.object_state import ObjectState, snapshot_from_object
+
+    class Box:
+        pass
+
+    box = Box()
+    box.v = 1
+    s = ObjectState(snapshot_from_object(box), Box)
+    try:
+        def check(obj, want):
+            if want is None:
+                raise ValueError("no want")
+            return obj.v == want
+
+        bad, wrong = functools.partial(check, want=None), functools.partial(check, want=2)
+        res = judge_checkpoint(CheckpointSpec(name="k", predicates=[bad, wrong, functools.partial(check, want=1)],
+                                              assertions=[StateAssertion(sql="SELECT 1", expected=[[1]])]), s, [])
+        assert res.reasons == [FailureReason.infrastructure, FailureReason.state_mismatch]
+        assert res.details == ["infrastructure: SQL assertion on non-SQLite state: SELECT 1",
+                               f"infrastructure: predicate {bad!r} raised ValueError('no want')",
+                               f"state_mismatch: predicate {wrong!r} is false"]
+    finally:
+        s.close()
+
+
+def test_contains_and_trajectory_reward_values():
+    assert contains({"a": [{"b": 1, "c": 2}]}, {"a": [{"b": 1}]})
+    assert not contains({"a": [{"b": 2}]}, {"a": [{"b": 1}]})
+    assert not contains({}, {"a": None})  # a missing key is not a None value
+    r = [CheckpointResult(name="a", r=1), CheckpointResult(name="b", r=0), CheckpointResult(name="c", r=0)]
+    assert trajectory_reward(r) == pytest.approx(1 / 3) and trajectory_reward(r[:1]) == 1.0
+    with pytest.raises(TypeError, match=r"results\[1\] must be a CheckpointResult, got int"):
+        trajectory_reward([r[0], 1])
