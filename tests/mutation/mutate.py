@@ -44,6 +44,15 @@ AREAS: dict[str, tuple[list[str], list[str], list[str]]] = {
         ["tests/test_dispatch.py", "tests/test_backends_present.py"],
         ["-k", "not a_missing_backend_is"],  # that one runs a child pytest, which never sees the mutant
     ),
+    "ops": (  # the public ops: argument checks, dispatch to the backends, autograd glue, autocast
+        ["treadle/ops/grpo_advantages.py", "treadle/ops/gated_lora.py", "treadle/ops/stair_readout.py",
+         "treadle/ops/topk_entropy.py", "treadle/ops/_amp.py"],
+        ["tests/grpo/test_advantages.py", "tests/scale/test_gated_lora.py", "tests/stair/test_stair_readout.py",
+         "tests/scale/test_topk_entropy.py", "tests/contracts/test_nonfinite.py", "tests/contracts/test_autocast.py"],
+        # Triton under the interpreter is far too slow per mutant (the C++ kernels are checked as strictly); CUDA
+        # needs a GPU machine
+        ["-k", "not triton and not cuda and not opcheck and not compile"],
+    ),
     # WEFT, one module (or a pair) per area so a run fits a shared CPU; "weft" runs all four
     "weft-state": (
         ["treadle/weft/state.py", "treadle/weft/sqlite_state.py"],
