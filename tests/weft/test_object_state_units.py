@@ -228,3 +228,64 @@ def test_object_state_snapshot_restore_fork_and_diff():
         f.close()
     finally:
         s.close()
+
+
+def test_diff_of_an_object_without_attributes_names_only_real_paths():
+    td = diff_attributes({}, {"a": 1, "b": {}}).tables["attributes"]
+    assert (td.added, td.removed, td.changed) == ({"a": 1, "b": {}}, {}, {})
+    td = diff_attributes({"x": {"y": {}}}, {}).tables["attributes"]
+    assert td.removed == {"x.y": {}}
+    assert diff_attributes({}, {}).tables == {}
+
+
+def test_declared_attributes_tell_fields_from_other_annotations():
+    from dataclasses import InitVar
+
+    @dataclasses.dataclass
+    class D:
+        a: int
+        setup: InitVar[int] = 0  # annotated, not a field
+
+        def __post_init__(self, setup):
+            pass
+
+    class M(pydantic.BaseModel):
+        x: int = 0
+        _cache: int = pydantic.PrivateAttr(0)  # annotated, not a field
+
+    class Base:
+        p: int
+
+    class Child(Base):
+        q: int
+        r: "ClassVar[int]" = 1  # a ClassVar written as a string: only resolved hints tell
+
+    assert declared_attributes(D) == {"a"}
+    assert declared_attributes(M) == {"x"}
+    assert declared_attributes(Child) == {"p", "q"}  # inherited annotations count
+
+
+def test_object_state_carries_env_and_server_classes_through_every_operation(home):
+    class_ref_state = types.SimpleNamespace(kind=home.Item, n=0)
+    snap = snapshot_from_object(class_ref_state).with_env(seed=9, draws=4)
+    assert snap.data[:2] == b"\x80\x05"  # pickle protocol 5
+    Item = home.Item
+    s = ObjectState(snap, Item)  # the state class lives in the server module: its home resolves the class refs
+    try:
+        assert s.handle.kind is Item and s.env.freeze() == snap.env
+        assert s.snapshot().env == snap.env and s.snapshot().data == snap.data
+        s.env.random.random()
+        moved = s.snapshot()
+        assert moved.env.draws > snap.env.draws
+        s.restore(snap)
+        assert s.env.freeze() == snap.env and s.handle.kind is Item
+        f = s.fork()
+        g = f.fork()  # a fork of a fork keeps the class and the home module
+        assert type(g.handle) is Item and g.handle.kind is Item
+        g.restore(snap)
+        assert g.handle.kind is Item and g.env.freeze() == snap.env
+        assert s.diff(g).tables == {}
+        f.close()
+        g.close()
+    finally:
+        s.close()
