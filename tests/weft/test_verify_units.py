@@ -250,3 +250,32 @@ def test_contains_and_trajectory_reward_values():
     assert trajectory_reward(r) == pytest.approx(1 / 3) and trajectory_reward(r[:1]) == 1.0
     with pytest.raises(TypeError, match=r"results\[1\] must be a CheckpointResult, got int"):
         trajectory_reward([r[0], 1])
+
+
+def test_every_assertion_is_judged_after_a_broken_one(db):
+    from treadle.weft.object_state import ObjectState, snapshot_from_object
+
+    spec = CheckpointSpec(name="k", assertions=[StateAssertion(sql="SELECT nope FROM t", expected=[]),
+                                                StateAssertion(sql="SELECT v FROM t", expected=[["b"]])])
+    assert judge_checkpoint(spec, db, []).details == [
+        "infrastructure: assertion query failed: no such column: nope: SELECT nope FROM t",
+        "state_mismatch: SELECT v FROM t: got [['a']], expected [['b']]"]
+
+    class Box:
+        pass
+
+    s = ObjectState(snapshot_from_object(Box()), Box)
+    try:
+        assert judge_checkpoint(spec, s, []).details == [
+            "infrastructure: SQL assertion on non-SQLite state: SELECT nope FROM t",
+            "infrastructure: SQL assertion on non-SQLite state: SELECT v FROM t"]
+    finally:
+        s.close()
+
+
+def test_nondeterministic_environment_detail_word_for_word(db):
+    res = judge_checkpoint(CheckpointSpec(name="k", expected_returns=[1]), db, [], gold_reproducible=False)
+    assert res.details[-1] == (
+        "nondeterministic_environment: two replays of the gold calls from the same start state disagree (a tool "
+        "reads the process clock or a global random source): the check cannot tell the policy's mistakes from the "
+        "environment's noise")
