@@ -186,3 +186,61 @@ def test_generation_ignores_files_that_are_not_leases(tmp_path):
     assert store.generation("s") == 3
     assert store.claim("s") == 4
     assert CheckpointRecord.model_fields["mac"].default is None
+
+
+def test_mac_is_hmac_sha256_of_the_canonical_json_of_the_record(tmp_path, snap):
+    """The wire format is pinned (records signed by one worker verify in every other): HMAC-SHA256 over the
+    record's JSON-mode fields without ``mac``, keys sorted, no spaces, non-JSON values as str."""
+    import datetime
+    import hashlib
+    import hmac
+
+    store = CheckpointStore(tmp_path, key=b"k")
+    at = datetime.datetime(2026, 1, 2, 3, 4, 5)
+    rec = store.write("s", store.claim("s"), H, snap, meta={"at": at, "b": 1, "a": [1, 2]})
+    fields = rec.model_dump(mode="json", exclude={"mac"})
+    assert fields["meta"]["at"] == "2026-01-02T03:04:05"
+    blob = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+    assert rec.mac == hmac.new(b"k", blob, hashlib.sha256).hexdigest()
+    assert store.read("s")[0].mac == rec.mac  # verifies after the JSON round trip
+
+
+def test_unreadable_image_and_write_races_are_typed(tmp_path, snap, monkeypatch):
+    import treadle.weft.checkpoint as ck
+
+    store = CheckpointStore(tmp_path)
+    g = store.claim("s")
+    store.write("s", g, H, snap)
+    (tmp_path / "s" / "ckpt-00000001-00000001.bin").unlink()
+    with pytest.raises(CheckpointStoreError, match=r"cannot read .*ckpt-00000001-00000001.bin from '.*': "):
+        store.read("s")
+    # every sequence number taken by an image without a record: no free number within the race limit
+    monkeypatch.setattr(ck, "_MAX_RACE", 2)
+    for q in (2, 3):
+        (tmp_path / "s" / f"ckpt-00000001-{q:08d}.bin").write_bytes(b"torn")
+    with pytest.raises(CheckpointStoreError, match="session s: no free checkpoint sequence number"):
+        store.write("s", g, H, snap)
+    monkeypatch.setattr(ck, "_MAX_RACE", 10_000)
+    # the record's name taken between listing and creating: two writers share the generation
+    real = store._create_only
+    monkeypatch.setattr(store, "_create_only", lambda path, data: False if path.endswith(".json") else real(path, data))
+    with pytest.raises(CheckpointStoreError, match=r"checkpoint record .*ckpt-00000001-00000004.json exists already: "
+                                                   r"two writers share generation 1"):
+        store.write("s", g, H, snap)
+
+
+def test_a_claim_while_writing_rejects_the_write(tmp_path, snap, monkeypatch):
+    store = CheckpointStore(tmp_path)
+    g = store.claim("s")
+    real = store._create_only
+
+    def create_then_lose_the_session(path, data):
+        ok = real(path, data)
+        if path.endswith(".json") and "/ckpt-" in path:
+            CheckpointStore(tmp_path).claim("s")  # another worker takes over while this one writes
+        return ok
+
+    monkeypatch.setattr(store, "_create_only", create_then_lose_the_session)
+    with pytest.raises(StaleGenerationError, match="session s: generation 2 claimed the session while generation 1 "
+                                                   "wrote; write rejected"):
+        store.write("s", g, H, snap)
