@@ -244,3 +244,28 @@ def test_a_claim_while_writing_rejects_the_write(tmp_path, snap, monkeypatch):
     with pytest.raises(StaleGenerationError, match="session s: generation 2 claimed the session while generation 1 "
                                                    "wrote; write rejected"):
         store.write("s", g, H, snap)
+
+
+def test_local_objects_are_written_beside_their_final_name_and_linked(tmp_path, snap, monkeypatch):
+    """The temporary file is made in the object's own folder (a hard link never crosses file systems), hidden
+    (``.tmp-``), and gone afterwards; the object appears complete under its final name."""
+    import os
+
+    import treadle.weft.checkpoint as ck
+
+    made = []
+    real = ck.tempfile.mkstemp
+
+    def spy(*args, **kwargs):
+        fd, path = real(*args, **kwargs)
+        made.append(path)
+        return fd, path
+
+    monkeypatch.setattr(ck.tempfile, "mkstemp", spy)
+    store = CheckpointStore(tmp_path / "deep" / "er")
+    assert store._create_only(store._path("s", "x.bin"), b"data") is True
+    assert store._create_only(store._path("s", "x.bin"), b"other") is False
+    assert (tmp_path / "deep" / "er" / "s" / "x.bin").read_bytes() == b"data"
+    assert [os.path.dirname(p) for p in made] == [str(tmp_path / "deep" / "er" / "s")] * 2
+    assert all(os.path.basename(p).startswith(".tmp-") for p in made)
+    assert sorted(os.listdir(tmp_path / "deep" / "er" / "s")) == ["x.bin"]
