@@ -269,3 +269,35 @@ def test_local_objects_are_written_beside_their_final_name_and_linked(tmp_path, 
     assert [os.path.dirname(p) for p in made] == [str(tmp_path / "deep" / "er" / "s")] * 2
     assert all(os.path.basename(p).startswith(".tmp-") for p in made)
     assert sorted(os.listdir(tmp_path / "deep" / "er" / "s")) == ["x.bin"]
+
+
+def test_a_claim_that_loses_a_race_takes_the_next_free_generation(tmp_path, monkeypatch):
+    import treadle.weft.checkpoint as ck
+
+    store = CheckpointStore(tmp_path)
+    real = store._create_only
+    lost = []
+
+    def rival_first(path, data):  # another worker creates the lease just before this one
+        if path.endswith("lease-00000001.json") and not lost:
+            lost.append(path)
+            CheckpointStore(tmp_path).claim("s")
+        return real(path, data)
+
+    monkeypatch.setattr(store, "_create_only", rival_first)
+    assert store.claim("s") == 2 and store.generation("s") == 2
+    assert sorted(_names(store, "s")) == ["lease-00000001.json", "lease-00000002.json"]
+    monkeypatch.setattr(store, "_create_only", lambda path, data: False)
+    monkeypatch.setattr(ck, "_MAX_RACE", 3)
+    with pytest.raises(CheckpointStoreError, match="session s: could not claim a generation after 3 races"):
+        store.claim("s")
+
+
+def test_listing_names_and_storage_options(tmp_path):
+    store = CheckpointStore(tmp_path, auto_mkdir=True)  # storage options reach fsspec
+    assert store.fs.auto_mkdir is True and store._local is True
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "lease-00000001.json").write_text("{}")
+    (tmp_path / "s" / "sub").mkdir()
+    assert _names(store, "s") == ["lease-00000001.json", "sub"]
+    assert _names(store, "none") == []
