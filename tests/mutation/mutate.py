@@ -44,14 +44,43 @@ AREAS: dict[str, tuple[list[str], list[str], list[str]]] = {
         ["tests/test_dispatch.py", "tests/test_backends_present.py"],
         ["-k", "not a_missing_backend_is"],  # that one runs a child pytest, which never sees the mutant
     ),
-    "weft": (
-        ["treadle/weft/state.py", "treadle/weft/sqlite_state.py", "treadle/weft/object_state.py",
-         "treadle/weft/verify.py", "treadle/weft/checkpoint.py"],
-        ["tests/weft/test_state.py", "tests/weft/test_checkpoint.py", "tests/weft/test_verify.py",
-         "tests/weft/test_fork.py", "tests/weft/test_shop.py"],
+    "ops": (  # the public ops: argument checks, dispatch to the backends, autograd glue, autocast
+        ["treadle/ops/grpo_advantages.py", "treadle/ops/gated_lora.py", "treadle/ops/stair_readout.py",
+         "treadle/ops/topk_entropy.py", "treadle/ops/_amp.py"],
+        ["tests/grpo/test_advantages.py", "tests/scale/test_gated_lora.py", "tests/stair/test_stair_readout.py",
+         "tests/scale/test_topk_entropy.py", "tests/contracts/test_nonfinite.py", "tests/contracts/test_autocast.py"],
+        # Triton under the interpreter is far too slow per mutant (the C++ kernels are checked as strictly); CUDA
+        # needs a GPU machine
+        ["-k", "not triton and not cuda and not opcheck and not compile"],
+    ),
+    # WEFT, one module (or a pair) per area so a run fits a shared CPU; "weft" runs all four
+    "weft-state": (
+        ["treadle/weft/state.py", "treadle/weft/sqlite_state.py"],
+        ["tests/weft/test_state.py", "tests/weft/test_state_units.py", "tests/weft/test_fork.py",
+         "tests/weft/test_shop.py"],
+        [],
+    ),
+    "weft-object": (
+        ["treadle/weft/object_state.py"],
+        ["tests/weft/test_state.py", "tests/weft/test_object_state_units.py", "tests/weft/test_fork.py"],
+        [],
+    ),
+    "weft-verify": (
+        ["treadle/weft/verify.py"],
+        ["tests/weft/test_verify.py", "tests/weft/test_verify_units.py", "tests/weft/test_determinism.py",
+         "tests/weft/test_shop.py"],
+        [],
+    ),
+    "weft-checkpoint": (
+        ["treadle/weft/checkpoint.py"],
+        ["tests/weft/test_checkpoint.py", "tests/weft/test_checkpoint_units.py", "tests/weft/test_determinism.py"],
         [],
     ),
 }
+
+
+# a name that stands for several areas, run in order
+ALIASES: dict[str, list[str]] = {"weft": [a for a in AREAS if a.startswith("weft-")]}
 
 
 def _prepare(area: str, work: Path, resume: bool) -> None:
@@ -103,7 +132,7 @@ def _score(work: Path) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("areas", nargs="*", help=f"areas to mutate (default all): {', '.join(AREAS)}")
+    p.add_argument("areas", nargs="*", help=f"areas to mutate (default all): {', '.join(AREAS)}; weft = every weft-* area")
     p.add_argument("--max-children", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     p.add_argument("--resume", action="store_true", help="keep build/mutate/<area> and mutmut's cached results")
     p.add_argument("--list", action="store_true", help="print the areas, their files and tests, and exit")
@@ -112,12 +141,13 @@ def main(argv=None) -> int:
         for a, (files, tests, select) in AREAS.items():
             print(f"{a}: {' '.join(files)}\n    tests: {' '.join(tests + select)}")
         return 0
-    bad = [a for a in args.areas if a not in AREAS]
+    areas = [x for a in args.areas for x in (ALIASES.get(a) or [a])]
+    bad = [a for a in areas if a not in AREAS]
     if bad:
         p.error(f"unknown area(s) {bad}; expected some of {list(AREAS)}")
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CI="")
     scores = {}
-    for area in args.areas or list(AREAS):
+    for area in areas or list(AREAS):
         work = REPO / "build" / "mutate" / area
         _prepare(area, work, args.resume)
         print(f"== mutmut: {area} in {work.relative_to(REPO)}", flush=True)

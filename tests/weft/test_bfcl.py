@@ -188,3 +188,38 @@ def test_cli_bfcl(tmp_path):
     assert len(rows) == 2 and all(r["R"] == 1.0 for r in rows)
     res = CliRunner().invoke(app, ["weft", "bfcl", "--category", "nope"])
     assert res.exit_code == 2
+
+
+@pytest.mark.parametrize("judging", bfcl.JUDGING)
+def test_interface_errors_keep_their_reason_when_a_turn_spans_several_servers(judging):
+    """multi_turn_base_0 involves TwitterAPI (first: it records calls no class can take) and GorillaFileSystem
+    (the turn's gold). A made-up tool and an unparseable call recorded by TwitterAPI's session, whose own
+    part passes, plus a missed mkdir on the file system: the turn fails with state and response mismatch AND
+    interface_error, the detail naming both bad calls."""
+    entries, gold = bfcl.load_entries("base")
+    e = next(x for x in entries if x["id"] == "multi_turn_base_0")
+    assert e["involved_classes"][0] == "TwitterAPI" and all("(" in c for c in gold[e["id"]][0])
+    turn0 = [c for c in gold[e["id"]][0] if "mkdir" not in c] + ["teleport(to='mars')", "this is (not a call"]
+    res = _replay("base", [e], lambda entry, gg: (lambda i: turn0 if i == 0 else gg[i]), judging=judging)[0]
+    first = res.results[0]
+    assert first.r == 0 and [x.value for x in first.reasons] == ["state_mismatch", "response_mismatch", "interface_error"]
+    assert [o["error_kind"] for o in res.outcomes[0][-2:]] == ["unknown_tool", "invalid_args"]
+    assert [o["session_id"] for o in res.outcomes[0][-2:]] == [res.outcomes[0][-1]["session_id"]] * 2
+    assert first.details[-1] == ("interface_error: 2 call(s) with invalid arguments or unknown tools: "
+                                 "['teleport', '<unparsed>']")
+
+
+def test_invalid_arguments_on_one_server_keep_their_reason_when_another_fails():
+    """multi_turn_base_5 turn 2 goes to TwitterAPI; the agent also sends invalid arguments to the file system
+    (whose own part passes) and never posts: interface_error stays with the failed turn."""
+    entries, gold = bfcl.load_entries("base")
+    e = next(x for x in entries if x["id"] == "multi_turn_base_5")
+    g2 = gold[e["id"]][2]
+    assert g2[0].startswith("authenticate_twitter") and g2[1].startswith("post_tweet")
+    res = _replay("base", [e], lambda entry, gg: (lambda i: [g2[0], "ls(bogus=1)"] if i == 2 else gg[i]),
+                  judging="per_turn")[0]
+    assert [r.r for r in res.results] == [1, 1, 0, 1]
+    assert res.outcomes[2][1]["error_kind"] == "invalid_args"
+    assert res.results[2].reasons[-1].value == "interface_error"
+    assert "state_mismatch" in [x.value for x in res.results[2].reasons]
+    assert res.results[2].details[-1].endswith("['ls']")

@@ -131,8 +131,9 @@ def test_remote_session_past_its_time_limit_restarts_its_server():
             assert (await rt.call_tool(sid, "add_note", {"text": "x"})).ok
             t0 = time.perf_counter()
             out = await rt.call_tool(sid, "slow_sync", {"seconds": 30})
-            assert out.error_kind == ErrorKind.timeout and "server process killed" in out.text
+            assert out.error_kind == ErrorKind.timeout and "server process restarted" in out.text
+            assert "1 earlier successful call(s) replayed: state rolled back to before the call" in out.text
             assert time.perf_counter() - t0 < 20
             notes = (await rt.call_tool(sid, "list_notes")).result
-            assert notes == []  # a fresh server process from the initial snapshot
+            assert notes == [{"id": 1, "text": "x", "tag": None}]  # a fresh server process + the replayed call
     anyio.run(main)

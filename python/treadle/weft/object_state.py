@@ -114,8 +114,8 @@ def snapshot_from_object(obj: Any) -> Snapshot:
     return Snapshot("object", data)
 
 
-def _home_of(cls: type | None) -> types.ModuleType | None:
-    return sys.modules.get(cls.__module__) if cls is not None else None
+def _home_of(cls: type) -> types.ModuleType | None:
+    return sys.modules.get(cls.__module__)
 
 
 def _load(snapshot: Snapshot, home: types.ModuleType | None = None) -> dict[str, Any]:
@@ -177,7 +177,7 @@ def check_object_schema(snapshot: Snapshot, cls: type) -> None:
 def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> None:
     if isinstance(value, dict) and value and all(isinstance(k, str) for k in value):
         for k, v in value.items():
-            _flatten(v, f"{prefix}.{k}" if prefix else k, out)
+            _flatten(v, f"{prefix}.{k}", out)
     else:
         out[prefix] = value
 
@@ -186,8 +186,9 @@ def diff_attributes(base: dict[str, Any], other: dict[str, Any]) -> StateDiff:
     """Per-path differences ``base -> other`` (dicts with str keys are walked; paths are dotted)."""
     a: dict[str, Any] = {}
     b: dict[str, Any] = {}
-    _flatten(base, "", a)
-    _flatten(other, "", b)
+    for attrs, flat in ((base, a), (other, b)):
+        for k, v in attrs.items():  # top level by name: an object without attributes has no path at all
+            _flatten(v, k, flat)
     td = TableDiff(
         added={k: b[k] for k in b.keys() - a.keys()},
         removed={k: a[k] for k in a.keys() - b.keys()},

@@ -171,6 +171,7 @@ class SqliteState(StateBackend):
         self._con = _connect()
         try:
             self._con.deserialize(snapshot.data)
+            self._con.execute("SELECT count(*) FROM sqlite_master").fetchone()  # deserialize reads lazily
         except sqlite3.DatabaseError as err:
             self._con.close()
             raise SnapshotSchemaError(f"snapshot is not a SQLite database image: {err}") from err

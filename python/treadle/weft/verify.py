@@ -129,6 +129,18 @@ def _filtered(diff: StateDiff, ignore: Sequence[str], compare_private: bool = Tr
     return StateDiff(tables={k: v for k, v in tables.items() if not v.empty})
 
 
+#: Outcome kinds that are the policy's misuse of the interface (a made-up tool, unparseable or invalid arguments).
+INTERFACE_ERRORS = (ErrorKind.invalid_args, ErrorKind.unknown_tool)
+
+
+def _interface_detail(outcomes: Sequence[Any]) -> str:
+    """The ``interface_error`` detail for the interface errors among ``outcomes``; "" when there is none."""
+    bad = [o for o in outcomes if o.error_kind in INTERFACE_ERRORS]
+    if not bad:
+        return ""
+    return f"{len(bad)} call(s) with invalid arguments or unknown tools: {[o.call.name for o in bad]}"
+
+
 def judge_checkpoint(spec: CheckpointSpec, state: StateBackend, outcomes: Sequence[Any],
                      expected_state: StateBackend | Snapshot | None = None,
                      gold_results: Sequence[Any] | None = None, gold_error: str = "",
@@ -202,10 +214,9 @@ def judge_checkpoint(spec: CheckpointSpec, state: StateBackend, outcomes: Sequen
     for e in spec.expected_returns:
         if not any(contains(r, e) for r in results):
             fail(FailureReason.response_mismatch, f"expected return {str(e)[:200]} not contained in any result")
-    interface = [o for o in outcomes if o.error_kind in (ErrorKind.invalid_args, ErrorKind.unknown_tool)]
-    if interface and (spec.strict_interface or reasons):
-        fail(FailureReason.interface_error, f"{len(interface)} call(s) with invalid arguments or unknown tools: "
-                                            f"{[o.call.name for o in interface]}")
+    detail = _interface_detail(outcomes)
+    if detail and (spec.strict_interface or reasons):
+        fail(FailureReason.interface_error, detail)
     if reasons and not gold_reproducible:
         fail(FailureReason.nondeterministic_environment,
              "two replays of the gold calls from the same start state disagree (a tool reads the process clock "
@@ -223,3 +234,37 @@ def trajectory_reward(results: Sequence[CheckpointResult]) -> float:
         if not isinstance(r, CheckpointResult):
             raise TypeError(f"results[{i}] must be a CheckpointResult, got {type(r).__name__}")
     return sum(r.r for r in results) / len(results) if results else 0.0
+
+
+def merge_checkpoints(name: str, parts: Sequence[CheckpointResult], outcomes: Sequence[Any], *,
+                      strict_interface: bool = False) -> CheckpointResult:
+    """One verdict for a turn whose calls went to several servers: ``parts`` holds one verdict per server
+    session (each judged by :func:`judge_checkpoint` on that server's state and calls), ``outcomes`` every
+    tool outcome of the turn, whichever session recorded it.
+
+    ``r`` is the minimum of the parts' (1 with no part); reasons are the union in order of first
+    appearance, details concatenated. ``interface_error`` is decided on the whole turn with
+    :func:`judge_checkpoint`'s rule: when the merged verdict fails (or ``strict_interface``), every
+    interface error of the turn (a made-up tool, an unparseable call, invalid arguments) is a reason, even
+    when the session that recorded it passed its own part and another server's part failed. The parts'
+    own ``interface_error`` reasons and details are replaced by the one for the whole turn.
+
+    Raises:
+        TypeError: a part is not a CheckpointResult.
+    """
+    for i, p in enumerate(parts):
+        if not isinstance(p, CheckpointResult):
+            raise TypeError(f"parts[{i}] must be a CheckpointResult, got {type(p).__name__}")
+    prefix = f"{FailureReason.interface_error.value}:"
+    reasons: list[FailureReason] = []
+    for p in parts:
+        reasons += [r for r in p.reasons if r not in reasons and r != FailureReason.interface_error]
+    details = [d for p in parts for d in p.details if not d.startswith(prefix)]
+    detail = _interface_detail(outcomes)
+    if detail and (strict_interface or reasons):
+        reasons.append(FailureReason.interface_error)
+        details.append(f"{prefix} {detail}")
+    r = min((p.r for p in parts), default=1)
+    if strict_interface and detail:
+        r = 0
+    return CheckpointResult(name=name, r=r, reasons=reasons, details=details)

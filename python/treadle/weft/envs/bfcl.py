@@ -45,7 +45,8 @@ from treadle.weft.object_state import snapshot_from_object
 from treadle.weft.registry import release_module
 from treadle.weft.server import WeftServer
 from treadle.weft.state import Snapshot
-from treadle.weft.verify import CheckpointResult, CheckpointSpec, FailureReason, trajectory_reward
+from treadle.weft.verify import (CheckpointResult, CheckpointSpec, FailureReason, merge_checkpoints,
+                                 trajectory_reward)
 
 
 
@@ -188,14 +189,6 @@ class BfclEntryResult(BaseModel):
     outcomes: list[list[dict[str, Any]]]
 
 
-def _merge(name: str, parts: list[CheckpointResult]) -> CheckpointResult:
-    reasons: list[FailureReason] = []
-    for p in parts:
-        reasons += [r for r in p.reasons if r not in reasons]
-    return CheckpointResult(name=name, r=min((p.r for p in parts), default=1), reasons=reasons,
-                            details=[d for p in parts for d in p.details])
-
-
 async def run_entry(rt: Any, entry: dict[str, Any], gold: list[list[str]], policy: Any, *,
                     category: str = "base", judging: str = "cumulative") -> BfclEntryResult:
     """Run one BFCL multi-turn entry in ``rt``: one session per involved class, one checkpoint per turn.
@@ -223,7 +216,10 @@ async def run_entry(rt: Any, entry: dict[str, Any], gold: list[list[str]], polic
         ValueError: unknown ``judging`` (before any session is created).
 
     A call string that does not parse, or names a tool no involved class has, is recorded as an
-    ``invalid_args`` / ``unknown_tool`` outcome of the first class's session. Tools in the entry's
+    ``invalid_args`` / ``unknown_tool`` outcome of the first class's session; a turn's verdict is merged
+    from one verdict per class by :func:`~treadle.weft.verify.merge_checkpoints`, which decides
+    ``interface_error`` on the whole turn (so the reason stays when the session that recorded the
+    error passed its own part and another class's part failed). Tools in the entry's
     ``excluded_function`` are never offered; those in ``missed_function`` only from their turn on
     (an earlier call gets ``unknown_tool``).
     """
@@ -259,6 +255,7 @@ async def run_entry(rt: Any, entry: dict[str, Any], gold: list[list[str]], polic
             starts = {c: rt.snapshot(sid) for c, sid in (gold_sessions if cumulative else sessions).items()}
             outs: dict[str, list[Any]] = {c: [] for c in sessions}
             turn_log = []
+            turn_outs = []  # every outcome of the turn, in call order, whichever session recorded it
             for text in policy(k):
                 try:
                     call: ToolCall | None = parse_call(text, param_order=order)
@@ -270,6 +267,7 @@ async def run_entry(rt: Any, entry: dict[str, Any], gold: list[list[str]], polic
                 else:
                     out = await rt.call_tool(sessions[owner[call.name]], call.name, call.arguments)
                     outs[owner[call.name]].append(out)
+                turn_outs.append(out)
                 turn_log.append(out.model_dump(mode="json"))
             all_outcomes.append(turn_log)
             gold_calls = [parse_call(g, param_order=order) for g in gold_turn]
@@ -287,7 +285,7 @@ async def run_entry(rt: Any, entry: dict[str, Any], gold: list[list[str]], polic
                                           calls_allowed_without_gold=cumulative or bool(gold_calls))
                     seen = earlier[c] + outs[c] if cumulative else outs[c]
                     parts.append(await rt.verify_turn(sid, starts[c], spec, seen))
-                results.append(_merge(name, parts))
+                results.append(merge_checkpoints(name, parts, turn_outs))
             for c in sessions:
                 earlier[c] += [o for o in outs[c] if o.ok]
             for g in gold_calls if cumulative else []:

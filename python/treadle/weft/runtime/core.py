@@ -4,6 +4,7 @@ are mixed in from :mod:`~treadle.weft.runtime.checkpointing` and
 :mod:`~treadle.weft.runtime.verification`."""
 from __future__ import annotations
 
+import copy
 import json
 import os
 import socket
@@ -55,8 +56,13 @@ class Runtime(CheckpointingMixin, VerificationMixin):
         debounce_s: quiet time after the last mutating call before a checkpoint is written (seconds).
         timeout_s: per-call limit in seconds. A call past it is abandoned at the limit (outcome
             ``timeout``): the session is detached from it and rolled back to its state before the call
-            (in-process; an isolated server also gets a fresh module import) or its server process is
-            killed and restarted from the initial snapshot (stdio/http). Sync tools run on the event
+            (in-process: from a snapshot taken before the call; an isolated server also gets a fresh
+            module import). Remote sessions (stdio/http) keep the same contract by replay: their server
+            process is killed, restarted from the initial snapshot, and the session's earlier successful
+            calls are replayed (the session clock and random source start over with the snapshot, so
+            tools that use them replay exactly); when a replayed call returns something else than the
+            first time (a tool reading the process clock), the session is left at its initial snapshot
+            and the outcome's text says so. Sync tools run on the event
             loop's bounded worker-thread pool (``max_threads``), async tools concurrently.
         transport: default transport of new sessions.
         max_threads: worker threads for sync tools (the event loop's default thread limiter), >= 1.
@@ -443,11 +449,17 @@ class Runtime(CheckpointingMixin, VerificationMixin):
             lat = (time.perf_counter() - t0) * 1e3
             payload, text = result_payload(res)
             late = lat > self.timeout_s * 1e3
+            how = "rolled back"
             if (late or res.is_error) and pre is not None:
                 s.state.restore(pre)  # object state rolls back like SQLite (and the clock/random source too)
+            if late and s.state is None:  # remote: roll back as an abandoned call is
+                how = await self._abandon(s, None)
+            elif s.state is None and not res.is_error:
+                s.replay.append((name, copy.deepcopy(arguments), payload))
         if late:
             return self._finish(s, call, None, ErrorKind.timeout,
-                                f"{name} returned after {lat / 1e3:.3g} s > {self.timeout_s:g} s; rolled back", lat)
+                                f"{name} returned after {lat / 1e3:.3g} s > {self.timeout_s:g} s; "
+                                + how, lat)
         if res.is_error:
             kind = ErrorKind.invalid_args if "validation error" in text and text.startswith(
                 f"Error executing tool {name}: ") else ErrorKind.execution_error
@@ -475,8 +487,35 @@ class Runtime(CheckpointingMixin, VerificationMixin):
             return "session state rolled back to before the call"
         await self._unbind(s)
         s.binding, s.state = await self._bind_session(s.spec, s.id, s.transport, s.initial, None)
-        self._event(s, event="reset", message="call abandoned at its time limit: server process restarted")
-        return "server process killed and the session reset to its initial snapshot"
+        n = len(s.replay)
+        diverged = await self._replay_remote(s)
+        if not diverged:
+            self._event(s, event="reset", message=f"call abandoned at its time limit: server process restarted, "
+                                                  f"{n} earlier call(s) replayed")
+            return (f"server process restarted from the initial snapshot and the session's {n} earlier successful "
+                    "call(s) replayed: state rolled back to before the call")
+        await self._unbind(s)  # the replay does not reproduce the state: start over from the initial snapshot
+        s.binding, s.state = await self._bind_session(s.spec, s.id, s.transport, s.initial, None)
+        s.replay = []
+        self._event(s, event="reset", message=f"call abandoned at its time limit: {diverged}; session reset to "
+                                              "its initial snapshot")
+        return f"server process restarted; {diverged}: the session was reset to its initial snapshot"
+
+    async def _replay_remote(self, s: _Session) -> str:
+        """Replay a remote session's successful calls (``s.replay``) on its fresh server process, each within
+        the time limit, outside the log and statistics. Returns "" when every call returned what it
+        returned the first time, else why the replay is not faithful (a tool that reads the process
+        clock or a global random source, a failure, a timeout)."""
+        for k, (name, arguments, expected) in enumerate(s.replay):
+            try:
+                with anyio.fail_after(self.timeout_s):
+                    res = await s.binding.client.call_tool(name, arguments, meta={SESSION_META_KEY: s.id})
+            except Exception as err:  # noqa: BLE001  (TimeoutError or a dead server: the replay failed)
+                return f"replaying earlier call {k} ({name}) failed: {type(err).__name__}: {err}"
+            payload, _ = result_payload(res)
+            if res.is_error or payload != expected:
+                return f"replaying earlier call {k} ({name}) returned something else than the first time"
+        return ""
 
     def _server_lock(self, spec: ServerSpec) -> anyio.Lock | None:
         """Calls of a server that writes process-global state (``global_write`` findings: ``global``
@@ -586,6 +625,7 @@ class Runtime(CheckpointingMixin, VerificationMixin):
                 if s.state is not None:
                     s.state.close()
                 s.binding, s.state = await self._bind_session(s.spec, s.id, s.transport, s.initial, None)
+            s.replay = []
             s.dirty_at = None
         self._event(s, event="reset")
         if self.store is not None and s.state is not None and not s.fenced:
@@ -635,6 +675,7 @@ class Runtime(CheckpointingMixin, VerificationMixin):
         if keep_log:
             self._closed_logs[session_id] = s.log
         s.state = s.binding = s.initial = s.last_checkpoint = None  # a flusher task may still hold `s`
+        s.replay = []
 
     def forget(self, session_id: str) -> None:
         """Drop the log a closed session kept (``close(..., keep_log=True)``)."""

@@ -75,6 +75,9 @@ class _Session:
     last_checkpoint: CheckpointRecord | None = None
     available: frozenset[str] | None = None  # tools offered to the agent now (None: all)
     busy: bool = False  # a tool call is in flight (views of the state would be half-done)
+    # remote transports: the successful calls since the initial snapshot (name, arguments, result), replayed
+    # on a restarted server process to roll an abandoned call back to the state before it
+    replay: list[tuple[str, dict[str, Any], Any]] = field(default_factory=list)
 
 
 def free_port() -> int:
