@@ -18,7 +18,7 @@ from treadle.weft.rl.gold import TurnStart
 from treadle.weft.rl.groups import group_stats, rows_of
 from treadle.weft.rl.sampling import TurnGroup, sample_groups
 
-__all__ = ["GROUPS", "ROWS", "read_groups", "groups_to_folder", "ConfigMismatchError"]
+__all__ = ["GROUPS", "ROWS", "read_groups", "groups_to_folder", "folder_config", "check_folder", "ConfigMismatchError"]
 
 GROUPS, ROWS = "groups.jsonl", "rows.jsonl"
 
@@ -38,6 +38,25 @@ def read_groups(path: str | Path) -> list[TurnGroup]:
             except ValueError:
                 break
     return out
+
+
+def folder_config(config: dict, *, G: int, seed: int, chunk: int, max_steps: int) -> dict:
+    """The JSON document ``config.json`` holds: ``config`` plus the sampling settings."""
+    return json.loads(json.dumps({**config, "G": G, "seed": seed, "chunk": chunk, "max_steps": max_steps}))
+
+
+def check_folder(run_dir: str | Path, doc: dict) -> None:
+    """Raise :class:`ConfigMismatchError` when ``run_dir/config.json`` exists and differs from ``doc``
+    (call it before any work; nothing is changed)."""
+    cfg_path = Path(run_dir) / "config.json"
+    if cfg_path.exists():
+        try:
+            old = json.loads(cfg_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ConfigMismatchError(f"{cfg_path} is not a readable JSON config ({err}); use a new folder") from None
+        if old != doc:
+            diff = sorted(k for k in set(old) | set(doc) if not isinstance(old, dict) or old.get(k) != doc.get(k))
+            raise ConfigMismatchError(f"{cfg_path} holds another config (differs in {diff}); use a new folder")
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -63,12 +82,8 @@ async def groups_to_folder(rt, server_hash: str, starts: Sequence[TurnStart], G:
         raise ValueError(f"chunk must be an int >= 1, got {chunk!r}")
     run_dir = Path(run_dir)
     cfg_path = run_dir / "config.json"
-    doc = json.loads(json.dumps({**config, "G": G, "seed": seed, "chunk": chunk, "max_steps": max_steps}))
-    if cfg_path.exists():
-        old = json.loads(cfg_path.read_text(encoding="utf-8"))
-        if old != doc:
-            diff = sorted(k for k in set(old) | set(doc) if old.get(k) != doc.get(k))
-            raise ConfigMismatchError(f"{cfg_path} holds another config (differs in {diff}); use a new folder")
+    doc = folder_config(config, G=G, seed=seed, chunk=chunk, max_steps=max_steps)
+    check_folder(run_dir, doc)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not cfg_path.exists():
         _atomic_write(cfg_path, json.dumps(doc, indent=1))
