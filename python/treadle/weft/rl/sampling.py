@@ -34,7 +34,7 @@ from treadle.weft.rl.gold import REPLY, TurnStart, tool_text
 from treadle.weft.rollouts.harnesses import Harness
 from treadle.weft.rollouts.records import CallRecord, ParsedCall, PolicyOutput
 
-__all__ = ["FLAGS", "ENV_ERROR_KINDS", "Candidate", "TurnGroup", "Sampler", "HFSampler", "ReplaySampler",
+__all__ = ["FLAGS", "ENV_ERROR_KINDS", "Candidate", "TurnGroup", "Sampler", "HFSampler", "ReplaySampler", "sample_segments",
            "sample_groups", "prefix_ids", "GroupSizeError", "NoAtomicTurnsError"]
 
 FLAGS = ("repetition", "malformed_call", "interface_violation", "truncated", "step_cap")
@@ -244,6 +244,16 @@ async def _step(rt, row: _Row, gen: list[int], tokenizer, harness: Harness, eos_
         row.done = True
 
 
+def _end(rt, r: _Row):
+    """(messages, state) after a segment, or None when its session is gone (fork failed or crashed)."""
+    if r.sid is None:
+        return None
+    try:
+        return list(r.msgs), rt.snapshot(r.sid)
+    except Exception:  # noqa: BLE001  (a crashed session has no state to continue from)
+        return None
+
+
 async def sample_groups(rt, server_hash: str, starts: Sequence[TurnStart], G: int, sampler: Sampler, tokenizer,
                         harness: Harness, *, seed: int, max_steps: int = 4,
                         replay_check: bool = True) -> list[TurnGroup]:
@@ -269,11 +279,26 @@ async def sample_groups(rt, server_hash: str, starts: Sequence[TurnStart], G: in
     if not isinstance(G, int) or isinstance(G, bool) or G < 2:
         raise GroupSizeError(f"G (candidates per group) must be an int >= 2, got {G!r}: a group of one has no "
                              f"baseline to compare against")
+    groups, _ = await sample_segments(rt, server_hash, starts, G, sampler, tokenizer, harness, seed=seed,
+                                      max_steps=max_steps, replay_check=replay_check)
+    return groups
+
+
+async def sample_segments(rt, server_hash: str, starts: Sequence[TurnStart], n: int, sampler: Sampler, tokenizer,
+                          harness: Harness, *, seed: int, max_steps: int = 4, replay_check: bool = True,
+                          keep_ends: bool = False) -> tuple[list[TurnGroup], list[list[tuple]]]:
+    """:func:`sample_groups` without the group-size check (``n >= 1`` segments per start: a trajectory
+    rollout continues each candidate alone). With ``keep_ends``, also returns per start and candidate
+    ``(messages after the segment, state snapshot after it)`` (None when its session is gone)."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n (segments per start) must be an int >= 1, got {n!r}")
     if not isinstance(max_steps, int) or max_steps < 1:
         raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
     for ts in starts:
         if not isinstance(ts, TurnStart):
             raise TypeError(f"starts must be TurnStart objects, got {type(ts).__name__}")
+    G = n
+    ends: list[list[tuple]] = []
     rows: list[_Row] = []
     bases: list[str] = []
     heads: list[tuple[list[int], str]] = []
@@ -329,11 +354,13 @@ async def sample_groups(rt, server_hash: str, starts: Sequence[TurnStart], G: in
             pids, ph = heads[i]
             ok_states = {c.state_hash for c in cands if c.env_failure is None}
             sh = next(iter(ok_states)) if len(ok_states) == 1 else ts.snapshot.digest
+            if keep_ends:
+                ends.append([_end(rt, r) for r in rows[i * G:(i + 1) * G]])
             groups.append(TurnGroup(key=group_key(ts.episode.key, ts.turn, ph, sh), task_id=ts.episode.key,
                                     task=ts.episode.task.name, template=ts.episode.template, split=ts.episode.split,
                                     turn=ts.turn, atomic=ts.atomic.name, prefix_ids=tuple(pids), prefix_hash=ph,
                                     state_hash=sh, candidates=tuple(cands)))
-        return groups
+        return groups, ends
     finally:
         for r in rows:
             if r.sid is not None:
