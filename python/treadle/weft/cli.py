@@ -17,6 +17,11 @@ from treadle.weft.rollouts.cli import sample_cmd  # noqa: E402  (typer + rich on
 
 app.command("sample")(sample_cmd)
 
+from treadle.weft.rl.cli import groups_cmd, train_cmd  # noqa: E402  (typer only; the work imports lazily)
+
+app.command("groups")(groups_cmd)
+app.command("train")(train_cmd)
+
 
 @app.command("check")
 def check_cmd(path: Path = typer.Argument(..., help="A server module (.py) defining `server = WeftServer(...)`."),

@@ -251,9 +251,10 @@ def _train_and_save(cfg: ToolTrainConfig, dest: Path, progress: bool, console) -
 
 
 def load_tool_model(path: str | os.PathLike | None = None, *, train_if_missing: bool = True,
-                    config: ToolTrainConfig | None = None, console=None, progress: bool = False):
+                    config: ToolTrainConfig | None = None, console=None, progress: bool = False,
+                    name: str = TOOLS_SLOT):
     """``(model, tokenizer)`` of the tool policy: ``path`` (a checkpoint folder), else the cached
-    ``tiny-qwen3-tools`` (trained with ``config`` when missing or trained with other settings).
+    ``cache_root() / name`` (trained with ``config`` when missing or trained with other settings).
 
     Raises:
         FileNotFoundError: no checkpoint and ``train_if_missing`` is False.
@@ -263,7 +264,7 @@ def load_tool_model(path: str | os.PathLike | None = None, *, train_if_missing: 
 
     cfg = config or ToolTrainConfig()
     if path is None:
-        p = cache_root() / TOOLS_SLOT
+        p = cache_root() / name
         if not p.exists():
             if not train_if_missing:
                 raise FileNotFoundError(f"no cached tool policy at {p}; run `treadle model train-tiny --task tools`")
