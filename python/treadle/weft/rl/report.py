@@ -40,7 +40,8 @@ def _plot(runs: dict, path: Path) -> None:
         ax2.legend(fontsize=6, loc="lower right")
 
 
-def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, quick: bool, console) -> dict:
+def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, quick: bool, console,
+                   overrides: dict | None = None) -> dict:
     """Train every (grouping, seed) from a copy of ``policy = (model, tokenizer)``; write and print results."""
     import anyio
     from rich.table import Table
@@ -53,7 +54,8 @@ def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, qu
     runs, t_start = {}, time.perf_counter()
     for grouping in groupings:
         for seed in seeds:
-            kw = {"grouping": grouping, "seed": seed} | ({"steps": steps} if steps is not None else {})
+            kw = ({"grouping": grouping, "seed": seed} | ({"steps": steps} if steps is not None else {})
+                  | (overrides or {}))
             cfg = WeftTrainConfig.quick(**kw) if quick else WeftTrainConfig(**kw)
             sub = out / f"{grouping}-seed{seed}"
             sub.mkdir(parents=True, exist_ok=True)
