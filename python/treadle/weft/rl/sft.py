@@ -131,7 +131,7 @@ def evaluate_policy(model, tokenizer, golds, *, samples: int, seed: int, max_new
     import anyio
 
     from treadle.weft.rl.gold import shop_server
-    from treadle.weft.rl.sampling import HFSampler, sample_groups
+    from treadle.weft.rl.sampling import HFSampler, sample_segments
     from treadle.weft.rollouts.harnesses import HermesHarness
     from treadle.weft.runtime import Runtime
 
@@ -142,11 +142,12 @@ def evaluate_policy(model, tokenizer, golds, *, samples: int, seed: int, max_new
         out = {"sampled": [], "greedy": []}
         async with Runtime() as rt:
             h = await shop_server(rt)
-            for name, temp, g in (("sampled", 1.0, samples), ("greedy", 0.0, 2)):
+            for name, temp, g in (("sampled", 1.0, samples), ("greedy", 0.0, 1)):
                 sampler = HFSampler(model, tokenizer, temperature=temp, max_new_tokens=max_new_tokens)
                 for i in range(0, len(starts), chunk):
-                    out[name] += await sample_groups(rt, h, starts[i:i + chunk], g, sampler, tokenizer, harness,
-                                                     seed=seed + i, max_steps=max_steps, replay_check=False)
+                    grps, _ = await sample_segments(rt, h, starts[i:i + chunk], g, sampler, tokenizer, harness,
+                                                    seed=seed + i, max_steps=max_steps, replay_check=False)
+                    out[name] += grps
         return out
 
     res = anyio.run(main)
