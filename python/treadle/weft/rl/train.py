@@ -47,7 +47,8 @@ class WeftTrainConfig:
         grouping: ``atomic`` (atomic-turn groups) or ``trajectory`` (whole-episode outcome groups).
         seed: seeds episode draws and sampling. steps: GRPO steps.
         turns_per_step: turn groups per step (atomic; even: two turns per episode); G: samples per group.
-        lr, num_iterations, clip_low, clip_high, loss_agg_mode: optimizer and loss.
+        lr, num_iterations, clip_low, clip_high, loss_agg_mode: optimizer and loss (lr 1e-3 collapsed the
+            policy in one update in a measured run: Adam's first steps move every weight by ~lr).
         eval_episodes, eval_samples, eval_every: held-out evaluation (0: before and after only).
         max_new_tokens, max_steps, temperature: sampling.
     """
@@ -57,7 +58,7 @@ class WeftTrainConfig:
     steps: int = Field(30, ge=1, strict=True)
     turns_per_step: int = Field(8, ge=2, strict=True, multiple_of=2)
     G: int = Field(4, ge=2, strict=True)
-    lr: float = Field(3e-4, gt=0, allow_inf_nan=False)
+    lr: float = Field(1e-4, gt=0, allow_inf_nan=False)
     num_iterations: int = Field(2, ge=1, strict=True)
     clip_low: float = Field(0.2, ge=0, lt=1)
     clip_high: float = Field(0.28, ge=0)
@@ -214,7 +215,7 @@ def _update(model, opt, rows, pad_id: int, cfg: WeftTrainConfig) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
     model.eval()
-    return {"loss": float(loss), "clipfrac": float(stats["clipfrac"]), "approx_kl": float(stats["approx_kl"]),
+    return {"loss": float(loss.detach()), "clipfrac": float(stats["clipfrac"]), "approx_kl": float(stats["approx_kl"]),
             "rows_updated": len(live)}
 
 
