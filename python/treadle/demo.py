@@ -16,6 +16,7 @@ SECTIONS: list[tuple[str, str]] = [
     ("stair", "treadle.stair.demo:run"),
     ("scale", "treadle.scale.demo:run"),
     ("weft-rollouts", "treadle.weft.rollouts.demo:run"),
+    ("weft-rl", "treadle.weft.rl.demo:run"),
     ("rsi", "treadle.rsi.demo:run"),
     ("weft-evolve", "treadle.weft.evolve.demo:run"),
 ]

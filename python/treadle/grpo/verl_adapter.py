@@ -11,7 +11,9 @@ Each function takes verl's arguments (``token_level_rewards (B, T)``, ``response
 verl's: unbiased std, ``/(std + epsilon)``, a group of one gets verl's mean 0 / std 1. One deliberate
 difference: a group of equal rewards gets exactly 0, where verl's loop can leave ``(r - mean) / eps``
 rounding noise (DESIGN.md: guard on max == min). Extra options come from ``config`` when it has a
-``treadle`` mapping (``singleton``, ``std``, ``eps_placement``) or from keyword arguments.
+``treadle`` mapping (``singleton``, ``std``, ``eps_placement``) or from keyword arguments; ``flags`` and
+``valid`` (``(B,)`` bool, optional) are passed to the op (WEFT atomic-turn rows: flagged rows get
+``min(A, 0)``, invalid rows 0 and no part in the statistics).
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ def make_estimator(estimator: str):
     """A verl-signature advantage function computing ``estimator`` with treadle's op."""
 
     def compute(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index, epsilon: float = 1e-6,
-                norm_adv_by_std_in_grpo: bool = True, config=None, **kwargs):
+                norm_adv_by_std_in_grpo: bool = True, config=None, flags=None, valid=None, **kwargs):
         if token_level_rewards.dim() != 2 or response_mask.shape != token_level_rewards.shape:
             raise ValueError(f"token_level_rewards and response_mask must both be (B, T); got "
                              f"{tuple(token_level_rewards.shape)} and {tuple(response_mask.shape)}")
@@ -59,7 +61,9 @@ def make_estimator(estimator: str):
         if estimator == "grpo":
             scale = "group" if norm_adv_by_std_in_grpo else "none"
         with torch.no_grad():
-            adv = grpo_advantages(scores, ids, estimator=estimator, eps=epsilon, scale_rewards=scale, **opts)
+            masks = {k: torch.as_tensor(v, dtype=torch.bool, device=scores.device)
+                     for k, v in (("flags", flags), ("valid", valid)) if v is not None}
+            adv = grpo_advantages(scores, ids, estimator=estimator, eps=epsilon, scale_rewards=scale, **opts, **masks)
             out = adv.to(token_level_rewards.dtype).unsqueeze(-1) * response_mask
         return out, out
 

@@ -44,8 +44,16 @@ def train_tiny_cmd(
     threads: int = typer.Option(1, min=0, help="torch CPU threads (0: leave as is; 1 suits the tiny model's "
                                                "GEMMs, as in the STAIR and SCALE demos)."),
     progress: bool = typer.Option(True, help="Show a progress bar (on a terminal)."),
+    task: str = typer.Option("math", "--task", help="math (generated problems) or tools (the WEFT shop tool "
+                                                    "policy, slot tiny-qwen3-tools)."),
 ) -> None:
     """Train the tiny Qwen3 LM on generated problems; print held-out accuracy per difficulty level."""
+    if task not in ("math", "tools"):
+        raise usage_error(f"--task must be math or tools, got {task!r}")
+    if task == "tools":
+        from treadle.weft.rl.cli import train_tiny_tools
+
+        return train_tiny_tools(out, seed, steps, overwrite or force, quick, threads, progress)
     from treadle.models.tiny import CheckpointError, TinyTrainConfig, accuracy_table, check_checkpoint, train_tiny
     from treadle.run_dirs import check_out_dir
 

@@ -24,6 +24,11 @@ app.command("synth")(synth_cmd)
 app.command("evolve")(evolve_cmd)
 app.command("filter")(filter_cmd)
 
+from treadle.weft.rl.cli import groups_cmd, train_cmd  # noqa: E402  (typer only; the work imports lazily)
+
+app.command("groups")(groups_cmd)
+app.command("train")(train_cmd)
+
 
 @app.command("check")
 def check_cmd(path: Path = typer.Argument(..., help="A server module (.py) defining `server = WeftServer(...)`."),

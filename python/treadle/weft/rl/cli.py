@@ -1,0 +1,196 @@
+"""CLI of WEFT RL: ``treadle model train-tiny --task tools``, ``treadle weft groups``, ``treadle weft train``.
+
+Usage errors are one line naming the flag, exit 2, before any work.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from treadle.cli_output import make_console, progress_enabled
+from treadle.cli_runs import usage_error
+
+console = make_console()
+
+
+def _tool_slot(out: Path | None, quick: bool) -> Path:
+    from treadle.models.tiny import cache_root
+    from treadle.weft.rl.sft import TOOLS_SLOT
+
+    return Path(out).expanduser() if out is not None else cache_root() / (TOOLS_SLOT + ("-quick" if quick else ""))
+
+
+def _tool_config(quick: bool, seed: int = 0, steps: int | None = None):
+    from treadle.weft.rl.sft import ToolTrainConfig
+
+    kw = {"seed": seed} | ({"steps": steps} if steps is not None else {})
+    try:
+        return ToolTrainConfig.quick(**kw) if quick else ToolTrainConfig(**kw)
+    except ValueError as err:
+        raise usage_error(f"--seed/--steps: {err}") from None
+
+
+def train_tiny_tools(out: Path | None, seed: int, steps: int | None, overwrite: bool, quick: bool, threads: int,
+                     progress: bool) -> None:
+    """``treadle model train-tiny --task tools`` (see :mod:`treadle.weft.rl.sft`)."""
+    from treadle.models.tiny import CheckpointError, check_checkpoint
+    from treadle.run_dirs import check_out_dir
+    from treadle.weft.rl.sft import train_tool_policy
+
+    cfg = _tool_config(quick, seed, steps)
+    dest = _tool_slot(out, quick)
+    try:
+        check_out_dir(dest, "--out")
+        check_out_dir(dest.parent, "--out")
+    except ValueError as err:
+        raise usage_error(str(err)) from None
+    if dest.exists() and not overwrite:
+        try:
+            info = check_checkpoint(dest, require_marker=True) or {}
+        except CheckpointError as err:
+            raise usage_error(f"--out {str(dest)!r}: {err}") from None
+        if info.get("config") not in (None, cfg.as_dict()):
+            diff = sorted(k for k in set(cfg.as_dict()) | set(info["config"])
+                          if cfg.as_dict().get(k) != info["config"].get(k))
+            raise usage_error(f"--out {str(dest)!r} holds a model trained with other settings (differs in "
+                              f"{', '.join(diff)}); add --overwrite to retrain it, or give another --out")
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    try:
+        result = train_tool_policy(cfg, dest, force=overwrite, progress=progress_enabled(progress), console=console)
+    except CheckpointError as err:
+        raise usage_error(f"--out {str(dest)!r}: {err}") from None
+    if result.seconds == 0.0:
+        console.print(f"{result.path} already holds this model (same settings); add --overwrite to retrain; "
+                      f"recorded held-out success: {json.dumps(result.accuracy)}", markup=False)
+
+
+def _policy(model: Path | None, quick: bool):
+    from treadle.models.tiny import CheckpointError
+    from treadle.weft.rl.sft import load_tool_model
+
+    try:
+        if model is not None:
+            return load_tool_model(model, train_if_missing=False)
+        return load_tool_model(None, config=_tool_config(quick), console=console, train_if_missing=True,
+                               name=_tool_slot(None, quick).name)
+    except (CheckpointError, FileNotFoundError, OSError, ValueError) as err:
+        raise usage_error(f"--model {str(model)!r}: {err}") from None
+
+
+def groups_cmd(
+    out: Path = typer.Option(Path("runs/weft-groups"), "--out", help="Run folder (resumed when it holds the same "
+                                                                    "config; another config is refused)."),
+    model: Path = typer.Option(None, "--model", help="Tool-policy checkpoint (default: the cached tiny tool policy, "
+                                                     "trained on first use)."),
+    episodes: int = typer.Option(8, "--episodes", help="Episodes (two atomic turns each), >= 1."),
+    split: str = typer.Option("train", "--split", help="train or heldout."),
+    group_size: int = typer.Option(4, "--group-size", "-G", help="Candidates per group G, >= 2."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the episodes and the sampling."),
+    chunk: int = typer.Option(8, "--chunk", help="Groups sampled per batch (the resume unit), >= 1."),
+    estimator: str = typer.Option("grpo", "--estimator", help="grpo, dr_grpo, rloo or reinforce_baseline."),
+    quick: bool = typer.Option(False, "--quick", help="The seconds-long quick tool policy (a weak model)."),
+) -> None:
+    """Atomic-turn GRPO groups of the tool policy on shop episodes -> groups.jsonl, rows.jsonl, stats.json."""
+    import anyio
+
+    from treadle.reference.grpo import ESTIMATORS
+    from treadle.run_dirs import check_out_dir
+    from treadle.weft.rl.run import ConfigMismatchError, check_folder, folder_config, groups_to_folder
+    from treadle.weft.rl.worlds import SPLITS
+
+    if group_size < 2:
+        raise usage_error(f"--group-size must be >= 2 (a group of one has no baseline), got {group_size}")
+    if episodes < 1:
+        raise usage_error(f"--episodes must be >= 1, got {episodes}")
+    if chunk < 1:
+        raise usage_error(f"--chunk must be >= 1, got {chunk}")
+    if split not in SPLITS:
+        raise usage_error(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
+    if estimator not in ESTIMATORS:
+        raise usage_error(f"--estimator must be one of {', '.join(ESTIMATORS)}, got {estimator!r}")
+    try:
+        check_out_dir(out, "--out")
+        doc = folder_config({"model": str(model) if model else ("quick" if quick else "tiny-qwen3-tools"),
+                             "episodes": episodes, "split": split, "estimator": estimator},
+                            G=group_size, seed=seed, chunk=chunk, max_steps=4)
+        check_folder(out, doc)
+    except (ValueError, ConfigMismatchError) as err:
+        raise usage_error(f"--out: {err}") from None
+    policy, tok = _policy(model, quick)
+
+    async def main():
+        from treadle.weft.rl.gold import play_gold, shop_server
+        from treadle.weft.rl.sampling import HFSampler
+        from treadle.weft.rl.worlds import episodes as draw
+        from treadle.weft.rollouts.harnesses import HermesHarness
+        from treadle.weft.runtime import Runtime
+
+        harness = HermesHarness()
+        async with Runtime() as rt:
+            h = await shop_server(rt)
+            golds = [await play_gold(rt, h, e, harness, verify=False)
+                     for e in draw(episodes, split, start=seed * 100_000)]
+            starts = [s for g in golds for s in g.starts]
+            return await groups_to_folder(rt, h, starts, group_size, HFSampler(policy, tok, max_new_tokens=72), tok,
+                                          harness, out, config={k: doc[k] for k in ("model", "episodes", "split",
+                                                                                    "estimator")},
+                                          seed=seed, chunk=chunk, estimator=estimator,
+                                          on_chunk=lambda i, part: console.print(f"chunk {i}: {len(part)} groups",
+                                                                                 markup=False))
+
+    groups = anyio.run(main)
+    stats = json.loads((out / "stats.json").read_text())
+    console.print(f"{len(groups)} groups x G={group_size} -> {out} (groups.jsonl, rows.jsonl, stats.json): "
+                  f"mean verdict {stats['mean_reward']:.2f}, all-equal groups {stats['all_equal_groups']} "
+                  f"({stats['all_pass_groups']} all-pass, {stats['all_fail_groups']} all-fail), singleton "
+                  f"{stats['singleton_groups']}, flagged rows {stats['flagged_rows']} "
+                  f"({stats['flagged_successful_rows']} successful), env failures {stats['env_failures']}",
+                  markup=False)
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise usage_error(f"--seeds must be comma-separated non-negative ints, got {text!r}") from None
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise usage_error(f"--seeds must be distinct non-negative ints, got {text!r}")
+    return seeds
+
+
+def train_cmd(
+    out: Path = typer.Option(Path("runs/weft-train"), "--out", help="Run folder (one sub-folder per grouping and "
+                                                                   "seed; existing results are refused without "
+                                                                   "--overwrite)."),
+    grouping: str = typer.Option("both", "--grouping", help="atomic, trajectory or both."),
+    seeds: str = typer.Option("0,1,2", "--seeds", help="Comma-separated seeds (one run each)."),
+    steps: int = typer.Option(None, "--steps", help="GRPO steps per run, >= 1 (default 30; --quick 2)."),
+    model: Path = typer.Option(None, "--model", help="Tool-policy checkpoint to start from (default: the cached tiny "
+                                                     "tool policy)."),
+    quick: bool = typer.Option(False, "--quick", help="Seconds-long smoke settings on the quick tool policy."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing results in --out."),
+) -> None:
+    """GRPO on the tiny tool policy: atomic-turn vs trajectory grouping, held-out success before/after, PNG."""
+    from treadle.run_dirs import check_out_dir
+    from treadle.weft.rl.report import run_comparison
+
+    if grouping not in ("atomic", "trajectory", "both"):
+        raise usage_error(f"--grouping must be atomic, trajectory or both, got {grouping!r}")
+    if steps is not None and steps < 1:
+        raise usage_error(f"--steps must be >= 1, got {steps}")
+    seed_list = _seeds(seeds)
+    try:
+        check_out_dir(out, "--out")
+    except ValueError as err:
+        raise usage_error(str(err)) from None
+    if (out / "summary.json").exists() and not overwrite:
+        raise usage_error(f"--out {str(out)!r} already holds a finished comparison (summary.json); add --overwrite "
+                          f"or give another --out")
+    groupings = ("atomic", "trajectory") if grouping == "both" else (grouping,)
+    policy = _policy(model, quick)
+    run_comparison(out, policy, groupings, seed_list, steps=steps, quick=quick, console=console)

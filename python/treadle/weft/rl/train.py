@@ -1,0 +1,328 @@
+"""``treadle weft train``: GRPO on the tiny tool policy over the shop, atomic-turn vs trajectory groups.
+
+Seed: WEFT 4.1 (component three): atomic-turn GRPO compares G candidates of one turn sampled from the
+same history and the same forked state, with the atomic task's binary verdict and deterministic
+flags; the ablation baseline groups whole episodes by their outcome (``R = mean_k r_k``).
+
+Per step, with the same rollout budget for both groupings (``turns_per_step * G`` turn segments):
+
+- ``atomic``: ``turns_per_step / 2`` fresh train episodes are played with their gold calls; each of
+  their turns is one group of G candidates (:func:`~treadle.weft.rl.sampling.sample_groups`);
+  advantages from :func:`~treadle.weft.rl.groups.group_advantages` (flagged rows ``min(A, 0)``,
+  environment failures left out).
+- ``trajectory``: G whole episodes per drawn episode (turn 2 continues from each candidate's own
+  history and state); one group per episode; reward ``R``; every turn's policy tokens get the
+  trajectory's advantage (no flags: the baseline as published).
+
+Update: the clipped policy loss with ``token-mean`` aggregation (:func:`treadle.grpo.losses.policy_loss`),
+``num_iterations`` optimizer steps per batch, advantages on the current turn's policy tokens only.
+Held-out evaluation (unseen customers, products, amounts): sampled per-turn success from the gold
+history (:func:`~treadle.weft.rl.sft.evaluate_policy`) and sampled whole-task success (trajectory
+rollouts: every turn must pass), before, every ``eval_every`` steps, and after.
+Timing per step: environment (forks, tool calls, verification), model (generation), advantage op,
+update.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import ConfigDict, Field
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
+__all__ = ["WeftTrainConfig", "GROUPINGS", "train_policy", "task_success"]
+
+GROUPINGS = ("atomic", "trajectory")
+
+
+@pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+class WeftTrainConfig:
+    """GRPO settings (bad values raise ``pydantic.ValidationError``, a ValueError, naming the field).
+
+    Attributes:
+        grouping: ``atomic`` (atomic-turn groups) or ``trajectory`` (whole-episode outcome groups).
+        seed: seeds episode draws and sampling. steps: GRPO steps.
+        turns_per_step: turn groups per step (atomic; even: two turns per episode); G: samples per group.
+        lr, num_iterations, clip_low, clip_high, loss_agg_mode: optimizer and loss (lr 1e-3 collapsed the
+            policy in one update in a measured run: Adam's first steps move every weight by ~lr).
+        eval_episodes, eval_samples, eval_every: held-out evaluation (0: before and after only).
+        max_new_tokens, max_steps, temperature: sampling.
+    """
+
+    grouping: Literal["atomic", "trajectory"] = "atomic"
+    seed: int = Field(0, ge=0, strict=True)
+    steps: int = Field(30, ge=1, strict=True)
+    turns_per_step: int = Field(8, ge=2, strict=True, multiple_of=2)
+    G: int = Field(4, ge=2, strict=True)
+    lr: float = Field(1e-4, gt=0, allow_inf_nan=False)
+    num_iterations: int = Field(2, ge=1, strict=True)
+    clip_low: float = Field(0.2, ge=0, lt=1)
+    clip_high: float = Field(0.28, ge=0)
+    loss_agg_mode: str = "token-mean"
+    eval_episodes: int = Field(24, ge=1, strict=True)
+    eval_samples: int = Field(4, ge=2, strict=True)
+    eval_every: int = Field(10, ge=0, strict=True)
+    max_new_tokens: int = Field(72, ge=1, strict=True)
+    max_steps: int = Field(4, ge=1, strict=True)
+    temperature: float = Field(1.0, gt=0)
+
+    @classmethod
+    def quick(cls, **overrides) -> "WeftTrainConfig":
+        kw = dict(steps=2, turns_per_step=2, G=2, eval_episodes=2, eval_samples=2, eval_every=0, max_new_tokens=24,
+                  max_steps=2)
+        kw.update(overrides)
+        return cls(**kw)
+
+    def as_dict(self) -> dict:
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+
+class _Timed:
+    """A sampler wrapper that adds the seconds spent generating to ``seconds``."""
+
+    def __init__(self, inner):
+        self.inner, self.eos_id, self.seconds, self.rows = inner, inner.eos_id, 0.0, 0
+
+    def generate(self, rows, seed):
+        t = time.perf_counter()
+        try:
+            return self.inner.generate(rows, seed)
+        finally:
+            self.seconds += time.perf_counter() - t
+            self.rows += len(rows)
+
+
+def _next_start(ts, end, episode_turns):
+    """The turn start that continues a candidate's own history and state (trajectory rollouts)."""
+    from treadle.weft.rl.gold import TurnStart
+
+    msgs, snap = end
+    nxt = episode_turns[ts.turn + 1]
+    return TurnStart(ts.episode, ts.turn + 1, nxt, tuple(msgs) + ({"role": "user", "content": nxt.request},), snap)
+
+
+async def _trajectories(rt, h, golds, G, sampler, tok, harness, *, seed, max_steps):
+    """G whole-episode rollouts per gold episode (from its first turn's start). Returns
+    ``[(episode key, [[segment Candidate + TurnGroup] per turn] per trajectory)]``."""
+    from treadle.weft.rl.sampling import sample_segments
+
+    firsts = [g.starts[0] for g in golds]
+    groups, ends = await sample_segments(rt, h, firsts, G, sampler, tok, harness, seed=seed, max_steps=max_steps,
+                                         replay_check=False, keep_ends=True)
+    trajs = [[[(grp, c)] for c in grp.candidates] for grp in groups]
+    for turn in range(1, max(len(g.starts) for g in golds)):
+        conts, where = [], []
+        for e, g in enumerate(golds):
+            if turn >= len(g.starts):
+                continue
+            order = g.episode.task.ordered()
+            for k in range(G):
+                last_grp, last_c = trajs[e][k][-1]
+                end = ends[e][k] if turn == 1 else ends_next.get((e, k))
+                if end is None or (last_c.env_failure is not None and not _diverged(trajs[e][k])):
+                    continue
+                ts_prev = firsts[e] if turn == 1 else prev_start[(e, k)]
+                conts.append(_next_start(ts_prev, end, order))
+                where.append((e, k))
+        if not conts:
+            break
+        grps, nends = await sample_segments(rt, h, conts, 1, sampler, tok, harness, seed=seed + 7 * turn,
+                                            max_steps=max_steps, replay_check=False, keep_ends=True)
+        ends_next, prev_start = {}, {}
+        for (e, k), grp, en, ts in zip(where, grps, nends, conts):
+            trajs[e][k].append((grp, grp.candidates[0]))
+            ends_next[(e, k)] = en[0]
+            prev_start[(e, k)] = ts
+    return [(g.episode.key, len(g.starts), trajs[e]) for e, g in enumerate(golds)]
+
+
+def _diverged(traj) -> bool:
+    """True when the last segment's checkpoint could not be judged only because an earlier turn of the
+    trajectory failed: its gold calls assume the earlier turn's gold state (e.g. ship an order the policy
+    never placed), so the gold replay fails on the policy's state. That is the policy's failure (r = 0),
+    not the environment's."""
+    *before, (_, last) = traj
+    return (last.env_failure is not None and last.env_failure.startswith("checkpoint:")
+            and any(c.r == 0 for _, c in before))
+
+
+def _traj_reward(traj, n_turns: int) -> tuple[float, bool]:
+    """(R = mean_k r_k over the episode's turns, valid = no environment failure)."""
+    valid = all(c.env_failure is None or _diverged(traj[:i + 1]) for i, (_, c) in enumerate(traj))
+    return sum(c.r for _, c in traj) / n_turns, valid
+
+
+async def task_success(rt, h, golds, model, tok, *, samples: int, seed: int, max_new_tokens: int,
+                       max_steps: int) -> float:
+    """Sampled (T = 1) whole-task success: the fraction of ``samples`` trajectories per episode whose
+    every turn passes (turn 2 continues from the policy's own turn 1)."""
+    from treadle.weft.rl.sampling import HFSampler
+    from treadle.weft.rollouts.harnesses import HermesHarness
+
+    sampler = HFSampler(model, tok, temperature=1.0, max_new_tokens=max_new_tokens)
+    ok = n = 0
+    for i in range(0, len(golds), 8):
+        for _, n_turns, trajs in await _trajectories(rt, h, golds[i:i + 8], samples, sampler, tok, HermesHarness(),
+                                                     seed=seed + i, max_steps=max_steps):
+            for tr in trajs:
+                n += 1
+                ok += len(tr) == n_turns and all(c.r == 1 for _, c in tr)
+    return ok / max(n, 1)
+
+
+def _rows_batch(rows, pad_id: int):
+    """Right-padded ``ids (B, T)``, ``mask (B, T-1)`` over next-token positions (policy tokens), ``adv (B,)``."""
+    width = max(len(r[0]) + len(r[1]) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width - 1), dtype=torch.float32)
+    for i, (p, resp, m, _) in enumerate(rows):
+        ids[i, :len(p) + len(resp)] = torch.tensor(list(p) + list(resp))
+        mask[i, len(p) - 1:len(p) - 1 + len(resp)] = torch.tensor(m, dtype=torch.float32)
+    adv = torch.tensor([r[3] for r in rows], dtype=torch.float32)
+    return ids, mask, adv
+
+
+def _logprobs(model, ids: torch.Tensor) -> torch.Tensor:
+    logits = model(input_ids=ids).logits[:, :-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+def _update(model, opt, rows, pad_id: int, cfg: WeftTrainConfig) -> dict:
+    """Clipped policy loss on the rows with a non-zero advantage; the token-mean denominator counts the
+    policy tokens of every row (zero-advantage rows add no gradient but do count)."""
+    from treadle.grpo.losses import policy_loss
+
+    total_tokens = float(sum(sum(r[2]) for r in rows))
+    live = [r for r in rows if r[3] != 0.0]
+    if not live or total_tokens == 0:
+        return {"loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "rows_updated": 0}
+    ids, mask, adv = _rows_batch(live, pad_id)
+    with torch.no_grad():
+        model.eval()
+        old = _logprobs(model, ids)
+    model.train()
+    stats, loss = {}, torch.zeros(())
+    for _ in range(cfg.num_iterations):
+        logp = _logprobs(model, ids)
+        loss, stats = policy_loss(logp, old, adv, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                  mode=cfg.loss_agg_mode, global_tokens=total_tokens)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+    model.eval()
+    return {"loss": float(loss.detach()), "clipfrac": float(stats["clipfrac"]), "approx_kl": float(stats["approx_kl"]),
+            "rows_updated": len(live)}
+
+
+async def _evaluate(rt, h, model, tok, held, cfg: WeftTrainConfig) -> dict:
+    from treadle.weft.rl.sampling import HFSampler, sample_groups
+    from treadle.weft.rollouts.harnesses import HermesHarness
+
+    starts = [s for g in held for s in g.starts]
+    sampler = HFSampler(model, tok, temperature=1.0, max_new_tokens=cfg.max_new_tokens)
+    rs = []
+    for i in range(0, len(starts), 16):
+        for grp in await sample_groups(rt, h, starts[i:i + 16], cfg.eval_samples, sampler, tok, HermesHarness(),
+                                       seed=cfg.seed * 31 + 100_000 + i, max_steps=cfg.max_steps, replay_check=False):
+            rs += [c.r for c in grp.candidates if c.env_failure is None]
+    task = await task_success(rt, h, held, model, tok, samples=cfg.eval_samples, seed=cfg.seed * 31 + 200_000,
+                              max_new_tokens=cfg.max_new_tokens, max_steps=cfg.max_steps)
+    return {"turn_success": sum(rs) / max(len(rs), 1), "task_success": task}
+
+
+async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: bool = True) -> dict:
+    """Run GRPO on ``model`` in place (see the module docstring); returns the summary dict with
+    ``evals`` (step -> held-out success) and ``records`` (one dict per step)."""
+    from tqdm.auto import tqdm
+
+    from treadle.grpo.grouping import group_ids_from_uids
+    from treadle.ops import grpo_advantages
+    from treadle.weft.rl.gold import play_gold, shop_server
+    from treadle.weft.rl.groups import group_advantages, group_stats
+    from treadle.weft.rl.sampling import HFSampler, sample_groups
+    from treadle.weft.rl.worlds import episodes
+    from treadle.weft.rollouts.harnesses import HermesHarness
+    from treadle.weft.runtime import Runtime
+
+    harness = HermesHarness()
+    torch.manual_seed(cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    n_eps = cfg.turns_per_step // 2
+    records, evals = [], {}
+    async with Runtime() as rt:
+        h = await shop_server(rt)
+        held = [await play_gold(rt, h, e, harness, verify=False)
+                for e in episodes(cfg.eval_episodes, "heldout", start=900_000)]
+        evals[0] = await _evaluate(rt, h, model, tok, held, cfg)
+        for step in tqdm(range(cfg.steps), desc=f"weft grpo ({cfg.grouping})", disable=not progress):
+            t0 = time.perf_counter()
+            sampler = _Timed(HFSampler(model, tok, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens))
+            golds = [await play_gold(rt, h, e, harness, verify=False)
+                     for e in episodes(n_eps, "train", start=500_000 + cfg.seed * 10_000 + step * n_eps)]
+            seed = cfg.seed * 1_000_003 + step
+            if cfg.grouping == "atomic":
+                starts = [s for g in golds for s in g.starts]
+                groups = await sample_groups(rt, h, starts, cfg.G, sampler, tok, harness, seed=seed,
+                                             max_steps=cfg.max_steps, replay_check=False)
+                t_roll = time.perf_counter() - t0
+                t1 = time.perf_counter()
+                adv = group_advantages(groups)
+                t_adv = time.perf_counter() - t1
+                rows, i = [], 0
+                for g in groups:
+                    for c in g.candidates:
+                        rows.append((g.prefix_ids, c.response_ids, c.policy_mask, float(adv[i])))
+                        i += 1
+                st = group_stats(groups)
+                rewards = [c.r for g in groups for c in g.candidates if c.env_failure is None]
+                extra = {"all_equal_groups": st.all_equal_groups, "singleton_groups": st.singleton_groups,
+                         "flagged_rows": st.flagged_rows, "flagged_successful_rows": st.flagged_successful_rows,
+                         "env_failures": st.env_failures, "groups": st.groups}
+            else:
+                trajs = await _trajectories(rt, h, golds, cfg.G, sampler, tok, harness, seed=seed,
+                                            max_steps=cfg.max_steps)
+                t_roll = time.perf_counter() - t0
+                keys, rs, valid, segs = [], [], [], []
+                for key, n_turns, tr_list in trajs:
+                    for tr in tr_list:
+                        r, ok = _traj_reward(tr, n_turns)
+                        keys.append(key)
+                        rs.append(r)
+                        valid.append(ok)
+                        segs.append(tr)
+                t1 = time.perf_counter()
+                adv = grpo_advantages(torch.tensor(rs, dtype=torch.float32), group_ids_from_uids(keys),
+                                      valid=torch.tensor(valid))
+                t_adv = time.perf_counter() - t1
+                rows = [(grp.prefix_ids, c.response_ids, c.policy_mask, float(a))
+                        for tr, a in zip(segs, adv.tolist()) for grp, c in tr]
+                rewards = [c.r for tr in segs for _, c in tr if c.env_failure is None]
+                equal = sum(len({r for r, k2 in zip(rs, keys) if k2 == k}) == 1 for k in set(keys))
+                extra = {"all_equal_groups": equal, "groups": len(set(keys)), "trajectory_reward": sum(rs) / len(rs),
+                         "env_failures": sum(not v for v in valid)}
+            t2 = time.perf_counter()
+            upd = _update(model, opt, rows, tok.pad_token_id, cfg)
+            t_upd = time.perf_counter() - t2
+            rec = {"step": step, "grouping": cfg.grouping, "turn_reward": sum(rewards) / max(len(rewards), 1),
+                   "segments": len(rows), "t_model_s": sampler.seconds, "t_env_s": t_roll - sampler.seconds,
+                   "t_advantage_s": t_adv, "t_update_s": t_upd, "t_step_s": time.perf_counter() - t0, **extra, **upd}
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+                evals[step + 1] = await _evaluate(rt, h, model, tok, held, cfg)
+                rec["heldout"] = evals[step + 1]
+            records.append(rec)
+            if log is not None:
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
+        evals[cfg.steps] = await _evaluate(rt, h, model, tok, held, cfg)
+    tot = {k: sum(r[k] for r in records) for k in ("t_model_s", "t_env_s", "t_advantage_s", "t_update_s", "t_step_s")}
+    n_seg = sum(r["segments"] for r in records)
+    return {"config": cfg.as_dict(), "evals": {str(k): v for k, v in evals.items()}, "records": records,
+            "before": evals[0], "after": evals[cfg.steps], "segments": n_seg,
+            "segments_per_s": n_seg / max(tot["t_step_s"], 1e-9),
+            "time_share": {k: v / max(tot["t_step_s"], 1e-9) for k, v in tot.items() if k != "t_step_s"},
+            "time_s": tot}
