@@ -72,6 +72,10 @@ class TinyTrainConfig:
         level_weights: training mixture, level -> relative weight (held-out prompts never trained on;
             levels 5-6 are left out by default: the tiny model does not learn them in the budget, and
             level 6's long prompts would set every batch's padded width).
+        final_steps, final_level_weights: a final phase (data annealing): the last ``final_steps``
+            optimizer steps draw their problems from ``final_level_weights`` instead (0: no final
+            phase). It lands at the cosine schedule's low learning rates, so it consolidates the
+            levels it weights without a separate schedule.
         eval_per_level: held-out problems per level for the accuracy table.
         max_new_tokens: decoding budget for evaluation.
         threads: torch intra-op threads while training (restored afterwards). Pinned, like the STAIR
@@ -94,6 +98,8 @@ class TinyTrainConfig:
     num_kv_heads: int = Field(2, ge=1, strict=True)
     intermediate_size: int = Field(512, ge=1, strict=True)
     level_weights: dict[int, float] = Field(default_factory=lambda: {1: 2.0, 2: 4.0, 3: 3.0, 4: 3.0})
+    final_steps: int = Field(0, ge=0, strict=True)
+    final_level_weights: dict[int, float] | None = None
     eval_per_level: int = Field(100, ge=1, strict=True)
     max_new_tokens: int = Field(10, ge=1, strict=True)
     threads: int = Field(1, ge=1, strict=True)
@@ -106,11 +112,13 @@ class TinyTrainConfig:
         kw.update(overrides)
         return cls(**kw)
 
-    @field_validator("level_weights")
+    @field_validator("level_weights", "final_level_weights")
     @classmethod
-    def _levels_exist(cls, v: dict[int, float]) -> dict[int, float]:
+    def _levels_exist(cls, v: dict[int, float] | None) -> dict[int, float] | None:
         from treadle.data.arithmetic import difficulty
 
+        if v is None:
+            return v
         if not v or any(w < 0 for w in v.values()) or not sum(v.values()) > 0:
             raise ValueError(f"level_weights must map difficulty levels to weights >= 0 with a positive sum, got {v}")
         for lv in v:
@@ -122,6 +130,10 @@ class TinyTrainConfig:
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
             raise ValueError(f"hidden_size ({self.hidden_size}) must divide by num_heads ({self.num_heads}) and "
                              f"num_heads by num_kv_heads ({self.num_kv_heads})")
+        if self.final_steps > self.steps:
+            raise ValueError(f"final_steps ({self.final_steps}) must be at most steps ({self.steps})")
+        if self.final_steps and self.final_level_weights is None:
+            raise ValueError(f"final_steps={self.final_steps} needs final_level_weights (the final phase's mixture)")
         return self
 
     def as_dict(self) -> dict:
@@ -398,11 +410,13 @@ def _train_and_save(cfg: TinyTrainConfig, dest: Path, progress: bool, console) -
                                                         num_training_steps=cfg.steps, min_lr_rate=cfg.min_lr_rate)
     gen = ProblemGenerator(cfg.seed)
     weights = {int(k): float(v) for k, v in cfg.level_weights.items() if v > 0}
+    final = {int(k): float(v) for k, v in (cfg.final_level_weights or {}).items() if v > 0}
     model.train()
     ema = float("nan")
     bar = tqdm(range(cfg.steps), desc="train-tiny", disable=not progress, dynamic_ncols=True)
-    for _ in bar:
-        ids, _, labels = sft_batch(tokenizer, gen.mixture(cfg.batch_size, weights, split="train"))
+    for step in bar:
+        mix = final if step >= cfg.steps - cfg.final_steps else weights
+        ids, _, labels = sft_batch(tokenizer, gen.mixture(cfg.batch_size, mix, split="train"))
         # right padding + causal attention: pads come after every real token and carry label -100,
         # so no attention mask is needed (and the unmasked SDPA path is faster)
         loss = model(input_ids=ids, labels=labels).loss
