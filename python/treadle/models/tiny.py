@@ -72,10 +72,10 @@ class TinyTrainConfig:
         level_weights: training mixture, level -> relative weight (held-out prompts never trained on;
             levels 5-6 are left out by default: the tiny model does not learn them in the budget, and
             level 6's long prompts would set every batch's padded width).
-        final_steps, final_level_weights: a final phase (data annealing): the last ``final_steps``
-            optimizer steps draw their problems from ``final_level_weights`` instead (0: no final
-            phase). It lands at the cosine schedule's low learning rates, so it consolidates the
-            levels it weights without a separate schedule.
+        final_fraction, final_level_weights: a final phase (data annealing): the last
+            ``round(final_fraction * steps)`` optimizer steps draw their problems from
+            ``final_level_weights`` instead (0: no final phase). It lands at the cosine schedule's
+            low learning rates, so it consolidates the levels it weights without a separate schedule.
         eval_per_level: held-out problems per level for the accuracy table.
         max_new_tokens: decoding budget for evaluation.
         threads: torch intra-op threads while training (restored afterwards). Pinned, like the STAIR
@@ -98,7 +98,7 @@ class TinyTrainConfig:
     num_kv_heads: int = Field(2, ge=1, strict=True)
     intermediate_size: int = Field(512, ge=1, strict=True)
     level_weights: dict[int, float] = Field(default_factory=lambda: {1: 2.0, 2: 4.0, 3: 3.0, 4: 3.0})
-    final_steps: int = Field(0, ge=0, strict=True)
+    final_fraction: float = Field(0.0, ge=0, lt=1)
     final_level_weights: dict[int, float] | None = None
     eval_per_level: int = Field(100, ge=1, strict=True)
     max_new_tokens: int = Field(10, ge=1, strict=True)
@@ -130,11 +130,15 @@ class TinyTrainConfig:
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
             raise ValueError(f"hidden_size ({self.hidden_size}) must divide by num_heads ({self.num_heads}) and "
                              f"num_heads by num_kv_heads ({self.num_kv_heads})")
-        if self.final_steps > self.steps:
-            raise ValueError(f"final_steps ({self.final_steps}) must be at most steps ({self.steps})")
-        if self.final_steps and self.final_level_weights is None:
-            raise ValueError(f"final_steps={self.final_steps} needs final_level_weights (the final phase's mixture)")
+        if self.final_fraction and self.final_level_weights is None:
+            raise ValueError(f"final_fraction={self.final_fraction} needs final_level_weights (the final phase's "
+                             f"mixture)")
         return self
+
+    @property
+    def final_steps(self) -> int:
+        """Optimizer steps in the final phase: ``round(final_fraction * steps)``."""
+        return round(self.final_fraction * self.steps)
 
     def as_dict(self) -> dict:
         """JSON-ready fields (what the checkpoint's marker records and is compared against)."""
@@ -414,8 +418,9 @@ def _train_and_save(cfg: TinyTrainConfig, dest: Path, progress: bool, console) -
     model.train()
     ema = float("nan")
     bar = tqdm(range(cfg.steps), desc="train-tiny", disable=not progress, dynamic_ncols=True)
+    first_final = cfg.steps - cfg.final_steps
     for step in bar:
-        mix = final if step >= cfg.steps - cfg.final_steps else weights
+        mix = final if step >= first_final else weights
         ids, _, labels = sft_batch(tokenizer, gen.mixture(cfg.batch_size, mix, split="train"))
         # right padding + causal attention: pads come after every real token and carry label -100,
         # so no attention mask is needed (and the unmasked SDPA path is faster)
