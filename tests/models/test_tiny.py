@@ -181,6 +181,11 @@ def test_final_phase_draws_from_its_own_mixture(tmp_path, monkeypatch):
     assert TinyTrainConfig(**cfg.as_dict()) == cfg
 
 
+def test_default_recipe_has_a_final_phase():
+    cfg = TinyTrainConfig()
+    assert 0 < cfg.final_steps < cfg.steps and cfg.final_level_weights[1] == max(cfg.final_level_weights.values())
+
+
 def test_training_pins_threads_and_restores_them(tmp_path, monkeypatch):
     seen = []
     real = torch.set_num_threads
