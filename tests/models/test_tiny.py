@@ -150,6 +150,9 @@ def test_config_is_validated_field_by_field():
     for bad, field in ((dict(steps=0), "steps"), (dict(steps=True), "steps"), (dict(batch_size=2.5), "batch_size"),
                        (dict(lr=float("nan")), "lr"), (dict(lr=0.0), "lr"), (dict(min_lr_rate=1.5), "min_lr_rate"),
                        (dict(threads=0), "threads"), (dict(level_weights={1: -1.0}), "level_weights"),
+                       (dict(final_fraction=-0.1), "final_fraction"), (dict(final_fraction=1.0), "final_fraction"),
+                       (dict(final_level_weights={7: 1.0}), "final_level_weights"),
+                       (dict(final_fraction=0.2, final_level_weights=None), "final_level_weights"),
                        (dict(stepz=3), "stepz")):
         with pytest.raises(pydantic.ValidationError, match=field):
             TinyTrainConfig(**bad)
@@ -161,6 +164,26 @@ def test_config_is_validated_field_by_field():
     assert dataclasses.asdict(cfg)["level_weights"] == cfg.level_weights
     assert TinyTrainConfig(**cfg.as_dict()) == cfg  # the marker's JSON round-trips
     assert json.loads(json.dumps(cfg.as_dict())) == cfg.as_dict()
+
+
+def test_final_phase_draws_from_its_own_mixture(tmp_path, monkeypatch):
+    from treadle.data.arithmetic import ProblemGenerator
+
+    seen = []
+    real = ProblemGenerator.mixture
+    monkeypatch.setattr(ProblemGenerator, "mixture", lambda self, n, w, **kw: (seen.append(dict(w)), real(self, n, w, **kw))[1])
+    cfg = TinyTrainConfig.quick(steps=5, eval_per_level=1, level_weights={2: 1.0, 3: 1.0}, final_fraction=0.4,
+                                final_level_weights={1: 3.0, 4: 0.0})
+    assert cfg.final_steps == 2
+    train_tiny(cfg, tmp_path / "t", progress=False)
+    assert seen == [{2: 1.0, 3: 1.0}] * 3 + [{1: 3.0}] * 2  # zero weights dropped
+    assert cfg.as_dict()["final_level_weights"] == {"1": 3.0, "4": 0.0}
+    assert TinyTrainConfig(**cfg.as_dict()) == cfg
+
+
+def test_default_recipe_has_a_final_phase():
+    cfg = TinyTrainConfig()
+    assert 0 < cfg.final_steps < cfg.steps and cfg.final_level_weights[1] == max(cfg.final_level_weights.values())
 
 
 def test_training_pins_threads_and_restores_them(tmp_path, monkeypatch):
