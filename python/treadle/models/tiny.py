@@ -23,6 +23,7 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,12 +161,14 @@ class TrainResult:
 # --------------------------------------------------------------------------------------------
 # tokenizer, cache
 # --------------------------------------------------------------------------------------------
-def build_tokenizer():
+def build_tokenizer(extra_tokens: Sequence[str] = (), model_max_length: int = 512):
     """A character-level ``PreTrainedTokenizerFast`` with a ChatML chat template, built locally.
 
     Vocabulary: ``<|pad|> <|unk|> <|im_start|> <|im_end|>`` (special), the roles ``system user
-    assistant`` as single tokens, then printable ASCII and newline, one token per character.
-    ``eos_token`` is ``<|im_end|>``; padding is on the left (for batched generation).
+    assistant`` as single tokens, then printable ASCII and newline, one token per character, then
+    ``extra_tokens`` (one token each, matched longest-first anywhere in the text; the tool policy's
+    vocabulary extension, :mod:`treadle.weft.rl.vocab`). ``eos_token`` is ``<|im_end|>``; padding is on
+    the left (for batched generation).
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -176,10 +179,10 @@ def build_tokenizer():
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens(_SPECIALS)
-    tok.add_tokens(_ROLES)
+    tok.add_tokens(_ROLES + list(extra_tokens))
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|pad|>", unk_token="<|unk|>",
                                    eos_token="<|im_end|>", chat_template=CHAT_TEMPLATE, padding_side="left",
-                                   model_max_length=512)
+                                   model_max_length=model_max_length)
 
 
 def cache_root() -> Path:

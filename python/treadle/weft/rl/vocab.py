@@ -8,7 +8,7 @@ so a call is ~20 tokens instead of ~80 characters. Decoding concatenates, so any
 """
 from __future__ import annotations
 
-from treadle.models.tiny import CHAT_TEMPLATE, _ROLES, _SPECIALS
+from treadle.models.tiny import build_tokenizer
 
 __all__ = ["TOOL_TOKENS", "build_tool_tokenizer"]
 
@@ -24,16 +24,4 @@ TOOL_TOKENS: tuple[str, ...] = tuple(
 def build_tool_tokenizer():
     """A ``PreTrainedTokenizerFast``: :func:`treadle.models.tiny.build_tokenizer`'s vocabulary (same ids)
     followed by :data:`TOOL_TOKENS` (ids from 101 on; matched longest-first anywhere in the text)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    chars = [chr(i) for i in range(32, 127)] + ["\n"]
-    vocab = {t: i for i, t in enumerate(_SPECIALS + _ROLES + chars)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tok.add_special_tokens(_SPECIALS)
-    tok.add_tokens(_ROLES + list(TOOL_TOKENS))
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|pad|>", unk_token="<|unk|>",
-                                   eos_token="<|im_end|>", chat_template=CHAT_TEMPLATE, padding_side="left",
-                                   model_max_length=1024)
+    return build_tokenizer(TOOL_TOKENS, model_max_length=1024)
