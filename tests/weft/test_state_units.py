@@ -1,6 +1,7 @@
 """state.py and sqlite_state.py, value by value (issue 23: mutation survivors): snapshot validation and
 properties, diff summaries, schemas, row keys, diffs of tables present on one side only, and every message."""
 import hashlib
+import json
 import sqlite3
 
 import pytest
@@ -113,6 +114,14 @@ def test_diff_connections_tables_on_one_side_and_rowid_keys():
     assert d.tables["both"] == TableDiff(added={"[3]": {"v": "w"}},
                                          changed={"[2]": RowChange(before={"v": "y"}, after={"v": "z"})})
     assert diff_connections(a, a).tables == {}
+
+
+def test_rows_keyed_by_a_blob_primary_key():
+    # a primary key JSON cannot encode (a BLOB) is keyed by its repr, never an error
+    con = sqlite3.connect(":memory:")
+    con.executescript("CREATE TABLE files (digest BLOB PRIMARY KEY, size INTEGER);")
+    con.execute("INSERT INTO files VALUES (?, ?)", (b"\x00\x01", 3))
+    assert _rows(con, "files") == {json.dumps([repr(b"\x00\x01")]): {"digest": b"\x00\x01", "size": 3}}
 
 
 def test_sqlite_state_restore_fork_diff_and_messages():
