@@ -51,7 +51,7 @@ def test_a_stuck_check_is_killed_by_the_parent_and_the_pool_recovers():
         t0 = time.monotonic()
         v = c.check("1", HANG)
         assert v.status == "timeout" and not v.correct
-        assert time.monotonic() - t0 < 15
+        assert time.monotonic() - t0 < 120  # a bound, not a speed claim: unchecked, math-verify runs for ever
         assert c.check("$2$", "2") == AnswerVerdict(correct=True, status="ok")  # replaced worker
 
 
