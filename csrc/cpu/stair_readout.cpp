@@ -650,9 +650,9 @@ std::tuple<at::Tensor, at::Tensor> backward_impl(const Prep& p, const at::Tensor
       }
     }
   });
-  auto du = dupart.sum({0, 2});                                      // (Hq, D)
+  auto du = dupart.sum(at::IntArrayRef{0, 2});                                      // (Hq, D)
   auto dn = (du - p.u * (p.u * du).sum(-1, true)) / p.nrm;          // normalisation Jacobian
-  return {dq, dn};
+  return std::make_tuple(dq, dn);
 }
 
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& n) {

@@ -59,6 +59,11 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
 def _row_stats(z: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``z (M, V)`` in the accumulation dtype -> ``(lse_k, H, t)`` each ``(M,)``; H in nats.
 
+    ``lse_k`` and ``H`` are computed and returned in float64 from the k selected logits (k values a
+    row: negligible next to the top-k over V). In float32 the backward's factor ``z - lse_k + H``
+    cancels two numbers of size ~log k; rounding each once from float64 keeps the op's error within
+    the project's rule (seen on an H200: the float32 statistics gave up to ~5x plain PyTorch's error).
+
     Non-finite logits (module docstring): ``-inf`` entries have probability 0 and ``0 log 0 = 0``;
     a row of all ``-inf`` gets H = 0; a row with ``+inf`` entries gets the limit distribution,
     uniform over its ``+inf`` entries (``lse_k`` is then ``+inf``, which the backward reads as "no
@@ -66,6 +71,7 @@ def _row_stats(z: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, tor
     """
     vals = torch.topk(z, k, dim=-1, sorted=False).values
     thr = vals.amin(-1)
+    vals = vals.to(torch.float64)
     lse = torch.logsumexp(vals, dim=-1)
     inf = float("inf")
     pinf = (lse == inf).unsqueeze(-1)
@@ -95,10 +101,11 @@ def _row_grad(z: torch.Tensor, k: int, lse: torch.Tensor, h: torch.Tensor, thr: 
         eq_t = eq[tied]
         eq[tied] = eq_t & (eq_t.cumsum(-1) <= need[tied].unsqueeze(-1))
     sel |= eq
-    t = z - lse.unsqueeze(-1)
-    g = t.exp()
+    # lse and H arrive in float64 (_row_stats): round lse once for p, and lse - H once for the factor
+    g = (z - lse.to(z.dtype).unsqueeze(-1)).exp_()
     keep = sel & ((g > 0) | torch.isnan(h).unsqueeze(-1)) & ~torch.isinf(lse).unsqueeze(-1)
-    t.add_(h.unsqueeze(-1)).mul_(g).mul_((-coef).unsqueeze(-1))
+    t = z - (lse - h).to(z.dtype).unsqueeze(-1)
+    t.mul_(g).mul_((-coef).unsqueeze(-1))
     return t.masked_fill_(~keep, 0.0)
 
 
@@ -120,50 +127,56 @@ def _scatter(vals: torch.Tensor, mask: torch.Tensor | None, m: int) -> torch.Ten
 @_amp.no_autocast
 def _topk_entropy_rows(logits: torch.Tensor, k: int, mask: torch.Tensor | None
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``logits (M, V)`` -> ``(H / log k, lse_k, t)`` each ``(M,)`` in fp32 (fp64 for fp64 logits).
+    """``logits (M, V)`` -> ``(H / log k (M,), [lse_k, H] (M, 2) float64, t (M,))``; ``H / log k`` and ``t``
+    in fp32 (fp64 for fp64 logits).
 
     Rows outside ``mask`` (``(M,)`` bool) are never read: their outputs are 0."""
     m = logits.shape[0]
-    lse, h, thr = _row_stats(_select(logits, mask).to(_acc(logits.dtype)), k)
-    return _scatter(h / math.log(k), mask, m), _scatter(lse, mask, m), _scatter(thr, mask, m)
+    acc = _acc(logits.dtype)
+    lse, h, thr = _row_stats(_select(logits, mask).to(acc), k)
+    return (_scatter((h / math.log(k)).to(acc), mask, m), _scatter(torch.stack([lse, h], -1), mask, m),
+            _scatter(thr, mask, m))
 
 
 @_topk_entropy_rows.register_fake
 def _(logits, k, mask):
     m = logits.shape[0]
     acc = _acc(logits.dtype)
-    return tuple(logits.new_empty((m,), dtype=acc) for _ in range(3))
+    return (logits.new_empty((m,), dtype=acc), logits.new_empty((m, 2), dtype=torch.float64),
+            logits.new_empty((m,), dtype=acc))
 
 
 @torch.library.custom_op("treadle::topk_entropy_rows_backward", mutates_args=())
 @_amp.no_autocast
-def _topk_entropy_rows_backward(grad: torch.Tensor, logits: torch.Tensor, hn: torch.Tensor, lse: torch.Tensor,
-                                thr: torch.Tensor, k: int, mask: torch.Tensor | None) -> torch.Tensor:
-    """``grad (M,)`` on ``H / log k`` -> ``grad_logits (M, V)`` in the logits' dtype (0 outside ``mask``)."""
+def _topk_entropy_rows_backward(grad: torch.Tensor, logits: torch.Tensor, stats: torch.Tensor, thr: torch.Tensor,
+                                k: int, mask: torch.Tensor | None) -> torch.Tensor:
+    """``grad (M,)`` on ``H / log k`` -> ``grad_logits (M, V)`` in the logits' dtype (0 outside ``mask``);
+    ``stats (M, 2)`` float64 ``[lse_k, H]`` from the forward."""
     logk = math.log(k)
     acc = _acc(logits.dtype)
-    g = _row_grad(_select(logits, mask).to(acc), k, _select(lse, mask), _select(hn, mask) * logk,
-                  _select(thr, mask), _select(grad, mask).to(acc) / logk)
+    st = _select(stats, mask)
+    g = _row_grad(_select(logits, mask).to(acc), k, st[:, 0], st[:, 1], _select(thr, mask),
+                  _select(grad, mask).to(acc) / logk)
     return _scatter(g.to(logits.dtype), mask, logits.shape[0])
 
 
 @_topk_entropy_rows_backward.register_fake
-def _(grad, logits, hn, lse, thr, k, mask):
+def _(grad, logits, stats, thr, k, mask):
     return torch.empty_like(logits)
 
 
 def _rows_setup(ctx, inputs, output):
     logits, k, mask = inputs
-    hn, lse, thr = output
-    ctx.save_for_backward(logits, hn, lse, thr, mask)
+    hn, stats, thr = output
+    ctx.save_for_backward(logits, stats, thr, mask)
     ctx.k = k
-    ctx.mark_non_differentiable(lse, thr)
+    ctx.mark_non_differentiable(stats, thr)
 
 
 @_amp.no_autocast
-def _rows_backward(ctx, grad_hn, grad_lse, grad_thr):
-    logits, hn, lse, thr, mask = ctx.saved_tensors
-    return _topk_entropy_rows_backward(grad_hn, logits, hn, lse, thr, ctx.k, mask), None, None
+def _rows_backward(ctx, grad_hn, grad_stats, grad_thr):
+    logits, stats, thr, mask = ctx.saved_tensors
+    return _topk_entropy_rows_backward(grad_hn, logits, stats, thr, ctx.k, mask), None, None
 
 
 _topk_entropy_rows.register_autograd(_rows_backward, setup_context=_rows_setup)
