@@ -280,11 +280,20 @@ def test_llm_run_folder_resumes_without_repaying_or_duplicating(fake, tmp_path):
     two = go("two", 2, "b.sqlite")
     assert len(fake.bodies) - n_one == n_one  # round 0 was not asked again: rounds 0 + 1 cost one run's calls
     assert n_first < n_one
-    for name in ("problems.jsonl", "repairs.jsonl", "failures.jsonl", "state.json"):
+    for name in ("problems.jsonl", "repairs.jsonl", "failures.jsonl", "state.json", "measure.jsonl", "curve.json"):
         assert (tmp_path / "one" / name).read_text() == (tmp_path / "two" / name).read_text(), name
     assert one["rounds"] == two["rounds"] and len(one["rounds"]) == 2
     assert one["skills"] == ["wrap_product", "deep_nesting"]
-    assert one["ledger"]["total"] == n_one and sum(one["ledger"]["by_operator"].values()) == n_one
+    # measuring calls are counted apart from the synthesis ledger; together they are every live call
+    assert one["measure_calls"] > 0
+    assert one["ledger"]["total"] + one["measure_calls"] == n_one
+    assert sum(one["ledger"]["by_operator"].values()) == one["ledger"]["total"]
+    # the difficulty curve on the fixed queue (s0, s1, s2, s4): the policy's solver is right on expressions of
+    # at most 6 characters; s0 and s4 grow one step per round, s1 (generator fails) and s2 (wrong reference)
+    # keep their seeds
+    curve = [(r["point"], r["n_tasks"], r["accuracy"], r["solved"], r["mean_steps"]) for r in one["curve"]]
+    assert curve == [(0, 4, 1.0, 1.0, 0.0), (1, 4, 0.5, 0.5, 0.5), (2, 4, 0.5, 0.5, 1.0)]
+    assert (tmp_path / "one" / "curve.png").stat().st_size > 1000
     with pytest.raises(RunMismatchError, match="loop"):
         async def other():
             async with LLMClient(_config(fake.base_url)) as c:

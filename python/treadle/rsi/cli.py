@@ -251,8 +251,15 @@ def llm_cmd(
         _fail("--out", str(err))
     led = summ.get("ledger", {})
     console.print(f"calls by operator: {json.dumps(led.get('by_operator', {}))}; tokens {led.get('tokens', 0)}; "
-                  f"library: {summ['skills']}", markup=False)
-    console.print(f"-> {out / 'problems.jsonl'}, {out / 'summary.json'}", markup=False)
+                  f"library: {summ['skills']}; measuring calls (not synthesis cost): {summ.get('measure_calls', 0)}",
+                  markup=False)
+    if summ.get("curve"):
+        from treadle.rsi.llm_curve import curve_table
+
+        console.print(f"difficulty curve (fixed solver, {attempts} attempts, on the fixed queue of {len(queue)} "
+                      f"seed chains; point 0 = seeds):", markup=False)
+        console.print(curve_table(summ["curve"]), markup=False)
+    console.print(f"-> {out / 'problems.jsonl'}, {out / 'summary.json'}, {out / 'curve.png'}", markup=False)
 
 
 @app.command("diff")

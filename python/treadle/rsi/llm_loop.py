@@ -14,9 +14,8 @@ Guarantees (tested against a fake OpenAI-compatible HTTP endpoint):
 - role names are checked against the client's config before any call.
 
 Post-batch edits with an LLM Meta agent: :mod:`treadle.rsi.llm_post_batch`; run folders and resume:
-:mod:`treadle.rsi.llm_runs` (CLI ``treadle rsi llm``). Not here: a difficulty curve on a fixed queue
-for LLM runs (the summary reports the mean solver accuracy of each round's new tasks instead), the
-held-out transfer and ablation with LLM roles (offline only).
+:mod:`treadle.rsi.llm_runs` (CLI ``treadle rsi llm``); the difficulty curve on the fixed queue:
+:mod:`treadle.rsi.llm_curve`. Not here: the held-out transfer and ablation with LLM roles (offline only).
 """
 from __future__ import annotations
 
