@@ -199,8 +199,16 @@ def llm_cmd(
     post_batch: bool = typer.Option(True, "--post-batch/--no-post-batch",
                                     help="LLM post-batch harness edits judged by the Critic after each round."),
     margin: float = typer.Option(0.02, "--margin", min=0.0, max=1.0, help="Critic's noise margin on accuracy."),
+    scripted_roles: bool = typer.Option(False, "--scripted-roles",
+                                        help="math only: programmatic Director, generator and Meta "
+                                             "(treadle.rsi.scripted_roles) on a local endpoint; --llm-config then "
+                                             "needs only the solver role (e.g. the tiny model of `treadle llm serve`)."),
+    solver_prompt: str = typer.Option(None, "--solver-prompt",
+                                      help="System prompt of the fixed solver in H_0 ('' = none, for models trained "
+                                           "on bare user turns such as the tiny model)."),
 ) -> None:
-    """Online RSI rounds with LLM roles (cache and ledger in the run folder; rerun to resume)."""
+    """Online RSI rounds with LLM roles (cache and ledger in the run folder; rerun to resume); prints the
+    difficulty curve on the fixed queue and writes curve.png."""
     import asyncio
 
     from treadle.llm import ConfigError, LLMClient, LLMConfig
@@ -214,10 +222,13 @@ def llm_cmd(
         cfg = LLMConfig.load(llm_config)
     except ConfigError as err:
         _fail("--llm-config", str(err))
-    missing = [r for r in ROLES if r not in cfg.roles]
+    needed = ["solver"] if scripted_roles else list(ROLES)
+    missing = [r for r in needed if r not in cfg.roles]
     if missing:
-        _fail("--llm-config", f"{llm_config} has no role(s) {missing}; RSI needs {list(ROLES)} (has "
+        _fail("--llm-config", f"{llm_config} has no role(s) {missing}; RSI needs {needed} (has "
                               f"{sorted(cfg.roles)})")
+    if scripted_roles and domain != "math":
+        _fail("--scripted-roles", f"the scripted roles write math tasks only, not --domain {domain}")
     _check_out(out)
     if domain == "code":
         from treadle.rsi.coding import load_humaneval_seeds
@@ -235,9 +246,22 @@ def llm_cmd(
                  for t in _seeds(n_seeds, seed_file, seed)]
         dom = MathDomain()
 
+    h0 = initial_llm_harness(domain)
+    if solver_prompt is not None:
+        h0 = h0.model_copy(update={"prompts": h0.prompts.model_copy(update={"solver": solver_prompt})})
+    endpoint = None
+    if scripted_roles:
+        from treadle.llm import RoleConfig
+        from treadle.rsi.scripted_roles import scripted_endpoint
+
+        endpoint = scripted_endpoint()
+        cfg = cfg.model_copy(update={"roles": {**cfg.roles, **{r: RoleConfig(
+            model=f"scripted-{r}", base_url=endpoint.base_url, max_retries=0, structured_mode="prompt", max_repairs=0)
+            for r in ("director", "generator", "meta")}}})
+
     async def go():
         async with LLMClient(cfg, cache=out / "llm_cache.sqlite", ledger=out / "llm_ledger.jsonl") as client:
-            return await run_llm(out, queue, dom, client, rounds, harness=initial_llm_harness(domain),
+            return await run_llm(out, queue, dom, client, rounds, harness=h0,
                                  config=LLMLoopConfig(attempts=attempts, concurrency=concurrency),
                                  post_batch=post_batch, margin=margin,
                                  on_round=lambda r: console.print(
@@ -249,16 +273,19 @@ def llm_cmd(
         summ = asyncio.run(go())
     except RunMismatchError as err:
         _fail("--out", str(err))
+    finally:
+        if endpoint is not None:
+            endpoint.close()
     led = summ.get("ledger", {})
     console.print(f"calls by operator: {json.dumps(led.get('by_operator', {}))}; tokens {led.get('tokens', 0)}; "
                   f"library: {summ['skills']}; measuring calls (not synthesis cost): {summ.get('measure_calls', 0)}",
-                  markup=False)
+                  markup=False, soft_wrap=True)
     if summ.get("curve"):
         from treadle.rsi.llm_curve import curve_table
 
         console.print(f"difficulty curve (fixed solver, {attempts} attempts, on the fixed queue of {len(queue)} "
-                      f"seed chains; point 0 = seeds):", markup=False)
-        console.print(curve_table(summ["curve"]), markup=False)
+                      f"seed chains; point 0 = seeds):", markup=False, soft_wrap=True)
+        console.print(curve_table(summ["curve"]), markup=False, soft_wrap=True)
     console.print(f"-> {out / 'problems.jsonl'}, {out / 'summary.json'}, {out / 'curve.png'}", markup=False)
 
 

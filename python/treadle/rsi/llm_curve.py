@@ -143,6 +143,6 @@ def plot_curve(rows: list[dict], path, title: str = "fixed-solver accuracy on th
     ax.set_title(title)
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper right")
+    ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="center right")
     fig.tight_layout()
     fig.savefig(str(path), dpi=110)
