@@ -346,6 +346,10 @@ def test_cli_llm_runs_and_resumes_against_the_endpoint(fake, tmp_path):
     res = CliRunner().invoke(app, [*args[:-4], "--rounds", "1", "--concurrency", "1"])  # same run: nothing to do
     assert res.exit_code == 0 and len(fake.bodies) == n
     assert len((tmp_path / "run" / "problems.jsonl").read_text().splitlines()) == 2
+    # math answers are judged by math-verify's exact-number check (in workers), recorded in the config and exports
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["answer_check"] == "math-verify-exact-number-1"
+    rows = [json.loads(x) for x in (tmp_path / "run" / "problems.jsonl").read_text().splitlines()]
+    assert {r["answer_check"] for r in rows} == {"math-verify-exact-number-1"}
 
 
 @pytest.mark.parametrize("case, flag", [("no_file", "--llm-config"), ("roles", "--llm-config"),

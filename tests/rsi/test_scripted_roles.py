@@ -75,6 +75,11 @@ def test_cli_scripted_roles_bad_input_is_one_line_exit_2(tmp_path):
     res = CliRunner().invoke(app, ["rsi", "llm", "--out", str(tmp_path / "r"), "--llm-config", str(cfg),
                                    "--scripted-roles", "--domain", "code"])
     assert res.exit_code == 2 and "--scripted-roles" in res.output and len(res.output.strip().splitlines()) == 1
+    res = CliRunner().invoke(app, ["rsi", "llm", "--out", str(tmp_path / "r"), "--llm-config", str(cfg),
+                                   "--scripted-roles", "--answer-check", "sympy"])
+    assert res.exit_code == 2 and "--answer-check" in res.output and len(res.output.strip().splitlines()) == 1
+    res = CliRunner().invoke(app, ["rsi", "run", "--out", str(tmp_path / "r"), "--answer-check", "nope"])
+    assert res.exit_code == 2 and "--answer-check" in res.output
     res = CliRunner().invoke(app, ["rsi", "llm", "--out", str(tmp_path / "r"), "--llm-config", str(cfg)])
     assert res.exit_code == 2 and "--llm-config" in res.output and "director" in res.output
     assert not (tmp_path / "r").exists()

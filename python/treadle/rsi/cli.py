@@ -71,6 +71,17 @@ def _hygiene(pool, benchmark_files, heldout_fraction: float, seed: int, seed_fla
     return train, heldout, notes
 
 
+def _check_answer_check(value: str, known: tuple[str, ...]) -> None:
+    if value not in known:
+        _fail("--answer-check", f"unknown answer check {value!r}; choose one of {list(known)}")
+    if value == "math-verify":
+        try:
+            import math_verify  # noqa: F401
+            import pebble  # noqa: F401
+        except ImportError as err:
+            _fail("--answer-check", f"math-verify needs the math-verify and pebble packages ({err})")
+
+
 def _check_out(out: Path) -> None:
     from treadle.run_dirs import check_out_dir
 
@@ -100,6 +111,9 @@ def run_cmd(
     post_batch: bool = typer.Option(True, "--post-batch/--no-post-batch", help="Post-batch proposals + Critic."),
     margin: float = typer.Option(0.02, "--margin", min=0.0, max=1.0, help="Critic's noise margin on accuracy."),
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Resume a run found in --out."),
+    answer_check: str = typer.Option("last-number", "--answer-check",
+                                     help="Solver answers judged by: last-number (exact, the answer's last number) "
+                                          "or math-verify (exact number extracted by math-verify, in workers)."),
 ) -> None:
     """Run the offline loop; writes problems.jsonl, log.jsonl, ledger.jsonl, harness/, curve.png."""
     from treadle.rsi.loop import LoopConfig
@@ -107,6 +121,7 @@ def run_cmd(
 
     if solver not in SOLVERS:
         _fail("--solver", f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)}")
+    _check_answer_check(answer_check, ("last-number", "math-verify"))
     _check_out(out)
     embedder = None
     if embedding_threshold is not None:
@@ -124,7 +139,8 @@ def run_cmd(
                                      None if embedder is None else EmbeddingIndex(embedder, embedding_threshold))
     for n in notes:
         console.print(n, markup=False)
-    cfg = LoopConfig(seed=seed, rounds=rounds, online=online, post_batch=post_batch, margin=margin)
+    cfg = LoopConfig(seed=seed, rounds=rounds, online=online, post_batch=post_batch, margin=margin,
+                     answer_check=answer_check)
     try:
         summ = run(out, seeds, heldout, cfg, SolverSpec(name=solver), resume=resume,
                    decontamination=tuple(str(p) for p in decontaminate or []),
@@ -203,6 +219,9 @@ def llm_cmd(
                                         help="math only: programmatic Director, generator and Meta "
                                              "(treadle.rsi.scripted_roles) on a local endpoint; --llm-config then "
                                              "needs only the solver role (e.g. the tiny model of `treadle llm serve`)."),
+    answer_check: str = typer.Option("math-verify", "--answer-check",
+                                     help="math: solver answers judged by math-verify (exact number extracted by "
+                                          "math-verify, in workers with a parent-enforced timeout) or last-number."),
     solver_prompt: str = typer.Option(None, "--solver-prompt",
                                       help="System prompt of the fixed solver in H_0 ('' = none, for models trained "
                                            "on bare user turns such as the tiny model)."),
@@ -229,6 +248,8 @@ def llm_cmd(
                               f"{sorted(cfg.roles)})")
     if scripted_roles and domain != "math":
         _fail("--scripted-roles", f"the scripted roles write math tasks only, not --domain {domain}")
+    if domain == "math":
+        _check_answer_check(answer_check, ("math-verify", "last-number"))
     _check_out(out)
     if domain == "code":
         from treadle.rsi.coding import load_humaneval_seeds
@@ -244,7 +265,12 @@ def llm_cmd(
     else:
         queue = [TextMathTask(seed_id=t.seed_id, text=t.text, answer=t.answer)
                  for t in _seeds(n_seeds, seed_file, seed)]
-        dom = MathDomain()
+        checker = None
+        if answer_check == "math-verify":
+            from treadle.rsi.answer_check import AnswerChecker, exact_number_equal
+
+            checker = AnswerChecker(timeout_s=10, max_workers=1, fn=exact_number_equal)
+        dom = MathDomain(checker)
 
     h0 = initial_llm_harness(domain)
     if solver_prompt is not None:
@@ -276,6 +302,8 @@ def llm_cmd(
     finally:
         if endpoint is not None:
             endpoint.close()
+        if getattr(dom, "checker", None) is not None:
+            dom.checker.close()
     led = summ.get("ledger", {})
     console.print(f"calls by operator: {json.dumps(led.get('by_operator', {}))}; tokens {led.get('tokens', 0)}; "
                   f"library: {summ['skills']}; measuring calls (not synthesis cost): {summ.get('measure_calls', 0)}",

@@ -78,6 +78,7 @@ async def run_llm(out_dir, queue: list, domain, client: LLMClient, rounds: int, 
     loop = LLMRound(client, domain, harness, config)  # checks the roles before any call
     cfg = {"domain": domain.name, "loop": config.model_dump(mode="json"), "seed_ids": ids,
            "post_batch": {"margin": margin} if post_batch else None, "measure": measure,
+           "answer_check": getattr(domain, "answer_check_version", None),
            "models": {r: client.config.role(config.roles[r]).model for r in config.roles}}
     out = Path(out_dir)
     cfg_path, state_path = out / "config.json", out / "state.json"
