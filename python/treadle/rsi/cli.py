@@ -5,6 +5,11 @@
     treadle rsi ablate --out runs/rsi-ablate [--rounds 3] [--runs 3]
     treadle rsi diff runs/rsi/harness/v0.json runs/rsi/harness/v3.json
     treadle rsi llm --out runs/rsi-llm --llm-config models.toml [--domain math|code] [--rounds 2]
+                    [--answer-check math-verify|last-number]
+    treadle rsi llm --out runs/rsi-tiny --llm-config solver.toml --scripted-roles --solver-prompt ''
+                    (only the solver is a model, e.g. the tiny model behind `treadle llm serve`)
+
+``run`` and ``llm`` print the difficulty curve on the fixed queue and write curve.png.
 """
 from __future__ import annotations
 
