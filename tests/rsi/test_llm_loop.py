@@ -504,3 +504,29 @@ def test_llm_run_folder_with_post_batch(fake, tmp_path):
     assert [e["event"] for e in log] == ["baseline", "candidate"] and log[1]["accepted"]
     assert Harness.from_json((tmp_path / "run" / "harness" / "v1.json").read_text()).skills[-1].name == "hard_skill"
     assert json.loads((tmp_path / "run" / "config.json").read_text())["post_batch"] == {"margin": 0.02}
+
+
+def test_llm_run_folder_from_before_the_answer_check_record_resumes_only_with_the_same_check(fake, tmp_path):
+    from treadle.rsi.answer_check import AnswerChecker, exact_number_equal
+    from treadle.rsi.llm_runs import run_llm
+    from treadle.rsi.runs import RunMismatchError
+
+    queue = [_queue()[0]]
+
+    def go(domain, rounds):
+        async def inner():
+            async with LLMClient(_config(fake.base_url), cache=tmp_path / "c.sqlite") as c:
+                return await run_llm(tmp_path / "r", queue, domain, c, rounds, harness=H,
+                                     config=LLMLoopConfig(concurrency=1, max_repairs=0))
+        return asyncio.run(inner())
+
+    go(MathDomain(), 1)
+    cfg_path = tmp_path / "r" / "config.json"
+    old = json.loads(cfg_path.read_text())
+    assert old["answer_check"] == "last-number-1"
+    del old["answer_check"], old["measure"]  # what a run folder of the previous version holds
+    cfg_path.write_text(json.dumps(old))
+    with AnswerChecker(timeout_s=10, max_workers=1, fn=exact_number_equal) as checker:
+        with pytest.raises(RunMismatchError, match="answer_check"):  # another verifier: scores never mix
+            go(MathDomain(checker), 2)
+    assert len(go(MathDomain(), 2)["rounds"]) == 2  # the same (last-number) check: resumed
