@@ -1,4 +1,5 @@
-"""treadle.sandbox: no network, no writes outside its directory, no life past the time limit."""
+"""treadle.sandbox: no network, no reads of the host beyond its read paths, no writes outside its directory,
+no dangerous syscalls, no life past the time limit; each restriction with a control that shows it can fail."""
 from __future__ import annotations
 
 import os
@@ -45,8 +46,9 @@ def test_cannot_connect_to_a_server_on_the_parents_loopback():
     srv.settimeout(5)
     t = threading.Thread(target=lambda: accepted.append(_accept(srv)))
     t.start()
-    code = (f"import socket\ns = socket.socket()\ns.settimeout(2)\n"
-            f"try:\n    s.connect(('127.0.0.1', {port}))\n    print('CONNECTED')\n"
+    code = (f"import socket\n"
+            f"try:\n    s = socket.socket()\n    s.settimeout(2)\n    s.connect(('127.0.0.1', {port}))\n"
+            f"    print('CONNECTED')\n"
             f"except OSError as e:\n    print('refused', e.errno)\n"
             f"try:\n    socket.create_connection(('1.1.1.1', 80), timeout=2)\n    print('CONNECTED')\n"
             f"except OSError as e:\n    print('refused', e.errno)\n")
@@ -76,19 +78,19 @@ def _accept(srv):
 
 
 @needs_sandbox
-@pytest.mark.parametrize("where", ["tmp", "home"])
+@pytest.mark.parametrize("where", ["tmp", "home", "read_path"])
 def test_cannot_write_outside_its_directory(tmp_path, where):
-    if where == "home":  # a directory that stays visible inside (the /tmp of pytest's tmp_path is hidden)
+    if where != "tmp":  # a folder outside /tmp (whose host copy the private /tmp hides anyway)
         tmp_path = Path(tempfile.mkdtemp(prefix="treadle-sandbox-test-", dir=Path.home()))
     target = tmp_path / "victim.txt"
     target.write_text("original")
     code = f"""
 import os
 results = []
-for path in [{str(target)!r}, {str(tmp_path / 'new.txt')!r}, '/tmp/treadle-sandbox-escape.txt',
-             os.path.expanduser('~root/x')]:
+for path in [{str(target)!r}, {str(tmp_path / 'new.txt')!r}, '/treadle-escape.txt', '/usr/treadle-escape.txt',
+             '/etc/passwd']:
     try:
-        with open(path, 'w') as f:
+        with open(path, 'a') as f:
             f.write('pwned')
         results.append('WROTE ' + path)
     except OSError as e:
@@ -100,15 +102,121 @@ except OSError as e:
     results.append('blocked %d' % e.errno)
 print('\\n'.join(results))
 """
+    try:
+        r = run_python(code, read_paths=[str(tmp_path)] if where == "read_path" else ())
+        assert r.ok, r.stderr
+        assert "WROTE" not in r.stdout, r.stdout
+        assert target.read_text() == "original"
+        assert not (tmp_path / "new.txt").exists()
+        assert not Path("/treadle-escape.txt").exists() and not Path("/usr/treadle-escape.txt").exists()
+        lines = r.stdout.split()
+        if where == "read_path":  # visible, and read-only: EROFS, not merely hidden
+            assert lines[1] == "30" and lines[3] == "30", r.stdout
+        else:  # not even there: ENOENT
+            assert lines[1] == "2" and lines[3] == "2", r.stdout
+    finally:
+        if where != "tmp":
+            shutil.rmtree(tmp_path)
+
+
+@needs_sandbox
+def test_tmp_is_private_writable_and_gone_after_the_run():
+    name = f"treadle-sandbox-test-{uuid.uuid4().hex}"
+    code = f"""
+import os
+open('/tmp/{name}', 'w').write('inside')
+open('/dev/shm/{name}', 'w').write('inside')
+others = [e for e in os.listdir('/tmp') if not os.getcwd().startswith('/tmp/' + e + '/')]  # not the work dir's
+print(others, open('/tmp/{name}').read())
+"""
     r = run_python(code)
     assert r.ok, r.stderr
-    assert "WROTE" not in r.stdout, r.stdout
-    assert target.read_text() == "original"
-    assert not (tmp_path / "new.txt").exists()
-    assert not Path("/tmp/treadle-sandbox-escape.txt").exists()
-    if where == "home":
-        assert "blocked 30" in r.stdout  # EROFS: the file is there and read-only, not merely hidden
-        shutil.rmtree(tmp_path)
+    assert r.stdout.split() == [f"['{name}']", "inside"]  # the host's /tmp is not visible, only its own file
+    assert not Path("/tmp", name).exists() and not Path("/dev/shm", name).exists()
+    r = run_python(f"import os\nprint(os.path.exists('/tmp/{name}'))")
+    assert r.stdout.strip() == "False"  # a second run starts with an empty /tmp
+    r = run_python("open('/tmp/big', 'wb').write(b'x' * (3 << 20))", limits=SandboxLimits(tmp_mb=1))
+    assert not r.ok and "No space left" in r.stderr  # the private /tmp is bounded by tmp_mb
+
+
+@needs_sandbox
+def test_cannot_read_the_hosts_files_outside_the_read_paths(tmp_path):
+    secret_dir = Path(tempfile.mkdtemp(prefix="treadle-sandbox-test-", dir=Path.home()))
+    try:
+        (secret_dir / "secret.txt").write_text("s3cret")
+        repo_file = Path(__file__).resolve().parents[1] / "pyproject.toml"  # next to the package, not in it
+        probes = [str(secret_dir / "secret.txt"), "/etc/shadow", str(repo_file), "/var/log", "/run", "/home"]
+        for p in probes[:3]:  # control: the host can read them (so the test can fail)
+            assert Path(p).exists(), p
+        code = f"""
+import os
+for p in {probes!r}:
+    try:
+        if os.path.isdir(p):
+            print('READ', p, os.listdir(p))
+        else:
+            print('READ', p, open(p).read()[:10])
+    except OSError as e:
+        print('hidden', e.errno)
+import treadle, pydantic, sys            # this interpreter's packages stay importable
+print('imports ok', sys.prefix)
+"""
+        r = run_python(code)
+        assert r.ok, r.stderr
+        assert "READ" not in r.stdout and r.stdout.count("hidden 2") == len(probes), r.stdout
+        assert "imports ok" in r.stdout
+        # what read_paths names becomes readable (read-only: see the write test)
+        r = run_python(f"print(open({str(secret_dir / 'secret.txt')!r}).read())", read_paths=[str(secret_dir)])
+        assert r.ok and r.stdout.strip() == "s3cret", r.stderr
+    finally:
+        shutil.rmtree(secret_dir)
+
+
+@needs_sandbox
+@pytest.mark.parametrize("name, call, expect", [
+    ("socket AF_INET", "libc.socket(2, 1, 0)", "-1 1"),
+    ("socket AF_INET6", "libc.socket(10, 1, 0)", "-1 1"),
+    ("socket AF_NETLINK", "libc.socket(16, 3, 0)", "-1 1"),
+    ("unshare CLONE_NEWUSER", "libc.unshare(0x10000000)", "-1 1"),
+    ("unshare CLONE_NEWNET", "libc.unshare(0x40000000)", "-1 1"),
+    ("ptrace TRACEME", "libc.ptrace(0, 0, None, None)", "-1 1"),
+    ("mount", "libc.mount(b'none', b'/tmp', b'tmpfs', 0, None)", "-1 1"),
+    ("keyctl", "libc.syscall(250, 0, 0, 0, 0, 0)", "-1 1"),
+    ("bpf", "libc.syscall(321, 0, 0, 0)", "-1 1"),
+    ("io_uring_setup", "libc.syscall(425, 1, None)", "-1 1"),
+    ("userfaultfd", "libc.syscall(323, 0)", "-1 1"),
+    ("perf_event_open", "libc.syscall(298, None, 0, -1, -1, 0)", "-1 1"),
+    ("clone with CLONE_NEWPID", "libc.syscall(56, 0x20000000 | 17, None, None, None, None)", "-1 1"),
+    ("clone3", "libc.syscall(435, None, 0)", "-1 38"),
+])
+def test_seccomp_refuses_dangerous_syscalls(name, call, expect):
+    if os.uname().machine != "x86_64" and "syscall(" in call:
+        pytest.skip("raw syscall numbers are x86_64's")
+    code = f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nrc = {call}\nprint(rc, ctypes.get_errno())"
+    r = run_python(code)
+    assert r.ok, r.stderr
+    assert r.stdout.strip() == expect, (name, r.stdout)
+
+
+@needs_sandbox
+def test_what_programs_need_still_works_under_the_filter():
+    code = """
+import multiprocessing, socket, subprocess, sys, tempfile
+a, b = socket.socketpair()                 # AF_UNIX is allowed
+a.send(b'x'); print(b.recv(1))
+u = socket.socket(socket.AF_UNIX); u.close()
+print(subprocess.run([sys.executable, '-c', 'print(6*7)'], capture_output=True, text=True).stdout.strip())
+with tempfile.NamedTemporaryFile() as f:
+    print(f.name.startswith('/'))
+def sq(x):
+    return x * x
+if __name__ == '__main__':
+    with multiprocessing.get_context('fork').Pool(2) as p:   # needs a writable /dev/shm
+        print(p.map(sq, [1, 2, 3]))
+"""
+    r = run_python(code, limits=SandboxLimits(timeout_s=60))
+    assert r.ok, r.stderr
+    assert r.stdout.split("\n")[:4] == ["b'x'", "42", "True", "[1, 4, 9]"], r.stdout
 
 
 @needs_sandbox
@@ -239,6 +347,9 @@ def test_nonzero_exit_and_stdin():
     ({"argv": ["true"], "files": {"../x": ""}}, "relative path"),
     ({"argv": ["true"], "files": {"/etc/x": ""}}, "relative path"),
     ({"argv": ["true"], "collect": ["../../etc/passwd"]}, "relative path"),
+    ({"argv": ["true"], "read_paths": ["relative/dir"]}, "absolute path"),
+    ({"argv": ["true"], "read_paths": ["/"]}, "other than '/'"),
+    ({"argv": ["true"], "read_paths": ["/treadle-no-such-dir"]}, "does not exist"),
 ])
 def test_bad_arguments_raise_before_running(kwargs, match, monkeypatch):
     monkeypatch.setattr(sandbox, "isolation_mode", lambda: pytest.fail("must not probe or run"))
@@ -269,3 +380,35 @@ def test_unavailable_isolation_is_a_clear_error_never_an_unsandboxed_run(monkeyp
 def test_missing_program_is_a_result_with_a_clear_message():
     r = run_command(["treadle-no-such-program"])
     assert r.returncode == 125 and "exec 'treadle-no-such-program'" in r.stderr
+
+
+_FORKS = """
+import os, time
+pids = []
+try:
+    for i in range(60):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        pids.append(pid)
+except OSError as e:
+    print('refused', e.errno)
+print('forked', len(pids))
+for p in pids:
+    os.kill(p, 9)
+"""
+
+
+@needs_sandbox
+def test_process_count_is_capped_where_a_pids_cgroup_can_be_made():
+    if sandbox._own_pids_cgroup() is None:
+        pytest.skip("no writable pids cgroup here: only the timeout bounds a fork bomb (SandboxResult.pids_limited)")
+    r = run_python(_FORKS, limits=SandboxLimits(max_processes=16, timeout_s=30))
+    assert r.ok and r.pids_limited, r.stderr
+    assert "refused 11" in r.stdout and int(r.stdout.split()[-1]) < 16  # EAGAIN once 16 processes exist
+    r = run_python(_FORKS, limits=SandboxLimits(max_processes=256, timeout_s=30))  # control: the code can fork
+    assert r.ok and r.stdout.split() == ["forked", "60"], r.stdout + r.stderr
+    mine = f"treadle-sandbox-{os.getpid()}-"  # (other processes' sandboxes may be running meanwhile)
+    leftovers = [d for d in os.listdir(sandbox._own_pids_cgroup()) if d.startswith(mine)]
+    assert leftovers == []  # each run's cgroup is removed

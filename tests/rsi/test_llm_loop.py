@@ -5,25 +5,18 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import sympy
 
 from treadle.llm import LLMClient, LLMConfig, RoleConfig, read_ledger
+from treadle.llm.fake_endpoint import FakeEndpoint
 from treadle.rsi.harness import Harness, Skill
 from treadle.rsi.llm_loop import LLMLoopConfig, LLMRound, MathDomain, TextMathTask
 from treadle.rsi.llm_roles import cost_from_llm_ledger
 
 SKILL = Skill(name="wrap_product", intent="multiply the expression and add a constant", method=("(E)*7+3",))
 H = Harness(skills=(SKILL,))
-
-
-def _reply(text: str) -> dict:
-    return {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": len(text), "total_tokens": 10 + len(text)}}
 
 
 def policy(req: dict):
@@ -58,44 +51,18 @@ def policy(req: dict):
     return 400
 
 
-class FakeEndpoint:
-    def __init__(self):
-        self.requests: list[dict] = []
-        self.override = None  # req -> reply/status, or None for the policy
-        ep = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
-            def do_POST(self):
-                req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-                ep.requests.append(req)
-                out = ep.override(req) if ep.override else None
-                out = policy(req) if out is None else out
-                status, body = (out, {"error": {"message": "scripted"}}) if isinstance(out, int) else (200, _reply(out))
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture
 def fake():
+    """The shared fake endpoint (:mod:`treadle.llm.fake_endpoint`) answering by :func:`policy`, unless
+    ``fake.override(req)`` (set by a test) returns something other than None."""
     ep = FakeEndpoint()
+    ep.override = None
+
+    def respond(req):
+        out = None if ep.override is None else ep.override(req)
+        return policy(req) if out is None else out
+
+    ep.responder = respond
     yield ep
     ep.close()
 
@@ -151,24 +118,24 @@ def test_round_with_llm_roles_keeps_every_row_and_admits_only_valid_failures(fak
 
 def test_the_next_director_call_sees_an_admitted_skill(fake, tmp_path):
     _run(fake, tmp_path, [_queue()[0], _queue()[4]], LLMLoopConfig(concurrency=1, max_repairs=0))
-    director = [json.loads(r["messages"][-1]["content"].split("\n")[0]) for r in fake.requests
+    director = [json.loads(r["messages"][-1]["content"].split("\n")[0]) for r in fake.bodies
                 if r["model"] == "director"]
     libs = [[s["name"] for s in d["library"]] for d in director]
-    first_meta = next(i for i, r in enumerate(fake.requests) if r["model"] == "meta")
-    later = [r for r in fake.requests[first_meta + 1:] if r["model"] == "director"]
+    first_meta = next(i for i, r in enumerate(fake.bodies) if r["model"] == "meta")
+    later = [r for r in fake.bodies[first_meta + 1:] if r["model"] == "director"]
     assert later and all("deep_nesting" in r["messages"][-1]["content"] for r in later)
     assert libs[0] == ["wrap_product"] and libs[-1] == ["wrap_product", "deep_nesting"]
     # the second chain extends with the skill admitted by the first
-    gen = [json.loads(r["messages"][-1]["content"]) for r in fake.requests if r["model"] == "generator"]
+    gen = [json.loads(r["messages"][-1]["content"]) for r in fake.bodies if r["model"] == "generator"]
     assert [g["skill"]["name"] for g in gen] == ["wrap_product", "deep_nesting"]
 
 
 def test_rerun_is_served_from_the_cache_and_ledger_totals_add_up(fake, tmp_path):
     queue = [q for q in _queue() if q.seed_id != "s3"]  # errors are not cached, so leave the failing chain out
     first, _ = _run(fake, tmp_path, queue, LLMLoopConfig(concurrency=1, max_repairs=0))
-    n = len(fake.requests)
+    n = len(fake.bodies)
     again, _ = _run(fake, tmp_path, queue, LLMLoopConfig(concurrency=1, max_repairs=0))
-    assert len(fake.requests) == n  # nothing re-paid
+    assert len(fake.bodies) == n  # nothing re-paid
     assert [(r.seed_id, r.task, r.accuracy, r.admitted) for r in again] == \
         [(r.seed_id, r.task, r.accuracy, r.admitted) for r in first]
     records = read_ledger(tmp_path / "ledger.jsonl")
@@ -198,7 +165,7 @@ def test_configuration_mistakes_fail_before_any_call(fake, tmp_path):
         asyncio.run(dup())
     with pytest.raises(ValueError, match="missing"):
         LLMRound(None, MathDomain(), H, LLMLoopConfig(roles={"director": "director"}))
-    assert fake.requests == []
+    assert fake.bodies == []
 
 
 
@@ -305,19 +272,28 @@ def test_llm_run_folder_resumes_without_repaying_or_duplicating(fake, tmp_path):
         return asyncio.run(inner())
 
     one = go("one", 2, "a.sqlite")
-    n_one = len(fake.requests)
+    n_one = len(fake.bodies)
     go("two", 1, "b.sqlite")
-    n_first = len(fake.requests) - n_one
+    n_first = len(fake.bodies) - n_one
     with (tmp_path / "two" / "problems.jsonl").open("a") as f:  # a crash in round 1 left a stray record
         f.write(json.dumps({"round": 1, "task": "stray"}) + "\n")
     two = go("two", 2, "b.sqlite")
-    assert len(fake.requests) - n_one == n_one  # round 0 was not asked again: rounds 0 + 1 cost one run's calls
+    assert len(fake.bodies) - n_one == n_one  # round 0 was not asked again: rounds 0 + 1 cost one run's calls
     assert n_first < n_one
-    for name in ("problems.jsonl", "repairs.jsonl", "failures.jsonl", "state.json"):
+    for name in ("problems.jsonl", "repairs.jsonl", "failures.jsonl", "state.json", "measure.jsonl", "curve.json"):
         assert (tmp_path / "one" / name).read_text() == (tmp_path / "two" / name).read_text(), name
     assert one["rounds"] == two["rounds"] and len(one["rounds"]) == 2
     assert one["skills"] == ["wrap_product", "deep_nesting"]
-    assert one["ledger"]["total"] == n_one and sum(one["ledger"]["by_operator"].values()) == n_one
+    # measuring calls are counted apart from the synthesis ledger; together they are every live call
+    assert one["measure_calls"] > 0
+    assert one["ledger"]["total"] + one["measure_calls"] == n_one
+    assert sum(one["ledger"]["by_operator"].values()) == one["ledger"]["total"]
+    # the difficulty curve on the fixed queue (s0, s1, s2, s4): the policy's solver is right on expressions of
+    # at most 6 characters; s0 and s4 grow one step per round, s1 (generator fails) and s2 (wrong reference)
+    # keep their seeds
+    curve = [(r["point"], r["n_tasks"], r["accuracy"], r["solved"], r["mean_steps"]) for r in one["curve"]]
+    assert curve == [(0, 4, 1.0, 1.0, 0.0), (1, 4, 0.5, 0.5, 0.5), (2, 4, 0.5, 0.5, 1.0)]
+    assert (tmp_path / "one" / "curve.png").stat().st_size > 1000
     with pytest.raises(RunMismatchError, match="loop"):
         async def other():
             async with LLMClient(_config(fake.base_url)) as c:
@@ -344,7 +320,7 @@ def test_llm_run_bad_input_before_any_call(fake, tmp_path):
         asyncio.run(go([code]))
     with pytest.raises(ValueError, match="no skills"):
         asyncio.run(go(_queue()[:1], harness=Harness()))
-    assert fake.requests == [] and not (tmp_path / "r").exists()
+    assert fake.bodies == [] and not (tmp_path / "r").exists()
 
 
 def _toml(path, base_url, roles=("director", "generator", "solver", "meta")):
@@ -366,10 +342,14 @@ def test_cli_llm_runs_and_resumes_against_the_endpoint(fake, tmp_path):
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "round 0: 2 verified" in res.output and "deep_nesting" in res.output
-    n = len(fake.requests)
+    n = len(fake.bodies)
     res = CliRunner().invoke(app, [*args[:-4], "--rounds", "1", "--concurrency", "1"])  # same run: nothing to do
-    assert res.exit_code == 0 and len(fake.requests) == n
+    assert res.exit_code == 0 and len(fake.bodies) == n
     assert len((tmp_path / "run" / "problems.jsonl").read_text().splitlines()) == 2
+    # math answers are judged by math-verify's exact-number check (in workers), recorded in the config and exports
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["answer_check"] == "math-verify-exact-number-1"
+    rows = [json.loads(x) for x in (tmp_path / "run" / "problems.jsonl").read_text().splitlines()]
+    assert {r["answer_check"] for r in rows} == {"math-verify-exact-number-1"}
 
 
 @pytest.mark.parametrize("case, flag", [("no_file", "--llm-config"), ("roles", "--llm-config"),
@@ -387,7 +367,7 @@ def test_cli_llm_bad_input_is_one_line_exit_2(fake, tmp_path, case, flag):
                                    *extra.get(case, [])])
     assert res.exit_code == 2, res.output
     assert res.output.startswith(flag + ":") and len(res.output.strip().splitlines()) == 1, res.output
-    assert fake.requests == [] and not (tmp_path / "run").exists()
+    assert fake.bodies == [] and not (tmp_path / "run").exists()
 
 
 def test_a_later_failure_never_loses_the_task_already_verified(fake, tmp_path):
@@ -416,7 +396,7 @@ def test_verify_with_nothing_new_exports_nothing(fake, tmp_path):
     fake.override = lambda req: next(answers) if req["model"] == "director" else None
     recs, _ = _run(fake, tmp_path, [_queue()[0]], cache=False)
     assert recs[0].steps == ["verify", "finish"] and not recs[0].exports and not recs[0].new_valid
-    assert [r["model"] for r in fake.requests] == ["director", "director"]  # no solver call
+    assert [r["model"] for r in fake.bodies] == ["director", "director"]  # no solver call
 
 
 def _post_batch_policy(meta_replies):
@@ -477,7 +457,7 @@ def test_post_batch_accepts_a_harder_candidate(fake, tmp_path):
     assert not first["accepted"] and "difficulty" in first["reason"]  # the prompt edit was not harder
     assert second["accepted"] and second["verdict"]["candidate"]["accuracy"] == 0.0
     assert second["diff"][0].startswith("+ skill hard_skill")
-    metas = [r for r in fake.requests if r["model"] == "meta"]
+    metas = [r for r in fake.bodies if r["model"] == "meta"]
     assert "difficulty" in metas[1]["messages"][-1]["content"]  # the Meta agent read the first rejection
 
 
@@ -490,7 +470,7 @@ def test_post_batch_rolls_back_after_exactly_three_rejections(fake, tmp_path):
     assert len(cands) == 3 and not any(c["accepted"] for c in cands)
     assert "no skill 'nope'" in cands[0]["reason"] and "proposal failed" in cands[1]["reason"]
     assert log[-1] == {"event": "rollback", "round": 0, "kept_version": 0}
-    assert sum(r["model"] == "meta" for r in fake.requests) == 3  # the fourth (good) proposal is never asked for
+    assert sum(r["model"] == "meta" for r in fake.bodies) == 3  # the fourth (good) proposal is never asked for
 
 
 def test_apply_edit_bad_edits_are_clear_errors():
@@ -524,3 +504,29 @@ def test_llm_run_folder_with_post_batch(fake, tmp_path):
     assert [e["event"] for e in log] == ["baseline", "candidate"] and log[1]["accepted"]
     assert Harness.from_json((tmp_path / "run" / "harness" / "v1.json").read_text()).skills[-1].name == "hard_skill"
     assert json.loads((tmp_path / "run" / "config.json").read_text())["post_batch"] == {"margin": 0.02}
+
+
+def test_llm_run_folder_from_before_the_answer_check_record_resumes_only_with_the_same_check(fake, tmp_path):
+    from treadle.rsi.answer_check import AnswerChecker, exact_number_equal
+    from treadle.rsi.llm_runs import run_llm
+    from treadle.rsi.runs import RunMismatchError
+
+    queue = [_queue()[0]]
+
+    def go(domain, rounds):
+        async def inner():
+            async with LLMClient(_config(fake.base_url), cache=tmp_path / "c.sqlite") as c:
+                return await run_llm(tmp_path / "r", queue, domain, c, rounds, harness=H,
+                                     config=LLMLoopConfig(concurrency=1, max_repairs=0))
+        return asyncio.run(inner())
+
+    go(MathDomain(), 1)
+    cfg_path = tmp_path / "r" / "config.json"
+    old = json.loads(cfg_path.read_text())
+    assert old["answer_check"] == "last-number-1"
+    del old["answer_check"], old["measure"]  # what a run folder of the previous version holds
+    cfg_path.write_text(json.dumps(old))
+    with AnswerChecker(timeout_s=10, max_workers=1, fn=exact_number_equal) as checker:
+        with pytest.raises(RunMismatchError, match="answer_check"):  # another verifier: scores never mix
+            go(MathDomain(checker), 2)
+    assert len(go(MathDomain(), 2)["rounds"]) == 2  # the same (last-number) check: resumed

@@ -169,3 +169,36 @@ def test_staged_evaluation_spends_less_on_rejected_candidates():
     assert small, "some candidate should fail on the small queue"
     assert all(not e["accepted"] and "small queue of 2" in e["proposal"] for e in small)
     assert staged.ledger.total(phase="post_batch") < full.ledger.total(phase="post_batch")
+
+
+class _Formatted:
+    """The capacity solver's answers written the way an LLM would (boxed, with another number after it)."""
+
+    name = "formatted"
+
+    def __init__(self, echo=False):
+        self.inner, self.echo = CapacitySolver(), echo
+
+    def attempt(self, texts, n, seed):
+        rows = self.inner.attempt(texts, n, seed)
+        if self.echo:  # answers the question's own expression: never a right answer
+            return [[t.rsplit(" ", 1)[-1].rstrip(".") for _ in row] for t, row in zip(texts, rows)]
+        return [[f"The answer is $\\boxed{{{a}}}$, I am 100% sure." for a in row] for row in rows]
+
+
+def test_math_verify_answer_check_in_the_offline_loop():
+    pytest.importorskip("math_verify")
+    seeds = make_seeds(6, 0)
+    plain = RSILoop(seeds, CapacitySolver(), LoopConfig(rounds=1)).curve[0]
+    last = RSILoop(seeds, _Formatted(), LoopConfig(rounds=1)).curve[0]
+    mv = RSILoop(seeds, _Formatted(), LoopConfig(rounds=1, answer_check="math-verify"))
+    echo = RSILoop(seeds, _Formatted(echo=True), LoopConfig(rounds=1, answer_check="math-verify"))
+    try:
+        assert plain > 0.5 and last == 0.0  # the last number (100) is never the answer
+        assert mv.curve[0] == plain  # math-verify extracts the boxed answer: the same accuracy as plain answers
+        assert echo.curve[0] == 0.0  # echoing "3+1" for "Compute 3+1." is not an answer
+        rec = mv.step_round()
+        assert rec["exports"] and all(e["answer_check"] == "math-verify-exact-number-1" for e in rec["exports"])
+    finally:
+        mv.close()
+        echo.close()

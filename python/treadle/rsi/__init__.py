@@ -11,7 +11,9 @@ improves; the verifier is outside it. Layers (never imports ``treadle.weft``):
 - batch: :mod:`~treadle.rsi.runs` (run folders, resume, curve PNG, ablation), CLI ``treadle rsi``;
 - LLM roles: :mod:`~treadle.rsi.agents` (Director, solver), :mod:`~treadle.rsi.llm_roles` (generator, Meta
   skill induction, paraphrase judge), :mod:`~treadle.rsi.llm_loop` (:class:`LLMRound`: an online round
-  with LLM roles over math or HumanEval coding tasks);
+  with LLM roles over math or HumanEval coding tasks), :mod:`~treadle.rsi.llm_curve` (the LLM runs'
+  difficulty curve on the fixed queue), :mod:`~treadle.rsi.scripted_roles` (programmatic Director,
+  generator and Meta on a local endpoint, so a real solver alone gives a measured curve);
 - verification helpers: :mod:`~treadle.rsi.coding` (HumanEval seeds, tests run in :mod:`treadle.sandbox`),
   :mod:`~treadle.rsi.answer_check` (math-verify in worker processes, parent-enforced timeout),
   :mod:`~treadle.rsi.embedding` (embedding decontamination, offline MiniLM).

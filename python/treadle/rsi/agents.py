@@ -62,13 +62,15 @@ class SolveResult:
 async def llm_solve(client: LLMClient, h: Harness, texts: list[str], n: int = 4, *,
                     role: str = "solver", tags: list[str] | None = None) -> list[SolveResult]:
     """``n`` samples per task (distinct cache entries); one result per text, in order, even when calls fail.
-    ``tags``: ledger tag per text (default ``rsi.solver``)."""
+    ``tags``: ledger tag per text (default ``rsi.solver``). An empty ``h.prompts.solver`` sends no system
+    message (small models trained on bare user turns, like the embedded tiny model, answer better)."""
     if tags is not None and len(tags) != len(texts):
         raise ValueError(f"tags must have one entry per text: {len(tags)} tags for {len(texts)} texts")
     out = []
     for i, t in enumerate(texts):
-        rs = await client.sample([{"role": "system", "content": h.prompts.solver}, {"role": "user", "content": t}],
-                                 n, role=role, tag="rsi.solver" if tags is None else tags[i])
+        system = [{"role": "system", "content": h.prompts.solver}] if h.prompts.solver else []
+        rs = await client.sample([*system, {"role": "user", "content": t}], n, role=role,
+                                 tag="rsi.solver" if tags is None else tags[i])
         res = SolveResult()
         for r in rs:
             if isinstance(r, Failure):

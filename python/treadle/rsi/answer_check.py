@@ -16,15 +16,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import multiprocessing
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["ANSWER_CHECKER_VERSION", "AnswerChecker", "AnswerVerdict", "math_verify_equal"]
+__all__ = ["ANSWER_CHECKER_VERSION", "EXACT_CHECKER_VERSION", "AnswerChecker", "AnswerVerdict", "exact_number_equal",
+           "math_verify_equal"]
 
 ANSWER_CHECKER_VERSION = "math-verify-worker-1"
+#: version of :func:`exact_number_equal` in workers (what RSI's math verification records)
+EXACT_CHECKER_VERSION = "math-verify-exact-number-1"
 
 
 class AnswerVerdict(BaseModel):
@@ -48,6 +52,51 @@ def math_verify_equal(answer: str, reference: str) -> bool:
     gold = parse(reference, parsing_timeout=None)
     pred = parse(answer, parsing_timeout=None)
     return bool(verify(gold, pred, timeout_seconds=None))
+
+
+_DECIMAL = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:/\d+)?")
+_FRAC = re.compile(r"([-+]?)\\[dt]?frac\{(\d+)\}\{(\d+)\}")
+
+
+def _as_number(text: str):
+    """The exact rational a number literal stands for (``-4``, ``2.50``, ``3/4``, ``\\frac{3}{4}``), else None."""
+    import sympy
+
+    t = re.sub(r"\s+", "", text)
+    try:
+        if _DECIMAL.fullmatch(t):
+            num, _, den = t.partition("/")
+            q = sympy.Rational(num)
+            return q / int(den) if den else q
+        m = _FRAC.fullmatch(t)
+        if m:
+            return (-1 if m.group(1) == "-" else 1) * sympy.Rational(int(m.group(2)), int(m.group(3)))
+    except (ZeroDivisionError, ValueError, TypeError):
+        return None
+    return None
+
+
+def exact_number_equal(answer: str, reference: str) -> bool:
+    """RSI's exact answer check (issue 16: "Verify checks answers exactly (sympy / math-verify)").
+
+    math-verify extracts the final answer from the text (``\\boxed{..}``, ``$..$``, ``x = ..``, prose: its
+    last answer); the answer counts only if what it extracted is a number literal (integer, decimal,
+    ``a/b``, ``\\frac{a}{b}``) exactly equal to ``reference`` in rational arithmetic. Unlike math-verify's
+    :func:`~math_verify.verify`, an expression is not an answer: echoing ``3+2`` back for "Compute 3+2."
+    is wrong, and so are ``0.333`` for ``1/3`` and ``\\sqrt{4}`` for ``2``. Timeouts off (see
+    :func:`math_verify_equal`: call it in an :class:`AnswerChecker` worker).
+    """
+    from math_verify import parse
+
+    ref = _as_number(reference)
+    if ref is None:
+        parsed = parse(reference, parsing_timeout=None)
+        ref = _as_number(parsed[1]) if len(parsed) > 1 else None
+    if ref is None:
+        return False
+    got = parse(answer, parsing_timeout=None)
+    value = _as_number(got[1]) if len(got) > 1 and isinstance(got[1], str) else None
+    return value is not None and value == ref
 
 
 def _init_worker(memory_mb: int) -> None:

@@ -5,6 +5,11 @@
     treadle rsi ablate --out runs/rsi-ablate [--rounds 3] [--runs 3]
     treadle rsi diff runs/rsi/harness/v0.json runs/rsi/harness/v3.json
     treadle rsi llm --out runs/rsi-llm --llm-config models.toml [--domain math|code] [--rounds 2]
+                    [--answer-check math-verify|last-number]
+    treadle rsi llm --out runs/rsi-tiny --llm-config solver.toml --scripted-roles --solver-prompt ''
+                    (only the solver is a model, e.g. the tiny model behind `treadle llm serve`)
+
+``run`` and ``llm`` print the difficulty curve on the fixed queue and write curve.png.
 """
 from __future__ import annotations
 
@@ -71,6 +76,17 @@ def _hygiene(pool, benchmark_files, heldout_fraction: float, seed: int, seed_fla
     return train, heldout, notes
 
 
+def _check_answer_check(value: str, known: tuple[str, ...]) -> None:
+    if value not in known:
+        _fail("--answer-check", f"unknown answer check {value!r}; choose one of {list(known)}")
+    if value == "math-verify":
+        try:
+            import math_verify  # noqa: F401
+            import pebble  # noqa: F401
+        except ImportError as err:
+            _fail("--answer-check", f"math-verify needs the math-verify and pebble packages ({err})")
+
+
 def _check_out(out: Path) -> None:
     from treadle.run_dirs import check_out_dir
 
@@ -100,6 +116,9 @@ def run_cmd(
     post_batch: bool = typer.Option(True, "--post-batch/--no-post-batch", help="Post-batch proposals + Critic."),
     margin: float = typer.Option(0.02, "--margin", min=0.0, max=1.0, help="Critic's noise margin on accuracy."),
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Resume a run found in --out."),
+    answer_check: str = typer.Option("last-number", "--answer-check",
+                                     help="Solver answers judged by: last-number (exact, the answer's last number) "
+                                          "or math-verify (exact number extracted by math-verify, in workers)."),
 ) -> None:
     """Run the offline loop; writes problems.jsonl, log.jsonl, ledger.jsonl, harness/, curve.png."""
     from treadle.rsi.loop import LoopConfig
@@ -107,6 +126,7 @@ def run_cmd(
 
     if solver not in SOLVERS:
         _fail("--solver", f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)}")
+    _check_answer_check(answer_check, ("last-number", "math-verify"))
     _check_out(out)
     embedder = None
     if embedding_threshold is not None:
@@ -124,7 +144,8 @@ def run_cmd(
                                      None if embedder is None else EmbeddingIndex(embedder, embedding_threshold))
     for n in notes:
         console.print(n, markup=False)
-    cfg = LoopConfig(seed=seed, rounds=rounds, online=online, post_batch=post_batch, margin=margin)
+    cfg = LoopConfig(seed=seed, rounds=rounds, online=online, post_batch=post_batch, margin=margin,
+                     answer_check=answer_check)
     try:
         summ = run(out, seeds, heldout, cfg, SolverSpec(name=solver), resume=resume,
                    decontamination=tuple(str(p) for p in decontaminate or []),
@@ -199,8 +220,19 @@ def llm_cmd(
     post_batch: bool = typer.Option(True, "--post-batch/--no-post-batch",
                                     help="LLM post-batch harness edits judged by the Critic after each round."),
     margin: float = typer.Option(0.02, "--margin", min=0.0, max=1.0, help="Critic's noise margin on accuracy."),
+    scripted_roles: bool = typer.Option(False, "--scripted-roles",
+                                        help="math only: programmatic Director, generator and Meta "
+                                             "(treadle.rsi.scripted_roles) on a local endpoint; --llm-config then "
+                                             "needs only the solver role (e.g. the tiny model of `treadle llm serve`)."),
+    answer_check: str = typer.Option("math-verify", "--answer-check",
+                                     help="math: solver answers judged by math-verify (exact number extracted by "
+                                          "math-verify, in workers with a parent-enforced timeout) or last-number."),
+    solver_prompt: str = typer.Option(None, "--solver-prompt",
+                                      help="System prompt of the fixed solver in H_0 ('' = none, for models trained "
+                                           "on bare user turns such as the tiny model)."),
 ) -> None:
-    """Online RSI rounds with LLM roles (cache and ledger in the run folder; rerun to resume)."""
+    """Online RSI rounds with LLM roles (cache and ledger in the run folder; rerun to resume); prints the
+    difficulty curve on the fixed queue and writes curve.png."""
     import asyncio
 
     from treadle.llm import ConfigError, LLMClient, LLMConfig
@@ -214,10 +246,15 @@ def llm_cmd(
         cfg = LLMConfig.load(llm_config)
     except ConfigError as err:
         _fail("--llm-config", str(err))
-    missing = [r for r in ROLES if r not in cfg.roles]
+    needed = ["solver"] if scripted_roles else list(ROLES)
+    missing = [r for r in needed if r not in cfg.roles]
     if missing:
-        _fail("--llm-config", f"{llm_config} has no role(s) {missing}; RSI needs {list(ROLES)} (has "
+        _fail("--llm-config", f"{llm_config} has no role(s) {missing}; RSI needs {needed} (has "
                               f"{sorted(cfg.roles)})")
+    if scripted_roles and domain != "math":
+        _fail("--scripted-roles", f"the scripted roles write math tasks only, not --domain {domain}")
+    if domain == "math":
+        _check_answer_check(answer_check, ("math-verify", "last-number"))
     _check_out(out)
     if domain == "code":
         from treadle.rsi.coding import load_humaneval_seeds
@@ -233,11 +270,29 @@ def llm_cmd(
     else:
         queue = [TextMathTask(seed_id=t.seed_id, text=t.text, answer=t.answer)
                  for t in _seeds(n_seeds, seed_file, seed)]
-        dom = MathDomain()
+        checker = None
+        if answer_check == "math-verify":
+            from treadle.rsi.answer_check import AnswerChecker, exact_number_equal
+
+            checker = AnswerChecker(timeout_s=10, max_workers=1, fn=exact_number_equal)
+        dom = MathDomain(checker)
+
+    h0 = initial_llm_harness(domain)
+    if solver_prompt is not None:
+        h0 = h0.model_copy(update={"prompts": h0.prompts.model_copy(update={"solver": solver_prompt})})
+    endpoint = None
+    if scripted_roles:
+        from treadle.llm import RoleConfig
+        from treadle.rsi.scripted_roles import scripted_endpoint
+
+        endpoint = scripted_endpoint()
+        cfg = cfg.model_copy(update={"roles": {**cfg.roles, **{r: RoleConfig(
+            model=f"scripted-{r}", base_url=endpoint.base_url, max_retries=0, structured_mode="prompt", max_repairs=0)
+            for r in ("director", "generator", "meta")}}})
 
     async def go():
         async with LLMClient(cfg, cache=out / "llm_cache.sqlite", ledger=out / "llm_ledger.jsonl") as client:
-            return await run_llm(out, queue, dom, client, rounds, harness=initial_llm_harness(domain),
+            return await run_llm(out, queue, dom, client, rounds, harness=h0,
                                  config=LLMLoopConfig(attempts=attempts, concurrency=concurrency),
                                  post_batch=post_batch, margin=margin,
                                  on_round=lambda r: console.print(
@@ -249,10 +304,22 @@ def llm_cmd(
         summ = asyncio.run(go())
     except RunMismatchError as err:
         _fail("--out", str(err))
+    finally:
+        if endpoint is not None:
+            endpoint.close()
+        if getattr(dom, "checker", None) is not None:
+            dom.checker.close()
     led = summ.get("ledger", {})
     console.print(f"calls by operator: {json.dumps(led.get('by_operator', {}))}; tokens {led.get('tokens', 0)}; "
-                  f"library: {summ['skills']}", markup=False)
-    console.print(f"-> {out / 'problems.jsonl'}, {out / 'summary.json'}", markup=False)
+                  f"library: {summ['skills']}; measuring calls (not synthesis cost): {summ.get('measure_calls', 0)}",
+                  markup=False, soft_wrap=True)
+    if summ.get("curve"):
+        from treadle.rsi.llm_curve import curve_table
+
+        console.print(f"difficulty curve (fixed solver, {attempts} attempts, on the fixed queue of {len(queue)} "
+                      f"seed chains; point 0 = seeds):", markup=False, soft_wrap=True)
+        console.print(curve_table(summ["curve"]), markup=False, soft_wrap=True)
+    console.print(f"-> {out / 'problems.jsonl'}, {out / 'summary.json'}, {out / 'curve.png'}", markup=False)
 
 
 @app.command("diff")

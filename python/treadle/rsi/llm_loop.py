@@ -14,9 +14,8 @@ Guarantees (tested against a fake OpenAI-compatible HTTP endpoint):
 - role names are checked against the client's config before any call.
 
 Post-batch edits with an LLM Meta agent: :mod:`treadle.rsi.llm_post_batch`; run folders and resume:
-:mod:`treadle.rsi.llm_runs` (CLI ``treadle rsi llm``). Not here: a difficulty curve on a fixed queue
-for LLM runs (the summary reports the mean solver accuracy of each round's new tasks instead), the
-held-out transfer and ablation with LLM roles (offline only).
+:mod:`treadle.rsi.llm_runs` (CLI ``treadle rsi llm``); the difficulty curve on the fixed queue:
+:mod:`treadle.rsi.llm_curve`. Not here: the held-out transfer and ablation with LLM roles (offline only).
 """
 from __future__ import annotations
 
@@ -71,12 +70,21 @@ class Domain(Protocol):
 
 class MathDomain:
     """Math tasks in the verifier's grammar (``Compute E.`` / ``Solve L=R for x.``), checked by sympy;
-    solver answers compared exactly (or by an :class:`~treadle.rsi.answer_check.AnswerChecker` if given)."""
+    solver answers compared exactly: by their last number (:func:`~treadle.rsi.verifier.check_answer`), or,
+    given an :class:`~treadle.rsi.answer_check.AnswerChecker` (e.g. with
+    :func:`~treadle.rsi.answer_check.exact_number_equal`, what ``treadle rsi llm`` uses), by it in its
+    worker processes. ``answer_check_version`` names the check (recorded with every export)."""
 
     name, schema, verifier_version = "math", MathGeneration, VERIFIER_VERSION
 
-    def __init__(self, checker=None):
+    def __init__(self, checker=None, answer_check_version: str | None = None):
         self.checker = checker
+        if answer_check_version is None:
+            from treadle.rsi.answer_check import ANSWER_CHECKER_VERSION, EXACT_CHECKER_VERSION, exact_number_equal
+
+            answer_check_version = "last-number-1" if checker is None else (
+                EXACT_CHECKER_VERSION if getattr(checker, "fn", None) is exact_number_equal else ANSWER_CHECKER_VERSION)
+        self.answer_check_version = answer_check_version
 
     FORMAT = ("Write the new problem as optional context sentences followed by 'Compute EXPR.' or 'Solve L=R for x.' "
               "(EXPR, L and R without spaces, integers, + - * / and parentheses), with one integer answer.")
@@ -107,6 +115,7 @@ class CodingDomain:
     attempt is correct when it passes them. At most ``max_sandboxes`` sandboxes run at once."""
 
     name, schema, verifier_version = "code", CodeGeneration, CODE_VERIFIER_VERSION
+    answer_check_version = CODE_VERIFIER_VERSION  # an attempt is correct when it passes the tests
 
     def __init__(self, limits: SandboxLimits | None = None, max_sandboxes: int = 2):
         self.limits = limits or SandboxLimits(timeout_s=10)
@@ -324,7 +333,8 @@ class LLMRound:
                 rec.exports.append({"round": rnd, "seed_id": sid, "domain": self.domain.name,
                                     "harness_version": self.harness.version, "key": working.key,
                                     "task": working.model_dump(mode="json"), "skills_used": list(working.skills_used),
-                                    "solver_accuracy": acc, "verifier_version": self.domain.verifier_version})
+                                    "solver_accuracy": acc, "verifier_version": self.domain.verifier_version,
+                                    "answer_check": self.domain.answer_check_version})
                 if cfg.online and prev_acc is not None and prev_acc > cfg.failure_threshold >= acc:
                     rec.calls += 1
                     sk = await llm_induce_skill(self.client, self.harness, self.domain.solver_text(working),

@@ -9,8 +9,11 @@ Run folder layout::
     repairs.jsonl      invalid tasks, generator failures, tool failures
     failures.jsonl     failed model calls (operator, kind, blame, message), per chain and round
     log.jsonl          post-batch: baseline, every proposal with its diff and verdict, rollbacks
-    state.json         written atomically after each round (round, harness, chains): the resume point
-    summary.json       per-round mean accuracy of newly verified tasks, counts, the cost ledger per operator
+    state.json         written atomically after each round (round, harness, chains, curve points): the resume point
+    measure.jsonl      the fixed solver on every chain's task at each curve point (:mod:`~treadle.rsi.llm_curve`)
+    curve.json / curve.png  difficulty curve on the fixed queue: accuracy (95% CI), pass@k, construction steps
+    summary.json       per-round mean accuracy of newly verified tasks, counts, the curve, the cost ledger per
+                       operator (measuring calls counted apart: they are not synthesis cost)
 
 A round's records are appended before ``state.json`` marks it done; a resume drops records of a round not
 marked done and reruns it, and :mod:`treadle.llm`'s cache serves the calls that round already paid for.
@@ -23,6 +26,7 @@ from pathlib import Path
 from treadle.llm import LLMClient, read_ledger
 from treadle.rsi.coding import CodingTask
 from treadle.rsi.harness import Harness
+from treadle.rsi.llm_curve import QueuePoint, curve_rows, curve_table, measure_queue, plot_curve
 from treadle.rsi.llm_loop import CodingDomain, LLMLoopConfig, LLMRound, TextMathTask
 from treadle.rsi.llm_roles import cost_from_llm_ledger
 from treadle.rsi.runs import RunMismatchError, _append, _keep_rounds, _write_atomic
@@ -36,7 +40,7 @@ def _task_type(domain):
 
 async def run_llm(out_dir, queue: list, domain, client: LLMClient, rounds: int, *, harness: Harness | None = None,
                   config: LLMLoopConfig | None = None, on_round=None, post_batch: bool = False,
-                  margin: float = 0.02) -> dict:
+                  margin: float = 0.02, measure: bool = True) -> dict:
     """Run (or resume) ``rounds`` LLM rounds over ``queue`` into ``out_dir``; returns the summary.
 
     Args:
@@ -47,6 +51,9 @@ async def run_llm(out_dir, queue: list, domain, client: LLMClient, rounds: int, 
         harness: the starting harness (its library must not be empty).
         post_batch: after each round's online phase, LLM post-batch proposals judged by the Critic
             (:func:`~treadle.rsi.llm_post_batch.llm_post_batch`, noise ``margin``) on the frozen queue.
+        measure: the difficulty curve on the fixed queue: the fixed solver (``harness``'s solver prompt at
+            the start) attempts every chain's task before round 0 and after each round
+            (:func:`~treadle.rsi.llm_curve.measure_queue`); ``summary["curve"]``, ``curve.json``, ``curve.png``.
 
     Raises:
         ValueError: empty queue, duplicated seed ids, tasks of the wrong type, ``rounds`` < 1, an empty library.
@@ -70,7 +77,8 @@ async def run_llm(out_dir, queue: list, domain, client: LLMClient, rounds: int, 
         raise ValueError("the starting harness has no skills: the Director could only Finish")
     loop = LLMRound(client, domain, harness, config)  # checks the roles before any call
     cfg = {"domain": domain.name, "loop": config.model_dump(mode="json"), "seed_ids": ids,
-           "post_batch": {"margin": margin} if post_batch else None,
+           "post_batch": {"margin": margin} if post_batch else None, "measure": measure,
+           "answer_check": getattr(domain, "answer_check_version", None),
            "models": {r: client.config.role(config.roles[r]).model for r in config.roles}}
     out = Path(out_dir)
     cfg_path, state_path = out / "config.json", out / "state.json"
@@ -79,6 +87,9 @@ async def run_llm(out_dir, queue: list, domain, client: LLMClient, rounds: int, 
             old = json.loads(cfg_path.read_text())
         except (ValueError, OSError) as err:
             raise RunMismatchError(f"{cfg_path} is not a readable run config ({err}); use another folder") from None
+        if isinstance(old, dict) and "answer_check" not in old:  # a run folder from before the curve and the
+            old.setdefault("measure", measure)                   # answer-check record: it judged by last number
+            old["answer_check"] = "last-number-1" if domain.name == "math" else cfg["answer_check"]
         if old != cfg:
             keys = sorted(k for k in set(old) | set(cfg) if old.get(k) != cfg.get(k)) if isinstance(old, dict) else []
             raise RunMismatchError(f"{out} holds a run with another config: differs in {keys}")
@@ -87,10 +98,21 @@ async def run_llm(out_dir, queue: list, domain, client: LLMClient, rounds: int, 
     if not cfg_path.exists():
         _write_atomic(cfg_path, json.dumps(cfg, indent=1))
     chains = {t.seed_id: t for t in queue}
-    done, per_round, reports = 0, [], []
+    done, per_round, reports, points = 0, [], [], []
+    solver_prompt = harness.prompts.solver  # the fixed solver: H_0's prompt, whatever later edits do
+
+    async def measure_point(p: int) -> None:
+        if measure:
+            points.extend(await measure_queue(client, domain, [chains[i] for i in ids], p, attempts=config.attempts,
+                                              role=config.roles["solver"], solver_prompt=solver_prompt,
+                                              concurrency=config.concurrency))
+            _write_atomic(out / "measure.jsonl", "".join(q.model_dump_json() + "\n" for q in points))
+
     if state_path.exists():
         st = json.loads(state_path.read_text())
         done, per_round, reports = st["round"], st["per_round"], st["reports"]
+        points = [QueuePoint.model_validate(q) for q in st.get("points", [])]
+        solver_prompt = st.get("solver_prompt", solver_prompt)
         loop.harness = Harness.model_validate(st["harness"])
         chains = {k: ttype.model_validate(v) for k, v in st["chains"].items()}
         for name in ("problems.jsonl", "repairs.jsonl", "failures.jsonl", "log.jsonl"):
@@ -99,6 +121,10 @@ async def run_llm(out_dir, queue: list, domain, client: LLMClient, rounds: int, 
         for name in ("problems.jsonl", "repairs.jsonl", "failures.jsonl", "log.jsonl"):
             (out / name).unlink(missing_ok=True)
         _write_atomic(out / "harness" / f"v{harness.version}.json", harness.to_json())
+        (out / "measure.jsonl").unlink(missing_ok=True)
+    if measure and not any(q.point == done for q in points):  # the seeds (or a point a crash cut short)
+        points = [q for q in points if q.point < done]
+        await measure_point(done)
     for rnd in range(done, rounds):
         recs = await loop.run([chains[i] for i in ids], rnd)
         chains = {r.seed_id: r.task for r in recs}
@@ -123,16 +149,26 @@ async def run_llm(out_dir, queue: list, domain, client: LLMClient, rounds: int, 
                           "admitted": [s for r in recs for s in r.admitted], "harness_version": loop.harness.version,
                           "post_batch_accepted": accepted})
         _write_atomic(out / "harness" / f"v{loop.harness.version}.json", loop.harness.to_json())
+        await measure_point(rnd + 1)
         _write_atomic(state_path, json.dumps({"round": rnd + 1, "per_round": per_round, "reports": reports,
+                                              "points": [q.model_dump(mode="json") for q in points],
+                                              "solver_prompt": solver_prompt,
                                               "harness": loop.harness.model_dump(mode="json"),
                                               "chains": {k: v.model_dump(mode="json") for k, v in chains.items()}}))
         if on_round is not None:
             on_round(per_round[-1])
     summary = {"rounds": per_round, "skills": [s.name for s in loop.harness.skills],
                "harness_version": loop.harness.version}
+    if measure:
+        rows = curve_rows(points)
+        summary["curve"] = rows
+        _write_atomic(out / "curve.json", json.dumps({"rows": rows, "attempts": config.attempts,
+                                                      "n_tasks": len(ids), "table": curve_table(rows)}, indent=1))
+        plot_curve(rows, out / "curve.png")
     if client.ledger is not None:
         # every rsi-tagged live call in the client's ledger file (give each run its own ledger)
-        summary["ledger"] = cost_from_llm_ledger([r for r in read_ledger(client.ledger.path) if not r.cache_hit]
-                                                 ).summary()
+        live = [r for r in read_ledger(client.ledger.path) if not r.cache_hit]
+        summary["ledger"] = cost_from_llm_ledger(live).summary()
+        summary["measure_calls"] = sum(1 for r in live if r.tag.startswith("rsi:") and ":measure:" in r.tag)
     _write_atomic(out / "summary.json", json.dumps(summary, indent=1, default=str))
     return summary

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass, field
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -60,6 +61,11 @@ class LoopConfig(BaseModel):
     Critic passes there are evaluated on the full frozen queue (0 = off)."""
     max_method_len: int = Field(6, ge=1, le=32)
     """Admission: longest composite skill (reusability: short recipes generalise)."""
+    answer_check: Literal["last-number", "math-verify"] = "last-number"
+    """How a solver answer is judged against the reference, exactly in both cases: ``last-number`` (the
+    answer's last number, :func:`~treadle.rsi.verifier.check_answer`) or ``math-verify`` (math-verify extracts
+    the final answer, which must be a number literal equal to the reference:
+    :func:`~treadle.rsi.answer_check.exact_number_equal`, in worker processes with a parent-enforced timeout)."""
 
 
 def bootstrap_ci(values: list[float], *, seed: int = 0, level: float = 0.95, n_boot: int = 2000) -> tuple[float, float]:
@@ -157,6 +163,7 @@ class RSILoop:
         self.config = config or LoopConfig()
         self.seeds = list(train_seeds)
         self.solver = solver
+        self._checker = None  # answer-checking workers, started on first use (answer_check="math-verify")
         self.ledger = CostLedger()
         self.log: list[dict] = []
         self.director = Director()
@@ -170,14 +177,38 @@ class RSILoop:
         self._measure_point()
 
     # --- measurement --------------------------------------------------------------------------------
+    @property
+    def answer_check_version(self) -> str:
+        """Version of the answer check in force (recorded with every export)."""
+        from treadle.rsi.answer_check import EXACT_CHECKER_VERSION
+
+        return EXACT_CHECKER_VERSION if self.config.answer_check == "math-verify" else "last-number-1"
+
+    def _correct(self, pairs: list[tuple[str, str]]) -> list[bool]:
+        if self.config.answer_check == "last-number":
+            from treadle.rsi.verifier import check_answer
+
+            return [check_answer(a, r) for a, r in pairs]
+        if self._checker is None:
+            from treadle.rsi.answer_check import AnswerChecker, exact_number_equal
+
+            self._checker = AnswerChecker(timeout_s=10, max_workers=1, fn=exact_number_equal)
+        return [v.correct for v in self._checker.check_many(pairs)]
+
+    def close(self) -> None:
+        """Stop the answer-checking workers (``answer_check="math-verify"``); the loop can still be used."""
+        if self._checker is not None:
+            self._checker.close()
+            self._checker = None
+
     def solve_accuracy(self, tasks: list[MathTask], seed_tag: str) -> list[float]:
-        """Fixed-solver accuracy per task (``attempts`` attempts, solver seeded by ``seed_tag``)."""
+        """Fixed-solver accuracy per task (``attempts`` attempts, solver seeded by ``seed_tag``; answers
+        judged by ``config.answer_check``)."""
         if not tasks:
             return []
         rows = self.solver.attempt([t.text for t in tasks], self.config.attempts, _seed_int(self.config.seed, seed_tag))
-        from treadle.rsi.verifier import check_answer
-
-        return [sum(check_answer(a, t.answer) for a in row) / len(row) for t, row in zip(tasks, rows)]
+        ok = iter(self._correct([(a, t.answer) for t, row in zip(tasks, rows) for a in row]))
+        return [sum(next(ok) for _ in row) / len(row) for row in rows]
 
     def measure(self, tasks: list[MathTask]) -> float:
         """Difficulty-curve point: mean fixed-solver accuracy on ``tasks`` (fixed measuring seed)."""
@@ -266,7 +297,7 @@ class RSILoop:
                 res.exports.append({"round": rnd, "seed_id": sid, "harness_version": h.version, "key": working.key,
                                     "text": working.text, "answer": working.answer,
                                     "skills_used": list(working.skills_used), "solver_accuracy": acc,
-                                    "verifier_version": VERIFIER_VERSION})
+                                    "verifier_version": VERIFIER_VERSION, "answer_check": self.answer_check_version})
                 crossed = prev_acc is not None and prev_acc > cfg.failure_threshold >= acc
                 if online and crossed:
                     h = self._admit(h, working, acc, rnd, res, passed_len)

@@ -172,6 +172,7 @@ def run(out_dir, seeds: list[MathTask], heldout: list[MathTask] = (), loop: Loop
         if not resume:
             raise RunMismatchError(f"{out} already holds a run; resume it or choose another folder")
         old.setdefault("embedding", None)  # run folders from before embedding decontamination
+        old["loop"].setdefault("answer_check", "last-number")  # run folders from before the math-verify option
         old["loop"].pop("rounds", None)  # more (or fewer) rounds: the same run, continued
         new_rounds = new["loop"].pop("rounds")
         if old != new:
@@ -205,6 +206,14 @@ def run(out_dir, seeds: list[MathTask], heldout: list[MathTask] = (), loop: Loop
         L = RSILoop(seeds, solver_impl, loop)
         _append(out / "ledger.jsonl", [e.model_dump(mode="json") for e in L.ledger.entries])
         _write_atomic(out / "harness" / "v0.json", L.h0.to_json())
+    try:
+        return _run_rounds(L, out, loop, index, emb_index, heldout, on_round)
+    finally:
+        L.close()
+
+
+def _run_rounds(L: RSILoop, out: Path, loop: LoopConfig, index, emb_index, heldout, on_round) -> dict:
+    state_path = out / "state.json"
     while L.round < loop.rounds:
         n_log, n_led = len(L.log), len(L.ledger.entries)
         rec = L.step_round()
