@@ -1,13 +1,14 @@
 """``treadle rsi ...``: the offline harness self-improvement loop (issue 16).
 
     treadle rsi run --out runs/rsi [--rounds 3] [--seeds 16 | --seed-file seeds.jsonl] [--heldout-fraction 0.3]
-                    [--decontaminate bench.jsonl ... [--embedding-threshold 0.85]]
+                    [--decontaminate bench.jsonl ... [--embedding-threshold 0.85]] [--ray auto]
     treadle rsi ablate --out runs/rsi-ablate [--rounds 3] [--runs 3]
     treadle rsi diff runs/rsi/harness/v0.json runs/rsi/harness/v3.json
     treadle rsi llm --out runs/rsi-llm --llm-config models.toml [--domain math|code] [--rounds 2]
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -100,6 +101,9 @@ def run_cmd(
     post_batch: bool = typer.Option(True, "--post-batch/--no-post-batch", help="Post-batch proposals + Critic."),
     margin: float = typer.Option(0.02, "--margin", min=0.0, max=1.0, help="Critic's noise margin on accuracy."),
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Resume a run found in --out."),
+    ray: str = typer.Option(None, "--ray", help="Run seed chains and candidate evaluations as Ray tasks: auto "
+                                                "(the running cluster), local, ray://HOST:PORT or HOST:PORT "
+                                                "(needs treadle[ray]; same results as without)."),
 ) -> None:
     """Run the offline loop; writes problems.jsonl, log.jsonl, ledger.jsonl, harness/, curve.png."""
     from treadle.rsi.loop import LoopConfig
@@ -107,6 +111,15 @@ def run_cmd(
 
     if solver not in SOLVERS:
         _fail("--solver", f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)}")
+    if ray is not None:
+        from treadle.ray_cluster import check_address
+
+        try:
+            check_address(ray)
+        except ValueError as err:
+            _fail("--ray", str(err))
+        if importlib.util.find_spec("ray") is None:
+            _fail("--ray", "Ray is not installed; pip install 'treadle[ray]'")
     _check_out(out)
     embedder = None
     if embedding_threshold is not None:
@@ -128,12 +141,14 @@ def run_cmd(
     try:
         summ = run(out, seeds, heldout, cfg, SolverSpec(name=solver), resume=resume,
                    decontamination=tuple(str(p) for p in decontaminate or []),
-                   embedding_threshold=embedding_threshold, embedder=embedder,
+                   embedding_threshold=embedding_threshold, embedder=embedder, ray_address=ray,
                    on_round=lambda r: console.print(f"after round {r['round'] + 1}: accuracy {r['accuracy']:.3f}, "
                                                     f"{len(r['exports'])} verified, {len(r['repairs'])} repairs, "
                                                     f"harness v{r['harness'].version}", markup=False))
     except RunMismatchError as err:
         _fail("--out", str(err))
+    except ConnectionError as err:
+        _fail("--ray", f"no Ray cluster answered at {ray!r}: {err}".replace("\n", " "))
     t = Table(title="difficulty curve (fixed-solver accuracy on the fixed queue)")
     t.add_column("round")
     t.add_column("accuracy")
