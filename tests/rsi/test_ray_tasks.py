@@ -20,13 +20,13 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers c
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    started = not ray.is_initialized()
-    if started:
+def local_ray(request):
+    """One local Ray (2 CPUs) for the whole test session: the first module that needs it starts it, the
+    session's end shuts it down (Ray's start-up is the slow part of these tests)."""
+    if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
+        request.config.add_cleanup(ray.shutdown)
+    return ray
 
 
 def _run(distributed=None, seed=1, n=6, rounds=2, solver=None, **kw):
