@@ -52,8 +52,9 @@ def single():
     return _run()
 
 
-def test_rounds_equal_single_process(local_ray, single):
-    chains = RayChains()
+@pytest.mark.parametrize("chunk", [1, None])  # one chain per task; slices of chains (auto: 2 tasks per CPU)
+def test_rounds_equal_single_process(local_ray, single, chunk):
+    chains = RayChains(chunk=chunk)
     got = _run(chains)
     _same(single, got)
     log = single[0].log
@@ -61,8 +62,8 @@ def test_rounds_equal_single_process(local_ray, single):
     # grown harness) and post-batch candidates judged by the Critic in the driver
     assert any("admitted" in e for e in log), log
     assert any(e.get("event") == "candidate" for e in log), log
-    n_chains = 2 * 6  # online chains of 2 rounds
-    assert chains.submitted > n_chains  # candidate evaluations (and reruns) were submitted as tasks too
+    online_tasks = 2 * len(chains._slices(make_seeds(6, 0)))  # 2 rounds
+    assert chains.submitted > online_tasks  # candidate evaluations (and reruns) were submitted as tasks too
 
 
 def test_staged_queue_and_transfer_equal_single_process(local_ray):
@@ -116,6 +117,11 @@ def test_runs_run_and_cli_with_ray(local_ray, tmp_path):
                                  "--ray", "auto"])
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "d" / "summary.json").read_text())["curve"]
+
+
+def test_bad_chunk_is_refused(local_ray):
+    with pytest.raises(ValueError, match="chunk"):
+        RayChains(chunk=0)
 
 
 @pytest.mark.parametrize("bad", ["", "head", "ray://head:", "head:0", "head:70000", 7])
