@@ -129,3 +129,29 @@ def test_llm_components_on_ray_need_a_config(tmp_path):
         sample(tmp_path / "run", from_shop(), SampleConfig(policy=Component(name="llm")), client=object(),
                ray_address="auto")
     assert not (tmp_path / "run").exists()
+
+
+class Broken(ReplayPolicy):
+    """A replay policy whose endpoint breaks on the second task: the rollout raises (an infrastructure failure)."""
+
+    async def act(self, messages, tools, harness, ctx):
+        if ctx.task.name == from_shop()[1].name:
+            raise RuntimeError("endpoint broke")
+        return await super().act(messages, tools, harness, ctx)
+
+
+def test_a_raising_rollout_is_the_same_failed_record_on_ray(local_ray, tmp_path, monkeypatch):
+    from treadle.weft.rollouts import batch
+
+    real = batch.build_setup
+
+    def build(cfg, *, client=None):
+        s = real(cfg, client=client)
+        return type(s)(view=s.view, harness=s.harness, max_steps=s.max_steps, seed=s.seed,
+                       policy=Broken(rates=s.policy.rates, seed=s.policy.seed))
+    monkeypatch.setattr(batch, "build_setup", build)
+    cfg = SampleConfig(policy=CFG.policy, ks=(1,), concurrency=2)
+    here = {t.key: t.model_dump() for t in sample(tmp_path / "one", from_shop(), cfg)}
+    there = {t.key: t.model_dump() for t in sample(tmp_path / "ray", from_shop(), cfg, ray_address="auto")}
+    assert there == here
+    assert sorted(t["failure"] or "" for t in here.values()) == ["", "RuntimeError: endpoint broke"]

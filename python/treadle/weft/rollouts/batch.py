@@ -189,7 +189,9 @@ async def sample_async(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: S
 
     Raises (before any rollout): :class:`RunDirError` (``run_dir`` cannot be a run folder),
     :class:`ConfigMismatchError` (it holds another config), TypeError / ValueError (bad tasks or components,
-    a malformed ``ray_address``).
+    a malformed ``ray_address``), :class:`~treadle.ray_cluster.RayUnavailableError` / ConnectionError (Ray
+    missing / no cluster at ``ray_address``; a ``HOST:PORT`` that does not answer takes Ray's own GCS
+    connection timeout, minutes, to fail).
     """
     if ray_address is not None:
         from treadle.ray_cluster import check_address
@@ -214,6 +216,10 @@ async def sample_async(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: S
         except ValueError as err:
             raise ValueError(f"task {t.name!r}: {err}") from None
     run_dir = check_run_dir(run_dir)
+    if ray_address is not None:  # connect before the run folder is touched (ConnectionError: no cluster there)
+        from treadle.ray_cluster import ensure_ray
+
+        await anyio.to_thread.run_sync(ensure_ray, ray_address)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = run_dir / "config.json"
     doc = cfg.model_dump(mode="json")

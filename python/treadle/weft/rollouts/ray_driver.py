@@ -169,7 +169,10 @@ async def run_on_ray(jobs: Sequence[tuple[RolloutTask, str, int]], *, envs: dict
                     todo.append((task, method, k, tries + 1))
                     continue
                 tr = _trajectory(task, envs[task.env], method, k, setup, [], [], [], [], False,
-                                 failure=f"worker lost {tries + 1} times: {type(err).__name__}"[:1000])
+                                 failure=f"worker lost {tries + 1} times: {type(err).__name__}: {err}"[:1000])
+            except Exception as err:  # noqa: BLE001  (Ray could not run it: recorded, a rerun redoes it)
+                tr = _trajectory(task, envs[task.env], method, k, setup, [], [], [], [], False,
+                                 failure=f"{type(err).__name__}: {err}"[:1000])
             else:
                 tr = Trajectory.model_validate_json(text)
             finally:
