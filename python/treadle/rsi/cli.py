@@ -103,7 +103,7 @@ def run_cmd(
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Resume a run found in --out."),
     ray: str = typer.Option(None, "--ray", help="Run seed chains and candidate evaluations as Ray tasks: auto "
                                                 "(the running cluster), local, ray://HOST:PORT or HOST:PORT "
-                                                "(needs treadle[ray]; same results as without)."),
+                                                "(needs Ray, the ray extra; same results as without)."),
 ) -> None:
     """Run the offline loop; writes problems.jsonl, log.jsonl, ledger.jsonl, harness/, curve.png."""
     from treadle.rsi.loop import LoopConfig

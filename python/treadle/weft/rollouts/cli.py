@@ -56,7 +56,7 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
                                                                      "as sft.jsonl."),
                ray: str = typer.Option(None, "--ray", help="Run the rollouts on Ray actors: auto (the running "
                                                            "cluster), local, ray://HOST:PORT or HOST:PORT "
-                                                           "(needs treadle[ray]; same trajectories)."),
+                                                           "(needs Ray, the ray extra; same trajectories)."),
                ray_workers: int = typer.Option(None, "--ray-workers", show_default=False,
                                                help="Ray actors to start (--ray; default: the cluster's CPUs, at "
                                                     "most --concurrency).")) -> None:
