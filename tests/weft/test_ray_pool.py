@@ -24,6 +24,7 @@ def local_ray(request):
     return ray
 
 
+@pytest.mark.slow  # Ray actors are Python processes importing the runtime: seconds each on 2 busy cores
 def test_sessions_on_actors_and_failover_after_ray_kill(local_ray, tmp_path):
     snap = snapshot_from_sql(NOTES_DDL)
 
@@ -67,6 +68,7 @@ def test_sessions_on_actors_and_failover_after_ray_kill(local_ray, tmp_path):
     anyio.run(main)
 
 
+@pytest.mark.slow  # Ray actors are Python processes importing the runtime: seconds each on 2 busy cores
 def test_chaos_drill_on_ray_loses_no_checkpointed_work(local_ray):
     from treadle.weft.chaos import run_chaos
 

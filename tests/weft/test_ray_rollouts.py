@@ -38,6 +38,7 @@ def single(tmp_path_factory):
     return {t.key: t.model_dump() for t in trs}
 
 
+@pytest.mark.slow  # Ray actors are Python processes importing the runtime: seconds each on 2 busy cores
 def test_cli_ray_equals_single_process(local_ray, single, tmp_path):
     from treadle.weft.rollouts.cli import app
 
@@ -76,6 +77,7 @@ class StallOnce(ReplayPolicy):
         return await super().act(messages, tools, harness, ctx)
 
 
+@pytest.mark.slow  # Ray actors are Python processes importing the runtime: seconds each on 2 busy cores
 def test_a_killed_actor_loses_no_written_rollout(local_ray, single, tmp_path, monkeypatch):
     from treadle.weft.rollouts import batch
 
@@ -152,6 +154,7 @@ def test_a_raising_rollout_is_the_same_failed_record_on_ray(local_ray, tmp_path,
     monkeypatch.setattr(batch, "build_setup", build)
     cfg = SampleConfig(policy=CFG.policy, ks=(1,), concurrency=2)
     here = {t.key: t.model_dump() for t in sample(tmp_path / "one", from_shop(), cfg)}
-    there = {t.key: t.model_dump() for t in sample(tmp_path / "ray", from_shop(), cfg, ray_address="auto")}
+    there = {t.key: t.model_dump() for t in sample(tmp_path / "ray", from_shop(), cfg, ray_address="auto",
+                                                    ray_workers=1)}
     assert there == here
     assert sorted(t["failure"] or "" for t in here.values()) == ["", "RuntimeError: endpoint broke"]
