@@ -106,7 +106,8 @@ class RayWorkerPool(WorkerPool):
     Args:
         address: Ray address (``auto``, ``local``, ``ray://HOST:PORT``, ``HOST:PORT``); ignored when Ray is
             already initialised in this process.
-        num_cpus: CPUs each actor reserves (default 1).
+        num_cpus: CPUs each actor reserves (default 1; a fraction packs several on one CPU). A new actor waits
+            until the cluster has that much free: ``max_workers`` live actors must fit in it.
         spread: place actors with Ray's ``SPREAD`` strategy (over nodes) instead of ``DEFAULT`` (packing).
         max_concurrency: concurrent requests one actor serves (its thread pool).
         max_workers, sessions_per_worker, checkpoint_store, timeout_s, debounce_s, checkpoint_key,
