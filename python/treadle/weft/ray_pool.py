@@ -39,6 +39,9 @@ from treadle.weft.pool import WorkerDiedError, WorkerHungError, WorkerPool, _rai
 
 __all__ = ["RayWorkerPool", "RuntimeActor"]
 
+_SESSION_OPS = frozenset({"call", "reset", "close", "checkpoint", "snapshot", "checkpoint_turn"})
+"""Pool operations about one session (its id first): sent in the order they were made."""
+
 
 class _QueueConn:
     """The pipe end a worker loop reads from and answers to, over in-process queues (inside the actor)."""
@@ -134,6 +137,7 @@ class RayWorkerPool(WorkerPool):
         self.address, self.num_cpus, self.spread, self.max_concurrency = address, num_cpus, spread, max_concurrency
         self.ray: Any = None
         self._actor_cls: Any = None
+        self._session_locks: dict[str, anyio.Lock] = {}
 
     async def __aenter__(self) -> RayWorkerPool:
         from treadle.ray_cluster import ensure_ray
@@ -171,6 +175,12 @@ class RayWorkerPool(WorkerPool):
             WorkerDiedError: the actor is dead or died before answering.
             WorkerHungError: no answer within ``deadline_s``: the actor was killed.
         """
+        if op in _SESSION_OPS:  # Ray does not order concurrent calls into a threaded actor: the pool does, per session
+            async with self._session_locks.setdefault(args[0], anyio.Lock()):
+                return await self._send(w, op, *args, deadline_s=deadline_s)
+        return await self._send(w, op, *args, deadline_s=deadline_s)
+
+    async def _send(self, w: _Worker, op: str, *args: Any, deadline_s: float | None = None) -> Any:
         if w.dead:
             raise WorkerDiedError(f"worker {w.index} (actor pid {w.pid}) is dead")
         rid = next(self._rids)
@@ -202,6 +212,10 @@ class RayWorkerPool(WorkerPool):
                 self.ray.kill(w.process.actor, no_restart=True)
             except Exception:  # noqa: BLE001  (already gone)
                 pass
+
+    async def close(self, session_id: str) -> None:
+        await super().close(session_id)
+        self._session_locks.pop(session_id, None)
 
     def kill_worker_of(self, session_id: str) -> int:
         """Kill (``ray.kill``) the actor serving a session, as a lost node would; returns its pid.
