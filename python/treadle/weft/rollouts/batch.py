@@ -195,13 +195,12 @@ async def sample_async(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: S
     """
     if ray_address is not None:
         from treadle.ray_cluster import check_address
-
-        from treadle.weft.rollouts.ray_driver import _needs_client
+        from treadle.weft.rollouts.ray_driver import needs_llm_client
 
         check_address(ray_address)
         if ray_workers is not None and (not isinstance(ray_workers, int) or ray_workers < 1):
             raise ValueError(f"ray_workers must be an int >= 1, got {ray_workers!r}")
-        if _needs_client(cfg) and llm_config is None:
+        if needs_llm_client(cfg) and llm_config is None:
             raise ValueError("with Ray, the llm policy / simuser-llm view need llm_config (CLI: --llm-config): "
                              "each actor opens its own client")
     from treadle.weft.runtime import Runtime

@@ -31,7 +31,7 @@ import anyio
 from treadle.weft.rollouts.records import Trajectory
 from treadle.weft.rollouts.tasks import RolloutTask
 
-__all__ = ["RolloutActor", "run_on_ray"]
+__all__ = ["RolloutActor", "needs_llm_client", "run_on_ray"]
 
 
 class RolloutActor:
@@ -75,7 +75,8 @@ class RolloutActor:
         return tr.model_dump_json()
 
 
-def _needs_client(cfg: Any) -> bool:
+def needs_llm_client(cfg: Any) -> bool:
+    """True when the config's components need an LLM client (``llm`` policy, a view such as ``simuser-llm``)."""
     from treadle.weft.rollouts.registry import VIEWS
 
     return cfg.policy.name == "llm" or bool(getattr(VIEWS.get(cfg.view.name), "needs_client", False))
@@ -109,7 +110,7 @@ async def run_on_ray(jobs: Sequence[tuple[RolloutTask, str, int]], *, envs: dict
     from treadle.ray_cluster import ensure_ray
     from treadle.weft.rollouts.rollout import _trajectory
 
-    needs_client = _needs_client(cfg)
+    needs_client = needs_llm_client(cfg)
     if needs_client and llm_config is None:
         raise ValueError("with Ray, the llm policy / simuser-llm view need llm_config (CLI: --llm-config)")
     if workers is not None and (not isinstance(workers, int) or workers < 1):
