@@ -1,7 +1,7 @@
 """``treadle rsi ...``: the offline harness self-improvement loop (issue 16).
 
     treadle rsi run --out runs/rsi [--rounds 3] [--seeds 16 | --seed-file seeds.jsonl] [--heldout-fraction 0.3]
-                    [--decontaminate bench.jsonl ... [--embedding-threshold 0.85]]
+                    [--decontaminate bench.jsonl ... [--embedding-threshold 0.85]] [--ray auto]
     treadle rsi ablate --out runs/rsi-ablate [--rounds 3] [--runs 3]
     treadle rsi diff runs/rsi/harness/v0.json runs/rsi/harness/v3.json
     treadle rsi llm --out runs/rsi-llm --llm-config models.toml [--domain math|code] [--rounds 2]
@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -119,6 +120,9 @@ def run_cmd(
     answer_check: str = typer.Option("last-number", "--answer-check",
                                      help="Solver answers judged by: last-number (exact, the answer's last number) "
                                           "or math-verify (exact number extracted by math-verify, in workers)."),
+    ray: str = typer.Option(None, "--ray", help="Run seed chains and candidate evaluations as Ray tasks: auto "
+                                                "(the running cluster), local, ray://HOST:PORT or HOST:PORT "
+                                                "(needs Ray, the ray extra; same results as without)."),
 ) -> None:
     """Run the offline loop; writes problems.jsonl, log.jsonl, ledger.jsonl, harness/, curve.png."""
     from treadle.rsi.loop import LoopConfig
@@ -127,6 +131,15 @@ def run_cmd(
     if solver not in SOLVERS:
         _fail("--solver", f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)}")
     _check_answer_check(answer_check, ("last-number", "math-verify"))
+    if ray is not None:
+        from treadle.ray_cluster import check_address
+
+        try:
+            check_address(ray)
+        except ValueError as err:
+            _fail("--ray", str(err))
+        if importlib.util.find_spec("ray") is None:
+            _fail("--ray", "Ray is not installed; pip install 'treadle[ray]'")
     _check_out(out)
     embedder = None
     if embedding_threshold is not None:
@@ -149,12 +162,14 @@ def run_cmd(
     try:
         summ = run(out, seeds, heldout, cfg, SolverSpec(name=solver), resume=resume,
                    decontamination=tuple(str(p) for p in decontaminate or []),
-                   embedding_threshold=embedding_threshold, embedder=embedder,
+                   embedding_threshold=embedding_threshold, embedder=embedder, ray_address=ray,
                    on_round=lambda r: console.print(f"after round {r['round'] + 1}: accuracy {r['accuracy']:.3f}, "
                                                     f"{len(r['exports'])} verified, {len(r['repairs'])} repairs, "
                                                     f"harness v{r['harness'].version}", markup=False))
     except RunMismatchError as err:
         _fail("--out", str(err))
+    except ConnectionError as err:
+        _fail("--ray", f"no Ray cluster answered at {ray!r}: {err}".replace("\n", " "))
     t = Table(title="difficulty curve (fixed-solver accuracy on the fixed queue)")
     t.add_column("round")
     t.add_column("accuracy")

@@ -152,6 +152,9 @@ class RSILoop:
         ValueError: no seeds or duplicated seed ids.
     """
 
+    distributed = None
+    """A :class:`~treadle.rsi.ray_tasks.RayChains` to run chains as Ray tasks (None: in this process)."""
+
     def __init__(self, train_seeds: list[MathTask], solver: Solver, config: LoopConfig | None = None,
                  harness: Harness | None = None):
         if not train_seeds:
@@ -346,7 +349,10 @@ class RSILoop:
         return h
 
     def synthesise_round(self, h: Harness, queue: dict[str, MathTask], rnd: int, phase: str, online: bool):
-        """All chains of ``queue`` for one round under ``h``: ``(results by seed, final harness)``."""
+        """All chains of ``queue`` for one round under ``h``: ``(results by seed, final harness)``
+        (as Ray tasks when :attr:`distributed` is set: same results, see :mod:`treadle.rsi.ray_tasks`)."""
+        if self.distributed is not None:
+            return self.distributed.synthesise_round(self, h, queue, rnd, phase, online)
         out = {}
         for sid, task in queue.items():
             out[sid], h = self.run_chain(h, task, rnd, phase, online)
@@ -395,8 +401,11 @@ class RSILoop:
         k = self.config.staged_queue
         small = dict(list(queue.items())[:k]) if 0 < k < len(queue) else None
         base_small = self.evaluate(online, small, "baseline-small") if small else None
-        for desc, cand in self.proposals(online):
-            cand = cand.model_copy(update={"version": online.version + 1, "parent": online.version})
+        cands = [(desc, cand.model_copy(update={"version": online.version + 1, "parent": online.version}))
+                 for desc, cand in self.proposals(online)]
+        if self.distributed is not None:  # every candidate's evaluation chains start at once
+            self.distributed.prefetch(self, [c for _, c in cands], small or queue, self.round, "post_batch")
+        for desc, cand in cands:
             if small:
                 ev = self.evaluate(cand, small, desc)
                 if not critic.judge(ev, base_small).accepted:
@@ -414,6 +423,8 @@ class RSILoop:
                              "verdict": v.model_dump()})
             if gate.done:
                 break
+        if self.distributed is not None:
+            self.distributed.discard()
         if gate.accepted is None:
             self.log.append({"event": "rollback" if gate.rolled_back else "no_accepted_candidate", "round": self.round,
                              "rejections": gate.rejections, "kept_version": online.version})

@@ -109,7 +109,7 @@ def _keep_rounds(path: Path, upto: int) -> list[dict]:
 def run(out_dir, seeds: list[MathTask], heldout: list[MathTask] = (), loop: LoopConfig | None = None,
         solver: SolverSpec | None = None, *, resume: bool = True, solver_obj: Solver | None = None,
         on_round=None, decontamination: tuple[str, ...] = (), embedding_threshold: float | None = None,
-        embedder=None) -> dict:
+        embedder=None, ray_address: str | None = None) -> dict:
     """Run (or resume) the offline loop into ``out_dir``; returns the summary (also ``summary.json``).
 
     ``decontamination``: benchmark files (see :class:`treadle.rsi.decontam.BenchmarkIndex`); a verified
@@ -125,6 +125,9 @@ def run(out_dir, seeds: list[MathTask], heldout: list[MathTask] = (), loop: Loop
         RunMismatchError: ``out_dir`` holds a run with another config (the message lists the differences;
             ``rounds`` may differ: the run continues to the new count),
             or ``resume`` is False and the folder already holds a run.
+        RayUnavailableError / ConnectionError: ``ray_address`` given (chains and candidate evaluations as Ray
+            tasks, :mod:`treadle.rsi.ray_tasks`; same results) but Ray is missing or no cluster answers there
+            (raised before the run folder is touched).
     """
     loop = loop or LoopConfig()
     solver = solver or SolverSpec()
@@ -136,6 +139,11 @@ def run(out_dir, seeds: list[MathTask], heldout: list[MathTask] = (), loop: Loop
     both = sorted(set(ids) & {t.seed_id for t in heldout})
     if both:
         raise ValueError(f"seed ids both in training and held-out seeds: {both}")
+    chains = None
+    if ray_address is not None:
+        from treadle.rsi.ray_tasks import RayChains
+
+        chains = RayChains(ray_address)
     emb_index = None
     if embedding_threshold is not None:
         from treadle.rsi.embedding import EmbeddingIndex, MiniLMEmbedder
@@ -206,6 +214,7 @@ def run(out_dir, seeds: list[MathTask], heldout: list[MathTask] = (), loop: Loop
         L = RSILoop(seeds, solver_impl, loop)
         _append(out / "ledger.jsonl", [e.model_dump(mode="json") for e in L.ledger.entries])
         _write_atomic(out / "harness" / "v0.json", L.h0.to_json())
+    L.distributed = chains
     try:
         return _run_rounds(L, out, loop, index, emb_index, heldout, on_round)
     finally:

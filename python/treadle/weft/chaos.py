@@ -76,8 +76,9 @@ class ChaosReport(BaseModel):
 
 
 async def run_chaos(*, sessions: int = 1000, workers: int = 4, steps: int = 3, kills: int = 8, seed: int = 0,
-                    store: str | None = None, deadline_s: float = 900.0) -> ChaosReport:
-    """Run the drill (see the module docstring) and return its counts.
+                    store: str | None = None, deadline_s: float = 900.0, ray_address: str | None = None) -> ChaosReport:
+    """Run the drill (see the module docstring) and return its counts; with ``ray_address`` the workers are Ray
+    actors (:class:`~treadle.weft.ray_pool.RayWorkerPool`, killed with ``ray.kill``).
 
     Raises:
         ValueError: a count is not positive.
@@ -100,8 +101,15 @@ async def run_chaos(*, sessions: int = 1000, workers: int = 4, steps: int = 3, k
     t0 = time.perf_counter()
     per_worker = -(-sessions // workers)
     try:
-        async with WorkerPool(max_workers=workers + kills, sessions_per_worker=per_worker, checkpoint_store=store,
-                              debounce_s=0.05, timeout_s=30.0) as pool:
+        pool_args = dict(max_workers=workers + kills, sessions_per_worker=per_worker, checkpoint_store=store,
+                         debounce_s=0.05, timeout_s=30.0)
+        if ray_address is not None:
+            from treadle.weft.ray_pool import RayWorkerPool
+
+            pool_cm: WorkerPool = RayWorkerPool(address=ray_address, **pool_args)
+        else:
+            pool_cm = WorkerPool(**pool_args)
+        async with pool_cm as pool:
             h = pool.register(SERVER)
             in_flight = anyio.Event()
             done = anyio.Event()
@@ -209,9 +217,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kills", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deadline-s", type=float, default=900.0)
+    p.add_argument("--ray", default=None, help="workers as Ray actors: auto | local | ray://HOST:PORT | HOST:PORT")
+    p.add_argument("--store", default=None, help="checkpoint store URL (default: a temporary folder; on a Ray "
+                                                 "cluster of several nodes, a URL every node reaches)")
     a = p.parse_args(argv)
+    if a.ray is not None:
+        from treadle.ray_cluster import check_address
+
+        try:
+            check_address(a.ray)
+        except ValueError as err:
+            p.error(f"--ray: {err}")
     rep = anyio.run(lambda: run_chaos(sessions=a.sessions, workers=a.workers, steps=a.steps, kills=a.kills,
-                                      seed=a.seed, deadline_s=a.deadline_s))
+                                      seed=a.seed, deadline_s=a.deadline_s, ray_address=a.ray, store=a.store))
     print(json.dumps(rep.model_dump(), indent=1))
 
 

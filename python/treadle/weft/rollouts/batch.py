@@ -179,12 +179,30 @@ def _drop_torn_tail(path: Path) -> None:
 
 
 async def sample_async(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: SampleConfig, *, client: Any = None,
-                       console: Any = None) -> list[Trajectory]:
+                       console: Any = None, ray_address: str | None = None, ray_workers: int | None = None,
+                       llm_config: Any = None) -> list[Trajectory]:
     """Run every (task, method, k) rollout not yet in ``run_dir``; return all trajectories of the run.
 
+    With ``ray_address`` (``auto``, ``local``, ``ray://HOST:PORT``, ``HOST:PORT``) the rollouts run on
+    ``ray_workers`` Ray actors (:mod:`treadle.weft.rollouts.ray_driver`; same trajectories; components that
+    need an LLM client are rebuilt in each actor from ``llm_config``).
+
     Raises (before any rollout): :class:`RunDirError` (``run_dir`` cannot be a run folder),
-    :class:`ConfigMismatchError` (it holds another config), TypeError / ValueError (bad tasks or components).
+    :class:`ConfigMismatchError` (it holds another config), TypeError / ValueError (bad tasks or components,
+    a malformed ``ray_address``), :class:`~treadle.ray_cluster.RayUnavailableError` / ConnectionError (Ray
+    missing / no cluster at ``ray_address``; a ``HOST:PORT`` that does not answer takes Ray's own GCS
+    connection timeout, minutes, to fail).
     """
+    if ray_address is not None:
+        from treadle.ray_cluster import check_address
+        from treadle.weft.rollouts.ray_driver import needs_llm_client
+
+        check_address(ray_address)
+        if ray_workers is not None and (not isinstance(ray_workers, int) or ray_workers < 1):
+            raise ValueError(f"ray_workers must be an int >= 1, got {ray_workers!r}")
+        if needs_llm_client(cfg) and llm_config is None:
+            raise ValueError("with Ray, the llm policy / simuser-llm view need llm_config (CLI: --llm-config): "
+                             "each actor opens its own client")
     from treadle.weft.runtime import Runtime
 
     setup = build_setup(cfg, client=client)
@@ -197,6 +215,10 @@ async def sample_async(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: S
         except ValueError as err:
             raise ValueError(f"task {t.name!r}: {err}") from None
     run_dir = check_run_dir(run_dir)
+    if ray_address is not None:  # connect before the run folder is touched (ConnectionError: no cluster there)
+        from treadle.ray_cluster import ensure_ray
+
+        await anyio.to_thread.run_sync(ensure_ray, ray_address)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = run_dir / "config.json"
     doc = cfg.model_dump(mode="json")
@@ -227,6 +249,19 @@ async def sample_async(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: S
         async with Runtime() as rt:
             envs = {name: await env_builder(name)(rt) for name in sorted({t.env for t in tasks})}
             with out_path.open("a", encoding="utf-8") as fh:
+                if ray_address is not None:
+                    from treadle.weft.rollouts.ray_driver import run_on_ray
+
+                    def write(tr: Trajectory) -> None:  # lanes write from the event loop: one at a time
+                        fh.write(tr.model_dump_json() + "\n")
+                        fh.flush()
+                        if progress is not None:
+                            progress.advance(bar)
+
+                    await run_on_ray(jobs, envs=envs, setup=setup, cfg=cfg, write=write, address=ray_address,
+                                     workers=ray_workers, llm_config=llm_config)
+                    jobs = []
+
                 async def one(task: RolloutTask, method: str, k: int) -> None:
                     async with limiter:
                         env = envs[task.env]
@@ -253,6 +288,7 @@ async def sample_async(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: S
 
 
 def sample(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: SampleConfig, *, client: Any = None,
-           console: Any = None) -> list[Trajectory]:
-    """Synchronous :func:`sample_async` (its own event loop: call from plain code, not from async)."""
-    return anyio.run(lambda: sample_async(run_dir, tasks, cfg, client=client, console=console))
+           console: Any = None, **ray_args: Any) -> list[Trajectory]:
+    """Synchronous :func:`sample_async` (its own event loop: call from plain code, not from async);
+    ``ray_args``: ``ray_address``, ``ray_workers``, ``llm_config`` as there."""
+    return anyio.run(lambda: sample_async(run_dir, tasks, cfg, client=client, console=console, **ray_args))

@@ -53,7 +53,13 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
                user_role: str = typer.Option("user", "--user-role", help="Role of the llm config that plays the "
                                                                           "user (--view simuser-llm)."),
                sft: bool = typer.Option(True, "--sft/--no-sft", help="Also write accepted prefix trajectories "
-                                                                     "as sft.jsonl.")) -> None:
+                                                                     "as sft.jsonl."),
+               ray: str = typer.Option(None, "--ray", help="Run the rollouts on Ray actors: auto (the running "
+                                                           "cluster), local, ray://HOST:PORT or HOST:PORT "
+                                                           "(needs Ray, the ray extra; same trajectories)."),
+               ray_workers: int = typer.Option(None, "--ray-workers", show_default=False,
+                                               help="Ray actors to start (--ray; default: the cluster's CPUs, at "
+                                                    "most --concurrency).")) -> None:
     """Sample trajectories with rejection sampling and print accepted trajectories per policy call."""
     import anyio
     from pydantic import ValidationError
@@ -81,7 +87,21 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
         _fail("--bfcl-limit", f"expected an int in [1, 10000], got {bfcl_limit}")
     if disclosure not in DISCLOSURES:
         _fail("--disclosure", f"expected one of {list(DISCLOSURES)}, got {disclosure!r}")
-    for flag, val, top in (("--replicas", replicas, 10_000), ("--concurrency", concurrency, 1_024)):
+    if ray_workers is not None and ray is None:
+        _fail("--ray-workers", "only with --ray")
+    if ray is not None:
+        import importlib.util
+
+        from treadle.ray_cluster import check_address
+
+        try:
+            check_address(ray)
+        except ValueError as err:
+            _fail("--ray", str(err))
+        if importlib.util.find_spec("ray") is None:
+            _fail("--ray", "Ray is not installed; pip install 'treadle[ray]'")
+    for flag, val, top in (("--replicas", replicas, 10_000), ("--concurrency", concurrency, 1_024),
+                           *((("--ray-workers", ray_workers, 10_000),) if ray_workers is not None else ())):
         if not 1 <= val <= top:
             _fail(flag, f"expected an int in [1, {top}], got {val}")
     if any(not 1 <= x <= 1_000 for x in k):
@@ -148,8 +168,9 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
         _fail("--replicas", str(err))
 
     async def go():
+        on_ray = {"ray_address": ray, "ray_workers": ray_workers, "llm_config": llm_cfg} if ray is not None else {}
         if not llm_roles:
-            return await sample_async(run_dir, tasks, cfg, console=console)
+            return await sample_async(run_dir, tasks, cfg, console=console, **on_ray)
         from treadle.llm import LLMClient
 
         from treadle.llm.backends import EndpointError
@@ -162,9 +183,11 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
                     _fail("--llm-config", f"role {r!r}: {err}".replace("\n", " "))
         async with LLMClient(llm_cfg, cache=run_dir / "llm_cache.sqlite",
                              ledger=run_dir / "llm_ledger.jsonl") as client:
-            return await sample_async(run_dir, tasks, cfg, client=client, console=console)
+            return await sample_async(run_dir, tasks, cfg, client=client, console=console, **on_ray)
     try:
         trs = anyio.run(go)
+    except ConnectionError as err:
+        _fail("--ray", f"no Ray cluster answered at {ray!r}: {err}".replace("\n", " "))
     except (ConfigMismatchError, RunDirError) as err:
         _fail("RUN_DIR", str(err))
     except DependencyCycleError as err:
