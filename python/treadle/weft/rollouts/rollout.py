@@ -6,7 +6,9 @@ copy of the runtime's state at the turn start, no replay of earlier calls); an a
 session and messages become the new prefix, a failed one is closed and discarded, and only that
 turn is re-sampled, at most ``k`` times. End-to-end rejection sampling (for comparison) reruns
 the whole task from the initial snapshot up to ``k`` times and keeps a run only if every
-checkpoint passes.
+checkpoint passes. An attempt that ends on a policy-endpoint failure (:func:`endpoint_failure`) is no
+sample of the policy: either method stops there and returns the trajectory with ``failure`` set, so
+the batch redoes it on a rerun.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from treadle.weft.runtime import Runtime
 from treadle.weft.state import Snapshot
 
 __all__ = ["Env", "Setup", "METHODS", "ROLLOUTS", "run_turn", "prefix_rollout", "end_to_end_rollout",
-           "system_message", "trajectory_key", "BASE_INSTRUCTIONS"]
+           "system_message", "trajectory_key", "BASE_INSTRUCTIONS", "endpoint_failure", "task_tools"]
 
 Method = Literal["prefix", "end_to_end"]
 METHODS: tuple[Method, ...] = ("prefix", "end_to_end")
@@ -157,6 +159,15 @@ def _first_offer(env: Env, order: Sequence[AtomicTask]) -> tuple[dict[str, Any],
     return env.offered(order[0].tools) if order else env.all_tools
 
 
+def endpoint_failure(ta: TurnAttempt) -> str | None:
+    """Why the attempt ended on a policy-endpoint failure (timeout, HTTP error, garbage reply), else None.
+    Such an attempt is no sample of the policy: the rollout stops and is recorded as failed, and a rerun
+    of the batch redoes it."""
+    if ta.steps and ta.steps[-1].output.finish_reason == "error":
+        return f"policy endpoint failed on {ta.atomic} (attempt {ta.attempt}): {ta.steps[-1].output.error}"[:1000]
+    return None
+
+
 def trajectory_reward_of(rewards: Sequence[int], n: int) -> float:
     """``R = mean_k r_k`` over all ``n`` atomic tasks (a turn never reached counts 0)."""
     return float(sum(rewards)) / n if n else 0.0
@@ -169,6 +180,7 @@ async def prefix_rollout(rt: Runtime, env: Env, task: RolloutTask, k: int, s: Se
     attempts: list[TurnAttempt] = []
     rewards: list[int] = []
     selected: list[int] = []
+    failure = None
     ws = await SessionGroup.open(rt, env)
     try:
         for idx, atomic in enumerate(order):
@@ -181,6 +193,10 @@ async def prefix_rollout(rt: Runtime, env: Env, task: RolloutTask, k: int, s: Se
                     await trial.close()
                     raise
                 attempts.append(ta)
+                failure = endpoint_failure(ta)
+                if failure is not None:  # not a policy sample: no retry on it, the rollout is redone later
+                    await trial.close()
+                    break
                 if ta.r == 1:
                     selected.append(len(attempts) - 1)
                     await ws.close()
@@ -191,11 +207,14 @@ async def prefix_rollout(rt: Runtime, env: Env, task: RolloutTask, k: int, s: Se
             else:
                 rewards.append(0)
                 break
+            if failure is not None:
+                rewards.append(0)
+                break
             rewards.append(1)
     finally:
         await ws.close()
-    ok = len(rewards) == len(order) and all(rewards)
-    return _trajectory(task, env, "prefix", k, s, history, attempts, selected, rewards, ok)
+    ok = failure is None and len(rewards) == len(order) and all(rewards)
+    return _trajectory(task, env, "prefix", k, s, history, attempts, selected, rewards, ok, failure=failure)
 
 
 async def end_to_end_rollout(rt: Runtime, env: Env, task: RolloutTask, k: int, s: Setup) -> Trajectory:
@@ -205,6 +224,7 @@ async def end_to_end_rollout(rt: Runtime, env: Env, task: RolloutTask, k: int, s
     attempts: list[TurnAttempt] = []
     history: list[dict[str, Any]] = []
     rewards: list[int] = []
+    failure = None
     for a in range(k):
         history = [system_message(env, s.harness, _first_offer(env, order))]
         rewards = []
@@ -215,13 +235,16 @@ async def end_to_end_rollout(rt: Runtime, env: Env, task: RolloutTask, k: int, s
                 attempts.append(ta)
                 history.extend(ta.messages)
                 rewards.append(ta.r)
+                failure = endpoint_failure(ta)
+                if failure is not None:
+                    break
         finally:
             await ws.close()
-        if all(rewards):
+        if failure is not None or all(rewards):
             break
     selected = list(range(len(attempts) - len(rewards), len(attempts)))
     return _trajectory(task, env, "end_to_end", k, s, history, attempts, selected, rewards,
-                       bool(rewards) and all(rewards))
+                       failure is None and bool(rewards) and all(rewards), failure=failure)
 
 
 ROLLOUTS = {"prefix": prefix_rollout, "end_to_end": end_to_end_rollout}
