@@ -64,7 +64,9 @@ def test_multi_class_entry_routes_calls_and_judges_per_class(tmp_path):
     (t,) = sample(tmp_path / "ok", [multi], SampleConfig(harness=Component(name="native")))
     assert t.accepted
     offered = {tl["function"]["name"] for tl in t.tools}
-    assert all(names <= offered for names in owners(multi).values())  # the union of both classes' tools
+    excluded = set(by_id[multi.name].get("excluded_function") or [])
+    assert all(names - excluded <= offered for names in owners(multi).values())  # the union of both classes' tools
+    assert not excluded & offered  # less the entry's excluded functions
     calls = [c for a in t.attempts for st in a.steps for c in st.calls]
     assert all(c.ok for c in calls)  # each call reached the session of the class that owns the tool
     assert all({c.name for c in calls} & names for names in owners(multi).values())  # both classes used
