@@ -196,3 +196,42 @@ def test_only_accepted_buildable_environments_are_served(tmp_path):
         server_source(_result(schema=view), "library")
     with pytest.raises(SynthServeError, match="not a treadle.weft.evolve.synth_serve server module"):
         initial_snapshot("server = None\n")
+
+
+def test_cli_writes_the_served_module_of_an_accepted_run(tmp_path):
+    """``treadle weft synth`` against a fake endpoint answering the recorded script: server.py is registrable."""
+    import sys
+
+    from typer.testing import CliRunner
+
+    from treadle.cli import app
+
+    spec = importlib.util.spec_from_file_location("_treadle_llm_conftest", Path(__file__).parents[2] / "llm" / "conftest.py")
+    fx = sys.modules.setdefault(spec.name, importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(fx)
+    fake = fx.FakeEndpoint()
+    try:
+        fake.script = [fx.Step(body={"model": fx.FAKE_MODEL, "usage": {}, "choices": [
+            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}]})
+            for _, text in S.SCRIPT]
+        cfg = tmp_path / "llm.toml"
+        cfg.write_text("".join(f'[roles.{r}]\nmodel = "{fx.FAKE_MODEL}"\nbase_url = "{fake.base_url}"\nmax_retries = 0\n'
+                               for r in ("designer", "schema", "backend", "checker")))
+        docs = tmp_path / "docs.txt"
+        docs.write_text(S.DOCS)
+        out = tmp_path / "library desk"
+        r = CliRunner().invoke(app, ["weft", "synth", "--docs", str(docs), "--requirement", S.REQUIREMENT,
+                                     "--llm-config", str(cfg), "--out", str(out)])
+    finally:
+        fake.close()
+    assert r.exit_code == 0, r.output
+    assert "served module:" in r.output and len(fake.requests) == len(S.SCRIPT)
+    src = (out / "server.py").read_text()
+
+    async def main():
+        async with Runtime() as rt:
+            env = await synth_env(rt, src)
+            assert rt.registry.spec(env.server_hash).name == "library-desk"
+            sid = await rt.create_session(env.server_hash, env.snapshot)
+            return (await rt.call_tool(sid, "lend_book", {"book_id": 2, "member": "ann"})).result
+    assert anyio.run(main) == {"book_id": 2, "status": "out"}
