@@ -131,7 +131,8 @@ def _fake_judge(req):
 
 def test_pilot_scores_feed_the_filter(fake):
     fake.script = [Step(body=_fake_judge) for _ in range(24)]
-    rubrics = [Rubric(task=t, request="x", criteria=rubric_of(SHIP).criteria) for t in ("agree", "disagree", "malformed")]
+    rubrics = [Rubric(task=t, request="x", criteria=rubric_of(SHIP).criteria)
+               for t in ("agree", "disagree", "malformed")]
     scores, graded = _run(fake, lambda c: pilot_scores(c, rubrics, _pilots()))
     assert len(graded) == 24 and sum(g.score is None for g in graded) == 1
     assert scores["agree"] == ([0.0, 1.0] * 4, [0.0, 1.0] * 4) and scores["disagree"][0] == [1.0, 0.0] * 4

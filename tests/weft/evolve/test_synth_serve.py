@@ -49,7 +49,8 @@ def _result(backend=S.FIXED, schema=S.SCHEMA, accepted=True):
 
 def _turn(name, request, *calls, depends_on=()):
     return AtomicTask(name=name, request=request, depends_on=depends_on,
-                      checkpoint=CheckpointSpec(name=name, gold_calls=[ToolCall(name=n, arguments=a) for n, a in calls]))
+                      checkpoint=CheckpointSpec(name=name,
+                                                gold_calls=[ToolCall(name=n, arguments=a) for n, a in calls]))
 
 
 LEND = _turn("lend-emma", "Lend book 1 to ann.", ("lend_book", {"book_id": 1, "member": "ann"}))
@@ -174,7 +175,8 @@ def test_a_misbehaving_served_backend_is_contained(tmp_path):
                 out = await rt.call_tool(sid, "add_book", {"title": title, "author": "x"})
                 assert out.error_kind == ErrorKind.execution_error and why in out.text, (title, out.text)
                 assert rt.snapshot(sid).data == before  # nothing of a refused call is kept
-            assert (await rt.call_tool(sid, "add_book", {"title": "Dune", "author": "Herbert"})).result == {"book_id": 3}
+            dune = await rt.call_tool(sid, "add_book", {"title": "Dune", "author": "Herbert"})
+            assert dune.result == {"book_id": 3}
     anyio.run(main)
     assert not target.exists()
 
@@ -206,7 +208,8 @@ def test_cli_writes_the_served_module_of_an_accepted_run(tmp_path):
 
     from treadle.cli import app
 
-    spec = importlib.util.spec_from_file_location("_treadle_llm_conftest", Path(__file__).parents[2] / "llm" / "conftest.py")
+    spec = importlib.util.spec_from_file_location("_treadle_llm_conftest",
+                                                  Path(__file__).parents[2] / "llm" / "conftest.py")
     fx = sys.modules.setdefault(spec.name, importlib.util.module_from_spec(spec))
     spec.loader.exec_module(fx)
     fake = fx.FakeEndpoint()
@@ -215,8 +218,8 @@ def test_cli_writes_the_served_module_of_an_accepted_run(tmp_path):
             {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}]})
             for _, text in S.SCRIPT]
         cfg = tmp_path / "llm.toml"
-        cfg.write_text("".join(f'[roles.{r}]\nmodel = "{fx.FAKE_MODEL}"\nbase_url = "{fake.base_url}"\nmax_retries = 0\n'
-                               for r in ("designer", "schema", "backend", "checker")))
+        cfg.write_text("".join(f'[roles.{r}]\nmodel = "{fx.FAKE_MODEL}"\nbase_url = "{fake.base_url}"\n'
+                               'max_retries = 0\n' for r in ("designer", "schema", "backend", "checker")))
         docs = tmp_path / "docs.txt"
         docs.write_text(S.DOCS)
         out = tmp_path / "library desk"

@@ -117,8 +117,8 @@ async def record_evidence(rt: Any, server_hash: str, start: Snapshot, name: str,
         final = rt.snapshot(sid)
     finally:
         await rt.close(sid)
-    return ReferenceEvidence(task=name, calls=tuple(gold), results=tuple(results), final=final, final_digest=final.digest,
-                             start=start, server_hash=rt.registry.spec(server_hash).hash)
+    return ReferenceEvidence(task=name, calls=tuple(gold), results=tuple(results), final=final,
+                             final_digest=final.digest, start=start, server_hash=rt.registry.spec(server_hash).hash)
 
 
 def generate_verifier(spec: CheckpointSpec, start: Snapshot, evidence: ReferenceEvidence) -> CheckpointSpec:

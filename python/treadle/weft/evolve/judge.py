@@ -61,7 +61,8 @@ def rubric_of(task: AtomicTask) -> Rubric:
     gold = list(task.checkpoint.gold_calls or [])
     for c in gold:
         args = ", ".join(f"{k}={v!r}" for k, v in c.arguments.items())
-        items.append(Criterion(text=f"The agent calls {c.name}({args}), or a call with the same effect, and it succeeds."))
+        items.append(Criterion(text=f"The agent calls {c.name}({args}), or a call with the same effect, "
+                                    "and it succeeds."))
     if not gold:
         items.append(Criterion(text="The agent makes no tool call that changes anything, and tells the user why it "
                                     "cannot act yet (or asks for what is missing)."))

@@ -271,7 +271,8 @@ def synth_server(spec: dict[str, Any]) -> WeftServer:
     server = WeftServer(spec["name"], backend="sqlite", schema=spec["ddl"],
                         instructions="A synthesised environment; its tools run sandboxed.")
     for tool in spec["tools"]:
-        server.tool(_tool_function(spec, tool), name=tool["name"], reads=tuple(tool["reads"]), writes=tuple(tool["writes"]),
+        server.tool(_tool_function(spec, tool), name=tool["name"], reads=tuple(tool["reads"]),
+                    writes=tuple(tool["writes"]),
                     returns=tool.get("returns", ""), description=tool["description"],
                     input_schema=_input_schema(tool["params"]))
     return server
