@@ -110,7 +110,7 @@ def task_of(entry: dict[str, Any], gold: list[list[str]], category: str = "base"
     order = _param_order(list(entry["involved_classes"]))
     offers = turn_tools(entry)
     atomic = []
-    for k, gold_turn in enumerate(gold):
+    for k, gold_turn in enumerate(gold[:len(entry["question"])]):
         name = f"{entry['id']}/turn{k}"
         calls = [parse_call(g, param_order=order) for g in gold_turn]
         spec = CheckpointSpec(name=name, gold_calls=calls, compare_private=False,
