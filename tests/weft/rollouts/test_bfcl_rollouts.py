@@ -64,7 +64,9 @@ def test_multi_class_entry_routes_calls_and_judges_per_class(tmp_path):
     (t,) = sample(tmp_path / "ok", [multi], SampleConfig(harness=Component(name="native")))
     assert t.accepted
     offered = {tl["function"]["name"] for tl in t.tools}
-    assert all(names <= offered for names in owners(multi).values())  # the union of both classes' tools
+    excluded = set(by_id[multi.name].get("excluded_function") or [])
+    assert all(names - excluded <= offered for names in owners(multi).values())  # the union of both classes' tools
+    assert not excluded & offered  # less the entry's excluded functions
     calls = [c for a in t.attempts for st in a.steps for c in st.calls]
     assert all(c.ok for c in calls)  # each call reached the session of the class that owns the tool
     assert all({c.name for c in calls} & names for names in owners(multi).values())  # both classes used
@@ -110,3 +112,67 @@ def test_cli_bfcl(tmp_path):
     r = CliRunner().invoke(app, ["sample", str(tmp_path / "x"), "--bfcl-limit", "2"])
     assert r.exit_code == 2 and "only with --env bfcl" in r.output
     assert not (tmp_path / "x").exists()
+
+
+class EarlyCaller:
+    """Replay, but on attempt 0 of turn ``early`` play the gold calls of turn ``early + 1`` (a tool not yet
+    handed over); records the tool names it was offered per (turn, attempt)."""
+
+    name = "early-caller"
+
+    def __init__(self, early):
+        from treadle.weft.rollouts.policies import ReplayPolicy
+
+        self.early, self.replay, self.offered = early, ReplayPolicy(), {}
+
+    def args(self):
+        return {"early": self.early}
+
+    async def act(self, messages, tools, harness, ctx):
+        self.offered[ctx.index, ctx.attempt] = {t["function"]["name"] for t in tools}
+        if ctx.index == self.early and ctx.attempt == 0:
+            nxt = ctx.task.ordered()[ctx.index + 1]
+            return harness.render(list(nxt.checkpoint.gold_calls)) if ctx.step == 0 else harness.render([], "done")
+        return await self.replay.act(messages, tools, harness, ctx)
+
+
+def test_missed_and_excluded_functions_are_offered_per_turn(tmp_path):
+    import anyio
+
+    from treadle.data.bfcl import missed_function_names
+    from treadle.weft.rollouts.batch import env_builder
+    from treadle.weft.rollouts.bfcl_tasks import _entries
+    from treadle.weft.rollouts.harnesses import NativeHarness
+    from treadle.weft.rollouts.rollout import Setup, prefix_rollout
+    from treadle.weft.rollouts.views import AgenticView
+    from treadle.weft.runtime import Runtime
+
+    assert all(r.startswith("known bad gold") for r in skipped("miss_func").values())  # nothing else is skipped
+    by_id, _ = _entries("miss_func")
+    task = next(t for t in from_bfcl("miss_func") if by_id[t.name].get("excluded_function"))
+    entry = by_id[task.name]
+    (handover, (late, *_)), = missed_function_names(entry).items()
+    (excluded, *_) = entry["excluded_function"]
+    turns = task.ordered()
+    assert turns[handover].request == "I have updated some more functions you can choose from. What about now?"
+    assert all((late in a.tools) == (k >= handover) and excluded not in a.tools for k, a in enumerate(turns))
+    assert turns[handover - 1].gold == [] and late in {g.name for g in turns[handover].checkpoint.gold_calls}
+
+    policy = EarlyCaller(handover - 1)
+
+    async def main():
+        async with Runtime() as rt:
+            env = await env_builder(task.env)(rt)
+            return await prefix_rollout(rt, env, task, 2, Setup(AgenticView(), NativeHarness(), policy))
+    tr = anyio.run(main)
+    assert tr.accepted and tr.reward == 1.0
+    early = [a for a in tr.attempts if a.atomic == turns[handover - 1].name]
+    assert [a.r for a in early] == [0, 1]  # the early call failed its turn; the retry (no call) passed
+    calls = [c for st in early[0].steps for c in st.calls]
+    assert calls and calls[0].name == late and calls[0].error_kind == "unknown_tool"  # refused by the runtime
+    assert all((late in names) == (k >= handover) and excluded not in names for (k, _), names in policy.offered.items())
+    assert all((late in a.tools) == (a.atomic in {t.name for t in turns[handover:]}) for a in tr.attempts)
+    offered = {t["function"]["name"] for t in tr.tools}
+    assert late in offered and excluded not in offered  # the SFT row: every tool offered on some turn
+    (e2e,) = sample(tmp_path, [task], SampleConfig(methods=("end_to_end",), harness=Component(name="native")))
+    assert e2e.accepted and e2e.reward == 1.0

@@ -6,10 +6,15 @@ leaves :attr:`Blame.undecided`):
 
 1. **task**: the entities the reference plan names (through the tool contracts and the server's
    entity map, or inside nested arguments by a table's primary-key name, e.g. an order line's ``sku``)
-   do not exist in the turn's start state: the task's preconditions do not hold;
+   do not exist in the turn's start state: the task's preconditions do not hold (rule ``precondition``);
 2. **environment**: the reference plan fails to execute from the start state, or it executes but its
    results or state change differ from the *reference evidence* recorded when the task was
-   certified on a healthy server (an update that no longer persists, a wrong return value);
+   certified on a healthy server (an update that no longer persists, a wrong return value) -- unless
+   the start state is not the one the task was certified from and the reference fails or differs
+   from it on the *certified* server too: then the start state is at fault, **task** (rule
+   ``precondition_state``; any backend, e.g. BFCL object state, which has no entity map). From a start
+   other than the certified one, "differs" compares the change the reference makes (start -> final)
+   with the certified change, not the final states;
 3. **evaluator**: the reference plan executes as certified but the verifier fails it (the check was
    not tested on the reference evidence); also when the policy did exactly what the reference did
    (same results, same state) and is still failed, and when a rubric judge and the executable check
@@ -59,6 +64,8 @@ class ReferenceEvidence(BaseModel):
             these, never the verifier's possibly defective copy); results: their results, in order.
         final: the state after the gold calls (SQLite snapshot bytes are kept out of JSON: ``final_digest``).
         final_digest: digest of that state.
+        start: the state the task was certified from (None when not recorded: the ``precondition_state``
+            rule is then off); server_hash: the healthy server it was certified on.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
@@ -68,6 +75,8 @@ class ReferenceEvidence(BaseModel):
     results: tuple[Any, ...]
     final: Snapshot = Field(exclude=True)
     final_digest: str
+    start: Snapshot | None = Field(None, exclude=True)
+    server_hash: str | None = None
 
 
 class Attribution(BaseModel):
@@ -108,7 +117,8 @@ async def record_evidence(rt: Any, server_hash: str, start: Snapshot, name: str,
         final = rt.snapshot(sid)
     finally:
         await rt.close(sid)
-    return ReferenceEvidence(task=name, calls=tuple(gold), results=tuple(results), final=final, final_digest=final.digest)
+    return ReferenceEvidence(task=name, calls=tuple(gold), results=tuple(results), final=final,
+                             final_digest=final.digest, start=start, server_hash=rt.registry.spec(server_hash).hash)
 
 
 def generate_verifier(spec: CheckpointSpec, start: Snapshot, evidence: ReferenceEvidence) -> CheckpointSpec:
@@ -189,6 +199,72 @@ def _exists(con: Any, emap: EntityMap, kind: str, attr: str, value: Any) -> bool
     return con.execute(f"SELECT 1 FROM {k.table} WHERE {col} = ?", (value,)).fetchone() is not None
 
 
+async def _replay_reference(rt: Any, sid: str, gold: Sequence[ToolCall]) -> tuple[list[ToolOutcome], Any]:
+    """The reference's outcomes in session ``sid``, and ``(call, outcome)`` of the first that failed (else None)."""
+    ref = []
+    for c in gold:
+        o = await rt.call_tool(sid, c.name, c.arguments)
+        ref.append(o)
+        if not o.ok:
+            return ref, (c, o)
+    return ref, None
+
+
+def _differs(rt: Any, sid: str, ref: Sequence[ToolOutcome], spec: CheckpointSpec, evidence: ReferenceEvidence,
+             change: Any = None) -> tuple[str, Any]:
+    """("results" | "state" | "", state diff) of a reference replayed in ``sid``. From the certified start
+    (``change`` None) its final state must be the evidence's; from another start, the change it made must be
+    ``change`` (the certified change: evidence start -> evidence final)."""
+    diff = rt.diff(sid, evidence.final) if change is None else rt.diff(sid)
+    if not spec.compare_private:  # BFCL: public attributes only, as upstream's checker
+        diff = _public(diff)
+    results = tuple(o.result for o in ref)
+    bad = not diff.empty if change is None else diff != change
+    return ("results" if results != evidence.results else "state" if bad else ""), diff
+
+
+async def _certified_change(rt: Any, start: Snapshot, spec: CheckpointSpec, evidence: ReferenceEvidence) -> Any:
+    """None when ``start`` is the certified start (or that is unknown here), else the certified change."""
+    healthy = evidence.server_hash
+    if evidence.start is None or evidence.start.digest == start.digest or healthy not in rt.registry:
+        return None
+    sid = await rt.create_session(healthy, evidence.start)
+    try:
+        d = rt.diff(sid, evidence.final)
+    finally:
+        await rt.close(sid)
+    return d if spec.compare_private else _public(d)
+
+
+async def _start_state_at_fault(rt: Any, server_hash: str, start: Snapshot, spec: CheckpointSpec,
+                                evidence: ReferenceEvidence, change: Any, base: dict[str, Any]) -> Attribution | None:
+    """A ``task`` verdict when ``start`` is not the certified start and the reference, failing or differing on the
+    server as it is now, fails or differs from ``start`` on the certified server too (the initial state lost
+    something the task needs); None otherwise (the server as it is now is at fault)."""
+    if change is None:
+        return None
+    healthy = evidence.server_hash
+    if healthy != rt.registry.spec(server_hash).hash:  # another server now: does the certified one reproduce?
+        sid = await rt.create_session(healthy, start)
+        try:
+            ref, fails = await _replay_reference(rt, sid, evidence.calls)
+            if fails is None and not _differs(rt, sid, ref, spec, evidence, change)[0]:
+                return None
+        finally:
+            await rt.close(sid)
+    sid = await rt.create_session(healthy, evidence.start)
+    try:
+        d = rt.diff(sid, start)
+    finally:
+        await rt.close(sid)
+    if not spec.compare_private:
+        d = _public(d)
+    return Attribution(blame=Blame.task, rule="precondition_state", reference_diff=d.counts(),
+                       detail="the reference fails or differs from this start state on the certified server too: the "
+                              "start state is not the one the task was certified from (reference_diff: certified start "
+                              "-> this start)", **base)
+
+
 async def attribute(rt: Any, server_hash: str, start: Snapshot, spec: CheckpointSpec, evidence: ReferenceEvidence,
                     outcomes: Sequence[ToolOutcome], verdict: CheckpointResult, *, turn: int = 0,
                     rubric_pass: bool | None = None, harness_verdicts: dict[str, int] | None = None,
@@ -222,24 +298,22 @@ async def attribute(rt: Any, server_hash: str, start: Snapshot, spec: Checkpoint
         if missing:
             return Attribution(blame=Blame.task, rule="precondition", detail=f"not in the start state: {missing}",
                                **base)
+    change = await _certified_change(rt, start, spec, evidence)
     sid = await rt.create_session(server_hash, start)
     try:
-        ref = []
-        for c in gold:
-            o = await rt.call_tool(sid, c.name, c.arguments)
-            ref.append(o)
-            if not o.ok:
-                return Attribution(blame=Blame.environment, rule="reference_fails",
-                                   detail=f"{c}: {o.error_kind.value if o.error_kind else '?'}: {o.text[:200]}", **base)
-        diff = rt.diff(sid, evidence.final)
-        if not spec.compare_private:  # BFCL: public attributes only, as upstream's checker
-            diff = _public(diff)
-        results = tuple(o.result for o in ref)
-        if results != evidence.results or not diff.empty:
-            what = "results" if results != evidence.results else "state"
-            return Attribution(blame=Blame.environment, rule="reference_differs",
-                               detail=f"the reference's {what} differ from the certified evidence",
-                               reference_diff=diff.counts(), **base)
+        ref, fails = await _replay_reference(rt, sid, gold)
+        if fails is not None:
+            c, o = fails
+            blamed = await _start_state_at_fault(rt, server_hash, start, spec, evidence, change, base)
+            return blamed or Attribution(blame=Blame.environment, rule="reference_fails",
+                                         detail=f"{c}: {o.error_kind.value if o.error_kind else '?'}: {o.text[:200]}",
+                                         **base)
+        what, diff = _differs(rt, sid, ref, spec, evidence, change)
+        if what:
+            blamed = await _start_state_at_fault(rt, server_hash, start, spec, evidence, change, base)
+            return blamed or Attribution(blame=Blame.environment, rule="reference_differs",
+                                         detail=f"the reference's {what} differ from the certified evidence",
+                                         reference_diff=diff.counts(), **base)
         ref_verdict = await rt.verify_turn(sid, start, spec, ref)
     finally:
         await rt.close(sid)

@@ -2,7 +2,7 @@
 
 Bad input is one line naming the flag, exit code 2, before any work (reverify only reads its run folder).
 ``reverify`` writes ``reverify-<version>.jsonl`` (one :class:`~treadle.weft.evolve.reverify.Rescore` per trajectory)
-into ``--out`` (default: the run folder) and prints old vs new rewards. ``synth`` writes the synthesised artefacts and ``evolve`` the rounds (JSONL) and a PNG into ``--out``.
+into ``--out`` (default: the run folder) and prints old vs new rewards. ``synth`` writes the synthesised artefacts (and, when accepted, ``server.py``: the tool layer the runtime serves, see :mod:`~treadle.weft.evolve.synth_serve`) and ``evolve`` the rounds (JSONL) and a PNG into ``--out``.
 """
 from __future__ import annotations
 
@@ -123,6 +123,19 @@ def synth_cmd(docs: Path = typer.Option(..., "--docs", help="Tool documentation:
             console.print(f"  [{f.stage.value}] {f.detail}", markup=False)
     for f in res.role_failures:
         console.print(f"role answer rejected [{f.stage.value}]: {f.detail}", markup=False)
+    if res.accepted:  # the tool layer, servable by the runtime (generated code stays in the sandbox)
+        import re
+
+        from treadle.weft.evolve.synth_serve import SynthServeError, server_source
+
+        try:
+            (out / "server.py").write_text(server_source(res, re.sub(r"[^A-Za-z0-9_-]", "-", out.name) or "synth"),
+                                           encoding="utf-8")
+        except SynthServeError as err:
+            console.print(f"accepted, but not servable: {err}; artefacts in {out}", markup=False)
+            raise typer.Exit(1) from None
+        console.print(f"served module: {out / 'server.py'} (treadle.weft.evolve.synth_serve.synth_env registers it)",
+                      markup=False)
     console.print(("accepted" if res.accepted else "not accepted") + f"; artefacts in {out}", markup=False)
     raise typer.Exit(0 if res.accepted else 1)
 

@@ -6,20 +6,25 @@ the mechanical audit's exclusion list and executes. Faults:
 - **environment**: a generic bug wrapped around the method of the task's last gold call, appended to
   the class's server source (``crash``: raises; ``not_persisted``: its state changes are undone;
   ``wrong_return``: its result is altered);
+- **task**: an entity the reference plan names is missing from the initial state
+  (:func:`delete_referenced`: the first key, anywhere in the instantiated class's public state, equal
+  to a string argument of the gold calls: a file or folder, a stock symbol, a door). Object state has
+  no entity map, so the deterministic path tells it from an environment bug by replaying the reference
+  from the defective start on the certified server (rule ``precondition_state`` of
+  :func:`~treadle.weft.evolve.attribute.attribute`);
 - **evaluator** and **policy**: as for the native environments (:mod:`~treadle.weft.evolve.faults`).
-
-Task defects are not injected here: object state has no entity map, so "a referenced entity missing
-from the initial state" cannot be told from an environment failure by the deterministic path (it
-would need the LLM attributor); the native suite measures that kind.
 """
 from __future__ import annotations
 
+import copy
+from collections.abc import Sequence
 from typing import Any
 
-from treadle.weft.callparse import parse_call
+from treadle.weft.callparse import ToolCall, parse_call
 from treadle.weft.evolve.attribute import Blame, generate_verifier, record_evidence
 from treadle.weft.evolve.faults import POLICY_PERTURBATIONS, CaseResult, corrupt_verifier, perturbed_calls, run_case
 from treadle.weft.rollouts.tasks import AtomicTask
+from treadle.weft.state import Snapshot
 from treadle.weft.verify import CheckpointSpec
 
 GENERIC_BUGS = ("crash", "not_persisted", "wrong_return")
@@ -63,6 +68,72 @@ def bug_source(source: str, class_name: str, method: str, kind: str) -> str:
     return source + _BUG_CODE.replace("@CLS@", class_name).replace("@METHOD@", repr(method)).replace("@KIND@", repr(kind))
 
 
+def _string_args(gold: Sequence[ToolCall]) -> list[str]:
+    out: list[str] = []
+    for c in gold:
+        for v in c.arguments.values():
+            for x in v if isinstance(v, list) else [v]:
+                if isinstance(x, str) and len(x) > 1 and x not in out:
+                    out.append(x)
+    return out
+
+
+def _delete_key(root: Any, key: str, module: str) -> str | None:
+    """Delete the first dict entry named ``key`` (depth first through dicts, lists and the public attributes of
+    objects of the server ``module``'s classes); its path, or None."""
+    seen: set[int] = set()
+
+    def walk(x: Any, path: str, depth: int) -> str | None:
+        if depth > 16 or id(x) in seen:
+            return None
+        seen.add(id(x))
+        if isinstance(x, dict):
+            if key in x:
+                del x[key]
+                return f"{path}[{key!r}]"
+            items = list(x.items())
+        elif isinstance(x, (list, tuple)):
+            items = [(f"{i}", v) for i, v in enumerate(x)]
+        elif getattr(type(x), "__module__", None) == module and hasattr(x, "__dict__"):
+            items = [(f".{k}", v) for k, v in vars(x).items() if not k.startswith("_")]
+            for k, v in items:
+                hit = walk(v, path + k, depth + 1)
+                if hit:
+                    return hit
+            return None
+        else:
+            return None
+        for k, v in items:
+            hit = walk(v, f"{path}[{k!r}]" if isinstance(x, dict) else f"{path}[{k}]", depth + 1)
+            if hit:
+                return hit
+        return None
+
+    return walk(root, type(root).__name__, 0)
+
+
+def delete_referenced(rt: Any, server_hash: str, config: dict[str, Any], gold: Sequence[ToolCall]
+                      ) -> tuple[Snapshot, str] | None:
+    """A task defect: the class's initial state (``_load_scenario(config)``) without the first entry a string
+    argument of ``gold`` names (a dict key equal to it), and what was deleted; None when no argument names one."""
+    from treadle.weft.object_state import snapshot_from_object
+    from treadle.weft.registry import release_module
+
+    module, weft = rt.registry.load(server_hash)
+    try:
+        obj = weft.state_class()
+        load = getattr(obj, "_load_scenario", None)
+        if load is not None:
+            load(copy.deepcopy(config), long_context=False)
+        for value in _string_args(gold):
+            where = _delete_key(obj, value, type(obj).__module__)
+            if where is not None:
+                return snapshot_from_object(obj), f"deleted {where}"
+        return None
+    finally:
+        release_module(module)
+
+
 def bfcl_tasks(rt: Any, limit: int = 6, per_class: int = 2) -> list[tuple[str, dict[str, Any], AtomicTask]]:
     """``(class name, initial config, atomic task)`` for the first turn of single-class ``base`` entries, at most
     ``per_class`` per class and ``limit`` in all (audited-bad entries skipped). Classes are registered in ``rt``
@@ -92,7 +163,7 @@ def bfcl_tasks(rt: Any, limit: int = 6, per_class: int = 2) -> list[tuple[str, d
 
 
 async def bfcl_suite(rt: Any, *, limit: int = 6, per_class: int = 2, seeds: tuple[int, ...] = (0,)) -> list[CaseResult]:
-    """Environment, evaluator and policy faults over :func:`bfcl_tasks` (a task whose reference does not execute
+    """Environment, task, evaluator and policy faults over :func:`bfcl_tasks` (a task whose reference does not execute
     on the healthy class is skipped: it would not be certified)."""
     from treadle.weft.envs import bfcl
 
@@ -114,6 +185,11 @@ async def bfcl_suite(rt: Any, *, limit: int = 6, per_class: int = 2, seeds: tupl
             cases.append(await run_case(rt, case_id=f"{env}/{task.name}/env:{kind}", label=Blame.environment,
                                         fault=f"{gold[-1].name}:{kind}", server_hash=bh, spec=spec, calls=gold,
                                         **common))
+        defect = delete_referenced(rt, h, config, gold)
+        if defect is not None:
+            snap, what = defect
+            cases.append(await run_case(rt, case_id=f"{env}/{task.name}/task:missing", label=Blame.task, fault=what,
+                                        server_hash=h, spec=spec, calls=gold, **{**common, "start": snap}))
         for how in ("wrong_expected_return", "wrong_gold_argument"):
             bad = corrupt_verifier(spec, how)
             if bad is not None:

@@ -3,8 +3,8 @@
 Run folder: ``config.json`` (the resolved :class:`SampleConfig`), ``trajectories.jsonl`` (one
 :class:`~treadle.weft.rollouts.records.Trajectory` per line, appended and flushed per record).
 A rerun skips the keys already saved and refuses to mix runs whose config differs. A rollout that
-raises (an infrastructure failure: the runtime, the user simulator's endpoint) is written as a failed
-trajectory (``failure`` set); it never cancels its siblings, and a rerun redoes it (appending the new
+raises (an infrastructure failure: the runtime, the user simulator's endpoint) or whose policy endpoint
+failed is written as a failed trajectory (``failure`` set); it never cancels its siblings, and a rerun redoes it (appending the new
 record; :func:`read_trajectories` keeps the last record of each key).
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from treadle.weft.rollouts import harnesses as _h, openclaw as _o, policies as _p, views as _v  # noqa: F401  (registration)
 from treadle.weft.rollouts.records import Trajectory
 from treadle.weft.rollouts.registry import HARNESSES, POLICIES, VIEWS
-from treadle.weft.rollouts.rollout import METHODS, ROLLOUTS, Env, Setup, trajectory_key
+from treadle.weft.rollouts.rollout import METHODS, ROLLOUTS, Env, Setup, endpoint_failure, trajectory_key
 from treadle.weft.rollouts.tasks import RolloutTask
 
 TRAJECTORIES = "trajectories.jsonl"
@@ -233,7 +233,8 @@ async def sample_async(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: S
         tmp.replace(cfg_path)
     out_path = run_dir / TRAJECTORIES
     _drop_torn_tail(out_path)
-    done = {t.key for t in read_trajectories(out_path) if t.failure is None}  # failed rollouts are redone
+    done = {t.key for t in read_trajectories(out_path)  # failed rollouts are redone (endpoint failures of
+            if t.failure is None and not any(map(endpoint_failure, t.attempts))}  # records from before too)
     jobs = [(t, m, k) for t in tasks for m in cfg.methods for k in cfg.ks
             if trajectory_key(t, m, k, setup) not in done]
     lock = anyio.Lock()

@@ -8,9 +8,13 @@ servers (one per involved class) at the entry's ``initial_config`` (env name
 ``bfcl:<category>:<entry id>``; a call is routed to the class that owns the tool, each turn judged
 per class and merged, see :mod:`~treadle.weft.rollouts.sessions`).
 
-Scope (checked by :func:`eligible`, the rest is skipped with its reason in :func:`skipped`): no
-``missed_function`` / ``excluded_function`` (tools that change per turn), every turn with a user
-message, and not in ``KNOWN_BAD_GOLD`` (gold no honest trajectory passes). BFCL *scores* use upstream's cumulative rule through
+Tools that change per turn are offered as upstream offers them: an entry's ``excluded_function`` are
+never offered, its ``missed_function`` only from their turn on (each atomic task lists its turn's
+tools in ``tools``; the runtime answers an earlier call ``unknown_tool``). The turn that hands over a
+withheld function has no user message upstream; like upstream's inference loop, its request is
+``DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC`` ("I have updated some more functions ...").
+Scope (checked by :func:`eligible`, the rest is skipped with its reason in :func:`skipped`): every
+other turn with a user message, and not in ``KNOWN_BAD_GOLD`` (gold no honest trajectory passes). BFCL *scores* use upstream's cumulative rule through
 :func:`treadle.weft.envs.bfcl.run_entry`; these tasks are for sampling training data.
 
 Needs ``bfcl-eval`` (``pip install --no-deps bfcl-eval``).
@@ -40,11 +44,42 @@ def eligible(entry: dict[str, Any]) -> str | None:
 
     if entry["id"] in bfcl.KNOWN_BAD_GOLD:
         return f"known bad gold: {bfcl.KNOWN_BAD_GOLD[entry['id']]}"
-    if missed_function_names(entry) or entry.get("excluded_function"):
-        return "tools change per turn (missed_function / excluded_function)"
-    if any(not [m for m in turn if m.get("role") == "user"] for turn in entry["question"]):
+    handover = set(missed_function_names(entry))
+    if any(not [m for m in turn if m.get("role") == "user"] and k not in handover
+           for k, turn in enumerate(entry["question"])):
         return "a turn without a user message"
     return None
+
+
+ADDITIONAL_FUNCTION_PROMPT = "I have updated some more functions you can choose from. What about now?"
+"""Upstream's ``DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC``: the user turn that hands over withheld functions."""
+
+
+def turn_tools(entry: dict[str, Any]) -> list[tuple[str, ...] | None]:
+    """Per turn, the tool names offered (every involved class's tools minus ``excluded_function`` and the
+    ``missed_function`` not handed over yet); all None when the entry offers every tool on every turn."""
+    from treadle.data.bfcl import function_docs, missed_function_names
+
+    missed = missed_function_names(entry)
+    excluded = set(entry.get("excluded_function") or [])
+    if not missed and not excluded:
+        return [None] * len(entry["question"])
+    names = list(dict.fromkeys(d["name"] for d in function_docs(list(entry["involved_classes"]))))
+    given = {n: k for k, ns in missed.items() for n in ns}
+    return [tuple(n for n in names if n not in excluded and given.get(n, -1) <= k)
+            for k in range(len(entry["question"]))]
+
+
+def _request(entry: dict[str, Any], k: int) -> str:
+    from treadle.data.bfcl import missed_function_names
+
+    text = "\n".join(m["content"] for m in entry["question"][k] if m.get("role") == "user")
+    if not text and k in missed_function_names(entry):
+        try:
+            from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC as text
+        except ImportError:  # an upstream without the constant: its known wording
+            text = ADDITIONAL_FUNCTION_PROMPT
+    return text
 
 
 def skipped(category: str = "base") -> dict[str, str]:
@@ -73,15 +108,17 @@ def task_of(entry: dict[str, Any], gold: list[list[str]], category: str = "base"
     if why is not None:
         raise ValueError(f"BFCL entry {entry['id']!r} cannot be a rollout task: {why}")
     order = _param_order(list(entry["involved_classes"]))
+    offers = turn_tools(entry)
     atomic = []
-    for k, (turn, gold_turn) in enumerate(zip(entry["question"], gold)):
+    for k, gold_turn in enumerate(gold[:len(entry["question"])]):
         name = f"{entry['id']}/turn{k}"
         calls = [parse_call(g, param_order=order) for g in gold_turn]
         spec = CheckpointSpec(name=name, gold_calls=calls, compare_private=False,
                               calls_allowed_without_gold=bool(calls))
-        request = "\n".join(m["content"] for m in turn if m.get("role") == "user")
+        request = _request(entry, k)
         atomic.append(AtomicTask(name=name, request=request, details=details_of(request, spec),
-                                 depends_on=(f"{entry['id']}/turn{k - 1}",) if k else (), checkpoint=spec))
+                                 depends_on=(f"{entry['id']}/turn{k - 1}",) if k else (), checkpoint=spec,
+                                 tools=offers[k]))
     return RolloutTask(name=entry["id"], env=f"{PREFIX}{category}:{entry['id']}", atomic=tuple(atomic),
                        disclosure=disclosure)
 

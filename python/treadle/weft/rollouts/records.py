@@ -83,6 +83,7 @@ class TurnAttempt(_Record):
     reasons: tuple[str, ...] = ()
     stalled: bool = Field(False, description="Hit the step or exchange cap without completing.")
     policy_calls: int = Field(description="Model calls spent in this attempt.")
+    tools: tuple[str, ...] | None = Field(None, description="Tool names offered on this turn (None: every tool).")
     truncated: bool = Field(False, description="A step ended with finish_reason='length'.")
 
 
@@ -100,7 +101,8 @@ class Trajectory(_Record):
     view: dict[str, Any] = Field(description="{name, args}.")
     harness: dict[str, Any] = Field(description="{name, parser, tolerance}.")
     policy: dict[str, Any] = Field(description="{name, args} (replay: perturbation rates).")
-    tools: tuple[dict[str, Any], ...] = Field(description="OpenAI tool specs given to the model.")
+    tools: tuple[dict[str, Any], ...] = Field(description="OpenAI tool specs given to the model: every tool offered "
+                                                          "on some turn (per-turn offers: ``attempts[i].tools``).")
     messages: tuple[dict[str, Any], ...] = Field(description="Accepted conversation (system, user, assistant, tool).")
     attempts: tuple[TurnAttempt, ...] = Field(description="Every attempt, accepted or discarded, in order.")
     selected: tuple[int, ...] = Field(description="Indices into ``attempts`` of the path ``messages`` holds.")

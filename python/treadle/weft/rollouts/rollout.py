@@ -6,7 +6,9 @@ copy of the runtime's state at the turn start, no replay of earlier calls); an a
 session and messages become the new prefix, a failed one is closed and discarded, and only that
 turn is re-sampled, at most ``k`` times. End-to-end rejection sampling (for comparison) reruns
 the whole task from the initial snapshot up to ``k`` times and keeps a run only if every
-checkpoint passes.
+checkpoint passes. An attempt that ends on a policy-endpoint failure (:func:`endpoint_failure`) is no
+sample of the policy: either method stops there and returns the trajectory with ``failure`` set, so
+the batch redoes it on a rerun.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from treadle.weft.runtime import Runtime
 from treadle.weft.state import Snapshot
 
 __all__ = ["Env", "Setup", "METHODS", "ROLLOUTS", "run_turn", "prefix_rollout", "end_to_end_rollout",
-           "system_message", "trajectory_key", "BASE_INSTRUCTIONS"]
+           "system_message", "trajectory_key", "BASE_INSTRUCTIONS", "endpoint_failure", "task_tools"]
 
 Method = Literal["prefix", "end_to_end"]
 METHODS: tuple[Method, ...] = ("prefix", "end_to_end")
@@ -48,13 +50,15 @@ class Setup:
 BASE_INSTRUCTIONS = "You are a support agent. Use the tools to do what the user asks."
 
 
-def system_message(env: Env, harness: Harness) -> dict[str, Any]:
+def system_message(env: Env, harness: Harness, tools: Sequence[dict] | None = None) -> dict[str, Any]:
     """The system message: the harness's own system prompt when it has one (OpenClaw), else the task's
-    instructions plus the harness's calling instructions (the tools themselves go to the chat template)."""
+    instructions plus the harness's calling instructions (the tools themselves go to the chat template).
+    ``tools``: the runtime tool definitions offered at the start (default: every tool of ``env``)."""
+    tools = env.all_tools if tools is None else tools
     own = getattr(harness, "system_prompt", None)
     if callable(own):
-        return {"role": "system", "content": own(BASE_INSTRUCTIONS, env.all_tools)}
-    extra = harness.instructions(env.all_tools)
+        return {"role": "system", "content": own(BASE_INSTRUCTIONS, tools)}
+    extra = harness.instructions(tools)
     return {"role": "system", "content": BASE_INSTRUCTIONS + ("\n" + extra if extra else "")}
 
 
@@ -65,11 +69,15 @@ async def _maybe_await(x: Any) -> Any:
 
 async def run_turn(rt: Runtime, ws: SessionGroup, start: list[Snapshot], env: Env, task: RolloutTask,
                    atomic: AtomicTask, index: int, attempt: int, history: Sequence[dict], s: Setup) -> TurnAttempt:
-    """Run one attempt of one atomic task in the sessions ``ws`` (whose states are ``start``) and judge it."""
+    """Run one attempt of one atomic task in the sessions ``ws`` (whose states are ``start``) and judge it.
+
+    The model is offered the turn's tools (``atomic.tools``; None: all), and so are the sessions: a call
+    to a withheld tool is answered ``unknown_tool`` by the runtime."""
+    ws.set_available_tools(atomic.tools)
     msgs: list[dict[str, Any]] = list(await _maybe_await(s.view.turn_start(task, atomic, index)))
     steps: list[Step] = []
     outcomes: list[tuple[int, Any]] = []
-    tools = openai_tools(env.all_tools)
+    tools = openai_tools(env.offered(atomic.tools))
     exchange, done, verdict, truncated, ended, capped = 0, False, None, False, False, False
     for step in range(s.max_steps):
         ctx = PolicyContext(task=task, atomic=atomic, index=index, attempt=attempt, step=step, seed=s.seed)
@@ -119,7 +127,8 @@ async def run_turn(rt: Runtime, ws: SessionGroup, start: list[Snapshot], env: En
     if truncated:
         reasons += ("finish_reason_length",)
     return TurnAttempt(atomic=atomic.name, attempt=attempt, messages=tuple(msgs), steps=tuple(steps), r=r,
-                       reasons=reasons, stalled=capped or not ended, policy_calls=len(steps), truncated=truncated)
+                       reasons=reasons, stalled=capped or not ended, policy_calls=len(steps), truncated=truncated,
+                       tools=None if atomic.tools is None else tuple(t["name"] for t in env.offered(atomic.tools)))
 
 
 def trajectory_key(task: RolloutTask, method: str, k: int, s: Setup) -> str:
@@ -133,10 +142,31 @@ def _trajectory(task, env, method, k, s, messages, attempts, selected, rewards, 
     return Trajectory(key=trajectory_key(task, method, k, s), task=task.name, task_key=task.key, env=task.env,
                       method=method, k=k, seed=s.seed, view={"name": s.view.name, "args": s.view.args()},
                       harness=harness_label(s.harness), policy={"name": s.policy.name, "args": s.policy.args()},
-                      tools=tuple(openai_tools(env.all_tools)), messages=tuple(messages), attempts=tuple(attempts),
+                      tools=tuple(openai_tools(task_tools(env, task))), messages=tuple(messages),
+                      attempts=tuple(attempts),
                       selected=tuple(selected),
                       rewards=tuple(rewards), reward=trajectory_reward_of(rewards, len(task.atomic)),
                       accepted=accepted, policy_calls=sum(a.policy_calls for a in attempts), failure=failure)
+
+
+def task_tools(env: Env, task: RolloutTask) -> tuple[dict[str, Any], ...]:
+    """Every tool of ``env`` offered on some turn of ``task`` (runtime form, the environment's order)."""
+    if not task.atomic or any(a.tools is None for a in task.atomic):
+        return env.all_tools
+    return env.offered(sorted({n for a in task.atomic for n in a.tools}))
+
+
+def _first_offer(env: Env, order: Sequence[AtomicTask]) -> tuple[dict[str, Any], ...]:
+    return env.offered(order[0].tools) if order else env.all_tools
+
+
+def endpoint_failure(ta: TurnAttempt) -> str | None:
+    """Why the attempt ended on a policy-endpoint failure (timeout, HTTP error, garbage reply), else None.
+    Such an attempt is no sample of the policy: the rollout stops and is recorded as failed, and a rerun
+    of the batch redoes it."""
+    if ta.steps and ta.steps[-1].output.finish_reason == "error":
+        return f"policy endpoint failed on {ta.atomic} (attempt {ta.attempt}): {ta.steps[-1].output.error}"[:1000]
+    return None
 
 
 def trajectory_reward_of(rewards: Sequence[int], n: int) -> float:
@@ -147,10 +177,11 @@ def trajectory_reward_of(rewards: Sequence[int], n: int) -> float:
 async def prefix_rollout(rt: Runtime, env: Env, task: RolloutTask, k: int, s: Setup) -> Trajectory:
     """Prefix-preserving rejection sampling of one task (at most ``k`` attempts per turn)."""
     order = task.ordered()
-    history: list[dict[str, Any]] = [system_message(env, s.harness)]
+    history: list[dict[str, Any]] = [system_message(env, s.harness, _first_offer(env, order))]
     attempts: list[TurnAttempt] = []
     rewards: list[int] = []
     selected: list[int] = []
+    failure = None
     ws = await SessionGroup.open(rt, env)
     try:
         for idx, atomic in enumerate(order):
@@ -163,6 +194,10 @@ async def prefix_rollout(rt: Runtime, env: Env, task: RolloutTask, k: int, s: Se
                     await trial.close()
                     raise
                 attempts.append(ta)
+                failure = endpoint_failure(ta)
+                if failure is not None:  # not a policy sample: no retry on it, the rollout is redone later
+                    await trial.close()
+                    break
                 if ta.r == 1:
                     selected.append(len(attempts) - 1)
                     await ws.close()
@@ -173,11 +208,14 @@ async def prefix_rollout(rt: Runtime, env: Env, task: RolloutTask, k: int, s: Se
             else:
                 rewards.append(0)
                 break
+            if failure is not None:
+                rewards.append(0)
+                break
             rewards.append(1)
     finally:
         await ws.close()
-    ok = len(rewards) == len(order) and all(rewards)
-    return _trajectory(task, env, "prefix", k, s, history, attempts, selected, rewards, ok)
+    ok = failure is None and len(rewards) == len(order) and all(rewards)
+    return _trajectory(task, env, "prefix", k, s, history, attempts, selected, rewards, ok, failure=failure)
 
 
 async def end_to_end_rollout(rt: Runtime, env: Env, task: RolloutTask, k: int, s: Setup) -> Trajectory:
@@ -187,8 +225,9 @@ async def end_to_end_rollout(rt: Runtime, env: Env, task: RolloutTask, k: int, s
     attempts: list[TurnAttempt] = []
     history: list[dict[str, Any]] = []
     rewards: list[int] = []
+    failure = None
     for a in range(k):
-        history = [system_message(env, s.harness)]
+        history = [system_message(env, s.harness, _first_offer(env, order))]
         rewards = []
         ws = await SessionGroup.open(rt, env)
         try:
@@ -197,13 +236,16 @@ async def end_to_end_rollout(rt: Runtime, env: Env, task: RolloutTask, k: int, s
                 attempts.append(ta)
                 history.extend(ta.messages)
                 rewards.append(ta.r)
+                failure = endpoint_failure(ta)
+                if failure is not None:
+                    break
         finally:
             await ws.close()
-        if all(rewards):
+        if failure is not None or all(rewards):
             break
     selected = list(range(len(attempts) - len(rewards), len(attempts)))
     return _trajectory(task, env, "end_to_end", k, s, history, attempts, selected, rewards,
-                       bool(rewards) and all(rewards))
+                       failure is None and bool(rewards) and all(rewards), failure=failure)
 
 
 ROLLOUTS = {"prefix": prefix_rollout, "end_to_end": end_to_end_rollout}

@@ -9,6 +9,7 @@ on that server's share of the gold calls, the verdicts merged (``r`` = min, reas
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,13 @@ class Env:
                 seen.setdefault(t["name"], t)
         return tuple(seen.values())
 
+    def offered(self, names: Sequence[str] | None) -> tuple[dict[str, Any], ...]:
+        """The tools of :attr:`all_tools` named in ``names`` (None: all), in the environment's order."""
+        if names is None:
+            return self.all_tools
+        keep = set(names)
+        return tuple(t for t in self.all_tools if t["name"] in keep)
+
     def owner(self) -> dict[str, int]:
         """Tool name -> index of the server that owns it."""
         out: dict[str, int] = {}
@@ -86,6 +94,24 @@ class SessionGroup:
                 await self.rt.close(sid)
             raise
         return SessionGroup(self.rt, self.env, sids)
+
+    def set_available_tools(self, names: Sequence[str] | None) -> None:
+        """Offer only ``names`` (tools of any server of the group) from now on; None: every tool.
+
+        Raises:
+            ValueError: a name is no tool of any server (nothing is changed then).
+        """
+        if names is None:
+            for sid in self.sids:
+                self.rt.set_available_tools(sid, None)
+            return
+        unknown = sorted(set(names) - set(self._owner))
+        if unknown:
+            raise ValueError(f"tools {unknown} are offered but no server of the environment has them "
+                             f"(tools: {sorted(self._owner)})")
+        for i, sid in enumerate(self.sids):
+            mine = {t["name"] for t in self.env.servers[i].tools}
+            self.rt.set_available_tools(sid, sorted(n for n in names if self._owner[n] == i and n in mine))
 
     def snapshot(self) -> list[Snapshot]:
         return [self.rt.snapshot(sid) for sid in self.sids]

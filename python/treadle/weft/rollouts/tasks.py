@@ -39,6 +39,9 @@ class AtomicTask(BaseModel):
         details: literal facts of the request, in the order they are revealed.
         depends_on: names of atomic tasks that must be done first.
         checkpoint: the completion condition (gold calls, state checks), judged by the runtime.
+        tools: names of the environment's tools offered to the model on this turn (None: every tool).
+            Turns that withhold tools (BFCL ``missed_function`` / ``excluded_function``) list the rest;
+            the runtime answers a call to a withheld tool ``unknown_tool``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
@@ -48,6 +51,7 @@ class AtomicTask(BaseModel):
     details: tuple[str, ...] = ()
     depends_on: tuple[str, ...] = ()
     checkpoint: CheckpointSpec
+    tools: tuple[str, ...] | None = None
 
     def disclose(self, level: Disclosure, extra: int = 0) -> str:
         """The request at ``level`` with ``extra`` more details revealed (asked for by the model)."""
@@ -111,7 +115,8 @@ class RolloutTask(BaseModel):
         """Hash of the task's canonical JSON (run folders resume by it)."""
         doc = {"name": self.name, "env": self.env, "disclosure": self.disclosure,
                "atomic": [{"name": a.name, "request": a.request, "details": a.details, "depends_on": a.depends_on,
-                           "gold": a.gold} for a in self.atomic]}
+                           "gold": a.gold, **({} if a.tools is None else {"tools": sorted(a.tools)})}
+                          for a in self.atomic]}
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 

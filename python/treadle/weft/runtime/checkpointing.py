@@ -70,7 +70,9 @@ class CheckpointingMixin:
         try:
             if s.generation is None:
                 s.generation = await anyio.to_thread.run_sync(self.store.claim, s.id)
-            gen, turn, meta = s.generation, s.turn, {"interrupted": s.interrupted}
+            gen, turn = s.generation, s.turn
+            meta = {"interrupted": s.interrupted,  # the tool offer travels with the state (restore keeps it)
+                    "available": None if s.available is None else sorted(s.available)}
             rec = await anyio.to_thread.run_sync(
                 lambda: self.store.write(s.id, gen, s.spec.hash, snap, turn=turn, meta=meta))
         except StaleGenerationError as err:
@@ -117,7 +119,8 @@ class CheckpointingMixin:
         """Re-open a session from its last checkpoint (e.g. after its worker died).
 
         Claims a new generation (a stale writer of the old one is then rejected), materialises the
-        state from the checkpoint, and marks the session ``interrupted`` (its rollout resumes from
+        state from the checkpoint and the tool offer it was written with (:meth:`set_available_tools`),
+        and marks the session ``interrupted`` (its rollout resumes from
         the last turn boundary, ``checkpoint_turn``; never to be counted as a policy failure).
 
         Raises:
@@ -136,8 +139,10 @@ class CheckpointingMixin:
         spec = self.registry.spec(rec.server_hash)
         binding, state = await self._bind_session(spec, session_id, "inproc", snap, None)
         kept = self._closed_logs.pop(session_id, None)
+        offer = rec.meta.get("available")
         s = _Session(id=session_id, spec=spec, transport="inproc", initial=snap, binding=binding, state=state,
-                     generation=gen, interrupted=True, turn=rec.turn, last_checkpoint=rec)
+                     generation=gen, interrupted=True, turn=rec.turn, last_checkpoint=rec,
+                     available=None if offer is None else frozenset(offer) & frozenset(spec.tool_names))
         if kept is not None:
             s.log = kept
         self._sessions[session_id] = s

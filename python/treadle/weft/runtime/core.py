@@ -633,7 +633,9 @@ class Runtime(CheckpointingMixin, VerificationMixin):
 
     async def fork(self, session_id: str, *, session_id_new: str | None = None) -> str:
         """A new session whose state is a copy of this session's *current* state (same initial snapshot,
-        so ``reset`` of the fork returns to the original start). Returns the new id."""
+        so ``reset`` of the fork returns to the original start) and the same tool offer
+        (:meth:`set_available_tools`; changing either session's offer afterwards leaves the other's
+        alone). Returns the new id."""
         s = self._session(session_id)
         if s.state is None:
             raise UnsupportedOperationError(f"fork needs in-process state; session {s.id} uses {s.transport!r}")
@@ -647,7 +649,8 @@ class Runtime(CheckpointingMixin, VerificationMixin):
                 binding, new_state = await self._bind_session(s.spec, sid, "inproc", s.initial, new_state)
             else:  # own module import; instance state copied from a snapshot of the current state
                 binding, new_state = await self._bind_session(s.spec, sid, "inproc", state.snapshot(), None)
-        f = _Session(id=sid, spec=s.spec, transport="inproc", initial=s.initial, binding=binding, state=new_state)
+        f = _Session(id=sid, spec=s.spec, transport="inproc", initial=s.initial, binding=binding, state=new_state,
+                     available=s.available)  # the agent's tool offer is session state the fork inherits
         self._sessions[sid] = f
         self._event(f, event="fork", message=f"forked from {s.id}")
         self._event(s, event="fork", message=f"forked into {sid}")
