@@ -12,10 +12,10 @@ from pathlib import Path
 def run(run_dir: Path, quick: bool, console) -> dict:
     """Run the section (see the module docstring)."""
     from treadle.weft.rl.report import run_comparison
-    from treadle.weft.rl.sft import TOOLS_SLOT, ToolTrainConfig, load_tool_model
+    from treadle.weft.rl.sft import ToolTrainConfig, load_tool_model, tool_slot
 
     cfg = ToolTrainConfig.quick() if quick else ToolTrainConfig()
-    policy = load_tool_model(None, config=cfg, console=console, name=TOOLS_SLOT + ("-quick" if quick else ""))
+    policy = load_tool_model(None, config=cfg, console=console, name=tool_slot(None, quick).name)
     small = {} if quick else {"turns_per_step": 4, "G": 4, "eval_episodes": 6, "max_new_tokens": 72, "max_steps": 4}
     return run_comparison(Path(run_dir), policy, ("atomic", "trajectory"), [0], steps=2 if quick else 3,
                           quick=True, console=console, overrides=small)
