@@ -20,6 +20,7 @@ runner = CliRunner()
     (["train", "--seeds", "a,b"], "--seeds"),
     (["train", "--seeds", "1,1"], "--seeds"),
     (["train", "--steps", "0"], "--steps"),
+    (["train", "--jobs", "0"], "--jobs"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(tmp_path, monkeypatch, args, flag):
     monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))

@@ -127,6 +127,8 @@ def train_cmd(
                                                      "tool policy)."),
     quick: bool = typer.Option(False, "--quick", help="Seconds-long smoke settings on the quick tool policy."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing results in --out."),
+    jobs: int = typer.Option(2, "--jobs", help="Runs at once (worker processes, one thread each), >= 1; the "
+                                               "numbers do not depend on it."),
 ) -> None:
     """GRPO on the tiny tool policy: atomic-turn vs trajectory grouping, held-out success before/after, PNG."""
     from treadle.run_dirs import check_out_dir
@@ -136,6 +138,8 @@ def train_cmd(
         raise usage_error(f"--grouping must be atomic, trajectory or both, got {grouping!r}")
     if steps is not None and steps < 1:
         raise usage_error(f"--steps must be >= 1, got {steps}")
+    if jobs < 1:
+        raise usage_error(f"--jobs must be >= 1, got {jobs}")
     seed_list = _seeds(seeds)
     try:
         check_out_dir(out, "--out")
@@ -146,4 +150,4 @@ def train_cmd(
                           f"or give another --out")
     groupings = ("atomic", "trajectory") if grouping == "both" else (grouping,)
     policy = _policy(model, quick)
-    run_comparison(out, policy, groupings, seed_list, steps=steps, quick=quick, console=console)
+    run_comparison(out, policy, groupings, seed_list, steps=steps, quick=quick, console=console, jobs=jobs)
