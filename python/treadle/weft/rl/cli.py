@@ -122,7 +122,7 @@ def train_cmd(
                                                                    "--overwrite)."),
     grouping: str = typer.Option("both", "--grouping", help="atomic, trajectory or both."),
     seeds: str = typer.Option("0,1,2", "--seeds", help="Comma-separated seeds (one run each)."),
-    steps: int = typer.Option(None, "--steps", help="GRPO steps per run, >= 1 (default 30; --quick 2)."),
+    steps: int = typer.Option(None, "--steps", help="GRPO steps per run, >= 1 (default 16; --quick 2)."),
     model: Path = typer.Option(None, "--model", help="Tool-policy checkpoint to start from (default: the cached tiny "
                                                      "tool policy)."),
     quick: bool = typer.Option(False, "--quick", help="Seconds-long smoke settings on the quick tool policy."),
