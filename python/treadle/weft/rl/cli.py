@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from treadle.cli_output import make_console, progress_enabled
+from treadle.cli_output import make_console
 from treadle.cli_runs import usage_error
 
 console = make_console()
