@@ -14,6 +14,13 @@ rounding noise (DESIGN.md: guard on max == min). Extra options come from ``confi
 ``treadle`` mapping (``singleton``, ``std``, ``eps_placement``) or from keyword arguments; ``flags`` and
 ``valid`` (``(B,)`` bool, optional) are passed to the op (WEFT atomic-turn rows: flagged rows get
 ``min(A, 0)``, invalid rows 0 and no part in the statistics).
+
+verl's trainer (``verl.trainer.ppo.ray_trainer.compute_advantage``) calls a registered estimator with
+``token_level_rewards``, ``response_mask``, ``config`` and ``index`` (the batch's ``uid`` column) only:
+keyword arguments never reach it from a batch. So a row's flag and validity travel in its uid: a
+:class:`RowUid` is the group key (a ``str``: grouping, hashing and verl's reordering, chunking and
+concatenation are unchanged) carrying ``flagged`` and ``valid``; the estimator reads them when no
+explicit ``flags`` / ``valid`` is given (:func:`treadle.weft.rl.groups.to_verl` writes such uids).
 """
 from __future__ import annotations
 
@@ -30,6 +37,45 @@ ESTIMATOR_NAMES = {
     "treadle_rloo": "rloo",
     "treadle_reinforce_baseline": "reinforce_baseline",
 }
+
+
+class RowUid(str):
+    """A verl ``uid`` (the group key, a ``str``) that carries its row's WEFT ``flagged`` and ``valid``
+    (see the module docstring). Pickles (Ray) and copies with both attributes."""
+
+    flagged: bool
+    valid: bool
+
+    def __new__(cls, key: str, flagged: bool = False, valid: bool = True):
+        obj = super().__new__(cls, key)
+        obj.flagged, obj.valid = bool(flagged), bool(valid)
+        return obj
+
+    def __reduce__(self):
+        return (RowUid, (str(self), self.flagged, self.valid))
+
+    def __repr__(self) -> str:
+        return f"RowUid({str(self)!r}, flagged={self.flagged}, valid={self.valid})"
+
+
+def _uid_masks(index, flags, valid) -> dict:
+    """``flags`` / ``valid`` for the op: the explicit ones, else those carried by :class:`RowUid` entries
+    of ``index`` (plain uids: not flagged, valid).
+
+    Raises:
+        ValueError: an explicit mask disagrees with the one the uids carry.
+    """
+    tagged = [u for u in index if isinstance(u, RowUid)]
+    if not tagged:
+        return {k: v for k, v in (("flags", flags), ("valid", valid)) if v is not None}
+    carried = {"flags": [isinstance(u, RowUid) and u.flagged for u in index],
+               "valid": [not isinstance(u, RowUid) or u.valid for u in index]}
+    out = {}
+    for name, given in (("flags", flags), ("valid", valid)):
+        if given is not None and torch.as_tensor(given, dtype=torch.bool).reshape(-1).tolist() != carried[name]:
+            raise ValueError(f"{name} disagrees with the {name} the RowUid index entries carry; pass one or the other")
+        out[name] = carried[name] if given is None else given
+    return out
 
 
 def _options(config, kwargs) -> dict:
@@ -62,7 +108,7 @@ def make_estimator(estimator: str):
             scale = "group" if norm_adv_by_std_in_grpo else "none"
         with torch.no_grad():
             masks = {k: torch.as_tensor(v, dtype=torch.bool, device=scores.device)
-                     for k, v in (("flags", flags), ("valid", valid)) if v is not None}
+                     for k, v in _uid_masks(index, flags, valid).items()}
             adv = grpo_advantages(scores, ids, estimator=estimator, eps=epsilon, scale_rewards=scale, **opts, **masks)
             out = adv.to(token_level_rewards.dtype).unsqueeze(-1) * response_mask
         return out, out

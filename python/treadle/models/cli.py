@@ -47,19 +47,21 @@ def train_tiny_cmd(
     task: str = typer.Option("math", "--task", help="math (generated problems) or tools (the WEFT shop tool "
                                                     "policy, slot tiny-qwen3-tools)."),
 ) -> None:
-    """Train the tiny Qwen3 LM on generated problems; print held-out accuracy per difficulty level."""
+    """Train the tiny Qwen3 LM (math: generated problems; tools: the WEFT shop tool policy); print held-out
+    results."""
     if task not in ("math", "tools"):
         raise usage_error(f"--task must be math or tools, got {task!r}")
-    if task == "tools":
-        from treadle.weft.rl.cli import train_tiny_tools
-
-        return train_tiny_tools(out, seed, steps, overwrite or force, quick, threads, progress)
     from treadle.models.tiny import CheckpointError, TinyTrainConfig, accuracy_table, check_checkpoint, train_tiny
     from treadle.run_dirs import check_out_dir
 
     overwrite = overwrite or force
-    cfg = build_config(TinyTrainConfig.quick if quick else TinyTrainConfig, {}, seed=seed, steps=steps)
-    dest = _slot(out, quick)
+    if task == "tools":
+        from treadle.weft.rl.sft import ToolTrainConfig, tool_slot, train_tool_policy
+
+        cls, train, dest, what = ToolTrainConfig, train_tool_policy, tool_slot(out, quick), "tool policy"
+    else:
+        cls, train, dest, what = TinyTrainConfig, train_tiny, _slot(out, quick), "tiny model"
+    cfg = build_config(cls.quick if quick else cls, {}, seed=seed, steps=steps)
     try:
         check_out_dir(dest, "--out")
         check_out_dir(dest.parent, "--out")  # the lock file lives next to the folder
@@ -74,14 +76,14 @@ def train_tiny_cmd(
         want = json.loads(json.dumps(fields))
         if info.get("config") not in (None, want):
             diff = sorted(k for k in set(want) | set(info["config"]) if want.get(k) != info["config"].get(k))
-            raise usage_error(f"--out {str(dest)!r} holds a tiny model trained with other settings (differs in "
+            raise usage_error(f"--out {str(dest)!r} holds a {what} trained with other settings (differs in "
                               f"{', '.join(diff)}); add --overwrite to retrain it, or give another --out")
     if threads:
         import torch
 
         torch.set_num_threads(threads)
     try:
-        result = train_tiny(cfg, dest, force=overwrite, progress=progress_enabled(progress), console=console)
+        result = train(cfg, dest, force=overwrite, progress=progress_enabled(progress), console=console)
     except CheckpointError as err:
         raise usage_error(f"--out {str(dest)!r}: {err}") from None
     except KeyboardInterrupt:
@@ -91,7 +93,10 @@ def train_tiny_cmd(
     if result.seconds == 0.0:
         console.print(f"{result.path} already holds this model (same settings); add --overwrite to retrain",
                       markup=False)
-        console.print(accuracy_table(result.accuracy, title="held-out greedy accuracy (recorded at training time)"))
+        if task == "tools":
+            console.print(f"recorded held-out success: {json.dumps(result.accuracy)}", markup=False)
+        else:
+            console.print(accuracy_table(result.accuracy, title="held-out greedy accuracy (recorded at training time)"))
 
 
 @app.command("eval")

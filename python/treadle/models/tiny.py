@@ -31,7 +31,7 @@ import torch
 from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-__all__ = ["TinyTrainConfig", "TrainResult", "CheckpointError", "CorruptCheckpointError", "NotACausalLMError",
+__all__ = ["TinyLMConfig", "TinyTrainConfig", "TrainResult", "CheckpointError", "CorruptCheckpointError", "NotACausalLMError",
            "build_tokenizer", "cache_root", "pinned_threads", "default_checkpoint_dir", "train_tiny", "load_default_model",
            "check_checkpoint", "checkpoint_vocab_size", "accuracy_table", "MARKER", "PARTIAL"]
 
@@ -57,27 +57,22 @@ class NotACausalLMError(CheckpointError, ValueError):
 
 
 @pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))
-class TinyTrainConfig:
-    """Everything that determines the trained tiny model (same config + seed -> same weights on one CPU).
+class TinyLMConfig:
+    """The fields every tiny-LM recipe shares (the math model's :class:`TinyTrainConfig`, the WEFT tool
+    policy's :class:`treadle.weft.rl.sft.ToolTrainConfig`): seed, optimizer and schedule, Qwen3 shape,
+    decoding budget, threads. Defaults are the math recipe's; a recipe changes one with
+    :meth:`default` (which keeps the field's constraints).
 
-    A frozen pydantic dataclass (``dataclasses.asdict`` works): bad values raise ``pydantic.ValidationError`` (a ``ValueError``) naming
-    the field, before anything is trained.
+    A frozen pydantic dataclass (``dataclasses.asdict`` works): bad values raise ``pydantic.ValidationError``
+    (a ``ValueError``) naming the field, before anything is trained.
 
     Attributes:
-        seed: seeds the problem stream and the initialisation.
-        steps: optimizer steps; batch_size: problems per step.
+        seed: seeds the data stream and the initialisation.
+        steps: optimizer steps; batch_size: training examples per step.
         lr, warmup, weight_decay, grad_clip: AdamW with linear warm-up over ``warmup`` steps, then
             cosine decay to ``min_lr_rate * lr`` (``transformers.get_cosine_with_min_lr_schedule_with_warmup``).
         hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size: Qwen3 shape (head_dim =
             hidden_size / num_heads).
-        level_weights: training mixture, level -> relative weight (held-out prompts never trained on;
-            levels 5-6 are left out by default: the tiny model does not learn them in the budget, and
-            level 6's long prompts would set every batch's padded width).
-        final_fraction, final_level_weights: a final phase (data annealing): the last
-            ``round(final_fraction * steps)`` optimizer steps draw their problems from
-            ``final_level_weights`` instead (0: no final phase). It lands at the cosine schedule's
-            low learning rates, so it consolidates the levels it weights without a separate schedule.
-        eval_per_level: held-out problems per level for the accuracy table.
         max_new_tokens: decoding budget for evaluation.
         threads: torch intra-op threads while training (restored afterwards). Pinned, like the STAIR
             and SCALE demos, so that the float reductions, and so the weights, do not depend on the
@@ -98,12 +93,49 @@ class TinyTrainConfig:
     num_heads: int = Field(4, ge=1, strict=True)
     num_kv_heads: int = Field(2, ge=1, strict=True)
     intermediate_size: int = Field(512, ge=1, strict=True)
+    max_new_tokens: int = Field(10, ge=1, strict=True)
+    threads: int = Field(1, ge=1, strict=True)
+
+    @classmethod
+    def default(cls, name: str, value):
+        """Field ``name`` of this config with another default and the same constraints (for a subclass:
+        ``steps: int = TinyLMConfig.default("steps", 600)``)."""
+        from pydantic.fields import FieldInfo
+
+        return FieldInfo.merge_field_infos(cls.__pydantic_fields__[name], default=value)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "TinyLMConfig":
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError(f"hidden_size ({self.hidden_size}) must divide by num_heads ({self.num_heads}) and "
+                             f"num_heads by num_kv_heads ({self.num_kv_heads})")
+        return self
+
+    def as_dict(self) -> dict:
+        """JSON-ready fields (what the checkpoint's marker records and is compared against)."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+
+@pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+class TinyTrainConfig(TinyLMConfig):
+    """Everything that determines the trained tiny math model (same config + seed -> same weights on one
+    CPU): the fields of :class:`TinyLMConfig` plus the data mixture.
+
+    Attributes:
+        level_weights: training mixture, level -> relative weight (held-out prompts never trained on;
+            levels 5-6 are left out by default: the tiny model does not learn them in the budget, and
+            level 6's long prompts would set every batch's padded width).
+        final_fraction, final_level_weights: a final phase (data annealing): the last
+            ``round(final_fraction * steps)`` optimizer steps draw their problems from
+            ``final_level_weights`` instead (0: no final phase). It lands at the cosine schedule's
+            low learning rates, so it consolidates the levels it weights without a separate schedule.
+        eval_per_level: held-out problems per level for the accuracy table.
+    """
+
     level_weights: dict[int, float] = Field(default_factory=lambda: {1: 4.0, 2: 4.0, 3: 3.0, 4: 3.0})
     final_fraction: float = Field(0.2, ge=0, lt=1)
     final_level_weights: dict[int, float] | None = Field(default_factory=lambda: {1: 3.0, 2: 2.0, 3: 1.0, 4: 1.0})
     eval_per_level: int = Field(100, ge=1, strict=True)
-    max_new_tokens: int = Field(10, ge=1, strict=True)
-    threads: int = Field(1, ge=1, strict=True)
 
     @classmethod
     def quick(cls, **overrides) -> "TinyTrainConfig":
@@ -127,10 +159,7 @@ class TinyTrainConfig:
         return v
 
     @model_validator(mode="after")
-    def _shape(self) -> "TinyTrainConfig":
-        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
-            raise ValueError(f"hidden_size ({self.hidden_size}) must divide by num_heads ({self.num_heads}) and "
-                             f"num_heads by num_kv_heads ({self.num_kv_heads})")
+    def _final_phase(self) -> "TinyTrainConfig":
         if self.final_fraction and self.final_level_weights is None:
             raise ValueError(f"final_fraction={self.final_fraction} needs final_level_weights (the final phase's "
                              f"mixture)")
@@ -140,10 +169,6 @@ class TinyTrainConfig:
     def final_steps(self) -> int:
         """Optimizer steps in the final phase: ``round(final_fraction * steps)``."""
         return round(self.final_fraction * self.steps)
-
-    def as_dict(self) -> dict:
-        """JSON-ready fields (what the checkpoint's marker records and is compared against)."""
-        return json.loads(json.dumps(dataclasses.asdict(self)))
 
 
 @dataclass
@@ -300,7 +325,7 @@ def _clean_stale_tmp(dest: Path, console) -> None:
 # --------------------------------------------------------------------------------------------
 # training
 # --------------------------------------------------------------------------------------------
-def _build_model(cfg: TinyTrainConfig, tokenizer):
+def _build_model(cfg: TinyLMConfig, tokenizer):
     from treadle.models.builders import build_tiny_model
 
     model = build_tiny_model(

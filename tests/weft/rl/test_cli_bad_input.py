@@ -20,6 +20,7 @@ runner = CliRunner()
     (["train", "--seeds", "a,b"], "--seeds"),
     (["train", "--seeds", "1,1"], "--seeds"),
     (["train", "--steps", "0"], "--steps"),
+    (["train", "--jobs", "0"], "--jobs"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(tmp_path, monkeypatch, args, flag):
     monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))
@@ -56,3 +57,22 @@ def test_train_tiny_unknown_task(tmp_path, monkeypatch):
     r = runner.invoke(model_app, ["train-tiny", "--task", "chess"])
     assert r.exit_code == 2 and "--task" in r.output
     assert not (tmp_path / "cache").exists()
+
+
+def test_train_tiny_tools_goes_through_the_one_train_tiny_path(tmp_path, monkeypatch):
+    """`train-tiny --task tools` shares the math path: the slot is kept when it holds the same settings,
+    refused (exit 2, naming --out and the differing field) when it holds others, and a bad value names
+    its flag."""
+    monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "tools"
+    r = runner.invoke(model_app, ["train-tiny", "--task", "tools", "--quick", "--out", str(out), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert (out / "treadle_checkpoint.json").exists() and "held-out" in r.output
+    r = runner.invoke(model_app, ["train-tiny", "--task", "tools", "--quick", "--out", str(out)])
+    assert r.exit_code == 0 and "already holds this model" in r.output and "recorded held-out success" in r.output
+    marker = (out / "treadle_checkpoint.json").read_text()
+    r = runner.invoke(model_app, ["train-tiny", "--task", "tools", "--quick", "--out", str(out), "--seed", "3"])
+    assert r.exit_code == 2 and "--out" in r.output and "differs in seed" in r.output
+    assert (out / "treadle_checkpoint.json").read_text() == marker
+    r = runner.invoke(model_app, ["train-tiny", "--task", "tools", "--seed", "-1", "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "--seed" in r.output and not (tmp_path / "x").exists()

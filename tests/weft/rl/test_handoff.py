@@ -56,6 +56,65 @@ def test_verl_registered_estimator_gives_the_rows_advantages(mixed_groups, tok):
     assert batch["prompts"].shape[0] == len(rows) and batch["responses"].shape == batch["response_mask"].shape
 
 
+def _verl_trainer_kwargs(batch):
+    """Exactly what verl's trainer (ray_trainer.compute_advantage) passes a registered estimator: no flags,
+    no valid (those travel in the uids)."""
+    return {"token_level_rewards": batch["token_level_rewards"], "response_mask": batch["response_mask"],
+            "config": None, "index": batch["index"]}
+
+
+def test_verl_estimator_reads_flags_and_valid_from_the_uids(mixed_groups, tok):
+    core = require_module("verl.trainer.ppo.core_algos")
+    import treadle.grpo.verl_adapter  # noqa: F401
+
+    groups = list(mixed_groups)
+    # one crashed candidate (an environment failure) in the first group
+    c0 = groups[0].candidates[2].model_copy(update={"env_failure": "shop: crash: boom", "r": 0})
+    groups[0] = groups[0].model_copy(update={"candidates": (*groups[0].candidates[:2], c0,
+                                                            *groups[0].candidates[3:])})
+    rows = rows_of(groups)
+    assert not rows[2].valid and rows[2].advantage == 0.0
+    batch = to_verl(rows, tok.pad_token_id)
+    adv, _ = core.get_adv_estimator_fn("treadle_grpo")(**_verl_trainer_kwargs(batch))
+    want = torch.tensor([r.advantage for r in rows]).unsqueeze(1) * batch["response_mask"]
+    torch.testing.assert_close(adv, want, rtol=1e-6, atol=1e-6)
+    flagged = batch["flags"]
+    assert flagged.any() and (adv[flagged] <= 0).all() and (adv[~batch["valid"]] == 0).all()
+    # without the carried masks the numbers differ (the flags and the crash would count): the test can fail
+    plain = dict(_verl_trainer_kwargs(batch), index=[str(u) for u in batch["index"]])
+    bare, _ = core.get_adv_estimator_fn("treadle_grpo")(**plain)
+    assert not torch.allclose(bare, want)
+    with pytest.raises(ValueError, match="flags disagrees"):
+        core.get_adv_estimator_fn("treadle_grpo")(**_verl_trainer_kwargs(batch), flags=~flagged)
+
+
+def test_verl_trainer_compute_advantage_honours_flags_and_valid(mixed_groups, tok):
+    """The real verl trainer path: a DataProto through ray_trainer.compute_advantage, after verl's own
+    reorder, chunk and concat (what balancing and dispatch do to a batch)."""
+    trainer = require_module("verl.trainer.ppo.ray_trainer")
+    from verl import DataProto
+
+    import treadle.grpo.verl_adapter  # noqa: F401
+
+    groups = list(mixed_groups)
+    c0 = groups[1].candidates[0].model_copy(update={"env_failure": "shop: timeout: slow", "r": 0})
+    groups[1] = groups[1].model_copy(update={"candidates": (c0, *groups[1].candidates[1:])})
+    rows = rows_of(groups)
+    batch = to_verl(rows, tok.pad_token_id)
+    data = DataProto.from_dict(tensors={"token_level_rewards": batch["token_level_rewards"],
+                                        "response_mask": batch["response_mask"],
+                                        "responses": batch["responses"]},
+                               non_tensors={"uid": batch["index"]})
+    perm = torch.randperm(len(rows), generator=torch.Generator().manual_seed(0))
+    data.reorder(perm)
+    data = DataProto.concat(data.chunk(2))
+    out = trainer.compute_advantage(data, adv_estimator="treadle_grpo", config=None)
+    want = (torch.tensor([r.advantage for r in rows]).unsqueeze(1) * batch["response_mask"])[perm]
+    torch.testing.assert_close(out.batch["advantages"], want, rtol=1e-6, atol=1e-6)
+    assert (out.batch["advantages"][batch["flags"][perm]] <= 0).all()
+    assert (out.batch["advantages"][~batch["valid"][perm]] == 0).all() and (~batch["valid"]).sum() == 1
+
+
 def test_trl_adapter_gives_the_rows_advantages(mixed_groups, tok):
     from treadle.grpo.trl_adapter import trl_advantages, trl_options
 

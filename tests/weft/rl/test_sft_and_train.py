@@ -1,4 +1,6 @@
 """The tiny tool policy (quick setting) and the GRPO loop: structure, caching, same rollout budget."""
+import json
+
 import anyio
 import pytest
 
@@ -78,3 +80,22 @@ def test_atomic_and_trajectory_grouping_use_the_same_rollout_budget(tiny_policy,
         assert set(s["time_share"]) == {"t_model_s", "t_env_s", "t_advantage_s", "t_update_s"}
         assert sum(s["time_share"].values()) <= 1.0 + 1e-9
         assert set(s["evals"]) == {"0", "1"}
+
+
+def test_parallel_runs_give_the_same_numbers_as_sequential_ones(tmp_path, tiny_policy, tok):
+    """`treadle weft train --jobs 2` (worker processes loading the saved start policy) reproduces the
+    in-process runs exactly: every run is seeded on its own."""
+    from rich.console import Console
+
+    from treadle.weft.rl.report import run_comparison
+
+    quiet = Console(file=open(tmp_path / "log.txt", "w"))
+    kw = dict(steps=1, quick=True, console=quiet, overrides={"eval_episodes": 1})
+    seq = run_comparison(tmp_path / "seq", (tiny_policy, tok), ("atomic", "trajectory"), [0], jobs=1, **kw)
+    par = run_comparison(tmp_path / "par", (tiny_policy, tok), ("atomic", "trajectory"), [0], jobs=2, **kw)
+    for g in ("atomic", "trajectory"):
+        assert seq["groupings"][g]["per_seed"] == par["groupings"][g]["per_seed"]
+        a = [json.loads(line) for line in (tmp_path / "seq" / f"{g}-seed0" / "steps.jsonl").read_text().splitlines()]
+        b = [json.loads(line) for line in (tmp_path / "par" / f"{g}-seed0" / "steps.jsonl").read_text().splitlines()]
+        assert [(r["loss"], r["turn_reward"]) for r in a] == [(r["loss"], r["turn_reward"]) for r in b]
+    assert (tmp_path / "par" / "curves.png").stat().st_size > 0 and par["jobs"] == 2

@@ -1,4 +1,5 @@
-"""CLI of WEFT RL: ``treadle model train-tiny --task tools``, ``treadle weft groups``, ``treadle weft train``.
+"""CLI of WEFT RL: ``treadle weft groups`` and ``treadle weft train`` (``treadle model train-tiny --task tools``
+is :mod:`treadle.models.cli`'s one train-tiny path).
 
 Usage errors are one line naming the flag, exit 2, before any work.
 """
@@ -9,75 +10,27 @@ from pathlib import Path
 
 import typer
 
-from treadle.cli_output import make_console, progress_enabled
+from treadle.cli_output import make_console
 from treadle.cli_runs import usage_error
 
 console = make_console()
 
 
-def _tool_slot(out: Path | None, quick: bool) -> Path:
-    from treadle.models.tiny import cache_root
-    from treadle.weft.rl.sft import TOOLS_SLOT
-
-    return Path(out).expanduser() if out is not None else cache_root() / (TOOLS_SLOT + ("-quick" if quick else ""))
-
-
-def _tool_config(quick: bool, seed: int = 0, steps: int | None = None):
+def _tool_config(quick: bool):
     from treadle.weft.rl.sft import ToolTrainConfig
 
-    kw = {"seed": seed} | ({"steps": steps} if steps is not None else {})
-    try:
-        return ToolTrainConfig.quick(**kw) if quick else ToolTrainConfig(**kw)
-    except ValueError as err:
-        raise usage_error(f"--seed/--steps: {err}") from None
-
-
-def train_tiny_tools(out: Path | None, seed: int, steps: int | None, overwrite: bool, quick: bool, threads: int,
-                     progress: bool) -> None:
-    """``treadle model train-tiny --task tools`` (see :mod:`treadle.weft.rl.sft`)."""
-    from treadle.models.tiny import CheckpointError, check_checkpoint
-    from treadle.run_dirs import check_out_dir
-    from treadle.weft.rl.sft import train_tool_policy
-
-    cfg = _tool_config(quick, seed, steps)
-    dest = _tool_slot(out, quick)
-    try:
-        check_out_dir(dest, "--out")
-        check_out_dir(dest.parent, "--out")
-    except ValueError as err:
-        raise usage_error(str(err)) from None
-    if dest.exists() and not overwrite:
-        try:
-            info = check_checkpoint(dest, require_marker=True) or {}
-        except CheckpointError as err:
-            raise usage_error(f"--out {str(dest)!r}: {err}") from None
-        if info.get("config") not in (None, cfg.as_dict()):
-            diff = sorted(k for k in set(cfg.as_dict()) | set(info["config"])
-                          if cfg.as_dict().get(k) != info["config"].get(k))
-            raise usage_error(f"--out {str(dest)!r} holds a model trained with other settings (differs in "
-                              f"{', '.join(diff)}); add --overwrite to retrain it, or give another --out")
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-    try:
-        result = train_tool_policy(cfg, dest, force=overwrite, progress=progress_enabled(progress), console=console)
-    except CheckpointError as err:
-        raise usage_error(f"--out {str(dest)!r}: {err}") from None
-    if result.seconds == 0.0:
-        console.print(f"{result.path} already holds this model (same settings); add --overwrite to retrain; "
-                      f"recorded held-out success: {json.dumps(result.accuracy)}", markup=False)
+    return ToolTrainConfig.quick() if quick else ToolTrainConfig()
 
 
 def _policy(model: Path | None, quick: bool):
     from treadle.models.tiny import CheckpointError
-    from treadle.weft.rl.sft import load_tool_model
+    from treadle.weft.rl.sft import load_tool_model, tool_slot
 
     try:
         if model is not None:
             return load_tool_model(model, train_if_missing=False)
         return load_tool_model(None, config=_tool_config(quick), console=console, train_if_missing=True,
-                               name=_tool_slot(None, quick).name)
+                               name=tool_slot(None, quick).name)
     except (CheckpointError, FileNotFoundError, OSError, ValueError) as err:
         raise usage_error(f"--model {str(model)!r}: {err}") from None
 
@@ -169,11 +122,13 @@ def train_cmd(
                                                                    "--overwrite)."),
     grouping: str = typer.Option("both", "--grouping", help="atomic, trajectory or both."),
     seeds: str = typer.Option("0,1,2", "--seeds", help="Comma-separated seeds (one run each)."),
-    steps: int = typer.Option(None, "--steps", help="GRPO steps per run, >= 1 (default 30; --quick 2)."),
+    steps: int = typer.Option(None, "--steps", help="GRPO steps per run, >= 1 (default 16; --quick 2)."),
     model: Path = typer.Option(None, "--model", help="Tool-policy checkpoint to start from (default: the cached tiny "
                                                      "tool policy)."),
     quick: bool = typer.Option(False, "--quick", help="Seconds-long smoke settings on the quick tool policy."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing results in --out."),
+    jobs: int = typer.Option(2, "--jobs", help="Runs at once (worker processes, one thread each), >= 1; the "
+                                               "numbers do not depend on it."),
 ) -> None:
     """GRPO on the tiny tool policy: atomic-turn vs trajectory grouping, held-out success before/after, PNG."""
     from treadle.run_dirs import check_out_dir
@@ -183,6 +138,8 @@ def train_cmd(
         raise usage_error(f"--grouping must be atomic, trajectory or both, got {grouping!r}")
     if steps is not None and steps < 1:
         raise usage_error(f"--steps must be >= 1, got {steps}")
+    if jobs < 1:
+        raise usage_error(f"--jobs must be >= 1, got {jobs}")
     seed_list = _seeds(seeds)
     try:
         check_out_dir(out, "--out")
@@ -193,4 +150,4 @@ def train_cmd(
                           f"or give another --out")
     groupings = ("atomic", "trajectory") if grouping == "both" else (grouping,)
     policy = _policy(model, quick)
-    run_comparison(out, policy, groupings, seed_list, steps=steps, quick=quick, console=console)
+    run_comparison(out, policy, groupings, seed_list, steps=steps, quick=quick, console=console, jobs=jobs)

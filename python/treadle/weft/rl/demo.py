@@ -1,6 +1,6 @@
 """Demo section ``weft-rl``: a small GRPO comparison on the tiny tool policy (atomic-turn vs trajectory).
 
-One seed per grouping, a few steps, a small held-out set: the full comparison (3 seeds, 30 steps) is
+One seed per grouping, a few steps, a small held-out set: the full comparison (3 seeds, 16 steps) is
 ``treadle weft train``. ``quick`` uses the seconds-long quick tool policy (a weak model: the numbers
 are a smoke test). Writes ``summary.json``, ``curves.png`` and per-run ``steps.jsonl`` under ``run_dir``.
 """
@@ -12,10 +12,10 @@ from pathlib import Path
 def run(run_dir: Path, quick: bool, console) -> dict:
     """Run the section (see the module docstring)."""
     from treadle.weft.rl.report import run_comparison
-    from treadle.weft.rl.sft import TOOLS_SLOT, ToolTrainConfig, load_tool_model
+    from treadle.weft.rl.sft import ToolTrainConfig, load_tool_model, tool_slot
 
     cfg = ToolTrainConfig.quick() if quick else ToolTrainConfig()
-    policy = load_tool_model(None, config=cfg, console=console, name=TOOLS_SLOT + ("-quick" if quick else ""))
-    small = {} if quick else {"turns_per_step": 4, "G": 4, "eval_episodes": 6, "max_new_tokens": 72, "max_steps": 4}
+    policy = load_tool_model(None, config=cfg, console=console, name=tool_slot(None, quick).name)
+    small = {} if quick else {"turns_per_step": 4, "G": 4, "eval_episodes": 6, "max_new_tokens": 40, "max_steps": 4}
     return run_comparison(Path(run_dir), policy, ("atomic", "trajectory"), [0], steps=2 if quick else 3,
                           quick=True, console=console, overrides=small)

@@ -160,9 +160,15 @@ def _pad(seqs: Sequence[Sequence[int]], pad: int, left: bool) -> torch.Tensor:
 def to_verl(rows: Sequence[GroupRow], pad_id: int) -> dict:
     """verl's batch fields: ``prompts (B, P)`` left-padded, ``responses (B, R)`` right-padded,
     ``response_mask (B, R)`` (policy tokens of this turn), ``token_level_rewards (B, R)`` float32 (the
-    reward on the last policy token), ``index`` (np.ndarray of group keys: verl's ``uid``), and
-    treadle's ``flags`` / ``valid`` ``(B,)`` bool (keyword arguments of the registered estimator)."""
+    reward on the last policy token), ``index`` (np.ndarray of :class:`treadle.grpo.verl_adapter.RowUid`:
+    the group keys, carrying each row's flag and validity; put it in ``non_tensor_batch["uid"]``), and
+    ``flags`` / ``valid`` ``(B,)`` bool (the same masks, for a direct call of the estimator).
+
+    verl's trainer passes the registered estimator only rewards, mask, config and ``uid``: the uids are
+    what carries the flags and validity through it (tested with ``ray_trainer.compute_advantage``)."""
     import numpy as np
+
+    from treadle.grpo.verl_adapter import RowUid
 
     mask = _pad([r.response_mask for r in rows], 0, left=False)
     tlr = torch.zeros(mask.shape, dtype=torch.float32)
@@ -172,7 +178,8 @@ def to_verl(rows: Sequence[GroupRow], pad_id: int) -> dict:
             tlr[i, pos[-1]] = r.reward
     return {"prompts": _pad([r.prompt_ids for r in rows], pad_id, left=True),
             "responses": _pad([r.response_ids for r in rows], pad_id, left=False), "response_mask": mask,
-            "token_level_rewards": tlr, "index": np.array([r.group_key for r in rows], dtype=object),
+            "token_level_rewards": tlr,
+            "index": np.array([RowUid(r.group_key, bool(r.flags), r.valid) for r in rows], dtype=object),
             "flags": torch.tensor([bool(r.flags) for r in rows]), "valid": torch.tensor([r.valid for r in rows])}
 
 

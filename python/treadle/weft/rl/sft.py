@@ -16,61 +16,59 @@ atomic rename (:mod:`treadle.models.tiny`).
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import os
 import time
 from pathlib import Path
 
 import torch
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from treadle.models.tiny import (TrainResult, _build_model, _clean_stale_tmp, _lock, _save, cache_root,
+from treadle.models.tiny import (TinyLMConfig, TrainResult, _build_model, _clean_stale_tmp, _lock, _save, cache_root,
                                  check_checkpoint, pinned_threads)
 
-__all__ = ["ToolTrainConfig", "TOOLS_SLOT", "train_tool_policy", "load_tool_model", "evaluate_policy",
+__all__ = ["ToolTrainConfig", "TOOLS_SLOT", "tool_slot", "train_tool_policy", "load_tool_model", "evaluate_policy",
            "gold_episodes"]
 
 TOOLS_SLOT = "tiny-qwen3-tools"
 
 
+def tool_slot(out: str | os.PathLike | None, quick: bool) -> Path:
+    """The tool policy's checkpoint folder: ``out``, else ``cache_root() / TOOLS_SLOT`` (``-quick`` appended
+    for the quick setting, so the quick policy never replaces the default one)."""
+    return Path(out).expanduser() if out is not None else cache_root() / (TOOLS_SLOT + ("-quick" if quick else ""))
+
+
+_d = TinyLMConfig.default
+
+
 @pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))
-class ToolTrainConfig:
-    """Everything that determines the tiny tool policy (same config + seed -> same weights on one CPU).
+class ToolTrainConfig(TinyLMConfig):
+    """Everything that determines the tiny tool policy (same config + seed -> same weights on one CPU):
+    the fields of :class:`treadle.models.tiny.TinyLMConfig` (seed, optimizer, schedule, Qwen3 shape,
+    ``max_new_tokens`` per assistant step, threads) with this recipe's defaults, plus:
 
     Attributes:
-        seed: seeds the episode draws and the initialisation.
-        steps, batch_size: optimizer steps x conversations per step.
-        train_episodes: size of the train pool (drawn once, sampled with replacement per batch).
-        lr, warmup, min_lr_rate, weight_decay, grad_clip: AdamW, linear warm-up then cosine decay.
-        hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size: Qwen3 shape.
+        train_episodes: size of the train pool (drawn once, sampled with replacement per batch; a batch
+            is ``batch_size`` conversations).
         eval_episodes: held-out episodes (two atomic turns each) for the success table.
         eval_samples: sampled candidates per held-out turn (T = 1).
-        max_new_tokens: per assistant step; max_steps: steps per turn.
-        threads: torch intra-op threads while training (pinned, as for the math model).
+        max_steps: assistant steps per turn.
     """
 
-    seed: int = Field(0, ge=0, strict=True)
-    steps: int = Field(600, ge=1, strict=True)
-    batch_size: int = Field(16, ge=1, strict=True)
+    steps: int = _d("steps", 600)
+    batch_size: int = _d("batch_size", 16)
+    lr: float = _d("lr", 3e-3)
+    warmup: int = _d("warmup", 40)
+    hidden_size: int = _d("hidden_size", 128)
+    num_layers: int = _d("num_layers", 3)
+    intermediate_size: int = _d("intermediate_size", 384)
+    max_new_tokens: int = _d("max_new_tokens", 72)
     train_episodes: int = Field(1200, ge=1, strict=True)
-    lr: float = Field(3e-3, gt=0, allow_inf_nan=False)
-    min_lr_rate: float = Field(0.1, ge=0, le=1)
-    warmup: int = Field(40, ge=0, strict=True)
-    weight_decay: float = Field(0.01, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
-    hidden_size: int = Field(128, ge=1, strict=True)
-    num_layers: int = Field(4, ge=1, strict=True)
-    num_heads: int = Field(4, ge=1, strict=True)
-    num_kv_heads: int = Field(2, ge=1, strict=True)
-    intermediate_size: int = Field(384, ge=1, strict=True)
     eval_episodes: int = Field(30, ge=1, strict=True)
     eval_samples: int = Field(4, ge=2, strict=True)
-    max_new_tokens: int = Field(72, ge=1, strict=True)
     max_steps: int = Field(4, ge=1, strict=True)
-    threads: int = Field(1, ge=1, strict=True)
 
     @classmethod
     def quick(cls, **overrides) -> "ToolTrainConfig":
@@ -80,16 +78,6 @@ class ToolTrainConfig:
                   max_new_tokens=24, max_steps=2)
         kw.update(overrides)
         return cls(**kw)
-
-    @model_validator(mode="after")
-    def _shape(self) -> "ToolTrainConfig":
-        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
-            raise ValueError(f"hidden_size ({self.hidden_size}) must divide by num_heads ({self.num_heads}) and "
-                             f"num_heads by num_kv_heads ({self.num_kv_heads})")
-        return self
-
-    def as_dict(self) -> dict:
-        return json.loads(json.dumps(dataclasses.asdict(self)))
 
 
 def gold_episodes(n: int, split: str, *, start: int = 0, verify: bool = False):
