@@ -130,3 +130,40 @@ def test_calls_without_torch_distributed_say_so():
         aggregate_loss_dp(torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool))
     with pytest.raises(ValueError, match="mode must be one of"):
         aggregate_loss_dp(torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool), "sum")
+
+
+def _dtensor_worker():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from treadle.distributed import DTensorInputError
+    from treadle.ops import gated_lora, stair_readout, topk_entropy, topk_entropy_from_hidden
+
+    mesh = init_device_mesh("cpu", (W,))
+    rep = lambda t: distribute_tensor(t, mesh, [Replicate()])  # noqa: E731
+    x, A, B = torch.randn(3, 8), torch.randn(2, 8), torch.randn(4, 2)
+    calls = {
+        "stair_readout": lambda: stair_readout(torch.randn(1, 2, 3, 8), torch.randn(1, 1, 4, 8), torch.randn(1, 1, 4, 8),
+                                               distribute_tensor(torch.randn(2, 8), mesh, [Shard(0)]), eps=0.0,
+                                               scale=0.3),
+        "grpo_advantages": lambda: grpo_advantages(rep(torch.randn(4)), torch.zeros(4, dtype=torch.long)),
+        "topk_entropy": lambda: topk_entropy(rep(torch.randn(2, 3, 30)), 5),
+        "topk_entropy_from_hidden": lambda: topk_entropy_from_hidden(torch.randn(2, 8), rep(torch.randn(30, 8)), 5),
+        "gated_lora": lambda: gated_lora(x, torch.zeros(3, 4), A, B, rep(torch.zeros(8)), torch.zeros(1), scaling=2.0,
+                                         L=-2.0, U=2.0, tau=1.0),
+    }
+    out = {}
+    for name, call in calls.items():
+        try:
+            call()
+            out[name] = "ran"
+        except DTensorInputError as err:
+            out[name] = str(err)
+    return out
+
+
+def test_ops_refuse_dtensor_inputs_with_a_clear_error(run_ranks):
+    res = run_ranks(_dtensor_worker, W)
+    for name, msg in res[0].items():
+        assert msg.startswith(f"treadle op {name!r} got a DTensor"), (name, msg)
+        assert "full_tensor()" in msg

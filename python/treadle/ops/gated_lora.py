@@ -47,6 +47,7 @@ import math
 
 import torch
 
+from treadle.distributed.dtensor import refuse_dtensor as _refuse_dtensor
 from treadle import dispatch
 from treadle.ops import _amp
 from treadle.reference.scale import gate_lambda_reference as _lambda
@@ -410,6 +411,7 @@ def gated_lora(
             (All before any work.)
         treadle.dispatch.BackendUnavailableError: ``backend`` cannot run here.
     """
+    _refuse_dtensor("gated_lora", x=x, base_out=base_out, lora_A=lora_A, lora_B=lora_B, gate_weight=gate_weight, gate_bias=gate_bias)
     _check_tensor("x", x)
     _check_tensor("base_out", base_out)
     x, base_out, lora_A, lora_B, gate_weight, gate_bias = _autocast_inputs(
@@ -486,6 +488,7 @@ def gated_lora_linear(
         TypeError / ValueError: as :func:`gated_lora`; also a weight/bias of the wrong shape, dtype or
             device, or one that requires grad while grad is enabled.
     """
+    _refuse_dtensor("gated_lora_linear", x=x, weight=weight, bias=bias, lora_A=lora_A, lora_B=lora_B, gate_weight=gate_weight, gate_bias=gate_bias)
     _check_tensor("x", x)
     _check_tensor("weight", weight)
     if bias is not None:

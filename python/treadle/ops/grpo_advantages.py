@@ -15,6 +15,7 @@ import math
 import numpy as np
 import torch
 
+from treadle.distributed.dtensor import refuse_dtensor as _refuse_dtensor
 from treadle import dispatch
 from treadle.ops import _amp
 from treadle.reference.grpo import ESTIMATORS, grpo_advantages_reference
@@ -175,6 +176,7 @@ def grpo_advantages(
             negative or non-finite ``eps``, NaN/inf rewards with ``nonfinite="raise"``.
         treadle.dispatch.BackendUnavailableError: ``backend`` cannot run here.
     """
+    _refuse_dtensor("grpo_advantages", rewards=rewards, group_ids=group_ids, valid=valid, flags=flags)
     if not isinstance(rewards, torch.Tensor):
         raise TypeError(f"rewards must be a torch.Tensor, got {type(rewards).__name__}")
     if not isinstance(group_ids, torch.Tensor):

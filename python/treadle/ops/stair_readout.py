@@ -19,6 +19,7 @@ import math
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
+from treadle.distributed.dtensor import refuse_dtensor as _refuse_dtensor
 from treadle import dispatch
 from treadle.ops import _amp
 from treadle.reference.stair import MODES, stair_readout_reference
@@ -238,6 +239,7 @@ def stair_readout(
     ``dn`` from ``du = sum_t dalpha_t q_t - 2 scale sum_j (sum_t alpha_t dT_tj) k_j`` through the
     normalisation Jacobian ``(I - u u^T) / ||n||``.
     """
+    _refuse_dtensor("stair_readout", q=q, k_bank=k_bank, v_bank=v_bank, normals=normals, bank_lengths=bank_lengths)
     for name, x in (("q", q), ("k_bank", k_bank), ("v_bank", v_bank), ("normals", normals)):
         _check_float(name, x)
     amp = _amp.autocast_dtype(q.device.type)
