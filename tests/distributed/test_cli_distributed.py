@@ -52,3 +52,21 @@ def test_torchrun_two_ranks_fsdp2_equals_one_process(tmp_path):
     ref = [json.loads(x) for x in (tmp_path / "one" / "log.jsonl").read_text().splitlines() if '"step"' in x]
     assert [s["step"] for s in steps] == [1, 2]
     assert [s["loss"] for s in steps] == pytest.approx([s["loss"] for s in ref], rel=1e-5)
+
+
+def test_scale_parallel_needs_an_adapter_and_torchrun(tmp_path, monkeypatch):
+    for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("COLUMNS", "300")
+    base = ["scale", "train", "--quick", "--parallel", "fsdp2", "--out", str(tmp_path / "run")]
+    r = CliRunner().invoke(app, base)
+    assert r.exit_code == 2 and "--adapter" in r.output and "Traceback" not in r.output, r.output
+    ad = tmp_path / "adapter"
+    ad.mkdir()
+    (ad / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
+    r = CliRunner().invoke(app, [*base, "--adapter", str(ad)])
+    assert r.exit_code == 2, r.output
+    text = " ".join(r.output.split())
+    assert "--parallel" in text and "torchrun" in text and "Traceback" not in text
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
