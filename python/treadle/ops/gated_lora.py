@@ -404,6 +404,7 @@ def gated_lora(
             tensors that require grad get zero gradients of their own shape.
 
     Raises:
+        treadle.distributed.DTensorInputError (a TypeError): a DTensor input (convert it first).
         TypeError: a non-tensor, a non-float dtype, dtypes that differ (gates may be float32), or a
             non-float scalar.
         ValueError: ``L >= 0``, ``U <= 1``, ``tau <= 0``, non-finite scalars, inconsistent shapes,
@@ -485,6 +486,7 @@ def gated_lora_linear(
     ``weight`` and ``bias`` are cast to the autocast dtype too, like ``F.linear``.
 
     Raises:
+        treadle.distributed.DTensorInputError (a TypeError): a DTensor input (convert it first).
         TypeError / ValueError: as :func:`gated_lora`; also a weight/bias of the wrong shape, dtype or
             device, or one that requires grad while grad is enabled.
     """

@@ -171,6 +171,7 @@ def grpo_advantages(
         zero sizes: an empty batch gives an empty result. There are no gradients.
 
     Raises:
+        treadle.distributed.DTensorInputError (a TypeError): a DTensor input (convert it first).
         TypeError: a non-tensor argument, non-float rewards, non-integer group ids, non-bool masks.
         ValueError: wrong ranks or lengths, devices that differ, unknown estimator/option names,
             negative or non-finite ``eps``, NaN/inf rewards with ``nonfinite="raise"``.

@@ -223,6 +223,7 @@ def stair_readout(
             gradients of their own shapes.
 
     Raises:
+        treadle.distributed.DTensorInputError (a TypeError): a DTensor input (convert it first).
         TypeError: a non-tensor argument, non-float q/bank/normals, q/k_bank/v_bank dtypes that
             differ, non-integer bank_lengths.
         ValueError: wrong ranks or shapes (each message names the argument and the expected

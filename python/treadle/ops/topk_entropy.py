@@ -303,6 +303,7 @@ def topk_entropy(logits: torch.Tensor, k: int = 100, mask: torch.Tensor | None =
             0 / 0 = NaN.
 
     Raises:
+        treadle.distributed.DTensorInputError (a TypeError): a DTensor input (convert it first).
         TypeError: non-tensor logits, a non-float dtype, non-int k, non-bool mask.
         ValueError: ``k < 2``, ``k > V``, a mask of the wrong shape/device or with no True position,
             an unknown reduction, a mask with ``reduction="none"``, logits with no vocabulary dim.
@@ -358,6 +359,7 @@ def topk_entropy_from_hidden(hidden: torch.Tensor, lm_head_weight: torch.Tensor,
     logits 0); zero positions raise (the mean is undefined).
 
     Raises:
+        treadle.distributed.DTensorInputError (a TypeError): a DTensor input (convert it first).
         TypeError / ValueError: as :func:`topk_entropy`, plus shape/dtype/device mismatch between
             ``hidden`` and ``lm_head_weight``, and ``chunk_size < 1``.
     """
