@@ -37,7 +37,10 @@ def _stage_one():
 def _worker(parallel, out_dir, evaluate_model):
     pm, tok = _stage_one()
     s = train(pm, tok, ScaleTrainConfig(**CFG), out_dir, parallel=parallel, evaluate_model=evaluate_model)
-    return {k: s[k] for k in ("losses", "objective_before", "objective_after", "after")}
+    base = pm.get_base_model().model.layers[0].mlp.down_proj.base_layer.weight  # frozen; FSDP2: sharded in place
+    return {**{k: s[k] for k in ("losses", "objective_before", "objective_after", "after")},
+            "base": (type(base).__name__, tuple(base.to_local().shape) if hasattr(base, "to_local") else None,
+                     tuple(base.shape))}
 
 
 @pytest.fixture(scope="module")
@@ -74,5 +77,8 @@ def test_two_ranks_match_one_process(parallel, single, run_ranks, tmp_path, monk
         assert res[0]["after"]["entropy"] == pytest.approx(ref["after"]["entropy"], rel=1e-4)
     else:
         assert res[0]["after"] is None
+    kind, local, full = res[0]["base"]
+    if parallel == "fsdp2":
+        assert kind == "DTensor" and local[0] * W == full[0]
     lines = [json.loads(x) for x in (d / "log.jsonl").read_text().splitlines()]
     assert sum(x["type"] == "step" for x in lines) == 8  # one log, written once

@@ -36,7 +36,10 @@ def _worker(parallel, run_dir, cfg, resume):
     model, tok = _model()
     r = train(model, tok, StairTrainConfig(**cfg), run_dir, parallel=parallel, resume=resume, progress=False,
               backend="cpp")
-    return {"normals": r["normals"], "first": r["first_loss"], "last": r["last_loss"], "start": r["start_step"]}
+    w = model.model.layers[0].self_attn.q_proj.weight  # FSDP2 leaves the frozen weights sharded in place
+    shard = (type(w).__name__, tuple(w.to_local().shape) if hasattr(w, "to_local") else tuple(w.shape), tuple(w.shape))
+    return {"normals": r["normals"], "first": r["first_loss"], "last": r["last_loss"], "start": r["start_step"],
+            "q_proj": shard}
 
 
 def _losses(run_dir):
@@ -68,6 +71,11 @@ def test_two_ranks_match_one_process(parallel, single, run_ranks, tmp_path, monk
 
     torch.testing.assert_close(load_file(str(d / "normals.safetensors"))["normals"], single["normals"], **TOL)
     assert json.loads((d / "config.json").read_text())["world_size"] == W
+    kind, local, full = res[0]["q_proj"]
+    if parallel == "fsdp2":  # frozen backbone weights: a Shard(0) DTensor, half the rows on each rank
+        assert kind == "DTensor" and local[0] * W == full[0] and local[1:] == full[1:]
+    else:
+        assert kind == "Parameter" and local == full
     assert len(_losses(d)) == CFG["steps"]  # one log line per step (not one per rank)
 
 
