@@ -47,6 +47,7 @@ import math
 
 import torch
 
+from treadle.distributed.dtensor import refuse_dtensor as _refuse_dtensor
 from treadle import dispatch
 from treadle.ops import _amp
 from treadle.reference.scale import gate_lambda_reference as _lambda
@@ -403,6 +404,7 @@ def gated_lora(
             tensors that require grad get zero gradients of their own shape.
 
     Raises:
+        treadle.distributed.DTensorInputError (a TypeError): a DTensor input (convert it first).
         TypeError: a non-tensor, a non-float dtype, dtypes that differ (gates may be float32), or a
             non-float scalar.
         ValueError: ``L >= 0``, ``U <= 1``, ``tau <= 0``, non-finite scalars, inconsistent shapes,
@@ -410,6 +412,7 @@ def gated_lora(
             (All before any work.)
         treadle.dispatch.BackendUnavailableError: ``backend`` cannot run here.
     """
+    _refuse_dtensor("gated_lora", x=x, base_out=base_out, lora_A=lora_A, lora_B=lora_B, gate_weight=gate_weight, gate_bias=gate_bias)
     _check_tensor("x", x)
     _check_tensor("base_out", base_out)
     x, base_out, lora_A, lora_B, gate_weight, gate_bias = _autocast_inputs(
@@ -483,9 +486,11 @@ def gated_lora_linear(
     ``weight`` and ``bias`` are cast to the autocast dtype too, like ``F.linear``.
 
     Raises:
+        treadle.distributed.DTensorInputError (a TypeError): a DTensor input (convert it first).
         TypeError / ValueError: as :func:`gated_lora`; also a weight/bias of the wrong shape, dtype or
             device, or one that requires grad while grad is enabled.
     """
+    _refuse_dtensor("gated_lora_linear", x=x, weight=weight, bias=bias, lora_A=lora_A, lora_B=lora_B, gate_weight=gate_weight, gate_bias=gate_bias)
     _check_tensor("x", x)
     _check_tensor("weight", weight)
     if bias is not None:

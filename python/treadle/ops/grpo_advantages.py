@@ -15,6 +15,7 @@ import math
 import numpy as np
 import torch
 
+from treadle.distributed.dtensor import refuse_dtensor as _refuse_dtensor
 from treadle import dispatch
 from treadle.ops import _amp
 from treadle.reference.grpo import ESTIMATORS, grpo_advantages_reference
@@ -170,11 +171,13 @@ def grpo_advantages(
         zero sizes: an empty batch gives an empty result. There are no gradients.
 
     Raises:
+        treadle.distributed.DTensorInputError (a TypeError): a DTensor input (convert it first).
         TypeError: a non-tensor argument, non-float rewards, non-integer group ids, non-bool masks.
         ValueError: wrong ranks or lengths, devices that differ, unknown estimator/option names,
             negative or non-finite ``eps``, NaN/inf rewards with ``nonfinite="raise"``.
         treadle.dispatch.BackendUnavailableError: ``backend`` cannot run here.
     """
+    _refuse_dtensor("grpo_advantages", rewards=rewards, group_ids=group_ids, valid=valid, flags=flags)
     if not isinstance(rewards, torch.Tensor):
         raise TypeError(f"rewards must be a torch.Tensor, got {type(rewards).__name__}")
     if not isinstance(group_ids, torch.Tensor):

@@ -19,6 +19,7 @@ import math
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
+from treadle.distributed.dtensor import refuse_dtensor as _refuse_dtensor
 from treadle import dispatch
 from treadle.ops import _amp
 from treadle.reference.stair import MODES, stair_readout_reference
@@ -222,6 +223,7 @@ def stair_readout(
             gradients of their own shapes.
 
     Raises:
+        treadle.distributed.DTensorInputError (a TypeError): a DTensor input (convert it first).
         TypeError: a non-tensor argument, non-float q/bank/normals, q/k_bank/v_bank dtypes that
             differ, non-integer bank_lengths.
         ValueError: wrong ranks or shapes (each message names the argument and the expected
@@ -238,6 +240,7 @@ def stair_readout(
     ``dn`` from ``du = sum_t dalpha_t q_t - 2 scale sum_j (sum_t alpha_t dT_tj) k_j`` through the
     normalisation Jacobian ``(I - u u^T) / ||n||``.
     """
+    _refuse_dtensor("stair_readout", q=q, k_bank=k_bank, v_bank=v_bank, normals=normals, bank_lengths=bank_lengths)
     for name, x in (("q", q), ("k_bank", k_bank), ("v_bank", v_bank), ("normals", normals)):
         _check_float(name, x)
     amp = _amp.autocast_dtype(q.device.type)

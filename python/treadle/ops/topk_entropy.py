@@ -38,6 +38,7 @@ import math
 
 import torch
 
+from treadle.distributed.dtensor import refuse_dtensor as _refuse_dtensor
 from treadle import dispatch
 from treadle.ops import _amp
 
@@ -315,10 +316,12 @@ def topk_entropy(logits: torch.Tensor, k: int = 100, mask: torch.Tensor | None =
             0 / 0 = NaN.
 
     Raises:
+        treadle.distributed.DTensorInputError (a TypeError): a DTensor input (convert it first).
         TypeError: non-tensor logits, a non-float dtype, non-int k, non-bool mask.
         ValueError: ``k < 2``, ``k > V``, a mask of the wrong shape/device or with no True position,
             an unknown reduction, a mask with ``reduction="none"``, logits with no vocabulary dim.
     """
+    _refuse_dtensor("topk_entropy", logits=logits, mask=mask)
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
     if logits.dtype not in _FLOAT:
@@ -369,9 +372,11 @@ def topk_entropy_from_hidden(hidden: torch.Tensor, lm_head_weight: torch.Tensor,
     logits 0); zero positions raise (the mean is undefined).
 
     Raises:
+        treadle.distributed.DTensorInputError (a TypeError): a DTensor input (convert it first).
         TypeError / ValueError: as :func:`topk_entropy`, plus shape/dtype/device mismatch between
             ``hidden`` and ``lm_head_weight``, and ``chunk_size < 1``.
     """
+    _refuse_dtensor("topk_entropy_from_hidden", hidden=hidden, lm_head_weight=lm_head_weight, mask=mask)
     if not isinstance(hidden, torch.Tensor):
         raise TypeError(f"hidden must be a torch.Tensor, got {type(hidden).__name__}")
     if not isinstance(lm_head_weight, torch.Tensor):

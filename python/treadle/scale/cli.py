@@ -215,10 +215,17 @@ def train_cmd(
     report_to: str = _REPORT_TO,
     threads: int = _THREADS,
     quick: bool = _QUICK,
+    parallel: Literal["ddp", "fsdp2"] = typer.Option(None, "--parallel", help="Data-parallel Stage II under "
+                                                     "torchrun: 'ddp' or 'fsdp2' (e.g. torchrun --nproc-per-node 2 "
+                                                     "-m treadle scale train --parallel ddp --adapter DIR); needs "
+                                                     "--adapter; --batch-size is the global batch."),
 ) -> None:
     """Stage II: train only the gates on the normalised top-k entropy over response positions."""
     from treadle.reporting import parse_report_to
     from treadle.scale.training import summary_tables, train
+
+    if parallel is not None:
+        return _train_parallel(parallel, ctx, locals())
 
     out = pick_out(out, run_dir, "runs/scale/train-quick" if quick else "runs/scale/train")
     refuse_ignored(ctx, [("temperature", "--temperature", responses == "sampled", "with --responses sampled only")])
@@ -252,6 +259,77 @@ def train_cmd(
         console.print(t)
     console.print(f"gates: {summary['gates']} | lambda histogram: {summary['histogram']} | log: {out / 'log.jsonl'}",
                   markup=False)
+
+
+def _train_parallel(parallel: str, ctx, a: dict) -> None:
+    """``scale train --parallel``: one rank of a torchrun job (Stage I must exist: ``--adapter``). Rank 0
+    alone checks and records the run folder and prints; every rank loads the model and trains its part."""
+    import contextlib
+
+    from rich.console import Console
+
+    from treadle.distributed.launch import LaunchError, init_from_torchrun, shutdown
+    from treadle.distributed.parallel import broadcast_object
+    from treadle.distributed.process_group import is_main
+    from treadle.scale.training import summary_tables, train
+
+    if a["adapter"] is None:
+        raise typer.BadParameter("--parallel needs --adapter (run Stage I first, in one process: treadle scale sft)",
+                                 param_hint="--adapter")
+    if a["report_to"].strip().lower() != "none":
+        raise typer.BadParameter("metric sinks are single-process for now; log.jsonl holds every step",
+                                 param_hint="--report-to")
+    out = pick_out(a["out"], a["run_dir"], "runs/scale/train-quick" if a["quick"] else "runs/scale/train")
+    refuse_ignored(ctx, [("temperature", "--temperature", a["responses"] == "sampled", "with --responses sampled only")])
+    if a["objective"] == "ce" and a["responses"] != "dataset":
+        raise typer.BadParameter("'ce' (the CE-calibration ablation) trains on the dataset's responses: use "
+                                 "--responses dataset", param_hint="--objective")
+    cfg = _train_cfg(a["quick"], L=a["L"], U=a["U"], tau=a["tau"], k=a["k"], lr=a["lr"], epochs=a["epochs"],
+                     batch_size=a["batch_size"], train_size=a["train_size"], levels=parse_list(a["levels"], "--levels"),
+                     responses=a["responses"], temperature=a["temperature"], objective=a["objective"],
+                     no_reverse=a["no_reverse"], no_extrapolate=a["no_extrapolate"],
+                     eval_levels=(parse_list(a["eval_levels"], "--eval-levels") if a["eval_levels"] is not None
+                                  else None),
+                     eval_size=a["eval_size"], max_new_tokens=a["max_new_tokens"], seed=a["seed"])
+    adapter = Path(a["adapter"]).expanduser()
+    _check_adapter(adapter)
+    try:
+        device = init_from_torchrun(parallel)
+    except LaunchError as err:
+        raise typer.BadParameter(str(err), param_hint="--parallel") from None
+    global console
+    try:
+        main = is_main()
+        run, done = None, False
+        if main:
+            run = _open(out, "scale train", {**_asdict(cfg), "model": a["model_path"], "quick": a["quick"],
+                                             "adapter": str(adapter), "parallel": parallel}, a["overwrite"])
+            done = _show_finished(run, "Stage II")
+        if broadcast_object(done):
+            return
+        shown = console
+        if not main:
+            console = Console(quiet=True)  # _stage_one prints through the module console
+        try:
+            pm, tok, _, _ = _stage_one(a["model_path"], a["quick"], adapter, out, a["threads"])
+        finally:
+            console = shown
+        pm = pm.to(device)
+        ctx_run = recorded(run, console, saved=lambda: "the log of the steps done (log.jsonl); gates are saved at "
+                                                       "the end") if main else contextlib.nullcontext()
+        with ctx_run:
+            try:
+                summary = train(pm, tok, cfg, out, console=console if main else None,
+                                progress=main and progress_enabled(), parallel=parallel)
+            except _ERRORS as err:
+                _fail(err)
+        if main:
+            for t in summary_tables(summary):
+                console.print(t)
+            console.print(f"{parallel} on {summary['world_size']} ranks | gates: {summary['gates']} | log: "
+                          f"{out / 'log.jsonl'}", markup=False)
+    finally:
+        shutdown()
 
 
 @app.command("sweep")

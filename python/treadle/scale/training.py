@@ -477,7 +477,7 @@ def _objective_over(model, pairs, pad_id, *, k, objective, batch_size) -> float:
 
 def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = None, out_dir: str | Path | None = None,
           *, console=None, progress: bool = False, evaluate_model: bool = True,
-          evaluate_before: bool = True, report_to=None) -> dict:
+          evaluate_before: bool = True, report_to=None, parallel: str | None = None, group=None) -> dict:
     """SCALE Stage II (sec. 4.3): attach gates to ``peft_model`` and train only them.
 
     Args:
@@ -494,6 +494,10 @@ def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = No
             (:func:`treadle.scale.sweep.sweep` evaluates Stage I once for all cells).
         report_to: extra metric sinks, as Hugging Face trainers' ``report_to``: ``"tensorboard"``,
             ``"wandb"``, a list, ``"all"`` (those installed) or None / ``"none"`` (:mod:`treadle.reporting`).
+        parallel: None (one process), or ``"ddp"`` / ``"fsdp2"`` under ``torchrun``: the data-parallel
+            trainer :func:`treadle.distributed.scale.train_scale` (each rank one part of every global batch;
+            same losses and gates as one process; what it evaluates where is in its module doc).
+            group: its process group (None: default).
 
     Returns:
         A summary dict: ``config``, ``k`` (used), ``gate_params``, ``objective_before/after`` (mean over
@@ -509,6 +513,12 @@ def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = No
         ValueError: a tokenizer without chat template / EOS / pad; an example without response position;
             a ``report_to`` sink that is unknown or not installed (before any change).
     """
+    if parallel is not None:
+        from treadle.distributed.scale import train_scale
+
+        return train_scale(peft_model, tokenizer, config, out_dir, parallel=parallel, group=group, console=console,
+                           progress=progress, evaluate_model=evaluate_model, evaluate_before=evaluate_before,
+                           report_to=report_to)
     from tqdm.auto import tqdm
 
     from treadle.data.arithmetic import ProblemGenerator

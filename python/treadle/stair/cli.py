@@ -8,6 +8,7 @@ one line naming the flag, exit 2, before the model is loaded where the check doe
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -120,8 +121,14 @@ def train_cmd(
     threads: int = typer.Option(None, min=0, help=THREADS_HELP),
     quick: bool = typer.Option(False, help="Use the seconds-long quick tiny model (its own cache slot) when no "
                                            "--model is given."),
+    parallel: Literal["ddp", "fsdp2"] = typer.Option(None, "--parallel", help="Data-parallel training under "
+                                                     "torchrun: 'ddp' or 'fsdp2' (e.g. torchrun --nproc-per-node 2 "
+                                                     "-m treadle stair train --parallel ddp); --batch-size is the "
+                                                     "global batch."),
 ) -> None:
     """Train STAIR normals: CE + lambda_kl * KL(native || stair) on teacher-forced turns 2..n."""
+    if parallel is not None:
+        return _train_parallel(parallel, locals())
     from treadle.cli_models import load_model
     from treadle.reporting import parse_report_to
     from treadle.stair.training import StairTrainConfig, read_log, train
@@ -162,6 +169,71 @@ def train_cmd(
     console.print(f"trainable parameters: {result['trainable']} | loss {log[0]['loss']:.4f} -> {log[-1]['loss']:.4f} "
                   f"(first/last step); fixed probe batch {result['probe_loss_before']:.4f} -> "
                   f"{result['probe_loss_after']:.4f} | saved {result['path']}", markup=False)
+
+
+def _train_parallel(parallel: str, a: dict) -> None:
+    """``stair train --parallel``: one rank of a torchrun job. Rank 0 alone checks and records the run
+    folder and prints; every rank loads the model and trains its part of each global batch."""
+    import torch.distributed as dist
+
+    from rich.console import Console
+
+    from treadle.cli_models import load_model
+    from treadle.distributed.launch import LaunchError, init_from_torchrun, shutdown
+    from treadle.distributed.parallel import broadcast_object
+    from treadle.distributed.process_group import is_main
+    from treadle.stair.training import StairTrainConfig, read_log, train
+
+    if a["report_to"].strip().lower() != "none":
+        raise typer.BadParameter("metric sinks are single-process for now; log.jsonl holds every step",
+                                 param_hint="--report-to")
+    try:
+        device = init_from_torchrun(parallel)
+    except LaunchError as err:
+        raise typer.BadParameter(str(err), param_hint="--parallel") from None
+    try:
+        main = is_main()
+        out = pick_out(a["out"], a["run_dir"], "runs/stair-quick" if a["quick"] else "runs/stair")
+        lv = _levels(a["levels"])
+        if a["layers"].strip() != "auto":
+            parse_layers(a["layers"], None)
+        steps = a["steps"]
+        cfg = build_config(StairTrainConfig, {}, kind=a["kind"], eps=a["eps"], steps=steps, sessions=a["sessions"],
+                           turns=a["turns"], levels=lv, batch_size=a["batch_size"], grad_accum=a["grad_accum"],
+                           lr=a["lr"], lambda_kl=a["lambda_kl"], responses=a["responses"], seed=a["seed"],
+                           save_every=max(1, min(25, steps)))
+        run, done = None, False
+        if main:
+            run = open_run(out, command="stair train", overwrite=a["overwrite"], ignore=("steps", "save_every"),
+                           config={**dataclasses.asdict(cfg), "layers": a["layers"].strip(), "model": a["model_path"],
+                                   "quick": a["quick"], "steps": steps, "save_every": cfg.save_every,
+                                   "parallel": parallel})
+            done = run.finished and _checkpoint_step(out) >= steps
+            if done:
+                console.print(f"{out} already holds this finished run ({_checkpoint_step(out)} steps, same config); "
+                              f"give more --steps to continue it, --overwrite to train again.", markup=False)
+        if broadcast_object(done):
+            return
+        model, tok = load_model(a["model_path"], a["quick"], console if main else Console(quiet=True),
+                                threads=a["threads"])
+        model = model.to(device)
+        cfg = dataclasses.replace(cfg, layers=_resolve_layers(a["layers"], model))
+        ctx = recorded(run, console, saved=lambda: "the last checkpoint (normals.safetensors, optim.pt)",
+                       resumable=True) if main else contextlib.nullcontext()
+        with ctx:
+            try:
+                result = train(model, tok, cfg, out, resume=a["resume"], console=console if main else None,
+                               progress=main and progress_enabled(), parallel=parallel)
+            except (ValueError, TypeError) as err:
+                raise usage_error(str(err)) from None
+        if main:
+            log = read_log(out)
+            console.print(f"{parallel} on {dist.get_world_size()} ranks | trainable parameters: {result['trainable']} | "
+                          f"loss {log[0]['loss']:.4f} -> {log[-1]['loss']:.4f} (first/last step); fixed probe batch "
+                          f"{result['probe_loss_before']:.4f} -> {result['probe_loss_after']:.4f} | saved "
+                          f"{result['path']}", markup=False)
+    finally:
+        shutdown()
 
 
 @app.command("eval")

@@ -103,21 +103,27 @@ def self_responses(model, tokenizer, sessions, *, max_new_tokens: int = 10, batc
 
 
 def stair_loss(logits: torch.Tensor, native_logits: torch.Tensor | None, labels: torch.Tensor,
-               lambda_kl: float = 1.0) -> tuple[torch.Tensor, dict]:
+               lambda_kl: float = 1.0, *, tokens: float | None = None) -> tuple[torch.Tensor, dict]:
     """``CE + lambda_kl * KL(native || stair)`` averaged over labelled positions (STAIR sec. 4.4).
 
     Args:
         logits: ``(B, S, V)`` STAIR logits; native_logits: same shape (no grad) or None (no KL).
         labels: ``(B, S)`` int64 next-token targets, -100 where unlabelled.
+        tokens: the denominator of the average; None: this batch's labelled positions. Data-parallel
+            training passes the count of the whole global batch (all-reduced over ranks), so that the
+            ranks' losses add up to the global batch's mean (:mod:`treadle.distributed.stair`).
 
     Returns:
-        (loss scalar, {"ce": float, "kl": float, "tokens": int}).
+        (loss scalar, {"ce": float, "kl": float, "tokens": int}); ``tokens`` is this batch's count.
     """
     sel = labels != -100
     n = int(sel.sum())
     if n == 0:
         z = logits.sum() * 0.0
         return z, {"ce": 0.0, "kl": 0.0, "tokens": 0}
+    if tokens is not None:
+        return _stair_loss_sum(logits[sel], None if native_logits is None else native_logits[sel], labels[sel],
+                               lambda_kl, tokens, n)
     lp = F.log_softmax(logits[sel].float(), -1)
     ce = F.nll_loss(lp, labels[sel])
     kl = lp.new_zeros(())
@@ -126,6 +132,19 @@ def stair_loss(logits: torch.Tensor, native_logits: torch.Tensor | None, labels:
         kl = (lq.exp() * (lq - lp)).sum(-1).mean()
     loss = ce + lambda_kl * kl
     return loss, {"ce": float(ce.detach()), "kl": float(kl.detach()), "tokens": n}
+
+
+def _stair_loss_sum(logits, native_logits, labels, lambda_kl: float, tokens: float, n: int):
+    """stair_loss over selected ``(n, V)`` rows, summed and divided by ``tokens`` (a global count)."""
+    if not tokens > 0:
+        raise ValueError(f"tokens must be > 0, got {tokens!r}")
+    lp = F.log_softmax(logits.float(), -1)
+    ce = F.nll_loss(lp, labels, reduction="sum") / tokens
+    kl = lp.new_zeros(())
+    if native_logits is not None and lambda_kl > 0:
+        lq = F.log_softmax(native_logits.float(), -1)
+        kl = (lq.exp() * (lq - lp)).sum() / tokens
+    return ce + lambda_kl * kl, {"ce": float(ce.detach()), "kl": float(kl.detach()), "tokens": n}
 
 
 def train_step(controller, model, tokenizer, sessions, responses, *, lambda_kl: float = 1.0, amp: bool = False,
@@ -187,7 +206,8 @@ def _truncate_log(path: Path, step: int) -> None:
 
 
 def train(model, tokenizer, config: StairTrainConfig, run_dir, *, resume: bool = True, progress: bool = True,
-          console=None, backend: str | None = None, report_to=None) -> dict:
+          console=None, backend: str | None = None, report_to=None, parallel: str | None = None,
+          group=None) -> dict:
     """Train a STAIR controller on ``model``; writes ``run_dir/{normals.safetensors, optim.pt, log.jsonl,
     config.json}``.
 
@@ -198,6 +218,10 @@ def train(model, tokenizer, config: StairTrainConfig, run_dir, *, resume: bool =
         backend: forced backend of the read-out op (None: dispatch rule).
         report_to: extra metric sinks as Hugging Face trainers' ``report_to`` (``"tensorboard"``,
             ``"wandb"``, a list, ``"all"``, None / ``"none"``; :mod:`treadle.reporting`).
+        parallel: None (one process), or ``"ddp"`` / ``"fsdp2"`` under ``torchrun``: the data-parallel
+            trainer :func:`treadle.distributed.stair.train_stair` (each rank one part of every global
+            batch; same losses and normals as one process with the whole batch). group: its process
+            group (None: default).
 
     A resumed run continues from the last checkpoint (every ``save_every`` steps): ``log.jsonl``
     keeps the steps up to it, and the steps after it are trained and logged again (once).
@@ -210,6 +234,11 @@ def train(model, tokenizer, config: StairTrainConfig, run_dir, *, resume: bool =
             missing ``report_to`` sink; see attach().
         KeyboardInterrupt: passed on; the last checkpoint stays in ``run_dir``.
     """
+    if parallel is not None:
+        from treadle.distributed.stair import train_stair
+
+        return train_stair(model, tokenizer, config, run_dir, parallel=parallel, group=group, resume=resume,
+                           progress=progress, console=console, backend=backend, report_to=report_to)
     from tqdm.auto import tqdm
 
     from treadle.stair.controller import attach
