@@ -255,6 +255,8 @@ def _gll(**over):
 
 
 GLL_BAD = [
+    ({"x": [1.0]}, TypeError, "x must be a torch.Tensor, got list"),
+    ({"x": torch.zeros(4, 8, dtype=I64)}, TypeError, f"x must have a floating dtype (one of {FLOATS}), got torch.int64"),
     ({"weight": [1.0]}, TypeError, "weight must be a torch.Tensor, got list"),
     ({"weight": torch.zeros(6, 8, dtype=I64)}, TypeError, f"weight must have a floating dtype (one of {FLOATS}), "
      "got torch.int64"),

@@ -341,22 +341,23 @@ def test_stair_autocast_message_names_the_cast_dtypes():
                             "v_bank torch.float32")
 
 
+@pytest.mark.parametrize("ndtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("mode", ["diff", "reflected", "reference"])
-def test_stair_reference_backend_gradients_in_the_accumulation_dtype(mode):
+def test_stair_reference_backend_gradients_in_the_accumulation_dtype(mode, ndtype):
     q, k, v, n = _bank(dtype=torch.bfloat16)
-    n = n.float()
+    n = n.to(ndtype)
     lens = torch.tensor([4, 3])
     qq, nn_ = q.clone().requires_grad_(True), n.clone().requires_grad_(True)
     out = stair_readout(qq, k, v, nn_, bank_lengths=lens, eps=0.2, scale=0.3, mode=mode, backend="reference")
     dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
     out.backward(dout)
-    # the ground truth: autograd through the reference maths in float32, one cast at the end
-    q32, n32 = q.float().requires_grad_(True), n.clone().requires_grad_(True)
+    # the ground truth: autograd through the reference maths in float32 (normals too), one cast at the end
+    q32, n32 = q.float().requires_grad_(True), n.float().requires_grad_(True)
     ref = stair_readout_reference(q32, k.float(), v.float(), n32, bank_lengths=lens, eps=0.2, scale=0.3, mode=mode)
     dq, dn = torch.autograd.grad(ref, (q32, n32), dout.float(), allow_unused=True, materialize_grads=True)
     assert torch.equal(out, ref.to(torch.bfloat16))
-    assert qq.grad.dtype == torch.bfloat16 and nn_.grad.dtype == torch.float32
-    assert torch.equal(qq.grad, dq.to(torch.bfloat16)) and torch.equal(nn_.grad, dn)
+    assert qq.grad.dtype == torch.bfloat16 and nn_.grad.dtype == ndtype
+    assert torch.equal(qq.grad, dq.to(torch.bfloat16)) and torch.equal(nn_.grad, dn.to(ndtype))
     if mode == "reference":
         assert torch.equal(nn_.grad, torch.zeros_like(n))
 
@@ -381,3 +382,44 @@ def test_topk_entropy_from_hidden_autocast_message():
         got = topk_entropy_from_hidden(hidden, head, 4)
     expect = topk_entropy(hidden.bfloat16() @ head.bfloat16().t(), 4)
     assert got.dtype == torch.float32 and got.item() == pytest.approx(expect.item(), rel=1e-6)
+
+
+# ---------------------------------------------------------------- the custom ops' outputs match their fake declarations
+def test_gated_lora_custom_op_outputs_have_the_declared_dtypes_and_shapes():
+    x, base, A, B, w, b = _lora(dtype=torch.bfloat16)
+    w, b = w.float(), b.float()
+    y, z, v = torch.ops.treadle.gated_lora_fwd(x, base, A, B, w, b, 0.5, -1.0, 3.0, 0.7, "reference")
+    assert (y.dtype, tuple(y.shape)) == (torch.bfloat16, (4, 6))
+    assert (z.dtype, tuple(z.shape)) == (torch.bfloat16, (4, 3))  # x A^T and x . w per token, in x's dtype
+    assert (v.dtype, tuple(v.shape)) == (torch.float32, (4,))
+    dy = torch.ones(4, 6, dtype=torch.bfloat16)
+    for need_dx, need_dgate in ((True, False), (False, True), (True, True)):
+        dx, dw, db = torch.ops.treadle.gated_lora_bwd(dy, x, A, B, z, v, 0.5, -1.0, 3.0, 0.7, need_dx, need_dgate,
+                                                      "reference")
+        assert (dx.dtype, tuple(dx.shape)) == (torch.bfloat16, (4, 8))
+        assert (dw.dtype, tuple(dw.shape)) == (torch.float32, (8,))
+        assert (db.dtype, tuple(db.shape)) == (torch.float32, (1,))
+        if not need_dgate:
+            assert torch.equal(dw, torch.zeros(8)) and torch.equal(db, torch.zeros(1))
+        if not need_dx:
+            assert torch.equal(dx, torch.zeros_like(x))
+
+
+def test_gated_lora_lambda_is_detached():
+    x, base, A, B, w, b = _lora()
+    x.requires_grad_(True)
+    w.requires_grad_(True)
+    W = torch.randn(6, 8)
+    for backend in ("reference", "cpp"):
+        y, lam = gated_lora(x, base, A, B, w, b, **OK, return_lambda=True, backend=backend)
+        assert y.requires_grad and not lam.requires_grad and lam.grad_fn is None
+        y, lam = gated_lora_linear(x, W, None, A, B, w, b, **OK, return_lambda=True, backend=backend)
+        assert y.requires_grad and not lam.requires_grad and lam.grad_fn is None
+
+
+def test_topk_entropy_default_k_is_100():
+    z = torch.randn(3, 150, generator=torch.Generator().manual_seed(4))
+    assert topk_entropy(z).item() == topk_entropy(z, 100).item() != topk_entropy(z, 101).item()
+    hidden, head = z[:, :6].contiguous(), torch.randn(150, 6, generator=torch.Generator().manual_seed(5))
+    assert (topk_entropy_from_hidden(hidden, head).item() == topk_entropy_from_hidden(hidden, head, 100).item()
+            != topk_entropy_from_hidden(hidden, head, 101).item())
