@@ -89,17 +89,16 @@ def test_grpo_backend_reference_runs_the_reference(monkeypatch):
 
 
 def test_grpo_cpp_kernel_gets_int64_ids_and_the_output_dtype(monkeypatch):
-    seen = []
+    seen, real_op = [], _extension.op
 
     def op(name):
-        real = _extension.op.__wrapped_orig__(name)
+        real = real_op(name)
 
         def call(*args):
             seen.append(args)
             return real(*args)
         return call
 
-    op.__wrapped_orig__ = _extension.op
     monkeypatch.setattr(_extension, "op", op)
     for dt in (torch.float16, torch.float32, torch.float64):
         grpo_advantages(R.to(dt), G, backend="cpp", eps_placement="var", nonfinite="skip")
