@@ -66,3 +66,14 @@ def test_stair_reference_empty_bank_is_exact_zero_with_zero_gradients():
     assert torch.equal(out, torch.zeros(1, 2, 3, 5, dtype=torch.float64))
     out.sum().backward()
     assert torch.equal(q.grad, torch.zeros_like(q)) and torch.equal(n.grad, torch.zeros_like(n))
+
+
+@pytest.mark.parametrize("mode", ["diff", "reflected", "reference"])
+def test_stair_reference_runs_on_the_inputs_device(mode):
+    # the meta device stands in for a GPU: every tensor the reference makes must be made on q's device
+    m = torch.device("meta")
+    q, k, v = torch.zeros(2, 2, 3, 4, device=m), torch.zeros(2, 1, 5, 4, device=m), torch.zeros(2, 1, 5, 6, device=m)
+    n = torch.ones(2, 4, device=m)
+    for lens in (None, torch.tensor([1, 5], device=m), torch.tensor([0, 2], dtype=torch.int32, device=m)):
+        out = stair_readout_reference(q, k, v, n, bank_lengths=lens, eps=0.1, mode=mode)
+        assert out.device == m and out.shape == (2, 2, 3, 6) and out.dtype == torch.float32
