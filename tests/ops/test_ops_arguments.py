@@ -16,6 +16,7 @@ from treadle.ops.gated_lora import gated_lora, gated_lora_linear
 from treadle.ops.grpo_advantages import grpo_advantages
 from treadle.ops.stair_readout import stair_readout
 from treadle.ops.topk_entropy import topk_entropy, topk_entropy_from_hidden
+from treadle.testing import require_backend
 
 FLOATS = "(torch.float16, torch.bfloat16, torch.float32, torch.float64)"
 I64 = torch.int64
@@ -60,7 +61,8 @@ GRPO_BAD = [
 for _mask in ("valid", "flags"):
     GRPO_BAD += [
         ((R3, G3), {_mask: [True] * 3}, TypeError, f"{_mask} must be a torch.Tensor of dtype bool, got list"),
-        ((R3, G3), {_mask: torch.ones(3, dtype=I64)}, TypeError, f"{_mask} must have dtype torch.bool, got torch.int64"),
+        ((R3, G3), {_mask: torch.ones(3, dtype=I64)}, TypeError,
+         f"{_mask} must have dtype torch.bool, got torch.int64"),
         ((R3, G3), {_mask: torch.ones(2, dtype=torch.bool)}, ValueError,
          f"{_mask} must have shape (3,) like rewards, got (2,)"),
         ((R3, G3), {_mask: torch.ones(3, 1, dtype=torch.bool)}, ValueError,
@@ -93,6 +95,7 @@ def test_grpo_advantages_nonfinite_message(dtype, bad):
                    torch.tensor([bad], dtype=dtype), torch.zeros(1, dtype=I64))
 
 
+@require_backend("grpo_advantages")
 def test_grpo_advantages_boundaries_that_do_not_raise():
     r, g = torch.tensor([0.0, 1.0, 3.0, 5.0]), torch.tensor([7, 7, -2, -2])
     # eps = 0 is allowed; the group (0, 1) has mean 0.5 and unbiased std sqrt(0.5)
@@ -223,6 +226,7 @@ def test_gated_lora_gate_dtype_on_half_x():
     torch.testing.assert_close(lam, expect, atol=1e-3, rtol=1e-3)
 
 
+@require_backend("gated_lora")
 def test_gated_lora_boundaries_that_do_not_raise():
     a = _lora()
     args = [a[n] for n in LORA_NAMES]
@@ -256,21 +260,25 @@ def _gll(**over):
 
 GLL_BAD = [
     ({"x": [1.0]}, TypeError, "x must be a torch.Tensor, got list"),
-    ({"x": torch.zeros(4, 8, dtype=I64)}, TypeError, f"x must have a floating dtype (one of {FLOATS}), got torch.int64"),
+    ({"x": torch.zeros(4, 8, dtype=I64)}, TypeError,
+     f"x must have a floating dtype (one of {FLOATS}), got torch.int64"),
     ({"weight": [1.0]}, TypeError, "weight must be a torch.Tensor, got list"),
     ({"weight": torch.zeros(6, 8, dtype=I64)}, TypeError, f"weight must have a floating dtype (one of {FLOATS}), "
      "got torch.int64"),
     ({"bias": [1.0]}, TypeError, "bias must be a torch.Tensor, got list"),
-    ({"bias": torch.zeros(6, dtype=I64)}, TypeError, f"bias must have a floating dtype (one of {FLOATS}), got torch.int64"),
+    ({"bias": torch.zeros(6, dtype=I64)}, TypeError,
+     f"bias must have a floating dtype (one of {FLOATS}), got torch.int64"),
     ({"weight": torch.zeros(6, 8, dtype=torch.float64)}, TypeError,
      "weight must have x's dtype torch.float32, got torch.float64"),
-    ({"bias": torch.zeros(6, dtype=torch.float64)}, TypeError, "bias must have x's dtype torch.float32, got torch.float64"),
+    ({"bias": torch.zeros(6, dtype=torch.float64)}, TypeError,
+     "bias must have x's dtype torch.float32, got torch.float64"),
     ({"weight": torch.zeros(6, 7)}, ValueError, "weight must have shape (d_out, d_in=8), got (6, 7)"),
     ({"weight": torch.zeros(8)}, ValueError, "weight must have shape (d_out, d_in=8), got (8,)"),
     ({"x": torch.tensor(1.0)}, ValueError, "weight must have shape (d_out, d_in=?), got (6, 8)"),
     ({"bias": torch.zeros(5)}, ValueError, "bias must have shape (d_out=6,) or be None, got (5,)"),
     ({"bias": torch.zeros(1, 6)}, ValueError, "bias must have shape (d_out=6,) or be None, got (1, 6)"),
-    ({"weight": torch.zeros(6, 8, device="meta")}, ValueError, "weight is on meta but x is on cpu; put them on one device"),
+    ({"weight": torch.zeros(6, 8, device="meta")}, ValueError,
+     "weight is on meta but x is on cpu; put them on one device"),
     ({"bias": torch.zeros(6, device="meta")}, ValueError, "bias is on meta but x is on cpu; put them on one device"),
     ({"lora_B": torch.zeros(5, 2)}, ValueError, "lora_B must have shape (d_out=6, r=2), got (5, 2)"),
     ({"tau": 0.0}, ValueError, "tau must be a finite number > 0 (the gate temperature), got 0.0"),
@@ -286,11 +294,13 @@ def test_gated_lora_linear_bad_arguments(over, exc, message):
     raises_exactly(exc, message, _gll, **over)
 
 
+@require_backend("gated_lora_linear")
 def test_gated_lora_linear_without_bias_is_the_unfused_op():
     a = _lora()
     w = torch.randn(6, 8)
     for bias in (None, torch.randn(6)):
-        y = gated_lora_linear(a["x"], w, bias, a["lora_A"], a["lora_B"], a["gate_weight"], a["gate_bias"], **OK, backend="cpp")
+        y = gated_lora_linear(a["x"], w, bias, a["lora_A"], a["lora_B"],
+                              a["gate_weight"], a["gate_bias"], **OK, backend="cpp")
         base = a["x"] @ w.t() + (0 if bias is None else bias)
         expect = gated_lora(a["x"], base, a["lora_A"], a["lora_B"], a["gate_weight"], a["gate_bias"], **OK,
                             backend="reference")
@@ -327,7 +337,8 @@ SR_BAD = [
      "q, k_bank and v_bank must share one dtype, got q torch.float32, k_bank torch.float32, v_bank torch.float16"),
     ({"q": torch.zeros(4, 3, 8)}, ValueError, "q must be 4-D (B, Hq, T, D), got shape (4, 3, 8)"),
     ({"k_bank": torch.zeros(2, 5, 8)}, ValueError, "k_bank must be 4-D (B, Hkv, M, D), got shape (2, 5, 8)"),
-    ({"v_bank": torch.zeros(1, 2, 2, 5, 6)}, ValueError, "v_bank must be 4-D (B, Hkv, M, Dv), got shape (1, 2, 2, 5, 6)"),
+    ({"v_bank": torch.zeros(1, 2, 2, 5, 6)}, ValueError,
+     "v_bank must be 4-D (B, Hkv, M, Dv), got shape (1, 2, 2, 5, 6)"),
     ({"k_bank": torch.zeros(2, 2, 5, 7)}, ValueError,
      "k_bank must have shape (B=2, Hkv, M, D=8) to match q (2, 4, 3, 8), got (2, 2, 5, 7)"),
     ({"k_bank": torch.zeros(3, 2, 5, 8)}, ValueError,
@@ -384,7 +395,8 @@ for _n, _shape in (("k_bank", (2, 2, 5, 8)), ("v_bank", (2, 2, 5, 6))):
                 f"pass {_n}.detach()")]
 _S = _stair()
 for _n, _idx in (("q", (1, 3, 2, 7)), ("k_bank", (0, 1, 4, 0)), ("v_bank", (1, 0, 0, 5)), ("normals", (3, 3))):
-    SR_BAD += [({_n: _nan_at(_S[_n], _idx), "debug": True}, ValueError, f"{_n} contains NaN or inf values (debug=True)")]
+    SR_BAD += [({_n: _nan_at(_S[_n], _idx), "debug": True}, ValueError,
+         f"{_n} contains NaN or inf values (debug=True)")]
 
 
 @pytest.mark.parametrize("over,exc,message", SR_BAD)
@@ -424,7 +436,8 @@ TE_BAD = [
     ((LOGITS, 4.0), {}, TypeError, "k must be a Python int, got float"),
     ((LOGITS, True), {}, TypeError, "k must be a Python int, got bool"),
     ((LOGITS, 1), {}, ValueError, "k must be >= 2 (the entropy is divided by log k, and log 1 = 0), got 1"),
-    ((LOGITS, 11), {}, ValueError, "k=11 is larger than the vocabulary size 10; pass k <= 10 (treadle does not clamp k: "
+    ((LOGITS, 11), {}, ValueError,
+     "k=11 is larger than the vocabulary size 10; pass k <= 10 (treadle does not clamp k: "
      "that would change the log k normaliser)"),
     ((LOGITS, 4), {"reduction": "sum"}, ValueError, "reduction must be 'mean' or 'none', got 'sum'"),
     ((LOGITS, 4, MASK), {"reduction": "none"}, ValueError,
@@ -451,7 +464,8 @@ TEH_BAD = [
     (([1.0], HEAD), {}, TypeError, "hidden must be a torch.Tensor, got list"),
     ((HIDDEN, [1.0]), {}, TypeError, "lm_head_weight must be a torch.Tensor, got list"),
     ((HIDDEN.long(), HEAD), {}, TypeError, f"hidden must have a floating dtype (one of {FLOATS}), got torch.int64"),
-    ((HIDDEN, HEAD.double()), {}, TypeError, "lm_head_weight must have hidden's dtype torch.float32, got torch.float64"),
+    ((HIDDEN, HEAD.double()), {}, TypeError,
+     "lm_head_weight must have hidden's dtype torch.float32, got torch.float64"),
     ((torch.tensor(1.0), HEAD), {}, ValueError, "hidden must have shape (..., d), got a scalar"),
     ((HIDDEN, HEAD[:, :3]), {}, ValueError, "lm_head_weight must have shape (V, d=4), got (10, 3)"),
     ((HIDDEN, HEAD.reshape(40)), {}, ValueError, "lm_head_weight must have shape (V, d=4), got (40,)"),
