@@ -35,7 +35,8 @@ AREAS: dict[str, tuple[list[str], list[str], list[str]]] = {
     "reference": (
         ["treadle/reference/grpo.py", "treadle/reference/scale.py", "treadle/reference/stair.py"],
         ["tests/grpo/test_advantages.py", "tests/scale/test_gated_lora.py", "tests/stair/test_stair_readout.py",
-         "tests/scale/test_topk_entropy.py", "tests/metrics/test_reference_formulas.py"],
+         "tests/scale/test_topk_entropy.py", "tests/metrics/test_reference_formulas.py",
+         "tests/reference/test_reference_edges.py"],
         # the C++ kernels check the reference as strictly as Triton does, in a fraction of the time
         ["-k", "not triton and not cuda and not opcheck and not compile"],
     ),
@@ -48,7 +49,8 @@ AREAS: dict[str, tuple[list[str], list[str], list[str]]] = {
         ["treadle/ops/grpo_advantages.py", "treadle/ops/gated_lora.py", "treadle/ops/stair_readout.py",
          "treadle/ops/topk_entropy.py", "treadle/ops/_amp.py"],
         ["tests/grpo/test_advantages.py", "tests/scale/test_gated_lora.py", "tests/stair/test_stair_readout.py",
-         "tests/scale/test_topk_entropy.py", "tests/contracts/test_nonfinite.py", "tests/contracts/test_autocast.py"],
+         "tests/scale/test_topk_entropy.py", "tests/contracts/test_nonfinite.py", "tests/contracts/test_autocast.py",
+         "tests/ops/test_ops_arguments.py", "tests/ops/test_ops_dispatch.py"],
         # Triton under the interpreter is far too slow per mutant (the C++ kernels are checked as strictly); CUDA
         # needs a GPU machine
         ["-k", "not triton and not cuda and not opcheck and not compile"],
