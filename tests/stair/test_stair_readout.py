@@ -71,6 +71,8 @@ CPP_CASES = [
     ((1, 2, 1, 200, 5, 80, 80), {}),                              # M < T, T over the 128-row query tile
     ((1, 2, 1, 1, 1, 96, 40), {}),                                # T = 1, M = 1
     ((3, 4, 2, 9, 600, 32, 24), {"lengths": [600, 1, 257], "eps": 0.1}),  # ragged, eps > 0, > 2 tiles
+    ((1, 2, 1, 300, 1100, 32, 32), {"lengths": [1037]}),         # 3 bank tiles of 512, several query tiles
+    ((1, 2, 1, 70, 1100, 16, 16), {"kscale": 30.0, "eps": 0.1}),  # large logits over 3 bank tiles
     ((1, 4, 2, 9, 70, 32, 32), {"eps": 0.3, "mode": "reflected"}),
     ((1, 4, 2, 9, 70, 32, 32), {"eps": 0.3, "mode": "reference"}),
     ((1, 4, 2, 9, 70, 32, 32), {"mode": "reflected"}),
