@@ -7,6 +7,9 @@
 // accumulators run side by side: over s (pi_ref), over x = s + t (pi_R when eps = 0) and, when
 // eps > 0, over t (the uniform part of pi_ref reweighted by e^t). Their probability rows are stacked
 // so that one GEMM P V updates all accumulators. Nothing of size T x M is ever materialised.
+// At eps = 0 this is 6 T M D FLOPs (S, then P V with twice the rows) against 8 T M D for two
+// attention calls; GEMMs are ~80% of the time, so the element-wise tile work is kept to one pass
+// (running maxima kept while a tile exceeds them by at most kLazyMax) and one exp per probability.
 //
 // Backward (flash-attention style): tiles are recomputed from the saved row statistics
 // (lse_s = log sum e^s, logZ = log sum_j pi_ref_j e^{t_j}) and two saved row vectors per query
@@ -189,6 +192,33 @@ TREADLE_INLINE vf vexp(vf x) {
   return y * (vf)e;  // same-size vector cast: a bit reinterpretation
 }
 
+// exp(x) for arguments that are <= 88 or whose result is discarded (the forward tiles: x - max <= 0,
+// or <= kLazyMax on rows that are kept): vexp without the upper clamp, 2^n from the bits of the
+// rounding sum (its low mantissa bits hold n) rather than a float-to-int conversion.
+TREADLE_INLINE vf vexp_fwd(vf x) {
+  const vf lo = vsplat(-87.3f);
+  x = x < lo ? lo : x;
+  const vf r = x * 1.44269504088896341f + 12582912.0f;  // 1.5 * 2^23 + n
+  const vf fx = r - 12582912.0f;
+  x = x - fx * 0.693359375f;
+  x = x + fx * 2.12194440e-4f;
+  vf y = vsplat(1.9875691500e-4f);
+  y = y * x + 1.3981999507e-3f;
+  y = y * x + 8.3334519073e-3f;
+  y = y * x + 4.1665795894e-2f;
+  y = y * x + 1.6666665459e-1f;
+  y = y * x + 5.0000001201e-1f;
+  y = y * (x * x) + x + 1.0f;
+  const vi e = ((vi)r + (127 - 0x4B400000)) << 23;  // (n + 127) << 23: the float 2^n
+  return y * (vf)e;
+}
+
+// The float forward tile keeps a row's running maxima while a new tile's maxima exceed them by at most
+// kLazyMax (probabilities then reach e^8 ~ 3e3 before normalisation: far from float32 overflow; the
+// ratios, hence the results, are the same): one pass over the tile instead of a max pass and an exp
+// pass, and no accumulator rescale. A larger jump (and every row's first tile) takes the two passes.
+constexpr float kLazyMax = 8.0f;
+
 // Forward tile, float. S: nq x nk scores (row stride ld). Writes stacked probability rows into P
 // (row stride ld): rows [0, nq) e^{s - m_s}, [nq, 2nq) e^{x - m_x}, [2nq, 3nq) e^{t - m_t} (use_t).
 // Updates maxima/sums and writes the per-row rescale factors of the accumulators into corr
@@ -203,6 +233,60 @@ bool fwd_tile_f32(int nq, int nk, int ld, const float* S, const float* beta, con
   for (int i = 0; i < nq; ++i) {
     const float* s = S + (int64_t)i * ld;
     const float al = alpha[i];
+    float* ps = P + (int64_t)i * ld;
+    float* px = P + (int64_t)(nq + i) * ld;
+    float* pt = P + (int64_t)(2 * nq + i) * ld;
+    if (m_s[i] != NEG && (!use_t || m_t[i] != NEG)) {
+      // One pass against the running maxima (kept unless this tile's maxima exceed them by more
+      // than kLazyMax: then the row is redone below, with new maxima and rescale factors).
+      const vf vms = vsplat(m_s[i]), vmx = vsplat(m_x[i]), vmt = vsplat(use_t ? m_t[i] : 0.f);
+      vf ms = vsplat(NEG), mx = vsplat(NEG), mt = vsplat(NEG), ss = vf{}, sx = vf{}, st = vf{};
+      for (int j = 0; j < nfull; j += VL) {
+        const vf sv = vload(s + j), tv = vload(beta + j) * al, xv = sv + tv;
+        ms = vmax(ms, sv);
+        mx = vmax(mx, xv);
+        const vf es = vexp_fwd(sv - vms), ex = vexp_fwd(xv - vmx);
+        vstore(ps + j, es);
+        vstore(px + j, ex);
+        ss += es;
+        sx += ex;
+        if (use_t) {
+          mt = vmax(mt, tv);
+          const vf et = vexp_fwd(tv - vmt);
+          vstore(pt + j, et);
+          st += et;
+        }
+      }
+      if (rem) {
+        const vf sv = vload_tail(s + nfull, rem, NEG), tv = vload_tail(beta + nfull, rem, 0.f) * al;  // -inf, 0
+        const vf xv = sv + tv;
+        ms = vmax(ms, sv);
+        mx = vmax(mx, xv);
+        const vf es = vexp_fwd(sv - vms) * tailmask, ex = vexp_fwd(xv - vmx) * tailmask;
+        vstore_tail(ps + nfull, es, rem);
+        vstore_tail(px + nfull, ex, rem);
+        ss += es;
+        sx += ex;
+        if (use_t) {
+          mt = vmax(mt, tailmask > 0.f ? tv : vsplat(NEG));
+          const vf et = vexp_fwd(tv - vmt) * tailmask;
+          vstore_tail(pt + nfull, et, rem);
+          st += et;
+        }
+      }
+      if (hmax(ms) <= m_s[i] + kLazyMax && hmax(mx) <= m_x[i] + kLazyMax &&
+          (!use_t || hmax(mt) <= m_t[i] + kLazyMax)) {
+        l_s[i] += hsum(ss);
+        l_x[i] += hsum(sx);
+        corr[i] = 1.f;
+        corr[nq + i] = 1.f;
+        if (use_t) {
+          l_t[i] += hsum(st);
+          corr[2 * nq + i] = 1.f;
+        }
+        continue;
+      }
+    }
     vf ms = vsplat(NEG), mx = vsplat(NEG), mt = vsplat(NEG);
     for (int j = 0; j < nfull; j += VL) {
       const vf sv = vload(s + j), tv = vload(beta + j) * al;
@@ -224,33 +308,30 @@ bool fwd_tile_f32(int nq, int nk, int ld, const float* S, const float* beta, con
     const float cx = m_x[i] == NEG ? 0.f : std::exp(m_x[i] - mx_new);
     const float ct = (!use_t || m_t[i] == NEG) ? 0.f : std::exp(m_t[i] - mt_new);
     rescale |= cs != 1.f || cx != 1.f || (use_t && ct != 1.f);
-    float* ps = P + (int64_t)i * ld;
-    float* px = P + (int64_t)(nq + i) * ld;
-    float* pt = P + (int64_t)(2 * nq + i) * ld;
     vf ss = vf{}, sx = vf{}, st = vf{};
     const vf vms = vsplat(ms_new), vmx = vsplat(mx_new), vmt = vsplat(mt_new);
     for (int j = 0; j < nfull; j += VL) {
       const vf sv = vload(s + j), tv = vload(beta + j) * al;
-      const vf es = vexp(sv - vms), ex = vexp(sv + tv - vmx);
+      const vf es = vexp_fwd(sv - vms), ex = vexp_fwd(sv + tv - vmx);
       vstore(ps + j, es);
       vstore(px + j, ex);
       ss += es;
       sx += ex;
       if (use_t) {
-        const vf et = vexp(tv - vmt);
+        const vf et = vexp_fwd(tv - vmt);
         vstore(pt + j, et);
         st += et;
       }
     }
     if (rem) {
       const vf sv = vload_tail(s + nfull, rem, 0.f), tv = vload_tail(beta + nfull, rem, 0.f) * al;
-      const vf es = vexp(sv - vms) * tailmask, ex = vexp(sv + tv - vmx) * tailmask;
+      const vf es = vexp_fwd(sv - vms) * tailmask, ex = vexp_fwd(sv + tv - vmx) * tailmask;
       vstore_tail(ps + nfull, es, rem);
       vstore_tail(px + nfull, ex, rem);
       ss += es;
       sx += ex;
       if (use_t) {
-        const vf et = vexp(tv - vmt) * tailmask;
+        const vf et = vexp_fwd(tv - vmt) * tailmask;
         vstore_tail(pt + nfull, et, rem);
         st += et;
       }
