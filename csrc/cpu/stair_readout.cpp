@@ -7,6 +7,9 @@
 // accumulators run side by side: over s (pi_ref), over x = s + t (pi_R when eps = 0) and, when
 // eps > 0, over t (the uniform part of pi_ref reweighted by e^t). Their probability rows are stacked
 // so that one GEMM P V updates all accumulators. Nothing of size T x M is ever materialised.
+// At eps = 0 this is 6 T M D FLOPs (S, then P V with twice the rows) against 8 T M D for two
+// attention calls; GEMMs are ~80% of the time, so the element-wise tile work is kept to one pass
+// (running maxima kept while a tile exceeds them by at most kLazyMax) and one exp per probability.
 //
 // Backward (flash-attention style): tiles are recomputed from the saved row statistics
 // (lse_s = log sum e^s, logZ = log sum_j pi_ref_j e^{t_j}) and two saved row vectors per query
@@ -54,14 +57,29 @@ void dgemm_(const char*, const char*, const int*, const int*, const int*, const 
 namespace treadle {
 namespace {
 
+// Forward tiles: up to kBQ query rows per task (fewer when that would leave threads idle, see
+// forward_query_tile) against kBK bank keys per tile. 256 x 512 is the shape torch's own CPU flash
+// attention uses for long sequences: MKL's sgemm reaches ~10% more FLOP/s on it than on 128 x 256.
 #ifndef TREADLE_STAIR_BQ
-#define TREADLE_STAIR_BQ 128
+#define TREADLE_STAIR_BQ 256
 #endif
 #ifndef TREADLE_STAIR_BK
-#define TREADLE_STAIR_BK 256
+#define TREADLE_STAIR_BK 512
 #endif
-constexpr int64_t kBQ = TREADLE_STAIR_BQ;  // query rows per task
-constexpr int64_t kBK = TREADLE_STAIR_BK;  // bank keys per tile
+constexpr int64_t kBQ = TREADLE_STAIR_BQ;  // most query rows per forward task
+constexpr int64_t kBK = TREADLE_STAIR_BK;  // bank keys per forward tile
+// Backward tiles (three GEMMs and two tile-sized buffers per step).
+constexpr int64_t kBQb = 128;
+constexpr int64_t kBKb = 256;
+
+// Query rows per forward task: kBQ, halved (down to 32) while that leaves fewer than four tasks per
+// thread. Row results do not depend on it (each row's arithmetic is the same in any query tile).
+inline int64_t forward_query_tile(int64_t BH, int64_t T) {
+  const int64_t want = 4 * (int64_t)at::get_num_threads();
+  int64_t bq = kBQ;
+  while (bq > 32 && BH * ((T + bq - 1) / bq) < want) bq /= 2;
+  return bq;
+}
 
 // ---------------------------------------------------------------------------------------------
 // column-major GEMM: C (m x n) = alpha op(A) op(B) + beta C
@@ -171,22 +189,105 @@ TREADLE_INLINE vf vexp(vf x) {
   y = y * x + 5.0000001201e-1f;
   y = y * (x * x) + x + 1.0f;
   vi e = (__builtin_convertvector(fx, vi) + 127) << 23;
-  return y * reinterpret_cast<vf&>(e);
+  return y * (vf)e;  // same-size vector cast: a bit reinterpretation
 }
+
+// exp(x) for arguments that are <= 88 or whose result is discarded (the forward tiles: x - max <= 0,
+// or <= kLazyMax on rows that are kept): vexp without the upper clamp, 2^n from the bits of the
+// rounding sum (its low mantissa bits hold n) rather than a float-to-int conversion.
+TREADLE_INLINE vf vexp_fwd(vf x) {
+  const vf lo = vsplat(-87.3f);
+  x = x < lo ? lo : x;
+  const vf r = x * 1.44269504088896341f + 12582912.0f;  // 1.5 * 2^23 + n
+  const vf fx = r - 12582912.0f;
+  x = x - fx * 0.693359375f;
+  x = x + fx * 2.12194440e-4f;
+  vf y = vsplat(1.9875691500e-4f);
+  y = y * x + 1.3981999507e-3f;
+  y = y * x + 8.3334519073e-3f;
+  y = y * x + 4.1665795894e-2f;
+  y = y * x + 1.6666665459e-1f;
+  y = y * x + 5.0000001201e-1f;
+  y = y * (x * x) + x + 1.0f;
+  const vi e = ((vi)r + (127 - 0x4B400000)) << 23;  // (n + 127) << 23: the float 2^n
+  return y * (vf)e;
+}
+
+// The float forward tile keeps a row's running maxima while a new tile's maxima exceed them by at most
+// kLazyMax (probabilities then reach e^8 ~ 3e3 before normalisation: far from float32 overflow; the
+// ratios, hence the results, are the same): one pass over the tile instead of a max pass and an exp
+// pass, and no accumulator rescale. A larger jump (and every row's first tile) takes the two passes.
+constexpr float kLazyMax = 8.0f;
 
 // Forward tile, float. S: nq x nk scores (row stride ld). Writes stacked probability rows into P
 // (row stride ld): rows [0, nq) e^{s - m_s}, [nq, 2nq) e^{x - m_x}, [2nq, 3nq) e^{t - m_t} (use_t).
 // Updates maxima/sums and writes the per-row rescale factors of the accumulators into corr
-// (same row order as P).
+// (same row order as P). Returns whether any factor differs from 1 (else the rescale is skipped).
 TREADLE_MULTIVERSION
-void fwd_tile_f32(int nq, int nk, int ld, const float* S, const float* beta, const float* alpha, bool use_t, float* P,
+bool fwd_tile_f32(int nq, int nk, int ld, float* P, const float* beta, const float* alpha, bool use_t, float* E,
                   float* m_s, float* l_s, float* m_x, float* l_x, float* m_t, float* l_t, float* corr) {
   const int nfull = nk / VL * VL, rem = nk - nfull;
   const float NEG = -std::numeric_limits<float>::infinity();
   const vf tailmask = lane_mask(rem);
+  bool rescale = false;
   for (int i = 0; i < nq; ++i) {
-    const float* s = S + (int64_t)i * ld;
+    float* ps = P + (int64_t)i * ld;  // scores on entry, e^{s - m_s} on return
+    const float* s = ps;
     const float al = alpha[i];
+    float* px = P + (int64_t)(nq + i) * ld;
+    float* pt = P + (int64_t)(2 * nq + i) * ld;
+    if (m_s[i] != NEG && (!use_t || m_t[i] != NEG)) {
+      // One pass against the running maxima (kept unless this tile's maxima exceed them by more
+      // than kLazyMax: then the row is redone below, with new maxima and rescale factors).
+      const vf vms = vsplat(m_s[i]), vmx = vsplat(m_x[i]), vmt = vsplat(use_t ? m_t[i] : 0.f);
+      vf ms = vsplat(NEG), mx = vsplat(NEG), mt = vsplat(NEG), ss = vf{}, sx = vf{}, st = vf{};
+      for (int j = 0; j < nfull; j += VL) {
+        const vf sv = vload(s + j), tv = vload(beta + j) * al, xv = sv + tv;
+        ms = vmax(ms, sv);
+        mx = vmax(mx, xv);
+        const vf es = vexp_fwd(sv - vms), ex = vexp_fwd(xv - vmx);
+        vstore(E + j, es);
+        vstore(px + j, ex);
+        ss += es;
+        sx += ex;
+        if (use_t) {
+          mt = vmax(mt, tv);
+          const vf et = vexp_fwd(tv - vmt);
+          vstore(pt + j, et);
+          st += et;
+        }
+      }
+      if (rem) {
+        const vf sv = vload_tail(s + nfull, rem, NEG), tv = vload_tail(beta + nfull, rem, 0.f) * al;  // -inf, 0
+        const vf xv = sv + tv;
+        ms = vmax(ms, sv);
+        mx = vmax(mx, xv);
+        const vf es = vexp_fwd(sv - vms) * tailmask, ex = vexp_fwd(xv - vmx) * tailmask;
+        vstore_tail(E + nfull, es, rem);
+        vstore_tail(px + nfull, ex, rem);
+        ss += es;
+        sx += ex;
+        if (use_t) {
+          mt = vmax(mt, tailmask > 0.f ? tv : vsplat(NEG));
+          const vf et = vexp_fwd(tv - vmt) * tailmask;
+          vstore_tail(pt + nfull, et, rem);
+          st += et;
+        }
+      }
+      if (hmax(ms) <= m_s[i] + kLazyMax && hmax(mx) <= m_x[i] + kLazyMax &&
+          (!use_t || hmax(mt) <= m_t[i] + kLazyMax)) {
+        std::memcpy(ps, E, sizeof(float) * nk);  // the scores are kept until here, for the two-pass redo
+        l_s[i] += hsum(ss);
+        l_x[i] += hsum(sx);
+        corr[i] = 1.f;
+        corr[nq + i] = 1.f;
+        if (use_t) {
+          l_t[i] += hsum(st);
+          corr[2 * nq + i] = 1.f;
+        }
+        continue;
+      }
+    }
     vf ms = vsplat(NEG), mx = vsplat(NEG), mt = vsplat(NEG);
     for (int j = 0; j < nfull; j += VL) {
       const vf sv = vload(s + j), tv = vload(beta + j) * al;
@@ -207,33 +308,31 @@ void fwd_tile_f32(int nq, int nk, int ld, const float* S, const float* beta, con
     const float cs = m_s[i] == NEG ? 0.f : std::exp(m_s[i] - ms_new);
     const float cx = m_x[i] == NEG ? 0.f : std::exp(m_x[i] - mx_new);
     const float ct = (!use_t || m_t[i] == NEG) ? 0.f : std::exp(m_t[i] - mt_new);
-    float* ps = P + (int64_t)i * ld;
-    float* px = P + (int64_t)(nq + i) * ld;
-    float* pt = P + (int64_t)(2 * nq + i) * ld;
+    rescale |= cs != 1.f || cx != 1.f || (use_t && ct != 1.f);
     vf ss = vf{}, sx = vf{}, st = vf{};
     const vf vms = vsplat(ms_new), vmx = vsplat(mx_new), vmt = vsplat(mt_new);
     for (int j = 0; j < nfull; j += VL) {
       const vf sv = vload(s + j), tv = vload(beta + j) * al;
-      const vf es = vexp(sv - vms), ex = vexp(sv + tv - vmx);
+      const vf es = vexp_fwd(sv - vms), ex = vexp_fwd(sv + tv - vmx);
       vstore(ps + j, es);
       vstore(px + j, ex);
       ss += es;
       sx += ex;
       if (use_t) {
-        const vf et = vexp(tv - vmt);
+        const vf et = vexp_fwd(tv - vmt);
         vstore(pt + j, et);
         st += et;
       }
     }
     if (rem) {
       const vf sv = vload_tail(s + nfull, rem, 0.f), tv = vload_tail(beta + nfull, rem, 0.f) * al;
-      const vf es = vexp(sv - vms) * tailmask, ex = vexp(sv + tv - vmx) * tailmask;
+      const vf es = vexp_fwd(sv - vms) * tailmask, ex = vexp_fwd(sv + tv - vmx) * tailmask;
       vstore_tail(ps + nfull, es, rem);
       vstore_tail(px + nfull, ex, rem);
       ss += es;
       sx += ex;
       if (use_t) {
-        const vf et = vexp(tv - vmt) * tailmask;
+        const vf et = vexp_fwd(tv - vmt) * tailmask;
         vstore_tail(pt + nfull, et, rem);
         st += et;
       }
@@ -250,6 +349,7 @@ void fwd_tile_f32(int nq, int nk, int ld, const float* S, const float* beta, con
       corr[2 * nq + i] = ct;
     }
   }
+  return rescale;
 }
 
 // Backward tile, float. In: S (scores s), G (dO V^T), both nq x nk with row stride ld. Out: S is
@@ -307,11 +407,11 @@ void bwd_tile_f32(int nq, int nk, int ld, float* S, const float* G, const float*
 
 // Generic (double) versions: scalar loops, same maths.
 template <typename T>
-void fwd_tile_generic(int nq, int nk, int ld, const T* S, const T* beta, const T* alpha, bool use_t, T* P, T* m_s,
+bool fwd_tile_generic(int nq, int nk, int ld, T* P, const T* beta, const T* alpha, bool use_t, T* m_s,
                       T* l_s, T* m_x, T* l_x, T* m_t, T* l_t, T* corr) {
   const T NEG = -std::numeric_limits<T>::infinity();
   for (int i = 0; i < nq; ++i) {
-    const T* s = S + (int64_t)i * ld;
+    const T* s = P + (int64_t)i * ld;  // scores, overwritten in place (each read before its write)
     T ms = m_s[i], mx = m_x[i], mt = m_t[i];
     for (int j = 0; j < nk; ++j) {
       const T t = alpha[i] * beta[j];
@@ -348,6 +448,7 @@ void fwd_tile_generic(int nq, int nk, int ld, const T* S, const T* beta, const T
       corr[2 * nq + i] = ct;
     }
   }
+  return true;
 }
 
 template <typename T>
@@ -378,14 +479,14 @@ void bwd_tile_generic(int nq, int nk, int ld, T* S, const T* G, const T* beta, c
   }
 }
 
-inline void fwd_tile(int nq, int nk, int ld, const float* S, const float* beta, const float* alpha, bool use_t,
-                     float* P, float* m_s, float* l_s, float* m_x, float* l_x, float* m_t, float* l_t, float* corr) {
-  fwd_tile_f32(nq, nk, ld, S, beta, alpha, use_t, P, m_s, l_s, m_x, l_x, m_t, l_t, corr);
+inline bool fwd_tile(int nq, int nk, int ld, float* P, const float* beta, const float* alpha, bool use_t, float* E,
+                     float* m_s, float* l_s, float* m_x, float* l_x, float* m_t, float* l_t, float* corr) {
+  return fwd_tile_f32(nq, nk, ld, P, beta, alpha, use_t, E, m_s, l_s, m_x, l_x, m_t, l_t, corr);
 }
-inline void fwd_tile(int nq, int nk, int ld, const double* S, const double* beta, const double* alpha, bool use_t,
-                     double* P, double* m_s, double* l_s, double* m_x, double* l_x, double* m_t, double* l_t,
+inline bool fwd_tile(int nq, int nk, int ld, double* P, const double* beta, const double* alpha, bool use_t,
+                     double* /*E*/, double* m_s, double* l_s, double* m_x, double* l_x, double* m_t, double* l_t,
                      double* corr) {
-  fwd_tile_generic<double>(nq, nk, ld, S, beta, alpha, use_t, P, m_s, l_s, m_x, l_x, m_t, l_t, corr);
+  return fwd_tile_generic<double>(nq, nk, ld, P, beta, alpha, use_t, m_s, l_s, m_x, l_x, m_t, l_t, corr);
 }
 inline void bwd_tile(int nq, int nk, int ld, float* S, const float* G, const float* beta, const float* alpha,
                      const float* lse, const float* logZ, const float* gOR, const float* gY, float a, float b,
@@ -467,17 +568,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(const Prep& p, doubl
   T* sp = stats.data_ptr<T>();
   const bool use_t = eps > 0.0;
   const int ncomp = use_t ? 3 : 2;
-  const int64_t nqt = (T_ + kBQ - 1) / kBQ;
+  const int64_t bq = forward_query_tile(B * Hq, T_);
+  const int64_t nqt = (T_ + bq - 1) / bq;
   const T a = (T)a_, b = (T)b_, ome = (T)(1.0 - eps);
   const T NEG = -std::numeric_limits<T>::infinity();
 
+  // Per-thread buffers, sized to the rows and keys actually used (peak memory is part of the op's
+  // contract, see bench/guard.py): P holds the scores in its first nq rows before the tile turns them
+  // into probabilities in place; E is one row of scratch for the one-pass path.
+  const int64_t nrow = std::min(bq, T_), bk = std::max<int64_t>(1, std::min(kBK, M));
   at::parallel_for(0, B * Hq * nqt, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> Qs(kBQ * D), S(kBQ * kBK), P(3 * kBQ * kBK), A(3 * kBQ * Dv), corr(3 * kBQ);
-    std::vector<T> m_s(kBQ), l_s(kBQ), m_x(kBQ), l_x(kBQ), m_t(kBQ), l_t(kBQ);
+    std::vector<T> Qs(nrow * D), P(ncomp * nrow * bk), E(bk), A(ncomp * nrow * Dv), corr(ncomp * nrow);
+    std::vector<T> m_s(nrow), l_s(nrow), m_x(nrow), l_x(nrow), m_t(nrow), l_t(nrow);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t qt = task % nqt, bh = task / nqt, h = bh % Hq, bb = bh / Hq, kvh = h / p.group;
-      const int64_t i0 = qt * kBQ;
-      const int nq = (int)std::min(kBQ, T_ - i0);
+      const int64_t i0 = qt * bq;
+      const int nq = (int)std::min(bq, T_ - i0);
       const int64_t L = p.len[bb];
       const int64_t rowbase = bh * T_ + i0;
       if (L == 0) {
@@ -499,19 +605,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> forward_impl(const Prep& p, doubl
       std::fill(l_x.begin(), l_x.end(), T(0));
       std::fill(l_t.begin(), l_t.end(), T(0));
       std::fill(A.begin(), A.begin() + ncomp * nq * Dv, T(0));
-      for (int64_t j0 = 0; j0 < L; j0 += kBK) {
-        const int nk = (int)std::min(kBK, L - j0);
-        mm_abt<T>(nq, nk, (int)D, Qs.data(), (int)D, kb + j0 * D, (int)D, S.data(), (int)kBK);
-        fwd_tile(nq, nk, (int)kBK, S.data(), be + j0, al, use_t, P.data(), m_s.data(), l_s.data(), m_x.data(),
-                 l_x.data(), m_t.data(), l_t.data(), corr.data());
-        if (j0 > 0) {
+      for (int64_t j0 = 0; j0 < L; j0 += bk) {
+        const int nk = (int)std::min(bk, L - j0);
+        mm_abt<T>(nq, nk, (int)D, Qs.data(), (int)D, kb + j0 * D, (int)D, P.data(), (int)bk);
+        const bool rescale = fwd_tile(nq, nk, (int)bk, P.data(), be + j0, al, use_t, E.data(), m_s.data(),
+                                      l_s.data(), m_x.data(), l_x.data(), m_t.data(), l_t.data(), corr.data());
+        if (j0 > 0 && rescale) {
           for (int r = 0; r < ncomp * nq; ++r) {
             T* ar = A.data() + (int64_t)r * Dv;
             const T c = corr[r];
             for (int64_t d = 0; d < Dv; ++d) ar[d] *= c;
           }
         }
-        mm_ab<T>(ncomp * nq, (int)Dv, nk, P.data(), (int)kBK, vb + j0 * Dv, (int)Dv, T(1), A.data(), (int)Dv);
+        mm_ab<T>(ncomp * nq, (int)Dv, nk, P.data(), (int)bk, vb + j0 * Dv, (int)Dv, T(1), A.data(), (int)Dv);
       }
       const T* vbar = use_t ? vbp + (bb * p.Hkv + kvh) * Dv : nullptr;
       for (int i = 0; i < nq; ++i) {
@@ -565,7 +671,7 @@ std::tuple<at::Tensor, at::Tensor> backward_impl(const Prep& p, const at::Tensor
   auto dout = dout_.to(acc).contiguous();
   auto rows = rows_.to(acc).contiguous();
   auto stats = stats_.to(acc).contiguous();
-  const int64_t nqt = (T_ + kBQ - 1) / kBQ;
+  const int64_t nqt = (T_ + kBQb - 1) / kBQb;
   auto dq = at::empty({B, Hq, T_, D}, p.q.options());
   auto dupart = at::zeros({B, Hq, nqt, D}, p.q.options());
   const T* qp = p.q.data_ptr<T>();
@@ -582,12 +688,12 @@ std::tuple<at::Tensor, at::Tensor> backward_impl(const Prep& p, const at::Tensor
   const T a = (T)a_, b = (T)b_, ome = (T)(1.0 - eps), sc = (T)scale;
 
   at::parallel_for(0, B * Hq * nqt, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> Qs(kBQ * D), S(kBQ * kBK), G(kBQ * kBK), dQ(kBQ * D), colsum(kBK), dalpha(kBQ);
-    std::vector<T> lse(kBQ), logZ(kBQ), gOR(kBQ), gY(kBQ);
+    std::vector<T> Qs(kBQb * D), S(kBQb * kBKb), G(kBQb * kBKb), dQ(kBQb * D), colsum(kBKb), dalpha(kBQb);
+    std::vector<T> lse(kBQb), logZ(kBQb), gOR(kBQb), gY(kBQb);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t qt = task % nqt, bh = task / nqt, h = bh % Hq, bb = bh / Hq, kvh = h / p.group;
-      const int64_t i0 = qt * kBQ;
-      const int nq = (int)std::min(kBQ, T_ - i0);
+      const int64_t i0 = qt * kBQb;
+      const int nq = (int)std::min(kBQb, T_ - i0);
       const int64_t L = p.len[bb];
       const int64_t rowbase = bh * T_ + i0;
       T* dqrow = dqp + rowbase * D;
@@ -620,14 +726,14 @@ std::tuple<at::Tensor, at::Tensor> backward_impl(const Prep& p, const at::Tensor
       const T epsL = eps > 0.0 ? (T)(eps / (double)L) : T(0);
       T* du = dup + task * D;
       std::fill(dQ.begin(), dQ.begin() + (int64_t)nq * D, T(0));
-      for (int64_t j0 = 0; j0 < L; j0 += kBK) {
-        const int nk = (int)std::min(kBK, L - j0);
-        mm_abt<T>(nq, nk, (int)D, Qs.data(), (int)D, kb + j0 * D, (int)D, S.data(), (int)kBK);
-        mm_abt<T>(nq, nk, (int)Dv, dorow, (int)Dv, vb + j0 * Dv, (int)Dv, G.data(), (int)kBK);
+      for (int64_t j0 = 0; j0 < L; j0 += kBKb) {
+        const int nk = (int)std::min(kBKb, L - j0);
+        mm_abt<T>(nq, nk, (int)D, Qs.data(), (int)D, kb + j0 * D, (int)D, S.data(), (int)kBKb);
+        mm_abt<T>(nq, nk, (int)Dv, dorow, (int)Dv, vb + j0 * Dv, (int)Dv, G.data(), (int)kBKb);
         std::fill(colsum.begin(), colsum.begin() + nk, T(0));
-        bwd_tile(nq, nk, (int)kBK, S.data(), G.data(), be + j0, al, lse.data(), logZ.data(), gOR.data(), gY.data(),
+        bwd_tile(nq, nk, (int)kBKb, S.data(), G.data(), be + j0, al, lse.data(), logZ.data(), gOR.data(), gY.data(),
                  a, b, ome, epsL, sc, colsum.data(), dalpha.data());
-        mm_ab<T>(nq, (int)D, nk, S.data(), (int)kBK, kb + j0 * D, (int)D, T(1), dQ.data(), (int)D);
+        mm_ab<T>(nq, (int)D, nk, S.data(), (int)kBKb, kb + j0 * D, (int)D, T(1), dQ.data(), (int)D);
         if (a != T(0)) {
           const T* kt = kb + j0 * D;
           for (int j = 0; j < nk; ++j) {

@@ -68,9 +68,16 @@ CPP_CASES = [
     ((1, 2, 2, 20, 50, 128, 128), {}),                            # GQA 1, D 128
     ((1, 8, 1, 6, 17, 256, 256), {}),                             # GQA 8, D 256
     ((2, 2, 1, 7, 19, 59, 111), {"lengths": [19, 0]}),            # odd head dims, empty bank row
-    ((1, 2, 1, 200, 5, 80, 80), {}),                              # M < T, T over the 128-row query tile
+    ((1, 2, 1, 200, 5, 80, 80), {}),                              # M < T, several query tiles
     ((1, 2, 1, 1, 1, 96, 40), {}),                                # T = 1, M = 1
     ((3, 4, 2, 9, 600, 32, 24), {"lengths": [600, 1, 257], "eps": 0.1}),  # ragged, eps > 0, > 2 tiles
+    ((1, 2, 1, 300, 1100, 32, 32), {"lengths": [1037]}),         # 3 bank tiles of 512, several query tiles
+    ((1, 2, 1, 70, 1100, 16, 16), {"kscale": 30.0, "eps": 0.1}),  # large logits over 3 bank tiles
+    # key norms growing along the bank: each 512-key tile's row maxima jump past the previous ones by far
+    # more than the C++ forward's lazy-max margin (and more than exp's float32 range)
+    ((1, 2, 1, 40, 1100, 16, 16), {"kscale": torch.linspace(0.1, 100.0, 1100, dtype=torch.float64)[:, None]}),
+    ((1, 2, 1, 40, 1100, 16, 16), {"kscale": torch.linspace(0.1, 100.0, 1100, dtype=torch.float64)[:, None],
+                                   "eps": 0.1}),
     ((1, 4, 2, 9, 70, 32, 32), {"eps": 0.3, "mode": "reflected"}),
     ((1, 4, 2, 9, 70, 32, 32), {"eps": 0.3, "mode": "reference"}),
     ((1, 4, 2, 9, 70, 32, 32), {"mode": "reflected"}),
