@@ -62,7 +62,7 @@ class GRPODemoConfig:
     group_size: int = Field(8, ge=2, strict=True)
     num_iterations: int = Field(2, ge=1, strict=True)
     lr: float = Field(3e-4, gt=0, allow_inf_nan=False)
-    clip_low: float = Field(0.2, gt=0, lt=1)
+    clip_low: float = Field(0.2, ge=0, lt=1)
     clip_high: float = Field(0.28, gt=0, allow_inf_nan=False)
     temperature: float = Field(1.0, gt=0, allow_inf_nan=False)
     level: int | None = Field(None, strict=True)
