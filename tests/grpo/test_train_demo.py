@@ -34,6 +34,12 @@ def test_quick_demo_end_to_end(cache, tmp_path):
         assert 0.0 <= s["reward_mean"] <= 1.0 and s["completion_tokens"] > 0 and s["t_advantage_s"] >= 0
     assert (run / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((run / "summary.json").read_text()) == summary
+    # the reported change is the paired after - before on the same held-out prompts, inside its interval
+    for key, before, after in (("heldout_sampled_reward", "heldout_sampled_reward_before", "heldout_sampled_reward_after"),
+                               ("heldout_greedy_acc", "heldout_greedy_acc_before", "heldout_greedy_acc_after")):
+        assert summary[f"{key}_change"] == pytest.approx(summary[after] - summary[before], abs=1e-12)
+        low, high = summary[f"{key}_change_ci95"]
+        assert low <= summary[f"{key}_change"] <= high
     out = console.export_text()
     assert "held-out sampled reward" in out and "grpo_advantages" in out
     assert (cache / "tiny-qwen3-quick").is_dir()  # quick mode never touches the real default model
@@ -84,3 +90,37 @@ def test_bad_level_is_rejected_before_work(cache):
     model, tok = _tiny_policy(cache)
     with pytest.raises(ValueError, match="difficulty level"):
         train_demo.train_grpo(model, tok, train_demo.GRPODemoConfig.quick(), level=42, progress=False)
+
+
+def test_paired_change_values():
+    before = torch.tensor([0.0, 0.5, 1.0, 0.25])
+    after = torch.tensor([0.5, 0.5, 1.0, 1.0])
+    mean, low, high = train_demo.paired_change(before, after)
+    d = torch.tensor([0.5, 0.0, 0.0, 0.75], dtype=torch.float64)
+    half = 1.96 * d.std().item() / 2.0
+    assert mean == pytest.approx(0.3125) and low == pytest.approx(0.3125 - half) and high == pytest.approx(0.3125 + half)
+    assert train_demo.paired_change(torch.ones(1), torch.zeros(1)) == (-1.0, -1.0, -1.0)
+    with pytest.raises(ValueError, match="per-prompt"):
+        train_demo.paired_change(torch.ones(3), torch.ones(4))
+
+
+@pytest.mark.parametrize("bad, field", [(dict(lr=0.0), "lr"), (dict(lr=float("nan")), "lr"), (dict(steps=0), "steps"),
+                                        (dict(steps=True), "steps"), (dict(group_size=1), "group_size"),
+                                        (dict(level=7), "level"), (dict(level=0), "level"),
+                                        (dict(temperature=0.0), "temperature"), (dict(clip_low=1.0), "clip_low"),
+                                        (dict(loss_agg_mode="seq-mean-token-sum-norm"), "loss_agg_mode"),
+                                        (dict(eval_prompts=0), "eval_prompts"), (dict(typo=1), "typo")])
+def test_bad_config_names_the_field(bad, field):
+    import pydantic
+
+    with pytest.raises(pydantic.ValidationError, match=field):
+        train_demo.GRPODemoConfig(**bad)
+
+
+def test_config_is_frozen_and_serialisable():
+    import dataclasses
+
+    cfg = train_demo.GRPODemoConfig(level=3)
+    assert dataclasses.asdict(cfg)["level"] == 3 and json.dumps(dataclasses.asdict(cfg))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.lr = 1.0

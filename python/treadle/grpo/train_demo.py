@@ -20,46 +20,65 @@ import dataclasses
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
+from pydantic import ConfigDict, Field, field_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from treadle.figures import png_figure
 
-__all__ = ["GRPODemoConfig", "run", "train_grpo", "sequence_logprobs"]
+__all__ = ["GRPODemoConfig", "run", "train_grpo", "sequence_logprobs", "paired_change"]
 
 
-@dataclass(frozen=True)
+#: loss aggregations the demo can run (``seq-mean-token-sum-norm`` needs a norm constant it does not set)
+DEMO_LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+
+
+@pydantic_dataclass(frozen=True, config=ConfigDict(extra="forbid"))
 class GRPODemoConfig:
     """Settings of the demo run.
+
+    A frozen pydantic dataclass (``dataclasses.asdict`` works): a bad value raises
+    ``pydantic.ValidationError`` (a ``ValueError``) naming the field, before any model is loaded.
 
     Attributes:
         seed: seeds prompts and sampling.
         steps: GRPO steps (one batch of prompts each).
-        prompts_per_step: distinct problems per step; group_size: samples per problem (G).
+        prompts_per_step: distinct problems per step; group_size: samples per problem (G >= 2:
+            a group of one has no spread, so its advantage is always 0).
         num_iterations: optimizer steps per batch (mu); > 1 makes the clip active.
         lr: AdamW learning rate; clip_low / clip_high: PPO clip range; temperature: sampling.
         level: difficulty level, or None to pick the one whose sampled reward is closest to 1/2.
         eval_prompts, eval_samples: held-out prompts x samples for reward before/after.
         max_new_tokens: completion budget.
-        loss_agg_mode: loss aggregation (``token-mean``).
+        loss_agg_mode: loss aggregation, one of :data:`DEMO_LOSS_AGG_MODES`.
     """
 
-    seed: int = 0
-    steps: int = 60
-    prompts_per_step: int = 16
-    group_size: int = 8
-    num_iterations: int = 2
-    lr: float = 3e-4
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    temperature: float = 1.0
-    level: int | None = None
-    eval_prompts: int = 96
-    eval_samples: int = 4
-    max_new_tokens: int = 10
-    loss_agg_mode: str = "token-mean"
+    seed: int = Field(0, ge=0, strict=True)
+    steps: int = Field(60, ge=1, strict=True)
+    prompts_per_step: int = Field(16, ge=1, strict=True)
+    group_size: int = Field(8, ge=2, strict=True)
+    num_iterations: int = Field(2, ge=1, strict=True)
+    lr: float = Field(3e-4, gt=0, allow_inf_nan=False)
+    clip_low: float = Field(0.2, ge=0, lt=1)
+    clip_high: float = Field(0.28, gt=0, allow_inf_nan=False)
+    temperature: float = Field(1.0, gt=0, allow_inf_nan=False)
+    level: int | None = Field(None, strict=True)
+    eval_prompts: int = Field(96, ge=1, strict=True)
+    eval_samples: int = Field(4, ge=1, strict=True)
+    max_new_tokens: int = Field(10, ge=1, strict=True)
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+
+    @field_validator("level")
+    @classmethod
+    def _level_exists(cls, v: int | None) -> int | None:
+        from treadle.data.arithmetic import difficulty
+
+        if v is not None:
+            difficulty(v)  # ValueError naming the valid range
+        return v
 
     @classmethod
     def quick(cls, **overrides) -> "GRPODemoConfig":
@@ -90,19 +109,55 @@ def sequence_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
     return torch.log_softmax(logits, -1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
 
 
-def _mean_reward(model, tokenizer, problems, *, samples: int, max_new_tokens: int, seed: int,
-                 temperature: float) -> tuple[float, float]:
-    """(mean sampled reward, greedy accuracy) on ``problems``."""
+def _rewards_per_prompt(model, tokenizer, problems, *, samples: int, max_new_tokens: int, seed: int,
+                        temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-prompt rewards on ``problems``: ``(sampled (P,) float64: mean 0/1 reward of ``samples``
+    completions at ``temperature``, greedy (P,) float64: 0/1)``."""
     from treadle.data.verify import reward
     from treadle.models.generation import generate
 
     prompts = [p.prompt for p in problems]
     gen = generate(model, tokenizer, prompts, n=samples, max_new_tokens=max_new_tokens, do_sample=True,
                    temperature=temperature, seed=seed)
-    sampled = sum(reward(t, problems[i].answer) for t, i in zip(gen.texts, gen.prompt_index.tolist()))
+    sampled = torch.zeros(len(problems), dtype=torch.float64)
+    for t, i in zip(gen.texts, gen.prompt_index.tolist()):
+        sampled[i] += reward(t, problems[i].answer)
     greedy = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens)
-    right = sum(reward(t, p.answer) for t, p in zip(greedy.texts, problems))
-    return sampled / len(gen.texts), right / len(problems)
+    right = torch.tensor([float(reward(t, p.answer)) for t, p in zip(greedy.texts, problems)], dtype=torch.float64)
+    return sampled / samples, right
+
+
+def _mean_reward(model, tokenizer, problems, *, samples: int, max_new_tokens: int, seed: int,
+                 temperature: float) -> tuple[float, float]:
+    """(mean sampled reward, greedy accuracy) on ``problems``."""
+    sampled, greedy = _rewards_per_prompt(model, tokenizer, problems, samples=samples, max_new_tokens=max_new_tokens,
+                                          seed=seed, temperature=temperature)
+    return sampled.mean().item(), greedy.mean().item()
+
+
+def paired_change(before: torch.Tensor, after: torch.Tensor) -> tuple[float, float, float]:
+    """Mean per-prompt change ``after - before`` and its normal-approximation 95% interval.
+
+    Args:
+        before, after: ``(P,)`` per-prompt rewards of the same held-out prompts, before and after training.
+
+    Returns:
+        ``(mean, low, high)``: ``mean(d) -/+ 1.96 * std(d) / sqrt(P)`` with ``d = after - before``
+        (the uncertainty from the choice of held-out prompts and samples for this one run; the spread
+        over training seeds is not in it). ``low == high == mean`` when ``P < 2``.
+
+    Raises:
+        ValueError: the shapes differ or are not 1-D.
+    """
+    if before.dim() != 1 or before.shape != after.shape:
+        raise ValueError(f"before and after must be 1-D per-prompt rewards of one shape, got {tuple(before.shape)} "
+                         f"and {tuple(after.shape)}")
+    d = (after.double() - before.double())
+    mean = d.mean().item() if d.numel() else float("nan")
+    if d.numel() < 2:
+        return mean, mean, mean
+    half = 1.96 * d.std().item() / d.numel() ** 0.5
+    return mean, mean - half, mean + half
 
 
 def pick_level(model, tokenizer, cfg: GRPODemoConfig, n: int = 32) -> tuple[int, dict]:
@@ -243,12 +298,16 @@ def run(run_dir: Path, quick: bool, console, *, model_path: str | None = None,
                                                      "level": level, "probe": probe}, indent=1))
     evalset = ProblemGenerator(cfg.seed + 99).batch(level, cfg.eval_prompts, split="heldout")
     ev = dict(samples=cfg.eval_samples, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + 1, temperature=cfg.temperature)
-    before, greedy_before = _mean_reward(model, tokenizer, evalset, **ev)
+    sampled_before, right_before = _rewards_per_prompt(model, tokenizer, evalset, **ev)
     t_train0 = time.perf_counter()
     with open(run_dir / "steps.jsonl", "w") as log:
         records = train_grpo(model, tokenizer, cfg, level=level, log=log, progress=not quick)
     t_train = time.perf_counter() - t_train0
-    after, greedy_after = _mean_reward(model, tokenizer, evalset, **ev)
+    sampled_after, right_after = _rewards_per_prompt(model, tokenizer, evalset, **ev)
+    before, after = sampled_before.mean().item(), sampled_after.mean().item()
+    greedy_before, greedy_after = right_before.mean().item(), right_after.mean().item()
+    change = paired_change(sampled_before, sampled_after)
+    greedy_change = paired_change(right_before, right_after)
     _plot(records, before, after, run_dir / "reward_curve.png")
 
     k = max(1, len(records) // 4)
@@ -260,6 +319,8 @@ def run(run_dir: Path, quick: bool, console, *, model_path: str | None = None,
         "level": level, "steps": len(records), "samples_per_step": cfg.prompts_per_step * cfg.group_size,
         "heldout_sampled_reward_before": before, "heldout_sampled_reward_after": after,
         "heldout_greedy_acc_before": greedy_before, "heldout_greedy_acc_after": greedy_after,
+        "heldout_sampled_reward_change": change[0], "heldout_sampled_reward_change_ci95": list(change[1:]),
+        "heldout_greedy_acc_change": greedy_change[0], "heldout_greedy_acc_change_ci95": list(greedy_change[1:]),
         "batch_reward_first_quarter": sum(r["reward_mean"] for r in records[:k]) / k,
         "batch_reward_last_quarter": sum(r["reward_mean"] for r in records[-k:]) / k,
         "completion_tokens": tok, "generate_tokens_per_s": tok / max(gen_s, 1e-9),
@@ -273,11 +334,13 @@ def run(run_dir: Path, quick: bool, console, *, model_path: str | None = None,
     t.add_column("reward (math-verify)")
     t.add_column("before", justify="right")
     t.add_column("after", justify="right")
+    t.add_column("change (95% interval, paired over prompts)", justify="right")
     t.add_row(f"held-out sampled reward (T={cfg.temperature}, {cfg.eval_prompts} prompts x {cfg.eval_samples})",
-              f"{before:.3f}", f"{after:.3f}")
-    t.add_row("held-out greedy accuracy", f"{greedy_before:.3f}", f"{greedy_after:.3f}")
+              f"{before:.3f}", f"{after:.3f}", f"{change[0]:+.3f} ({change[1]:+.3f}, {change[2]:+.3f})")
+    t.add_row("held-out greedy accuracy", f"{greedy_before:.3f}", f"{greedy_after:.3f}",
+              f"{greedy_change[0]:+.3f} ({greedy_change[1]:+.3f}, {greedy_change[2]:+.3f})")
     t.add_row("training batch mean reward (first / last quarter of steps)",
-              f"{summary['batch_reward_first_quarter']:.3f}", f"{summary['batch_reward_last_quarter']:.3f}")
+              f"{summary['batch_reward_first_quarter']:.3f}", f"{summary['batch_reward_last_quarter']:.3f}", "")
     console.print(t)
     tt = Table(title="throughput and time")
     tt.add_column("what")
