@@ -126,7 +126,11 @@ def test_tmp_is_private_writable_and_gone_after_the_run():
 import os
 open('/tmp/{name}', 'w').write('inside')
 open('/dev/shm/{name}', 'w').write('inside')
-others = [e for e in os.listdir('/tmp') if not os.getcwd().startswith('/tmp/' + e + '/')]  # not the work dir's
+import sys, treadle
+# not the mount points of the sandbox's own read-only binds (the work dir, this Python, treadle's package,
+# which live under /tmp when the checkout does, e.g. a CI clone in /tmp)
+mine = [os.getcwd(), os.path.realpath(sys.executable), sys.prefix, os.path.dirname(treadle.__file__)]
+others = [e for e in os.listdir('/tmp') if not any(p.startswith('/tmp/' + e + '/') for p in mine)]
 print(others, open('/tmp/{name}').read())
 """
     r = run_python(code)

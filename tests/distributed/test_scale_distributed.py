@@ -74,7 +74,9 @@ def test_two_ranks_match_one_process(parallel, single, run_ranks, tmp_path, monk
     assert max(float(t.abs().max()) for t in single["gates"].values()) > 5e-2  # the gates moved: TOL can fail
     if parallel == "ddp":  # rank 0 evaluates the replicated model after training
         assert res[0]["after"]["accuracy"] == ref["after"]["accuracy"]
-        assert res[0]["after"]["entropy"] == pytest.approx(ref["after"]["entropy"], rel=1e-4)
+        # the held-out entropy is measured with the trained gates, which agree within GATE_TOL (5e-4), not
+        # bit for bit: after the top-k statistics moved to float64 it differed by 3.3e-4 relative
+        assert res[0]["after"]["entropy"] == pytest.approx(ref["after"]["entropy"], rel=2e-3)
     else:
         assert res[0]["after"] is None
     kind, local, full = res[0]["base"]
