@@ -150,12 +150,13 @@ def rule_floor(dtype: torch.dtype, ref: torch.Tensor) -> float:
 
 
 def assert_rule(kernel: torch.Tensor, plain_out: torch.Tensor, ref64: torch.Tensor, *, factor: float, dtype,
-                name: str) -> None:
-    """The project's tolerance rule, with the floor of :func:`rule_floor`; NaN/inf never pass."""
+                name: str, floor: float | None = None) -> None:
+    """The project's tolerance rule, with the floor of :func:`rule_floor` (or ``floor`` when given);
+    NaN/inf never pass."""
     assert kernel.shape == ref64.shape, f"{name}: shape {tuple(kernel.shape)} != {tuple(ref64.shape)}"
     assert bool(torch.isfinite(kernel).all()), f"{name}: non-finite values in the kernel's result"
     ek, ep = max_error(kernel, ref64), max_error(plain_out, ref64)
-    floor = rule_floor(dtype, ref64)
+    floor = rule_floor(dtype, ref64) if floor is None else floor
     assert ek <= factor * ep + floor, (f"{name}: error {ek:.3g} vs float64 > {factor} x plain PyTorch's "
                                        f"{ep:.3g} (+ floor {floor:.2g})")
 
