@@ -13,6 +13,7 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -33,8 +34,13 @@ def _env(**extra) -> dict:
     return env
 
 
+# commands run from an empty folder: a checkout's own `build/` folder (setuptools', `make mutate`'s) would
+# otherwise shadow the `build` package for `python -m build`
+_NEUTRAL_CWD = Path(tempfile.mkdtemp(prefix="treadle-install-cwd-"))
+
+
 def _run(cmd, cwd=None, env=None, timeout=1800) -> subprocess.CompletedProcess:
-    res = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env or _env(), capture_output=True, text=True,
+    res = subprocess.run([str(c) for c in cmd], cwd=cwd or _NEUTRAL_CWD, env=env or _env(), capture_output=True, text=True,
                          timeout=timeout)
     assert res.returncode == 0, f"{cmd} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
     return res

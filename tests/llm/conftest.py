@@ -3,6 +3,8 @@
 :mod:`treadle.llm.fake_endpoint`)."""
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 # the fake endpoint lives in the package so RSI and WEFT tests share it (one copy): re-exported here
@@ -45,3 +47,11 @@ def tiny_server(tmp_path_factory):
     path, tok = save_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llm"))
     with local_server(path, startup_timeout_s=300) as srv:
         yield srv, tok
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` for children that a test interrupts with SIGINT (Ctrl-C): a shell that starts the
+    test session in the background (``make test &`` in a script) makes the session ignore SIGINT, and an
+    ignored signal is inherited across exec, so the child would never see the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])

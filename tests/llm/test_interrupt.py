@@ -6,6 +6,8 @@ import time
 
 from treadle.llm import Cache, read_ledger
 
+from .conftest import default_sigint
+
 BATCH = """
 import asyncio, sys
 from treadle.llm import LLMClient, LLMConfig
@@ -22,7 +24,7 @@ asyncio.run(main())
 def test_ctrl_c_mid_batch_then_resume(fake, tmp_path):
     fake.default_delay = 0.2
     proc = subprocess.Popen([sys.executable, "-c", BATCH, fake.base_url, str(tmp_path)], stdout=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=default_sigint)
     ledger = tmp_path / "l.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:

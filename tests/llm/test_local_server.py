@@ -111,14 +111,14 @@ def test_cli_serve_bad_flags(tmp_path):
 
 @pytest.mark.slow
 def test_cli_serve_prints_url_and_stops_on_ctrl_c(tmp_path):
-    from .conftest import save_tiny_checkpoint
+    from .conftest import default_sigint, save_tiny_checkpoint
 
     path, _ = save_tiny_checkpoint(tmp_path / "ckpt")
     port = free_port()
     exe = [sys.executable, "-c", "from treadle.cli import main; main()"]
     proc = subprocess.Popen([*exe, "llm", "serve", "--model", str(path), "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "COLUMNS": "400"})
+                            env={**os.environ, "COLUMNS": "400"}, preexec_fn=default_sigint)
     try:
         line = ""
         deadline = time.monotonic() + 300

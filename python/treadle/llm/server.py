@@ -83,9 +83,11 @@ def _tail(path: Path, n: int = 2000) -> str:
 
 
 def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    # SIGTERM, not SIGINT: uvicorn shuts down gracefully on both, and a SIGINT that the parent ignores (a
+    # script that runs us with `&`) is inherited as ignored by the server, which would then sit out the grace
     if proc.poll() is not None:
         return
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(grace_s)
     except subprocess.TimeoutExpired:
@@ -98,7 +100,7 @@ def local_server(model: str | os.PathLike | None = None, *, port: int | None = N
                  startup_timeout_s: float = 180.0, device: str = "cpu", continuous_batching: bool = False,
                  log: str | os.PathLike | None = None):
     """Start ``transformers serve`` over ``model`` on ``host:port``, wait for ``/health``, yield a
-    :class:`LocalServer`, stop it on exit (SIGINT, then SIGKILL after 10 s).
+    :class:`LocalServer`, stop it on exit (SIGTERM, then SIGKILL after 10 s).
 
     Args:
         model: local checkpoint folder (see :func:`resolve_model_path`; None -> the embedded tiny model).
