@@ -200,7 +200,7 @@ for _n, _shape in (("lora_A", (2, 8)), ("lora_B", (6, 2)), ("gate_weight", (8,))
                 f"{_n} is on meta but x is on cpu; put them on one device")]
 for _n, _shape in (("gate_weight", (8,)), ("gate_bias", (1,))):
     GL_BAD += [({_n: torch.zeros(_shape, dtype=torch.float64)}, TypeError,
-                f"{_n} must have x's dtype torch.float32 or torch.float32, got torch.float64")]
+                f"{_n} must have x's dtype torch.float32, got torch.float64")]
 
 
 @pytest.mark.parametrize("over,exc,message", GL_BAD)

@@ -315,7 +315,8 @@ def _validate(x, d_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, t
             raise TypeError(f"{name} must have x's dtype {x.dtype}, got {t.dtype}")
     for name, t in (("gate_weight", gate_weight), ("gate_bias", gate_bias)):
         if t.dtype not in (x.dtype, torch.float32):
-            raise TypeError(f"{name} must have x's dtype {x.dtype} or torch.float32, got {t.dtype}")
+            allowed = f"x's dtype {x.dtype}" + ("" if x.dtype == torch.float32 else " or torch.float32")
+            raise TypeError(f"{name} must have {allowed}, got {t.dtype}")
     scaling = _check_scalar("scaling", scaling, lambda s: True, "a finite number")
     L = _check_scalar("L", L, lambda s: s < 0, "a finite number < 0 (lambda's lower end; L < 0 < 1 < U)")
     U = _check_scalar("U", U, lambda s: s > 1, "a finite number > 1 (lambda's upper end; L < 0 < 1 < U)")
