@@ -14,16 +14,6 @@ SERVERS = Path(__file__).parent / "servers"
 NOTES_DDL = "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT NOT NULL, tag TEXT);"
 
 
-@pytest.fixture(scope="module")
-def local_ray(request):
-    """One local Ray (2 CPUs) for the whole test session: the first module that needs it starts it, the
-    session's end shuts it down (Ray's start-up is the slow part of these tests)."""
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        request.config.add_cleanup(ray.shutdown)
-    return ray
-
-
 @pytest.mark.slow  # Ray actors are Python processes importing the runtime: seconds each on 2 busy cores
 def test_sessions_on_actors_and_failover_after_ray_kill(local_ray, tmp_path):
     snap = snapshot_from_sql(NOTES_DDL)

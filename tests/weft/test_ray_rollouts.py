@@ -22,16 +22,6 @@ CFG = SampleConfig(policy=Component(name="replay", args={"rates": RATES, "seed":
 
 
 @pytest.fixture(scope="module")
-def local_ray(request):
-    """One local Ray (2 CPUs) for the whole test session: the first module that needs it starts it, the
-    session's end shuts it down (Ray's start-up is the slow part of these tests)."""
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        request.config.add_cleanup(ray.shutdown)
-    return ray
-
-
-@pytest.fixture(scope="module")
 def single(tmp_path_factory):
     """The single-process run (no Ray) of the shop tasks: trajectory by key."""
     trs = sample(tmp_path_factory.mktemp("single"), replicate(from_shop(), 2), CFG)
