@@ -30,10 +30,11 @@ def single(tmp_path_factory):
 
 @pytest.mark.slow  # Ray actors are Python processes importing the runtime: seconds each on 2 busy cores
 def test_cli_ray_equals_single_process(local_ray, single, tmp_path):
+    # one actor (a start costs ~5 s here): the CLI path; rollouts over 2 actors are the killed-actor test's
     from treadle.weft.rollouts.cli import app
 
     args = ["sample", "--out", str(tmp_path / "run"), "--replicas", "2", "--k", "1", "--k", "3", "--seed", "0",
-            "--concurrency", "4", "--ray", "auto", "--ray-workers", "2", "--no-sft"]
+            "--concurrency", "4", "--ray", "auto", "--ray-workers", "1", "--no-sft"]
     for r in RATES.items():
         args += ["--rate", "=".join(map(str, r))]
     res = CliRunner().invoke(app, args)
