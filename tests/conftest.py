@@ -63,3 +63,17 @@ def tok():
     from treadle.models import build_tokenizer
 
     return build_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def local_ray():
+    """One local Ray instance (2 CPUs) for every Ray test of the session (tests/rsi, tests/weft): started by
+    the first test that needs it, shut down when the session ends (Ray's start-up is the slow part of
+    those tests). Skips when Ray (the ``ray`` extra) is not installed."""
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    if started:
+        ray.shutdown()

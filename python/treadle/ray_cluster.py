@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["RayUnavailableError", "check_address", "ensure_ray"]
+__all__ = ["RayUnavailableError", "check_address", "check_ray_option", "no_cluster_message", "ensure_ray"]
 
 
 class RayUnavailableError(RuntimeError):
@@ -30,6 +30,30 @@ def check_address(address: str) -> str:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"a Ray address must be 'auto', 'local', 'ray://HOST:PORT' or 'HOST:PORT', got {address!r}")
     return a
+
+
+def check_ray_option(address: str) -> str:
+    """The checks of a CLI's ``--ray`` value, before any work (no connection is made): a well-formed
+    address (:func:`check_address`) and Ray installed.
+
+    Returns:
+        The address, stripped.
+
+    Raises:
+        ValueError: a malformed address. RayUnavailableError: Ray is not installed. The message does not
+            name the flag: the CLI prefixes it (``--ray: ...``).
+    """
+    import importlib.util
+
+    a = check_address(address)
+    if importlib.util.find_spec("ray") is None:
+        raise RayUnavailableError("Ray is not installed; pip install 'treadle[ray]'")
+    return a
+
+
+def no_cluster_message(address: str, err: BaseException) -> str:
+    """One line for a ``ConnectionError`` from :func:`ensure_ray`: no Ray cluster answered at ``address``."""
+    return " ".join(f"no Ray cluster answered at {address!r}: {err}".split())
 
 
 def ensure_ray(address: str | None = "auto", **init_kwargs: Any) -> Any:

@@ -19,16 +19,6 @@ from treadle.rsi.solvers import CapacitySolver  # noqa: E402
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import the test module
 
 
-@pytest.fixture(scope="module")
-def local_ray(request):
-    """One local Ray (2 CPUs) for the whole test session: the first module that needs it starts it, the
-    session's end shuts it down (Ray's start-up is the slow part of these tests)."""
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        request.config.add_cleanup(ray.shutdown)
-    return ray
-
-
 def _run(distributed=None, seed=1, n=6, rounds=2, solver=None, **kw):
     L = RSILoop(make_seeds(n, 0), solver or CapacitySolver(), LoopConfig(seed=seed, rounds=rounds, **kw))
     L.distributed = distributed
@@ -133,3 +123,26 @@ def test_malformed_addresses_are_refused(bad):
 @pytest.mark.parametrize("good", ["auto", "local", "ray://head:10001", "10.0.0.1:6379"])
 def test_addresses_accepted(good):
     assert check_address(good) == good
+
+
+def test_both_clis_check_ray_the_same_way(tmp_path, monkeypatch):
+    """``--ray`` is checked by one helper (:func:`treadle.ray_cluster.check_ray_option`) in ``rsi run`` and
+    ``weft rollouts sample``: a malformed address and a missing Ray are one line, exit 2, nothing written."""
+    import importlib.util
+
+    from treadle.ray_cluster import RayUnavailableError, check_ray_option
+    from treadle.rsi.cli import app as rsi_app
+    from treadle.weft.rollouts.cli import app as rollouts_app
+
+    assert check_ray_option(" auto ") == "auto"
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    with pytest.raises(RayUnavailableError, match="pip install"):
+        check_ray_option("auto")
+    for app, cmd in ((rsi_app, "run"), (rollouts_app, "sample")):
+        for addr, says in (("head:notaport", "Ray address"), ("auto", "Ray is not installed")):
+            out = tmp_path / f"{cmd}-{addr}"
+            r = CliRunner().invoke(app, [cmd, "--out", str(out), "--ray", addr])
+            assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+            assert "--ray" in r.output and says in r.output, r.output
+            assert not out.exists()

@@ -22,16 +22,6 @@ CFG = SampleConfig(policy=Component(name="replay", args={"rates": RATES, "seed":
 
 
 @pytest.fixture(scope="module")
-def local_ray(request):
-    """One local Ray (2 CPUs) for the whole test session: the first module that needs it starts it, the
-    session's end shuts it down (Ray's start-up is the slow part of these tests)."""
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        request.config.add_cleanup(ray.shutdown)
-    return ray
-
-
-@pytest.fixture(scope="module")
 def single(tmp_path_factory):
     """The single-process run (no Ray) of the shop tasks: trajectory by key."""
     trs = sample(tmp_path_factory.mktemp("single"), replicate(from_shop(), 2), CFG)
@@ -40,10 +30,11 @@ def single(tmp_path_factory):
 
 @pytest.mark.slow  # Ray actors are Python processes importing the runtime: seconds each on 2 busy cores
 def test_cli_ray_equals_single_process(local_ray, single, tmp_path):
+    # one actor (a start costs ~5 s here): the CLI path; rollouts over 2 actors are the killed-actor test's
     from treadle.weft.rollouts.cli import app
 
     args = ["sample", "--out", str(tmp_path / "run"), "--replicas", "2", "--k", "1", "--k", "3", "--seed", "0",
-            "--concurrency", "4", "--ray", "auto", "--ray-workers", "2", "--no-sft"]
+            "--concurrency", "4", "--ray", "auto", "--ray-workers", "1", "--no-sft"]
     for r in RATES.items():
         args += ["--rate", "=".join(map(str, r))]
     res = CliRunner().invoke(app, args)

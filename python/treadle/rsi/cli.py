@@ -13,7 +13,6 @@
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -132,14 +131,12 @@ def run_cmd(
         _fail("--solver", f"unknown solver {solver!r}; choose one of {sorted(SOLVERS)}")
     _check_answer_check(answer_check, ("last-number", "math-verify"))
     if ray is not None:
-        from treadle.ray_cluster import check_address
+        from treadle.ray_cluster import RayUnavailableError, check_ray_option
 
         try:
-            check_address(ray)
-        except ValueError as err:
+            ray = check_ray_option(ray)
+        except (ValueError, RayUnavailableError) as err:
             _fail("--ray", str(err))
-        if importlib.util.find_spec("ray") is None:
-            _fail("--ray", "Ray is not installed; pip install 'treadle[ray]'")
     _check_out(out)
     embedder = None
     if embedding_threshold is not None:
@@ -169,7 +166,9 @@ def run_cmd(
     except RunMismatchError as err:
         _fail("--out", str(err))
     except ConnectionError as err:
-        _fail("--ray", f"no Ray cluster answered at {ray!r}: {err}".replace("\n", " "))
+        from treadle.ray_cluster import no_cluster_message
+
+        _fail("--ray", no_cluster_message(ray, err))
     t = Table(title="difficulty curve (fixed-solver accuracy on the fixed queue)")
     t.add_column("round")
     t.add_column("accuracy")

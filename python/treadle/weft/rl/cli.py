@@ -129,6 +129,10 @@ def train_cmd(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing results in --out."),
     jobs: int = typer.Option(2, "--jobs", help="Runs at once (worker processes, one thread each), >= 1; the "
                                                "numbers do not depend on it."),
+    parallel: str = typer.Option(None, "--parallel", help="Data-parallel GRPO under torchrun: 'ddp' (e.g. torchrun "
+                                                         "--nproc-per-node 2 -m treadle weft train --parallel ddp); "
+                                                         "each step's episodes are split over the ranks (runs one "
+                                                         "after another; --jobs is not used)."),
 ) -> None:
     """GRPO on the tiny tool policy: atomic-turn vs trajectory grouping, held-out success before/after, PNG."""
     from treadle.run_dirs import check_out_dir
@@ -140,6 +144,9 @@ def train_cmd(
         raise usage_error(f"--steps must be >= 1, got {steps}")
     if jobs < 1:
         raise usage_error(f"--jobs must be >= 1, got {jobs}")
+    if parallel is not None and parallel != "ddp":
+        raise usage_error(f"--parallel must be ddp, got {parallel!r}" + (
+            " (FSDP2 is not supported here: rollouts generate with the whole policy)" if parallel == "fsdp2" else ""))
     seed_list = _seeds(seeds)
     try:
         check_out_dir(out, "--out")
@@ -149,5 +156,56 @@ def train_cmd(
         raise usage_error(f"--out {str(out)!r} already holds a finished comparison (summary.json); add --overwrite "
                           f"or give another --out")
     groupings = ("atomic", "trajectory") if grouping == "both" else (grouping,)
+    if parallel is not None:
+        return _train_parallel(parallel, out, groupings, seed_list, steps, model, quick)
     policy = _policy(model, quick)
     run_comparison(out, policy, groupings, seed_list, steps=steps, quick=quick, console=console, jobs=jobs)
+
+
+def _train_parallel(parallel: str, out: Path, groupings, seeds, steps, model, quick: bool) -> None:
+    """``weft train --parallel ddp``: one rank of a torchrun job. Rank 0 loads (or trains) the start policy
+    first, then the other ranks load it; every run trains on all ranks; rank 0 alone writes and prints."""
+    import torch.distributed as dist
+
+    import click
+    from rich.console import Console
+
+    from treadle.distributed.launch import LaunchError, init_from_torchrun, shutdown
+    from treadle.distributed.parallel import broadcast_object
+    from treadle.distributed.process_group import is_main
+    from treadle.distributed.weft import one_run_dp
+    from treadle.weft.rl.report import run_comparison
+    from treadle.weft.rl.train import WeftTrainConfig
+
+    try:
+        device = init_from_torchrun(parallel)
+    except LaunchError as err:
+        raise usage_error(str(err)) from None
+    try:
+        W, main = dist.get_world_size(), is_main()
+        overrides = {}
+        per_step = (WeftTrainConfig.quick() if quick else WeftTrainConfig()).turns_per_step
+        if per_step // 2 < W:  # at least one episode per rank and step
+            overrides["turns_per_step"] = 2 * W
+            if main:
+                console.print(f"--parallel on {W} ranks: {2 * W} turn groups per step (one episode per rank) instead "
+                              f"of {per_step}", markup=False)
+        failed = None
+        if main:  # trains the cached policy when missing: once, before the other ranks load it
+            try:
+                policy = _policy(model, quick)
+            except click.UsageError as err:
+                failed = err.message
+        failed = broadcast_object(failed)
+        if failed is not None:  # every rank stops with rank 0's one-line error
+            raise usage_error(failed)
+        if not main:
+            policy = _policy(model, quick)
+        policy = (policy[0].to(device), policy[1])
+        run_comparison(out, policy, groupings, seeds, steps=steps, quick=quick,
+                       console=console if main else Console(quiet=True), overrides=overrides, jobs=1,
+                       runner=one_run_dp)
+        if main:
+            console.print(f"{parallel} on {W} ranks", markup=False)
+    finally:
+        shutdown()

@@ -65,8 +65,12 @@ def _one_run(policy, cfg, sub: Path) -> dict:
 
 
 def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, quick: bool, console,
-                   overrides: dict | None = None, jobs: int = 1) -> dict:
+                   overrides: dict | None = None, jobs: int = 1, runner=None) -> dict | None:
     """Train every (grouping, seed) from a copy of ``policy = (model, tokenizer)``; write and print results.
+
+    ``runner(policy, cfg, run_folder)`` replaces the one-process run (``--parallel``:
+    :func:`treadle.distributed.weft.one_run_dp`); a runner that returns None (a rank other than 0) makes
+    this return None after the runs, writing nothing more.
 
     ``jobs > 1`` runs that many (grouping, seed) runs at once in worker processes (spawned; each loads
     the policy from ``out/start-policy``, one torch thread each): the same runs, the same numbers (each
@@ -91,7 +95,14 @@ def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, qu
                       f"{s['after']['turn_success']:.3f}, whole-task {s['before']['task_success']:.3f} -> "
                       f"{s['after']['task_success']:.3f} ({s['cpu_s']:.0f} s CPU)", markup=False)
 
-    if jobs > 1 and len(todo) > 1:
+    if runner is not None:
+        got = [(key, runner(policy, cfg, out / f"{key[0]}-seed{key[1]}")) for key, cfg in todo]
+        if any(s is None for _, s in got):
+            return None
+        for key, s in got:
+            done(key, s)
+        worker_cpu = 0.0
+    elif jobs > 1 and len(todo) > 1:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 

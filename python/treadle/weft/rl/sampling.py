@@ -139,6 +139,8 @@ class HFSampler:
               else dict(do_sample=False))
         was = self.model.training
         self.model.eval()
+        dev = next(self.model.parameters()).device  # a policy on a GPU (torchrun --parallel ddp with NCCL)
+        ids, mask = ids.to(dev), mask.to(dev)
         out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=self.max_new_tokens,
                                   pad_token_id=pad, eos_token_id=self.eos_id, **kw)
         self.model.train(was)

@@ -239,9 +239,14 @@ async def _evaluate(rt, h, model, tok, held, cfg: WeftTrainConfig) -> dict:
     return {"turn_success": sum(rs) / max(len(rs), 1), "task_success": task}
 
 
-async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: bool = True) -> dict:
+async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: bool = True, dp=None,
+                       sampler_factory=None) -> dict:
     """Run GRPO on ``model`` in place (see the module docstring); returns the summary dict with
-    ``evals`` (step -> held-out success) and ``records`` (one dict per step)."""
+    ``evals`` (step -> held-out success) and ``records`` (one dict per step).
+
+    ``dp``: None (one process), or the data-parallel hooks of one rank
+    (:class:`treadle.distributed.weft.WeftDataParallel`; use :func:`treadle.distributed.weft.train_policy_dp`).
+    ``sampler_factory``: ``f(model, tok, cfg) -> Sampler`` for the rollouts (None: :class:`HFSampler`)."""
     from tqdm.auto import tqdm
 
     from treadle.grpo.grouping import group_ids_from_uids
@@ -258,16 +263,18 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
     n_eps = cfg.turns_per_step // 2
     records, evals = [], {}
+    evaluate = _evaluate if dp is None else dp.main_only(_evaluate)
     async with Runtime() as rt:
         h = await shop_server(rt)
         held = [await play_gold(rt, h, e, harness, verify=False)
                 for e in episodes(cfg.eval_episodes, "heldout", start=900_000)]
-        evals[0] = await _evaluate(rt, h, model, tok, held, cfg)
+        evals[0] = await evaluate(rt, h, model, tok, held, cfg)
         for step in tqdm(range(cfg.steps), desc=f"weft grpo ({cfg.grouping})", disable=not progress):
             t0 = time.perf_counter()
-            sampler = _Timed(HFSampler(model, tok, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens))
-            golds = [await play_gold(rt, h, e, harness, verify=False)
-                     for e in episodes(n_eps, "train", start=500_000 + cfg.seed * 10_000 + step * n_eps)]
+            sampler = _Timed(HFSampler(model, tok, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
+                             if sampler_factory is None else sampler_factory(model, tok, cfg))
+            eps = episodes(n_eps, "train", start=500_000 + cfg.seed * 10_000 + step * n_eps)
+            golds = [await play_gold(rt, h, e, harness, verify=False) for e in (eps if dp is None else dp.shard(eps))]
             seed = cfg.seed * 1_000_003 + step
             if cfg.grouping == "atomic":
                 starts = [s for g in golds for s in g.starts]
@@ -275,7 +282,7 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
                                              max_steps=cfg.max_steps, replay_check=False)
                 t_roll = time.perf_counter() - t0
                 t1 = time.perf_counter()
-                adv = group_advantages(groups)
+                adv = group_advantages(groups) if dp is None else dp.group_advantages(groups)
                 t_adv = time.perf_counter() - t1
                 rows, i = [], 0
                 for g in groups:
@@ -300,8 +307,9 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
                         valid.append(ok)
                         segs.append(tr)
                 t1 = time.perf_counter()
-                adv = grpo_advantages(torch.tensor(rs, dtype=torch.float32), group_ids_from_uids(keys),
-                                      valid=torch.tensor(valid))
+                adv = (grpo_advantages if dp is None else dp.grpo_advantages)(
+                    torch.tensor(rs, dtype=torch.float32),
+                    group_ids_from_uids(keys) if dp is None else dp.group_ids(keys), valid=torch.tensor(valid))
                 t_adv = time.perf_counter() - t1
                 rows = [(grp.prefix_ids, c.response_ids, c.policy_mask, float(a))
                         for tr, a in zip(segs, adv.tolist()) for grp, c in tr]
@@ -310,19 +318,22 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
                 extra = {"all_equal_groups": equal, "groups": len(set(keys)), "trajectory_reward": sum(rs) / len(rs),
                          "env_failures": sum(not v for v in valid)}
             t2 = time.perf_counter()
-            upd = _update(model, opt, rows, tok.pad_token_id, cfg)
+            upd = (_update if dp is None else dp.update)(model, opt, rows, tok.pad_token_id, cfg)
             t_upd = time.perf_counter() - t2
             rec = {"step": step, "grouping": cfg.grouping, "turn_reward": sum(rewards) / max(len(rewards), 1),
                    "segments": len(rows), "t_model_s": sampler.seconds, "t_env_s": t_roll - sampler.seconds,
                    "t_advantage_s": t_adv, "t_update_s": t_upd, "t_step_s": time.perf_counter() - t0, **extra, **upd}
+            if dp is not None:  # the whole batch's numbers (weights: rows behind each mean)
+                rec = dp.reduce_record(rec, {"turn_reward": len(rewards), "trajectory_reward":
+                                               len(rs) if cfg.grouping == "trajectory" else 0})
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-                evals[step + 1] = await _evaluate(rt, h, model, tok, held, cfg)
+                evals[step + 1] = await evaluate(rt, h, model, tok, held, cfg)
                 rec["heldout"] = evals[step + 1]
             records.append(rec)
             if log is not None:
                 log.write(json.dumps(rec) + "\n")
                 log.flush()
-        evals[cfg.steps] = await _evaluate(rt, h, model, tok, held, cfg)
+        evals[cfg.steps] = await evaluate(rt, h, model, tok, held, cfg)
     tot = {k: sum(r[k] for r in records) for k in ("t_model_s", "t_env_s", "t_advantage_s", "t_update_s", "t_step_s")}
     n_seg = sum(r["segments"] for r in records)
     return {"config": cfg.as_dict(), "evals": {str(k): v for k, v in evals.items()}, "records": records,

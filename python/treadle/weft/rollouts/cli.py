@@ -90,16 +90,12 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
     if ray_workers is not None and ray is None:
         _fail("--ray-workers", "only with --ray")
     if ray is not None:
-        import importlib.util
-
-        from treadle.ray_cluster import check_address
+        from treadle.ray_cluster import RayUnavailableError, check_ray_option
 
         try:
-            check_address(ray)
-        except ValueError as err:
+            ray = check_ray_option(ray)
+        except (ValueError, RayUnavailableError) as err:
             _fail("--ray", str(err))
-        if importlib.util.find_spec("ray") is None:
-            _fail("--ray", "Ray is not installed; pip install 'treadle[ray]'")
     for flag, val, top in (("--replicas", replicas, 10_000), ("--concurrency", concurrency, 1_024),
                            *((("--ray-workers", ray_workers, 10_000),) if ray_workers is not None else ())):
         if not 1 <= val <= top:
@@ -187,7 +183,9 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
     try:
         trs = anyio.run(go)
     except ConnectionError as err:
-        _fail("--ray", f"no Ray cluster answered at {ray!r}: {err}".replace("\n", " "))
+        from treadle.ray_cluster import no_cluster_message
+
+        _fail("--ray", no_cluster_message(ray, err))
     except (ConfigMismatchError, RunDirError) as err:
         _fail("RUN_DIR", str(err))
     except DependencyCycleError as err:

@@ -1,0 +1,292 @@
+"""The WEFT GRPO trainer (``treadle weft train``) on torch.distributed with DDP (issue 18).
+
+One GRPO step of :func:`treadle.weft.rl.train.train_policy` over ``W`` ranks:
+
+* **Rollouts sharded per rank.** The step's episodes (the same draw as one process) are split into
+  contiguous parts (:func:`treadle.distributed.parallel.share`); each rank plays and samples only its
+  episodes, in its own :class:`~treadle.weft.runtime.Runtime`. A group (atomic: one turn start's G
+  candidates; trajectory: one episode's G rollouts) stays on one rank.
+* **Sampling that does not depend on the batch.** ``model.generate`` with one seed per call draws a
+  row's tokens from a random stream shared by the whole batch, so a rank holding half the rows would
+  sample other tokens than one process. :class:`RowKeyedSampler` gives every row its own generator,
+  seeded from (call seed, the row's context ids, its occurrence among identical contexts of the call),
+  and samples by Gumbel-max (``argmax(logits / T + Gumbel noise)`` is an exact sample of
+  ``softmax(logits / T)``): a row gets the same tokens in any batch, on any rank.
+* **Group statistics** through :func:`treadle.distributed.grpo.grpo_advantages_dp` (rewards, valid and
+  flag bits of every rank gathered; the whole batch's advantages computed once) with group ids
+  numbered over ranks (:func:`~treadle.distributed.grpo.global_group_ids`): equal to one process's.
+* **Loss**: the clipped policy loss with the global denominators (policy tokens of every row of every
+  rank for ``token-mean``; live non-empty rows for the ``seq-mean-*`` modes), all-reduced, and
+  ``dp_size = W``; gradients averaged by ``DistributedDataParallel``. A rank with no row to update runs
+  a zero-weight row, so every rank makes the same collective calls.
+* **Evaluation, log and summary once**: held-out evaluation runs on rank 0 (the DDP replicas hold equal
+  weights) and its result is broadcast; step records are combined over ranks (counts summed, means
+  weighted, wall times the slowest rank's) and written by rank 0 only.
+
+FSDP2 is refused: generation runs the model outside the sharded forward (the whole policy is trained;
+the tiny tool policy fits on every rank).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from treadle.distributed.grpo import global_group_ids, grpo_advantages_dp
+from treadle.distributed.parallel import all_reduce_sum, broadcast_object, check_parallel, share, wrap
+from treadle.distributed.process_group import is_main, world_size
+from treadle.weft.rl.sampling import HFSampler
+
+__all__ = ["WEFT_PARALLEL", "RowKeyedSampler", "row_seeds", "WeftDataParallel", "train_policy_dp", "one_run_dp"]
+
+WEFT_PARALLEL = ("ddp",)
+
+# record keys summed over ranks, and wall times (the slowest rank's)
+_SUMS = ("segments", "all_equal_groups", "singleton_groups", "flagged_rows", "flagged_successful_rows",
+         "env_failures", "groups")
+_TIMES = ("t_model_s", "t_env_s", "t_advantage_s", "t_update_s", "t_step_s")
+
+
+def row_seeds(rows, seed: int) -> list[int]:
+    """One 63-bit seed per sampler row ``(turn start, step, context ids)``: a hash of ``seed``, the
+    context ids and the row's occurrence among the rows of this call with identical context ids (the
+    G candidates of a turn start share their first context). Rows of one group are kept together and
+    in order on one rank, so a row gets the same seed in any batch and on any rank."""
+    seen: dict[bytes, int] = {}
+    out = []
+    for _, _, ctx in rows:
+        digest = hashlib.sha256(json.dumps([int(t) for t in ctx]).encode()).digest()
+        k = seen.get(digest, 0)
+        seen[digest] = k + 1
+        h = hashlib.sha256(digest + f"|{int(seed)}|{k}".encode()).digest()
+        out.append(int.from_bytes(h[:8], "little") >> 1)
+    return out
+
+
+class _GumbelMax:
+    """A logits processor: ``scores / T + Gumbel noise`` from one generator per row, so that greedy
+    decoding (argmax) draws each row's token from ``softmax(scores / T)`` with the row's own stream."""
+
+    def __init__(self, seeds: list[int], temperature: float):
+        self.gens = [torch.Generator().manual_seed(s) for s in seeds]
+        self.temperature = temperature
+
+    def __call__(self, input_ids, scores):
+        V = scores.shape[-1]
+        u = torch.stack([torch.rand(V, generator=g, dtype=torch.float64) for g in self.gens])
+        gumbel = -torch.log(-torch.log(u.clamp_min(1e-300)))
+        return (scores.double() / self.temperature + gumbel.to(scores.device)).to(scores.dtype)
+
+
+class RowKeyedSampler(HFSampler):
+    """:class:`~treadle.weft.rl.sampling.HFSampler` whose rows do not share a random stream: row ``i``
+    is sampled with its own generator seeded by :func:`row_seeds` (Gumbel-max; greedy when
+    ``temperature == 0``), so the tokens of a row do not depend on the other rows of the batch
+    (up to the float rounding of batched logits). Same arguments as HFSampler."""
+
+    @torch.no_grad()
+    def generate(self, rows, seed):
+        if self.temperature == 0 or not rows:
+            return super().generate(rows, seed)
+        from transformers import LogitsProcessorList
+
+        pad = self.tokenizer.pad_token_id
+        width = max(len(r[2]) for r in rows)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, (_, _, ctx) in enumerate(rows):
+            ids[i, width - len(ctx):] = torch.tensor(ctx)
+            mask[i, width - len(ctx):] = 1
+        dev = next(self.model.parameters()).device
+        was = self.model.training
+        self.model.eval()
+        out = self.model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev),
+                                  max_new_tokens=self.max_new_tokens, pad_token_id=pad, eos_token_id=self.eos_id,
+                                  do_sample=False, logits_processor=LogitsProcessorList(
+                                      [_GumbelMax(row_seeds(rows, seed), self.temperature)]))
+        self.model.train(was)
+        res = []
+        for row in out[:, width:].tolist():
+            cut = row.index(self.eos_id) + 1 if self.eos_id in row else len(row)
+            res.append(row[:cut])
+        return res
+
+
+def keyed_sampler(model, tok, cfg) -> RowKeyedSampler:
+    """The default sampler factory of the data-parallel trainer (``cfg``'s temperature and budget)."""
+    return RowKeyedSampler(model, tok, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
+
+
+class WeftDataParallel:
+    """The hooks :func:`treadle.weft.rl.train.train_policy` calls (``dp=``) to run one rank of a DDP job
+    (see the module docstring). Build it after ``torch.distributed`` is initialised, once per run.
+
+    Raises:
+        NotDistributedError: torch.distributed is not initialised. ValueError: ``parallel`` not ``"ddp"``.
+    """
+
+    def __init__(self, model, parallel: str = "ddp", *, group=None):
+        if parallel == "fsdp2":
+            raise ValueError("parallel='fsdp2' is not supported by the WEFT GRPO trainer: rollouts generate with the "
+                             "whole policy outside the sharded forward; use parallel='ddp'")
+        check_parallel(parallel, "WEFT GRPO training")
+        self.group, self.world, self.is_main = group, world_size(group), is_main(group)
+        self.model = model
+        self.wrapped = wrap(model, parallel, group=group)
+
+    # rollouts ------------------------------------------------------------------------------------------
+    def shard(self, items: list) -> list:
+        """This rank's contiguous part of the step's episodes (every rank gets at least one)."""
+        rows, real = share(len(items), group=self.group)
+        if not real:
+            raise ValueError(f"{len(items)} episode(s) per step cannot be split over {self.world} ranks: give "
+                             f"turns_per_step >= 2 * world size")
+        return list(items)[rows]
+
+    def main_only(self, fn):
+        """``await fn(...)`` on rank 0 (evaluation: the replicas hold equal weights); every rank gets its
+        result (broadcast)."""
+        async def run(*args, **kwargs):
+            res = await fn(*args, **kwargs) if self.is_main else None
+            return broadcast_object(res, group=self.group)
+        return run
+
+    # advantages ----------------------------------------------------------------------------------------
+    def group_ids(self, uids) -> torch.Tensor:
+        return global_group_ids(list(uids), group=self.group)
+
+    def grpo_advantages(self, rewards, group_ids, **kwargs) -> torch.Tensor:
+        return grpo_advantages_dp(rewards, group_ids, group=self.group, **kwargs)
+
+    def group_advantages(self, groups, *, estimator: str = "grpo", **options) -> torch.Tensor:
+        """:func:`treadle.weft.rl.groups.group_advantages` with the statistics of every rank's groups."""
+        from treadle.weft.rl.groups import _tensors
+
+        keys, _, rewards, valid, flags = _tensors(groups)
+        return grpo_advantages_dp(rewards, self.group_ids(keys), valid=valid, flags=flags, estimator=estimator,
+                                  group=self.group, **options)
+
+    # update --------------------------------------------------------------------------------------------
+    def update(self, model, opt, rows, pad_id: int, cfg) -> dict:
+        """:func:`treadle.weft.rl.train._update` over the rows of every rank: global denominators
+        (all-reduced), DDP-averaged gradients; returns the whole batch's loss and statistics."""
+        from treadle.grpo.losses import policy_loss
+        from treadle.weft.rl.train import _logprobs, _rows_batch
+
+        live = [r for r in rows if r[3] != 0.0]
+        tokens, seqs, n_live = all_reduce_sum([sum(sum(r[2]) for r in rows), sum(sum(r[2]) > 0 for r in live),
+                                               len(live)], group=self.group)
+        if n_live == 0 or tokens == 0:
+            return {"loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "rows_updated": 0}
+        real = bool(live)
+        if real:
+            ids, mask, adv = _rows_batch(live, pad_id)
+        else:  # a zero-weight row: this rank still joins DDP's gradient all-reduce
+            ids = torch.full((1, 2), pad_id, dtype=torch.long)
+            mask, adv = torch.zeros((1, 1)), torch.zeros(1)
+        dev = next(model.parameters()).device
+        ids, mask, adv = ids.to(dev), mask.to(dev), adv.to(dev)
+        with torch.no_grad():
+            model.eval()
+            old = _logprobs(model, ids)
+        model.train()
+        loss, stats = torch.zeros(()), {}
+        for _ in range(cfg.num_iterations):
+            logp = _logprobs(self.wrapped, ids)
+            loss, stats = policy_loss(logp, old, adv, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                      mode=cfg.loss_agg_mode, global_tokens=tokens, global_seqs=max(seqs, 1.0),
+                                      dp_size=self.world)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+        model.eval()
+        n_tok = float(mask.sum()) if real else 0.0
+        tot_loss, clip_tok, kl_tok, live_tok = all_reduce_sum(
+            [float(loss.detach()) / self.world if real else 0.0, float(stats["clipfrac"]) * n_tok,
+             float(stats["approx_kl"]) * n_tok, n_tok], group=self.group)
+        return {"loss": tot_loss, "clipfrac": clip_tok / max(live_tok, 1.0), "approx_kl": kl_tok / max(live_tok, 1.0),
+                "rows_updated": int(n_live)}
+
+    # records -------------------------------------------------------------------------------------------
+    def reduce_record(self, rec: dict, weights: dict[str, float]) -> dict:
+        """A step record of the whole batch: counts summed, the means named in ``weights`` weighted by
+        their row counts, wall times the slowest rank's; the rest (loss, config) taken as is."""
+        import torch.distributed as dist
+
+        every: list = [None] * self.world
+        dist.all_gather_object(every, (rec, weights), group=self.group)
+        out = dict(rec)
+        for k in _SUMS:
+            if k in rec:
+                out[k] = sum(r[k] for r, _ in every)
+        for k in _TIMES:
+            if k in rec:
+                out[k] = max(r[k] for r, _ in every)
+        for k in weights:
+            if k in rec:
+                n = sum(w[k] for _, w in every)
+                out[k] = sum(r[k] * w[k] for r, w in every) / max(n, 1)
+        return out
+
+
+async def train_policy_dp(model, tok, cfg, *, parallel: str = "ddp", group=None, log=None, progress: bool = True,
+                          sampler_factory=None) -> dict:
+    """:func:`treadle.weft.rl.train.train_policy` as one rank of a data-parallel job (see the module
+    docstring); every rank calls it with the same model weights and ``cfg``.
+
+    Args:
+        model, tok, cfg: as train_policy (``cfg`` a :class:`~treadle.weft.rl.train.WeftTrainConfig`).
+        parallel: ``"ddp"``. group: process group (None: default).
+        log: an open text file for the step records, used on rank 0 only.
+        sampler_factory: ``f(model, tok, cfg) -> Sampler``; default :class:`RowKeyedSampler` (pass the
+            same factory to a one-process train_policy to get the same rollouts).
+
+    Returns:
+        The summary dict of train_policy (the whole batch's numbers) on every rank.
+
+    Raises:
+        NotDistributedError: torch.distributed not initialised. ValueError: ``parallel`` not ``"ddp"``;
+        fewer episodes per step (``turns_per_step / 2``) than ranks. All before any rollout.
+    """
+    from treadle.weft.rl.train import train_policy
+
+    W = world_size(group)
+    if parallel not in WEFT_PARALLEL and parallel != "fsdp2":
+        raise ValueError(f"parallel must be one of {WEFT_PARALLEL}, got {parallel!r}")
+    if cfg.turns_per_step // 2 < W:
+        raise ValueError(f"turns_per_step={cfg.turns_per_step} gives {cfg.turns_per_step // 2} episode(s) per step, "
+                         f"fewer than the {W} ranks: give turns_per_step >= {2 * W}")
+    dp = WeftDataParallel(model, parallel, group=group)
+    return await train_policy(model, tok, cfg, log=log if dp.is_main else None, progress=progress and dp.is_main,
+                              dp=dp, sampler_factory=sampler_factory or keyed_sampler)
+
+
+def one_run_dp(policy, cfg, sub: Path):
+    """One (grouping, seed) run of ``treadle weft train --parallel ddp``
+    (:func:`treadle.weft.rl.report.run_comparison`'s ``runner``): every rank trains a copy of
+    ``policy = (model, tokenizer)``; rank 0 writes ``sub/steps.jsonl`` and ``sub/summary.json`` and
+    returns the summary, the other ranks return None."""
+    import anyio
+
+    model, tok = copy.deepcopy(policy[0]), policy[1]
+    main = is_main()
+    c0 = time.process_time()
+    if main:
+        sub.mkdir(parents=True, exist_ok=True)
+    log = open(sub / "steps.jsonl", "w") if main else None  # noqa: SIM115
+    try:
+        s = anyio.run(lambda: train_policy_dp(model, tok, cfg, log=log, progress=False))
+    finally:
+        if log is not None:
+            log.close()
+    if not main:
+        return None
+    s["cpu_s"] = time.process_time() - c0
+    s["world_size"] = world_size()
+    (sub / "summary.json").write_text(json.dumps(s, indent=1))
+    return s

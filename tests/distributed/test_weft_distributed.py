@@ -1,0 +1,145 @@
+"""The WEFT GRPO trainer on 2 gloo ranks (DDP) equals one process on the same global batches: step
+losses, rewards, group counts and the trained policy, for atomic-turn and trajectory grouping; and the
+row-keyed sampler gives a row the same tokens in any batch."""
+import anyio
+import pytest
+import torch
+
+from treadle.distributed.weft import RowKeyedSampler, row_seeds, train_policy_dp
+from treadle.weft.rl.train import WeftTrainConfig, train_policy
+
+W = 2
+# 3 episodes per step (atomic: 6 turn groups; trajectory: 3 episode groups of G): parts of 2 and 1 episodes
+# on the two ranks, with different policy-token counts, so per-rank token means would give another update
+CFG = dict(steps=2, turns_per_step=6, G=4, eval_episodes=1, eval_samples=2, max_new_tokens=8, max_steps=2, lr=1e-2)
+GROUPINGS = ("atomic", "trajectory")
+# the policy is float64 (logits rounded to float32 in the loss): one and two processes differ by rounding
+# (~1e-9 here); an update moves weights by ~lr = 1e-2, a wrong denominator changes it by a like amount
+TOL = dict(rtol=1e-6, atol=1e-7)
+
+
+def _policy():
+    from treadle.models.builders import build_tiny_model
+    from treadle.weft.rl.vocab import build_tool_tokenizer
+
+    tok = build_tool_tokenizer()
+    model = build_tiny_model("qwen3", seed=0, vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                             num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id).double()
+    return model, tok
+
+
+class _MixedSampler(RowKeyedSampler):
+    """Row-keyed: a row whose key is even writes the gold step (the turn passes), an odd one samples the
+    untrained policy (noise, fails): groups carry reward signal, and each row's output depends only on
+    the row, never on the batch or the rank."""
+
+    def generate(self, rows, seed):
+        from treadle.weft.rl.sampling import ReplaySampler
+        from treadle.weft.rollouts.harnesses import HermesHarness
+
+        keys = row_seeds(rows, seed)
+        gold = ReplaySampler(self.tokenizer, HermesHarness()).generate(rows, seed)
+        sampled_at = [i for i, k in enumerate(keys) if k % 2]
+        sampled = super().generate([rows[i] for i in sampled_at], seed) if sampled_at else []
+        out = list(gold)
+        for i, s in zip(sampled_at, sampled):
+            out[i] = s
+        return out
+
+
+def _mixed(model, tok, cfg):
+    return _MixedSampler(model, tok, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
+
+
+def _summary(s, model):
+    keep = ("turn_reward", "segments", "groups", "all_equal_groups", "env_failures", "rows_updated", "loss",
+            "clipfrac", "approx_kl", "trajectory_reward", "flagged_rows")
+    return {"records": [{k: r[k] for k in keep if k in r} for r in s["records"]], "evals": s["evals"],
+            "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+
+
+def _ranks_worker():
+    torch.set_num_threads(1)
+    out = {}
+    model, tok = _policy()
+    try:  # 1 episode per step for 2 ranks: refused before any rollout, on every rank
+        anyio.run(lambda: train_policy_dp(model, tok, WeftTrainConfig.quick(turns_per_step=2), progress=False))
+        out["too_few"] = "no error"
+    except ValueError as err:
+        out["too_few"] = str(err)
+    for g in GROUPINGS:
+        model, tok = _policy()
+        s = anyio.run(lambda: train_policy_dp(model, tok, WeftTrainConfig.quick(grouping=g, **CFG), progress=False,
+                                              sampler_factory=_mixed))
+        out[g] = _summary(s, model)
+    return out
+
+
+@pytest.fixture(scope="module")
+def single():
+    torch.set_num_threads(1)
+    out = {}
+    for g in GROUPINGS:
+        model, tok = _policy()
+        s = anyio.run(lambda: train_policy(model, tok, WeftTrainConfig.quick(grouping=g, **CFG), progress=False,
+                                           sampler_factory=_mixed))
+        out[g] = _summary(s, model)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    from treadle.distributed.spawn import spawn_gloo
+
+    return spawn_gloo(_ranks_worker, W, tmp_path_factory.mktemp("weft_ranks"))
+
+
+def test_the_tolerance_can_fail(single):
+    start, _ = _policy()
+    for g in GROUPINGS:
+        moved = max(float((single[g]["params"][n] - p.detach()).abs().max()) for n, p in start.named_parameters())
+        assert moved > 1e-3, g  # the runs really update the policy (rows with non-zero advantage)
+        assert all(r["rows_updated"] > 0 for r in single[g]["records"]), g
+        assert all(0 < r["turn_reward"] < 1 for r in single[g]["records"]), g  # mixed groups: signal
+
+
+@pytest.mark.parametrize("grouping", GROUPINGS)
+def test_two_ranks_match_one_process(grouping, single, ranks):
+    one = single[grouping]
+    for r in ranks:  # every rank ends with the one process's policy and reports the whole batch's numbers
+        for n, p in one["params"].items():
+            torch.testing.assert_close(r[grouping]["params"][n], p, **TOL, msg=lambda m, n=n: f"{n}: {m}")
+        assert r[grouping]["evals"] == one["evals"]
+        for a, b in zip(r[grouping]["records"], one["records"], strict=True):
+            assert a.keys() == b.keys()
+            for k in a:
+                assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9), (grouping, k)
+    assert one["records"][0]["segments"] == (6 * 4 if grouping == "atomic" else 3 * 4 * 2)
+
+
+def test_row_keyed_sampler_does_not_depend_on_the_batch():
+    model, tok = _policy()
+    s = RowKeyedSampler(model, tok, temperature=1.0, max_new_tokens=12)
+    a, b, c = tok("<tool_call>", add_special_tokens=False)["input_ids"], [5, 6, 7, 8, 9], [11, 12]
+    rows = [(None, 0, a), (None, 0, b), (None, 0, b), (None, 0, c)]
+    full = s.generate(rows, 3)
+    assert s.generate(rows[1:3], 3) == full[1:3]  # same rows, smaller batch, other padding
+    assert s.generate(rows[3:], 3) == full[3:]
+    assert full[1] != full[2]  # equal contexts are distinct candidates (occurrence in the key)
+    assert s.generate(rows, 4) != full  # the call seed matters
+
+
+def test_bad_settings_raise_before_any_rollout():
+    from treadle.distributed.process_group import NotDistributedError
+
+    model, tok = _policy()
+    with pytest.raises(NotDistributedError):
+        anyio.run(lambda: train_policy_dp(model, tok, WeftTrainConfig.quick(turns_per_step=4), progress=False))
+    with pytest.raises(ValueError, match="parallel"):
+        anyio.run(lambda: train_policy_dp(model, tok, WeftTrainConfig.quick(), parallel="zero3", progress=False))
+
+
+def test_fewer_episodes_than_ranks_is_refused(ranks):
+    msgs = [r["too_few"] for r in ranks]
+    assert all("turns_per_step" in m and "2 ranks" in m for m in msgs), msgs
