@@ -88,6 +88,23 @@ SCRIPT = [("Design the environment", json.dumps(DESIGN)), ("SQLite DDL", json.du
           ("Python backend", json.dumps({"source": FIXED}))]
 
 
+def turn(name, request, *calls, depends_on=()):
+    """A library atomic task whose gold calls are ``(tool, arguments)`` pairs."""
+    from treadle.weft.callparse import ToolCall
+    from treadle.weft.rollouts.tasks import AtomicTask
+    from treadle.weft.verify import CheckpointSpec
+
+    return AtomicTask(name=name, request=request, depends_on=depends_on,
+                      checkpoint=CheckpointSpec(name=name,
+                                                gold_calls=[ToolCall(name=n, arguments=a) for n, a in calls]))
+
+
+LEND = turn("lend-emma", "Lend book 1 to ann.", ("lend_book", {"book_id": 1, "member": "ann"}))
+ADD = turn("add-dune", "Catalogue Dune by Herbert.", ("add_book", {"title": "Dune", "author": "Herbert"}))
+LOOKUP = turn("list", "Which books are there?", ("list_books", {}))
+RETURN = turn("return-emma", "Take book 1 back.", ("return_book", {"book_id": 1}), depends_on=("lend-emma",))
+
+
 def config():
     from treadle.llm import LLMConfig
     from treadle.weft.evolve.synth import ROLES
@@ -117,6 +134,35 @@ class ScriptedBackend:
 
     async def aclose(self):
         return None
+
+
+def artefacts(backend=FIXED, checks=CHECKS, design=DESIGN, schema=SCHEMA):
+    """``(Design, Schema, Backend, Checks)`` of the library, any of them replaced."""
+    from treadle.weft.evolve.synth_validate import Backend, Checks, Design, Schema
+
+    return (Design.model_validate(design), Schema.model_validate(schema), Backend(source=backend),
+            Checks.model_validate(checks))
+
+
+def result(backend=FIXED, schema=SCHEMA, accepted=True):
+    """A :class:`SynthResult` of the library with ``backend`` and ``schema`` (``accepted`` as given, unchecked)."""
+    from treadle.weft.evolve.synth import SynthResult
+
+    d, s, b, c = artefacts(backend=backend, schema=schema)
+    return SynthResult(accepted=accepted, design=d, schema=s, backend=b, checks=c)
+
+
+def recorded_synthesis():
+    """:func:`~treadle.weft.evolve.synth.synthesize` against the recorded answers (``FIXTURE``)."""
+    import anyio
+
+    from treadle.llm import LLMClient, RecordedBackend
+    from treadle.weft.evolve.synth import synthesize
+
+    async def main():
+        async with LLMClient(config(), backend=RecordedBackend(FIXTURE)) as llm:
+            return await synthesize(llm, DOCS, REQUIREMENT)
+    return anyio.run(main)
 
 
 def record():

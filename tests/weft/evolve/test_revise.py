@@ -1,0 +1,102 @@
+"""Revision of the blamed component by LLM roles (issue 17, attribution and revision): a deliberately broken
+synthesised backend repaired by the (scripted) LLM through the real sandboxed validation path; malformed
+answers, failed calls and proposals that fail validation are recorded, never fatal, and never touch an
+unblamed component."""
+import json
+
+import anyio
+import pytest
+
+from treadle.llm import LLMClient
+from treadle.llm.fake_endpoint import FAKE_MODEL, Step, chat_reply
+from treadle.weft.evolve.attribute import Blame, generate_verifier, record_evidence
+from treadle.weft.evolve.loop import EvolvingSystem, TaskSlot, run_round
+from treadle.weft.evolve.revise import REVISE_ROLES, LLMReviser, SynthEnv, read_only_sql
+from treadle.weft.evolve.synth_serve import server_source, synth_env
+from treadle.weft.runtime import Runtime
+
+pytestmark = pytest.mark.usefixtures("sandbox")
+
+
+def _limits():
+    from treadle.sandbox import SandboxLimits
+
+    return SandboxLimits(timeout_s=3, memory_mb=512, max_output_bytes=16 << 20)
+
+
+async def _library(rt, S):
+    """The synthesised library, certified with its fixed backend, now serving the broken one."""
+    healthy = server_source(S.result(), "library", limits=_limits())
+    env = await synth_env(rt, healthy)
+    slots = []
+    for task in (S.LEND, S.ADD):
+        ev = await record_evidence(rt, env.server_hash, env.snapshot, task.name, task.checkpoint.gold_calls)
+        slots.append(TaskSlot(env="library", task=task, start=env.snapshot, evidence=ev, certified_start=env.snapshot,
+                              spec=generate_verifier(task.checkpoint, env.snapshot, ev)))
+    broken = SynthEnv(S.result(backend=S.BROKEN), "library", _limits())
+    return EvolvingSystem(sources={"library": broken.source()}, certified={"library": healthy}, tasks=slots,
+                          synth={"library": broken})
+
+
+def _rounds(fake_config, S, attempts, n=1):
+    async def main():
+        async with Runtime(timeout_s=30) as rt, LLMClient(fake_config(*REVISE_ROLES.values())) as llm:
+            system = await _library(rt, S)
+            first = system.digests()
+            reviser = LLMReviser(llm, attempts=attempts)
+            rounds = [await run_round(rt, system, i + 1, rates={}, k=1, reviser=reviser) for i in range(n)]
+            return rounds, first, system
+    return anyio.run(main)
+
+
+def _said(text):
+    return Step(body=chat_reply(text, FAKE_MODEL))
+
+
+def test_a_broken_backend_is_repaired_by_the_llm_through_sandboxed_validation(fake, fake_config, S):
+    fake.script = [_said("I would mark the book out in lend_book."),  # malformed: recorded, re-asked
+                   _said(json.dumps({"source": S.BROKEN + "\n# looked at it\n"})),  # fails validation: re-asked
+                   _said("```json\n" + json.dumps({"source": S.FIXED}) + "\n```")]
+    (r1, r2), first, system = _rounds(fake_config, S, attempts=3, n=2)
+    [att] = r1.attributions
+    assert (att.checkpoint, att.blame, att.rule) == ("lend-emma", Blame.environment, "reference_differs")
+    assert r1.blamed == r1.revised == ["backend:library"] and r1.untouched_ok
+    assert [(a.component, a.role, a.accepted) for a in r1.revisions] == [("backend:library", "backend", False)] * 2 \
+        + [("backend:library", "backend", True)]
+    assert r1.revisions[0].detail.startswith("malformed answer")
+    assert "validation failed: [backend]" in r1.revisions[1].detail
+    assert "SELECT status FROM books WHERE id = 1 gave [['in']], expected [['out']]" in r1.revisions[1].detail
+    asked = [json.loads(b["messages"][1]["content"]) for b in fake.bodies]
+    assert asked[0]["current"]["source"] == S.BROKEN and asked[0]["evidence"][0]["checkpoint"] == "lend-emma"
+    assert asked[0]["evidence"][0]["reference_diff"] and "previous_attempts_failed" not in asked[0]
+    assert len(asked[2]["previous_attempts_failed"]) == 2  # each failure is fed back
+    assert system.synth["library"].result.backend.source == S.FIXED
+    assert system.sources["library"] == system.certified["library"]  # the same artefacts serve the same module
+    assert r1.revalidated == {"lend-emma": True, "add-dune": True}  # what depends on the backend, re-validated
+    changed = sorted(c for c, d in system.digests().items() if first[c] != d)
+    assert changed == ["backend:library"]  # tasks and verifiers untouched
+    assert r2.passed == r2.tasks == 2 and not r2.attributions and not r2.revisions and len(fake.requests) == 3
+
+
+def test_failed_calls_and_malformed_answers_leave_the_component_as_it_was(fake, fake_config, S):
+    fake.script = [Step(status=500), _said('{"code": "not the field asked for"}')]
+    [r], first, system = _rounds(fake_config, S, attempts=2)
+    assert r.blamed == ["backend:library"] and r.revised == [] and r.revalidated == {}
+    assert [a.accepted for a in r.revisions] == [False, False]
+    assert "backend call failed" in r.revisions[0].detail and r.revisions[1].detail.startswith("malformed answer")
+    assert system.digests() == first and system.synth["library"].result.backend.source == S.BROKEN
+
+
+def test_assertion_sql_must_be_read_only(S):
+    from treadle.weft.evolve.synth_serve import initial_snapshot
+
+    snap = initial_snapshot(server_source(S.result(), "library", limits=_limits()))
+    assert read_only_sql("SELECT status FROM books WHERE id = 1", snap) == ""
+    for sql in ("DELETE FROM books", "ATTACH DATABASE '/tmp/x.db' AS x", "SELECT 1; DROP TABLE books",
+                "PRAGMA writable_schema = 1", "SELECT * FROM nowhere"):
+        assert read_only_sql(sql, snap), sql
+
+
+def test_reviser_budget_is_checked():
+    with pytest.raises(ValueError, match="attempts must be an int >= 1"):
+        LLMReviser(None, attempts=0)
