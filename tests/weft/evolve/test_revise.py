@@ -100,3 +100,71 @@ def test_assertion_sql_must_be_read_only(S):
 def test_reviser_budget_is_checked():
     with pytest.raises(ValueError, match="attempts must be an int >= 1"):
         LLMReviser(None, attempts=0)
+
+
+def _missing_rows(slot):
+    """Rows of the certified start that the slot's (defective) start lacks: what a good grounder answers."""
+    from treadle.weft.evolve.grounding import open_copy
+
+    a, b = open_copy(slot.certified_start), open_copy(slot.start)
+    try:
+        tables = [t for (t,) in a.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                          "AND name NOT LIKE 'sqlite_%'")]
+        out = {}
+        for t in tables:
+            rows = [list(r) for r in a.execute(f"SELECT * FROM {t} ORDER BY 1")]
+            have = [list(r) for r in b.execute(f"SELECT * FROM {t} ORDER BY 1")]
+            if [r for r in rows if r not in have]:
+                out[t] = [r for r in rows if r not in have]
+        return out
+    finally:
+        a.close()
+        b.close()
+
+
+def test_drill_task_and_verifier_revised_by_the_llm_native_backend_restored(fake, fake_config):
+    """The offline drill with an LLM reviser: the task's missing entity and the verifier's wrong expected value are
+    proposed by the (fake) LLM, each first answer fails its validation and is recorded; the native shop's
+    trusted source is restored, never sent to an LLM."""
+    import logging
+
+    from treadle.weft.evolve.drill import EVALUATOR_DEFECT, TASK_DEFECT, drill_system
+
+    logging.getLogger("treadle.weft.tools").setLevel(logging.CRITICAL)
+    answers = {}
+
+    def grounder_and_verifier(req):
+        body = json.loads(req["messages"][1]["content"])
+        first, second = answers[body["component"]]
+        return second if "previous_attempts_failed" in body else first
+
+    fake.responder = grounder_and_verifier
+
+    async def main():
+        async with Runtime() as rt, LLMClient(fake_config(*REVISE_ROLES.values())) as llm:
+            system = await drill_system(rt)
+            slots = {s.task.name: s for s in system.tasks}
+            task, ver = slots[TASK_DEFECT], slots[EVALUATOR_DEFECT]
+            answers[f"task:{TASK_DEFECT}"] = (json.dumps({"insert": {"nowhere": [[1]]}}),
+                                              json.dumps({"insert": _missing_rows(task), "reason": "restored"}))
+            right = generate_verifier(ver.task.checkpoint, ver.start, ver.evidence).expected_returns
+            answers[f"verifier:{EVALUATOR_DEFECT}"] = (
+                json.dumps({"assertions": [{"sql": "DELETE FROM contacts", "expected": []}]}),
+                json.dumps({"expected_returns": right, "reason": "the reference's return"}))
+            first = system.digests()
+            reviser = LLMReviser(llm, attempts=2)
+            r1 = await run_round(rt, system, 1, rates={"wrong_argument": 0.15}, k=2, reviser=reviser)
+            r2 = await run_round(rt, system, 2, rates={}, reviser=reviser)
+            return r1, r2, first, system, _missing_rows(task)
+    r1, r2, first, system, still_missing = anyio.run(main)
+    assert r1.blamed == r1.revised == ["backend:shop", f"task:{TASK_DEFECT}", f"verifier:{EVALUATOR_DEFECT}"]
+    assert sorted(c for c, d in system.digests().items() if first[c] != d) == r1.revised
+    assert system.sources["shop"] == system.certified["shop"]
+    components = [json.loads(b["messages"][1]["content"])["component"] for b in fake.bodies]
+    assert sorted(components) == [f"task:{TASK_DEFECT}"] * 2 + [f"verifier:{EVALUATOR_DEFECT}"] * 2
+    log = {(a.component, a.attempt): a for a in r1.revisions}
+    assert "no table(s) ['nowhere']" in log[(f"task:{TASK_DEFECT}", 0)].detail
+    assert "not a read-only query" in log[(f"verifier:{EVALUATOR_DEFECT}", 0)].detail
+    assert log[(f"task:{TASK_DEFECT}", 1)].accepted and log[(f"verifier:{EVALUATOR_DEFECT}", 1)].accepted
+    assert still_missing == {} and all(r1.revalidated.values())
+    assert r2.error_rate == 0 and r2.passed == r2.tasks and not r2.revisions
