@@ -146,9 +146,15 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
                                               help="Replay-policy perturbation NAME=RATE (repeatable)."),
                k: int = typer.Option(2, "--k", min=1, help="Attempts per task and round (the first pass is selected)."),
                max_rounds: int = typer.Option(5, "--max-rounds", min=1, help="Rounds at most."),
-               seed: int = typer.Option(0, "--seed")) -> None:
+               seed: int = typer.Option(0, "--seed"),
+               llm_config: Path = typer.Option(None, "--llm-config", help="treadle.llm config with the roles grounder "
+                                               "and verifier: blamed task states and verifiers are then revised by "
+                                               "the LLM and validated (default: offline revisions)."),
+               revise_attempts: int = typer.Option(2, "--revise-attempts", min=1,
+                                                   help="LLM answers per blamed component and round.")) -> None:
     """Attribution and revision rounds on the offline drill (certified shop and CRM with one injected fault of
-    each kind), until the tool-call error rate of the selected trajectories stops falling."""
+    each kind), until the tool-call error rate of the selected trajectories stops falling. The drill's native
+    backends are trusted code: a blamed one is restored to its certified source, never rewritten by an LLM."""
     import json
     import logging
 
@@ -169,6 +175,17 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
         _fail("--rate", f"rates must be in [0, 1] and sum to <= 1, got {rates}")
     if out.exists() and not out.is_dir():
         _fail("--out", f"{str(out)!r} is a file, expected a folder")
+    cfg = None
+    if llm_config is not None:
+        from treadle.llm import ConfigError, LLMConfig
+
+        try:
+            cfg = LLMConfig.load(llm_config)
+        except ConfigError as err:
+            _fail("--llm-config", str(err))
+        missing = [r for r in ("grounder", "verifier") if r not in cfg.roles]
+        if missing:
+            _fail("--llm-config", f"no role(s) {missing} in {str(llm_config)!r}; expected grounder and verifier")
     from treadle.weft.evolve.drill import drill_system
     from treadle.weft.evolve.loop import evolve, plot_rounds
     from treadle.weft.runtime import Runtime
@@ -177,7 +194,16 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
 
     async def main():
         async with Runtime() as rt:
-            return await evolve(rt, await drill_system(rt), rates=rates, max_rounds=max_rounds, k=k, seed=seed)
+            system = await drill_system(rt)
+            if cfg is None:
+                return await evolve(rt, system, rates=rates, max_rounds=max_rounds, k=k, seed=seed)
+            from treadle.llm import LLMClient
+            from treadle.weft.evolve.revise import LLMReviser
+
+            out.mkdir(parents=True, exist_ok=True)
+            async with LLMClient(cfg, cache=out / "llm_cache.sqlite", ledger=out / "llm_ledger.jsonl") as llm:
+                return await evolve(rt, system, rates=rates, max_rounds=max_rounds, k=k, seed=seed,
+                                    reviser=LLMReviser(llm, attempts=revise_attempts))
 
     rounds = anyio.run(main)
     out.mkdir(parents=True, exist_ok=True)
@@ -196,6 +222,10 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
                   ", ".join(f"{a.checkpoint}:{a.blame.value}" for a in r.attributions) or "-",
                   ", ".join(r.revised) or "-")
     console.print(t)
+    for r in rounds:
+        for a in r.revisions:
+            console.print(f"round {r.round}: {a.component} ({a.role}, answer {a.attempt + 1}): "
+                          + ("accepted" if a.accepted else f"rejected: {a.detail}"), markup=False)
     console.print(f"written to {out}", markup=False)
 
 

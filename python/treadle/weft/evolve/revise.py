@@ -136,7 +136,8 @@ class LLMReviser:
     Args:
         client: a :class:`treadle.llm.LLMClient` (or anything with its ``chat``) whose config has the roles
             of :data:`REVISE_ROLES` that will be asked.
-        attempts: answers per component and round (>= 1).
+        attempts: answers per component and round (>= 1). Each answer is a new sample (``sample_index`` counts
+            the component's answers over all rounds), so a later round does not get a cached repeat.
 
     Raises:
         ValueError: ``attempts`` < 1.
@@ -148,6 +149,7 @@ class LLMReviser:
         self.client = client
         self.attempts = attempts
         self.log: list[RevisionAttempt] = []
+        self._asked: dict[str, int] = {}  # answers asked per component over all rounds: each is a new sample
 
     async def _propose(self, component: str, kind: str, ask: str, context: dict[str, Any], model: type[BaseModel],
                        check: Any) -> Any:
@@ -165,7 +167,8 @@ class LLMReviser:
                                                       "Answer with one JSON object only."},
                         {"role": "user", "content": json.dumps(body, sort_keys=True, default=str)}]
             try:
-                r = await self.client.chat(messages, role=role, tag="weft-revise", sample_index=k)
+                n = self._asked[component] = self._asked.get(component, -1) + 1
+                r = await self.client.chat(messages, role=role, tag="weft-revise", sample_index=n)
             except LLMCallError as err:
                 why = f"{role} call failed: {err.failure.kind.value}: {err.failure.message}"[:500]
                 self.log.append(RevisionAttempt(component=component, role=role, attempt=k, accepted=False, detail=why))
