@@ -9,48 +9,35 @@ import pytest
 
 from treadle.llm import LLMClient
 from treadle.llm.fake_endpoint import FAKE_MODEL, Step, chat_reply
-from treadle.weft.evolve.attribute import Blame, generate_verifier, record_evidence
-from treadle.weft.evolve.loop import EvolvingSystem, TaskSlot, run_round
-from treadle.weft.evolve.revise import REVISE_ROLES, LLMReviser, SynthEnv, read_only_sql
-from treadle.weft.evolve.synth_serve import server_source, synth_env
+from treadle.weft.evolve.attribute import Blame, generate_verifier
+from treadle.weft.evolve.loop import run_round
+from treadle.weft.evolve.revise import REVISE_ROLES, LLMReviser, read_only_sql
+from treadle.weft.evolve.synth_serve import server_source
 from treadle.weft.runtime import Runtime
 
 pytestmark = pytest.mark.usefixtures("sandbox")
 
 
-def _limits():
-    from treadle.sandbox import SandboxLimits
-
-    return SandboxLimits(timeout_s=3, memory_mb=512, max_output_bytes=16 << 20)
-
-
-async def _library(rt, S):
-    """The synthesised library, certified with its fixed backend, now serving the broken one."""
-    healthy = server_source(S.result(), "library", limits=_limits())
-    env = await synth_env(rt, healthy)
-    slots = []
-    for task in (S.LEND, S.ADD):
-        ev = await record_evidence(rt, env.server_hash, env.snapshot, task.name, task.checkpoint.gold_calls)
-        slots.append(TaskSlot(env="library", task=task, start=env.snapshot, evidence=ev, certified_start=env.snapshot,
-                              spec=generate_verifier(task.checkpoint, env.snapshot, ev)))
-    broken = SynthEnv(S.result(backend=S.BROKEN), "library", _limits())
-    return EvolvingSystem(sources={"library": broken.source()}, certified={"library": healthy}, tasks=slots,
-                          synth={"library": broken})
-
-
 def _rounds(fake_config, S, attempts, n=1):
-    async def main():
-        async with Runtime(timeout_s=30) as rt, LLMClient(fake_config(*REVISE_ROLES.values())) as llm:
-            system = await _library(rt, S)
-            first = system.digests()
-            reviser = LLMReviser(llm, attempts=attempts)
-            rounds = [await run_round(rt, system, i + 1, rates={}, k=1, reviser=reviser) for i in range(n)]
-            return rounds, first, system
-    return anyio.run(main)
+    return S.revise_rounds(LLMClient(fake_config(*REVISE_ROLES.values())), attempts=attempts, n=n)
 
 
 def _said(text):
     return Step(body=chat_reply(text, FAKE_MODEL))
+
+
+def test_recorded_llm_repairs_the_broken_backend(S):
+    """The recorded reviser answers (``fixtures/revise_recorded.jsonl``) replayed through the real loop and the
+    sandboxed synthesis validation: the malformed and the still-broken answer are rejected, the fix accepted."""
+    from treadle.llm import RecordedBackend
+
+    [r], first, system = S.revise_rounds(LLMClient(S.revise_config(), backend=RecordedBackend(S.REVISE_FIXTURE)))
+    assert r.blamed == r.revised == ["backend:library"] and r.untouched_ok
+    assert [a.accepted for a in r.revisions] == [False, False, True]
+    assert "SELECT status FROM books WHERE id = 1 gave [['in']], expected [['out']]" in r.revisions[1].detail
+    assert system.synth["library"].result.backend.source == S.FIXED and r.revalidated == {"lend-emma": True,
+                                                                                        "add-dune": True}
+    assert sorted(c for c, d in system.digests().items() if first[c] != d) == ["backend:library"]
 
 
 def test_a_broken_backend_is_repaired_by_the_llm_through_sandboxed_validation(fake, fake_config, S):
@@ -90,7 +77,7 @@ def test_failed_calls_and_malformed_answers_leave_the_component_as_it_was(fake, 
 def test_assertion_sql_must_be_read_only(S):
     from treadle.weft.evolve.synth_serve import initial_snapshot
 
-    snap = initial_snapshot(server_source(S.result(), "library", limits=_limits()))
+    snap = initial_snapshot(server_source(S.result(), "library", limits=S.limits()))
     assert read_only_sql("SELECT status FROM books WHERE id = 1", snap) == ""
     for sql in ("DELETE FROM books", "ATTACH DATABASE '/tmp/x.db' AS x", "SELECT 1; DROP TABLE books",
                 "PRAGMA writable_schema = 1", "SELECT * FROM nowhere"):
