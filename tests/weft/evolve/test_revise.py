@@ -155,3 +155,22 @@ def test_drill_task_and_verifier_revised_by_the_llm_native_backend_restored(fake
     assert log[(f"task:{TASK_DEFECT}", 1)].accepted and log[(f"verifier:{EVALUATOR_DEFECT}", 1)].accepted
     assert still_missing == {} and all(r1.revalidated.values())
     assert r2.error_rate == 0 and r2.passed == r2.tasks and not r2.revisions
+
+
+def test_a_validation_that_raises_rejects_the_proposal_and_goes_on():
+    from types import SimpleNamespace
+
+    from treadle.weft.evolve.revise import StateRevision
+
+    class Client:
+        async def chat(self, messages, **kw):
+            return SimpleNamespace(text='{"insert": {"t": [[1]]}}')
+
+    async def check(value):
+        raise RuntimeError("session creation failed")
+
+    reviser = LLMReviser(Client(), attempts=2)
+    got = anyio.run(lambda: reviser._propose("task:x", "task", "ask", {}, StateRevision, check))
+    assert got is None and [a.detail for a in reviser.log] == ["validation raised RuntimeError: session creation "
+                                                               "failed"] * 2
+    assert [a.role for a in reviser.log] == ["grounder", "grounder"]

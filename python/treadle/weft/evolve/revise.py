@@ -140,7 +140,8 @@ class LLMReviser:
             the component's answers over all rounds), so a later round does not get a cached repeat.
 
     Raises:
-        ValueError: ``attempts`` < 1.
+        ValueError: ``attempts`` < 1. Its methods raise :class:`treadle.sandbox.SandboxUnavailableError` when a
+            backend revision cannot be validated here (no sandbox); every other problem is recorded in :attr:`log`.
     """
 
     def __init__(self, client: Any, *, attempts: int = 2) -> None:
@@ -156,6 +157,7 @@ class LLMReviser:
         """Up to ``attempts`` answers; the first that parses and for which ``await check(value)`` returns
         ``(result, '')`` is accepted (its result returned); otherwise None."""
         from treadle.llm import LLMCallError
+        from treadle.sandbox import SandboxUnavailableError
 
         role = REVISE_ROLES[kind]
         failures: list[str] = []
@@ -182,7 +184,12 @@ class LLMReviser:
                                                 answer=r.text[:2000]))
                 failures.append(why)
                 continue
-            result, why = await check(value)
+            try:
+                result, why = await check(value)
+            except SandboxUnavailableError:
+                raise  # no sandbox on this machine: nothing generated can be validated, say so
+            except Exception as err:  # noqa: BLE001  (a proposal that breaks its validation is rejected, not fatal)
+                result, why = None, f"validation raised {type(err).__name__}: {str(err)[:300]}"
             self.log.append(RevisionAttempt(component=component, role=role, attempt=k, accepted=not why,
                                             detail=why or "accepted: passed validation", answer=r.text[:2000]))
             if not why:
