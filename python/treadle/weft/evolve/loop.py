@@ -17,7 +17,8 @@ punishing the policy). One round:
    evidence and it is accepted only if it passes its validation (backend: the synthesis validation in the
    sandbox, for synthesised environments; a native environment's trusted source is restored instead; task:
    the three certification baselines; verifier: the reference evidence); a rejected proposal leaves the
-   component as it was, every answer is in :attr:`Round.revisions`;
+   component as it was, every answer is in :attr:`Round.revisions`. Backends are revised first, so that a task or verifier revised in the same round is validated on the
+   repaired server;
 4. what depends on a revised component is re-validated (the reference plan of every task on a revised
    server, or of a revised task, must pass its verifier).
 
@@ -139,27 +140,18 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
     before = system.digests()
     logged = len(reviser.log) if reviser is not None else 0
     env_evidence: dict[str, list[Attribution]] = {}
+    blamed_slots: list[tuple[TaskSlot, Attribution]] = []
     for slot, outs, verdict in failed:
         att = await attribute(rt, hashes[slot.env], slot.start, slot.spec, slot.evidence, outs, verdict)
         rnd.attributions.append(att)
         if att.blame == Blame.environment:
             rnd.blamed.append(f"backend:{slot.env}")
             env_evidence.setdefault(slot.env, []).append(att)
-        elif att.blame == Blame.task:
-            rnd.blamed.append(f"task:{slot.task.name}")
-            new = slot.certified_start if reviser is None else await reviser.task(rt, hashes[slot.env], slot, att)
-            if new is not None:
-                slot.start = new
-                slot.versions["task"] += 1
-        elif att.blame == Blame.evaluator:
-            rnd.blamed.append(f"verifier:{slot.task.name}")
-            new = (generate_verifier(slot.task.checkpoint, slot.start, slot.evidence) if reviser is None
-                   else await reviser.verifier(rt, hashes[slot.env], slot, att))
-            if new is not None:
-                slot.spec = new
-                slot.versions["verifier"] += 1
+        elif att.blame in (Blame.task, Blame.evaluator):
+            rnd.blamed.append(f"{'task' if att.blame == Blame.task else 'verifier'}:{slot.task.name}")
+            blamed_slots.append((slot, att))
     revise_env: set[str] = set()
-    for env in sorted(env_evidence):
+    for env in sorted(env_evidence):  # backends first: tasks and verifiers are validated on the repaired server
         if reviser is not None and env in system.synth:
             new = await reviser.backend(env, system.synth[env], env_evidence[env])
         else:  # offline, or a native environment (trusted code: restored, never rewritten by an LLM)
@@ -168,6 +160,19 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
             system.sources[env] = new
             system.backend_versions[env] = system.backend_versions.get(env, 1) + 1
             revise_env.add(env)
+            hashes[env] = rt.register(new)
+    for slot, att in blamed_slots:
+        if att.blame == Blame.task:
+            new = slot.certified_start if reviser is None else await reviser.task(rt, hashes[slot.env], slot, att)
+            if new is not None:
+                slot.start = new
+                slot.versions["task"] += 1
+        else:
+            new = (generate_verifier(slot.task.checkpoint, slot.start, slot.evidence) if reviser is None
+                   else await reviser.verifier(rt, hashes[slot.env], slot, att))
+            if new is not None:
+                slot.spec = new
+                slot.versions["verifier"] += 1
     if reviser is not None:
         rnd.revisions = list(reviser.log[logged:])
     after = system.digests()
@@ -176,8 +181,7 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
     touched_tasks = {c.split(":", 1)[1] for c in rnd.revised if not c.startswith("backend:")}
     for slot in system.tasks:  # re-validate what depends on a revised component
         if slot.env in revise_env or slot.task.name in touched_tasks:
-            h = rt.register(system.sources[slot.env])
-            _, v = await play(rt, h, slot.start, slot.spec, list(slot.evidence.calls))
+            _, v = await play(rt, hashes[slot.env], slot.start, slot.spec, list(slot.evidence.calls))
             rnd.revalidated[slot.task.name] = v.r == 1
     return rnd
 
