@@ -225,4 +225,13 @@ def test_cli_without_an_endpoint_says_so_and_exits_2(pilot_run, tmp_path):
     r = CliRunner().invoke(app, ["weft", "judge", "--run", str(run_dir), "--llm-config", str(cfg),
                                  "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and r.output.startswith("error: --role: no role 'judge'")
+    other = tmp_path / "other-run"  # a run of tasks this command has no rubric for
+    other.mkdir()
+    lines = (run_dir / "trajectories.jsonl").read_text().splitlines()
+    (other / "trajectories.jsonl").write_text("".join(json.dumps({**json.loads(x), "env": "composed:x"}) + "\n"
+                                                      for x in lines))
+    cfg.write_text('[roles.judge]\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"\n')
+    r = CliRunner().invoke(app, ["weft", "judge", "--run", str(other), "--llm-config", str(cfg),
+                                 "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and r.output.startswith("error: --run: no task of this run is known here")
     assert not (tmp_path / "o").exists()

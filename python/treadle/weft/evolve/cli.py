@@ -341,6 +341,8 @@ def judge_cmd(run: Path = typer.Option(..., "--run", help="A `treadle weft sampl
         _fail("--run", f"cannot rebuild the run's tasks: {err}")
     no_rubric = sorted({p.task for p in pilots} - set(tasks))
     pilots = [p for p in pilots if p.task in tasks]
+    if not pilots:
+        _fail("--run", f"no task of this run is known here (rubrics come from the shop and BFCL tasks): {no_rubric}")
     fcfg = FilterConfig(min_pearson=min_pearson, min_spearman=min_spearman, min_rollouts=min_rollouts,
                         confidence=confidence)
     dest.mkdir(parents=True, exist_ok=True)
