@@ -317,7 +317,8 @@ def judge_cmd(run: Path = typer.Option(..., "--run", help="A `treadle weft sampl
     path = Path(run) / TRAJECTORIES
     if not path.is_file():
         _fail("--run", f"{str(run)!r} holds no {TRAJECTORIES} (expected a `treadle weft sample` run folder)")
-    pilots = pilots_of(read_trajectories(path))
+    trajs = read_trajectories(path)
+    pilots = pilots_of(trajs)
     if not pilots:
         _fail("--run", f"{str(path)!r} holds no pilot rollout (no trajectory attempt without an endpoint failure)")
     if llm_config is None:
@@ -336,7 +337,7 @@ def judge_cmd(run: Path = typer.Option(..., "--run", help="A `treadle weft sampl
     if dest.exists() and not dest.is_dir():
         _fail("--out", f"{str(dest)!r} is a file, expected a folder")
     try:
-        tasks = atomic_tasks_of(read_trajectories(path))
+        tasks = atomic_tasks_of(trajs)
     except (ValueError, ModuleNotFoundError) as err:
         _fail("--run", f"cannot rebuild the run's tasks: {err}")
     no_rubric = sorted({p.task for p in pilots} - set(tasks))
