@@ -17,12 +17,13 @@ from treadle.weft.rollouts.cli import sample_cmd  # noqa: E402  (typer + rich on
 
 app.command("sample")(sample_cmd)
 
-from treadle.weft.evolve.cli import evolve_cmd, filter_cmd, reverify_cmd, synth_cmd  # noqa: E402  (typer + rich)
+from treadle.weft.evolve.cli import evolve_cmd, filter_cmd, judge_cmd, reverify_cmd, synth_cmd  # noqa: E402
 
 app.command("reverify")(reverify_cmd)
 app.command("synth")(synth_cmd)
 app.command("evolve")(evolve_cmd)
 app.command("filter")(filter_cmd)
+app.command("judge")(judge_cmd)
 
 from treadle.weft.rl.cli import groups_cmd, train_cmd  # noqa: E402  (typer only; the work imports lazily)
 

@@ -26,3 +26,43 @@ def bundles():
         async with Runtime() as rt:
             return await make_bundles(rt)
     return anyio.run(main)
+
+
+def _synth_script():
+    """``synth_script.py`` (the recorded library synthesis: docs, artefacts, fixture path, builders), loaded once."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    name = "_weft_evolve_synth_script"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "synth_script.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        sys.modules[name] = mod
+    return sys.modules[name]
+
+
+@pytest.fixture(scope="session")
+def S():
+    """The synthesis script module (:mod:`synth_script`): ``DOCS``, ``DESIGN``, ``BROKEN``, ``FIXED``, builders."""
+    return _synth_script()
+
+
+@pytest.fixture(scope="session")
+def sandbox():
+    """Skips the test when this machine has no sandbox (generated code never runs unsandboxed)."""
+    try:
+        from treadle.sandbox import isolation_mode
+
+        return isolation_mode()
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"no sandbox here: {err}")
+
+
+@pytest.fixture(scope="session")
+def recorded_synthesis(S, sandbox):
+    """The recorded synthesis run (its broken first backend localised and repaired), accepted by execution."""
+    res = S.recorded_synthesis()
+    assert res.accepted and res.backend.source == S.FIXED
+    return res

@@ -1,7 +1,9 @@
 """The scripted role answers behind ``fixtures/synth_recorded.jsonl`` (a library environment whose first backend
-is deliberately broken), the config both the recorder and the tests use, and the recorder itself.
+is deliberately broken) and ``fixtures/revise_recorded.jsonl`` (the certified library serving that broken backend
+again, repaired by the evolution loop's LLM reviser), the config both the recorders and the tests use, the
+recorders themselves, and the builders the tests share.
 
-Re-record after changing the synthesis prompts: ``python tests/weft/evolve/synth_script.py``.
+Re-record after changing the synthesis or revision prompts: ``python tests/weft/evolve/synth_script.py``.
 """
 import json
 from pathlib import Path
@@ -13,6 +15,7 @@ return_book(book_id): take a lent book back. Returns {book_id, status}.
 list_books(): every book with its status."""
 REQUIREMENT = "A small library desk: members borrow and return books; a book is lent to one member at a time."
 FIXTURE = Path(__file__).parent / "fixtures" / "synth_recorded.jsonl"
+REVISE_FIXTURE = Path(__file__).parent / "fixtures" / "revise_recorded.jsonl"
 
 DESIGN = {"tasks": ["lend a book to a member", "take a book back", "catalogue a new book"],
           "entities": ["book", "member", "loan"],
@@ -88,12 +91,85 @@ SCRIPT = [("Design the environment", json.dumps(DESIGN)), ("SQLite DDL", json.du
           ("Python backend", json.dumps({"source": FIXED}))]
 
 
-def config():
+def turn(name, request, *calls, depends_on=()):
+    """A library atomic task whose gold calls are ``(tool, arguments)`` pairs."""
+    from treadle.weft.callparse import ToolCall
+    from treadle.weft.rollouts.tasks import AtomicTask
+    from treadle.weft.verify import CheckpointSpec
+
+    return AtomicTask(name=name, request=request, depends_on=depends_on,
+                      checkpoint=CheckpointSpec(name=name,
+                                                gold_calls=[ToolCall(name=n, arguments=a) for n, a in calls]))
+
+
+LEND = turn("lend-emma", "Lend book 1 to ann.", ("lend_book", {"book_id": 1, "member": "ann"}))
+ADD = turn("add-dune", "Catalogue Dune by Herbert.", ("add_book", {"title": "Dune", "author": "Herbert"}))
+LOOKUP = turn("list", "Which books are there?", ("list_books", {}))
+RETURN = turn("return-emma", "Take book 1 back.", ("return_book", {"book_id": 1}), depends_on=("lend-emma",))
+
+
+# the reviser's answers for the broken backend: prose (malformed), a backend that still fails validation, the fix
+REVISE_SCRIPT = [("backend is blamed", "I would mark the book out in lend_book."),
+                 ("backend is blamed", json.dumps({"source": BROKEN + "\n# looked at it\n"})),
+                 ("backend is blamed", "```json\n" + json.dumps({"source": FIXED}) + "\n```")]
+
+
+def config(roles=None):
     from treadle.llm import LLMConfig
     from treadle.weft.evolve.synth import ROLES
 
-    return LLMConfig.single("synth-recorded", "http://127.0.0.1:9/v1", roles=ROLES,
+    return LLMConfig.single("synth-recorded", "http://127.0.0.1:9/v1", roles=roles or ROLES,
                             sampling={"temperature": 0.0, "max_tokens": 4096})
+
+
+def limits():
+    from treadle.sandbox import SandboxLimits
+
+    return SandboxLimits(timeout_s=3, memory_mb=512, max_output_bytes=16 << 20)
+
+
+async def library_system(rt):
+    """An :class:`~treadle.weft.evolve.loop.EvolvingSystem`: the synthesised library, its tasks LEND and ADD
+    certified (evidence, generated verifiers) with the fixed backend, now serving the broken one."""
+    from treadle.weft.evolve.attribute import generate_verifier, record_evidence
+    from treadle.weft.evolve.loop import EvolvingSystem, TaskSlot
+    from treadle.weft.evolve.revise import SynthEnv
+    from treadle.weft.evolve.synth_serve import server_source, synth_env
+
+    healthy = server_source(result(), "library", limits=limits())
+    env = await synth_env(rt, healthy)
+    slots = []
+    for task in (LEND, ADD):
+        ev = await record_evidence(rt, env.server_hash, env.snapshot, task.name, task.checkpoint.gold_calls)
+        slots.append(TaskSlot(env="library", task=task, start=env.snapshot, evidence=ev, certified_start=env.snapshot,
+                              spec=generate_verifier(task.checkpoint, env.snapshot, ev)))
+    broken = SynthEnv(result(backend=BROKEN), "library", limits())
+    return EvolvingSystem(sources={"library": broken.source()}, certified={"library": healthy}, tasks=slots,
+                          synth={"library": broken})
+
+
+def revise_rounds(client, attempts=3, n=1):
+    """``(rounds, digests before, system)``: ``n`` loop rounds on :func:`library_system` with an LLMReviser."""
+    import anyio
+
+    from treadle.weft.evolve.loop import run_round
+    from treadle.weft.evolve.revise import LLMReviser
+    from treadle.weft.runtime import Runtime
+
+    async def main():
+        async with Runtime(timeout_s=30) as rt, client as llm:
+            system = await library_system(rt)
+            first = system.digests()
+            reviser = LLMReviser(llm, attempts=attempts)
+            rounds = [await run_round(rt, system, i + 1, rates={}, k=1, reviser=reviser) for i in range(n)]
+            return rounds, first, system
+    return anyio.run(main)
+
+
+def revise_config():
+    from treadle.weft.evolve.revise import REVISE_ROLES
+
+    return config(tuple(REVISE_ROLES.values()))
 
 
 class ScriptedBackend:
@@ -119,6 +195,35 @@ class ScriptedBackend:
         return None
 
 
+def artefacts(backend=FIXED, checks=CHECKS, design=DESIGN, schema=SCHEMA):
+    """``(Design, Schema, Backend, Checks)`` of the library, any of them replaced."""
+    from treadle.weft.evolve.synth_validate import Backend, Checks, Design, Schema
+
+    return (Design.model_validate(design), Schema.model_validate(schema), Backend(source=backend),
+            Checks.model_validate(checks))
+
+
+def result(backend=FIXED, schema=SCHEMA, accepted=True):
+    """A :class:`SynthResult` of the library with ``backend`` and ``schema`` (``accepted`` as given, unchecked)."""
+    from treadle.weft.evolve.synth import SynthResult
+
+    d, s, b, c = artefacts(backend=backend, schema=schema)
+    return SynthResult(accepted=accepted, design=d, schema=s, backend=b, checks=c)
+
+
+def recorded_synthesis():
+    """:func:`~treadle.weft.evolve.synth.synthesize` against the recorded answers (``FIXTURE``)."""
+    import anyio
+
+    from treadle.llm import LLMClient, RecordedBackend
+    from treadle.weft.evolve.synth import synthesize
+
+    async def main():
+        async with LLMClient(config(), backend=RecordedBackend(FIXTURE)) as llm:
+            return await synthesize(llm, DOCS, REQUIREMENT)
+    return anyio.run(main)
+
+
 def record():
     import anyio
 
@@ -136,5 +241,15 @@ def record():
     anyio.run(main)
 
 
+def record_revision():
+    from treadle.llm import LLMClient
+
+    REVISE_FIXTURE.unlink(missing_ok=True)
+    backend = ScriptedBackend(REVISE_SCRIPT)
+    [r], _, system = revise_rounds(LLMClient(revise_config(), backend=backend, record_to=REVISE_FIXTURE))
+    assert not backend.script and r.revised == ["backend:library"], r
+
+
 if __name__ == "__main__":
     record()
+    record_revision()

@@ -43,6 +43,7 @@ def test_minimum_rollouts_constant_and_malformed_scores_are_recorded_not_fatal()
     out = filter_tasks({
         "few": ([0.1, 0.9, 0.2], [0, 1, 0]),
         "const": ([0.5] * 10, EXEC),
+        "easy": ([0.5] * 10, [1] * 10),
         "nan": ([float("nan")] + [0.5] * 9, EXEC),
         "range": ([2.0] * 10, EXEC),
         "length": ([0.1] * 9, EXEC),
@@ -51,9 +52,11 @@ def test_minimum_rollouts_constant_and_malformed_scores_are_recorded_not_fatal()
         "ok": ([0.9 if e else 0.1 for e in EXEC], EXEC),
     })
     by = {d.task: d for d in out}
-    assert [d.task for d in out] == ["few", "const", "nan", "range", "length", "text", "shape", "ok"]
+    assert [d.task for d in out] == ["few", "const", "easy", "nan", "range", "length", "text", "shape", "ok"]
     assert "min_rollouts 8" in by["few"].reasons[0]
     assert by["const"].reasons == ("constant judge scores: correlation undefined",) and by["const"].to_attribution
+    # every pilot passes: dropped for want of signal, whatever the judge says, and no evaluator is blamed
+    assert by["easy"].reasons == ("constant executable scores: correlation undefined",) and not by["easy"].to_attribution
     for k in ("nan", "range", "length", "text", "shape"):
         assert not by[k].kept and by[k].reasons[0].startswith("malformed scores"), k
     assert by["ok"].kept and by["ok"].pearson == pytest.approx(1.0)

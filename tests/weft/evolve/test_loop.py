@@ -68,3 +68,34 @@ def test_cli_bad_rate_and_budget(tmp_path):
     with pytest.raises(ValueError, match="max_rounds"):
         anyio.run(lambda: evolve(None, None, rates={}, max_rounds=0))
     assert not (tmp_path / "o").exists()
+
+
+def test_cli_with_an_llm_reviser_records_rejected_answers_and_goes_on(fake, tmp_path):
+    """``--llm-config``: the blamed task state and verifier go to the LLM; answers that are not the JSON asked for
+    are printed and recorded in rounds.jsonl, the components stay as they were, the rounds still run."""
+    import json
+
+    from treadle.llm.fake_endpoint import FAKE_MODEL
+
+    fake.responder = lambda req: "I would add the missing customer."
+    cfg = tmp_path / "llm.toml"
+    cfg.write_text("".join(f'[roles.{r}]\nmodel = "{FAKE_MODEL}"\nbase_url = "{fake.base_url}"\nmax_retries = 0\n'
+                           for r in ("grounder", "verifier")))
+    out = tmp_path / "o"
+    res = CliRunner().invoke(app, ["weft", "evolve", "--out", str(out), "--llm-config", str(cfg), "--max-rounds", "2",
+                                   "--revise-attempts", "1"])
+    assert res.exit_code == 0, res.output
+    assert f"round 1: task:{TASK_DEFECT} (grounder, answer 1): rejected: malformed answer" in res.output
+    assert f"round 1: verifier:{EVALUATOR_DEFECT} (verifier, answer 1): rejected: malformed answer" in res.output
+    rounds = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
+    assert rounds[0]["revised"] == ["backend:shop"]  # the native backend restored; the rest left as it was
+    assert f"task:{TASK_DEFECT}" in rounds[1]["blamed"]  # so it is blamed again
+    assert len(fake.requests) == 4 and (out / "llm_ledger.jsonl").is_file()
+
+
+def test_cli_llm_config_without_the_roles(tmp_path):
+    cfg = tmp_path / "llm.toml"
+    cfg.write_text('[roles.policy]\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"\n')
+    res = CliRunner().invoke(app, ["weft", "evolve", "--out", str(tmp_path / "o"), "--llm-config", str(cfg)])
+    assert res.exit_code == 2 and res.output.startswith("error: --llm-config: no role(s) ['grounder', 'verifier']")
+    assert not (tmp_path / "o").exists()

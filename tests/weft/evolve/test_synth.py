@@ -1,38 +1,17 @@
 """`treadle weft synth` against recorded role answers, through the real (sandboxed) validation path."""
-import importlib.util
 import json
-from pathlib import Path
 
-import anyio
 import pytest
 from typer.testing import CliRunner
 
 from treadle.cli import app
-from treadle.llm import LLMClient, RecordedBackend
-from treadle.weft.evolve.synth import synthesize
-from treadle.weft.evolve.synth_validate import Backend, Checks, Design, Schema, Stage, validate
+from treadle.weft.evolve.synth_validate import Design, Stage, validate
 
-_spec = importlib.util.spec_from_file_location("synth_script", Path(__file__).parent / "synth_script.py")
-S = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(S)
-
-try:
-    from treadle.sandbox import isolation_mode
-    isolation_mode()
-except Exception as err:  # noqa: BLE001
-    pytest.skip(f"no sandbox here: {err}", allow_module_level=True)
+pytestmark = pytest.mark.usefixtures("sandbox")
 
 
-def _parts(backend=S.FIXED, checks=S.CHECKS, design=S.DESIGN, schema=S.SCHEMA):
-    return (Design.model_validate(design), Schema.model_validate(schema), Backend(source=backend),
-            Checks.model_validate(checks))
-
-
-def test_recorded_run_localises_and_repairs_the_broken_backend():
-    async def main():
-        async with LLMClient(S.config(), backend=RecordedBackend(S.FIXTURE)) as llm:
-            return await synthesize(llm, S.DOCS, S.REQUIREMENT)
-    res = anyio.run(main)
+def test_recorded_run_localises_and_repairs_the_broken_backend(S, recorded_synthesis):
+    res = recorded_synthesis
     assert res.accepted and len(res.rounds) == 2
     first = res.rounds[0]
     assert first.revised == Stage.backend and {f.stage for f in first.failures} == {Stage.backend}
@@ -45,24 +24,24 @@ def test_recorded_run_localises_and_repairs_the_broken_backend():
     assert [f.stage for f in res.role_failures] == [Stage.checks] and "not the JSON" in res.role_failures[0].detail
 
 
-def test_validation_localises_each_stage():
+def test_validation_localises_each_stage(S):
     bad_schema = dict(S.SCHEMA, seed="INSERT INTO nowhere VALUES (1);")
-    [f] = validate(*_parts(schema=bad_schema))[0]
+    [f] = validate(*S.artefacts(schema=bad_schema))[0]
     assert f.stage == Stage.schema and "nowhere" in f.detail
     design = json.loads(json.dumps(S.DESIGN))
     design["tools"][0]["writes"] = []  # add_book writes books without declaring it
-    fails = validate(*_parts(design=design))[0]
+    fails = validate(*S.artefacts(design=design))[0]
     assert [f.stage for f in fails] == [Stage.contract] and "add_book changed ['books']" in fails[0].detail
-    fails = validate(*_parts(backend="def add_book(db, title, author:\n"))[0]
+    fails = validate(*S.artefacts(backend="def add_book(db, title, author:\n"))[0]
     assert [f.stage for f in fails] == [Stage.backend] and "does not import" in fails[0].detail
-    assert validate(*_parts())[0] == []
+    assert validate(*S.artefacts())[0] == []
 
 
-def test_generated_code_is_contained(tmp_path):
+def test_generated_code_is_contained(S, tmp_path):
     from treadle.sandbox import SandboxLimits
 
     loops = S.FIXED.replace('def list_books(db):\n', 'def list_books(db):\n    while True:\n        pass\n')
-    fails, facts = validate(*_parts(backend=loops), limits=SandboxLimits(timeout_s=3, memory_mb=512))
+    fails, facts = validate(*S.artefacts(backend=loops), limits=SandboxLimits(timeout_s=3, memory_mb=512))
     assert facts["termination"] in ("timeout", "cpu_limit")
     assert [(f.stage, f.check) for f in fails] == [(Stage.backend, 5)] and "did not return" in fails[0].detail
     target = tmp_path / "escaped.txt"
@@ -83,12 +62,12 @@ def list_books(db):
 '''
     checks = json.loads(json.dumps(S.CHECKS))
     checks["checks"][5]["expect_returns"] = [{"net": "yes"}]
-    fails, _ = validate(*_parts(backend=net, checks=checks))
+    fails, _ = validate(*S.artefacts(backend=net, checks=checks))
     assert len(fails) == 1 and "'net': 'no: " in fails[0].detail and "'write': 'no: " in fails[0].detail
     assert not target.exists()
 
 
-def test_cli_without_an_endpoint_says_so_and_exits_2(tmp_path):
+def test_cli_without_an_endpoint_says_so_and_exits_2(S, tmp_path):
     docs = tmp_path / "docs.txt"
     docs.write_text(S.DOCS)
     r = CliRunner().invoke(app, ["weft", "synth", "--docs", str(docs), "--requirement", "x", "--out", str(tmp_path / "o")])

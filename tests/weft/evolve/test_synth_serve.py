@@ -1,67 +1,35 @@
 """A certified synthesised environment served through the WEFT runtime (issue 17: "the tool layer served by the
 runtime"), its generated code kept in the sandbox: certification and rollouts against it, session operations,
 and containment of a backend that misbehaves only once served."""
-import importlib.util
 import json
-from pathlib import Path
 
 import anyio
 import pytest
 
-from treadle.llm import LLMClient, RecordedBackend
-from treadle.weft.callparse import ToolCall
 from treadle.weft.errors import ErrorKind
-from treadle.weft.evolve.synth import SynthResult, synthesize
 from treadle.weft.evolve.synth_serve import SynthServeError, initial_snapshot, server_source, synth_env
-from treadle.weft.evolve.synth_validate import Backend, Checks, Design, Schema
-from treadle.weft.rollouts.tasks import AtomicTask, RolloutTask
+from treadle.weft.rollouts.tasks import RolloutTask
 from treadle.weft.runtime import Runtime
-from treadle.weft.verify import CheckpointSpec
 
-_spec = importlib.util.spec_from_file_location("synth_script", Path(__file__).parent / "synth_script.py")
-S = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(S)
-
-try:
-    from treadle.sandbox import SandboxLimits, isolation_mode
-    isolation_mode()
-except Exception as err:  # noqa: BLE001
-    pytest.skip(f"no sandbox here: {err}", allow_module_level=True)
-
-LIMITS = SandboxLimits(timeout_s=3, memory_mb=512, max_output_bytes=16 << 20)
+pytestmark = pytest.mark.usefixtures("sandbox")
 
 
 @pytest.fixture(scope="module")
-def certified():
+def limits(sandbox):
+    from treadle.sandbox import SandboxLimits
+
+    return SandboxLimits(timeout_s=3, memory_mb=512, max_output_bytes=16 << 20)
+
+
+@pytest.fixture
+def certified(recorded_synthesis):
     """The recorded synthesis run (broken backend localised and repaired): accepted by execution."""
-    async def main():
-        async with LLMClient(S.config(), backend=RecordedBackend(S.FIXTURE)) as llm:
-            return await synthesize(llm, S.DOCS, S.REQUIREMENT)
-    res = anyio.run(main)
-    assert res.accepted and res.backend.source == S.FIXED
-    return res
+    return recorded_synthesis
 
 
-def _result(backend=S.FIXED, schema=S.SCHEMA, accepted=True):
-    return SynthResult(accepted=accepted, design=Design.model_validate(S.DESIGN), schema=Schema.model_validate(schema),
-                       backend=Backend(source=backend), checks=Checks.model_validate(S.CHECKS))
-
-
-def _turn(name, request, *calls, depends_on=()):
-    return AtomicTask(name=name, request=request, depends_on=depends_on,
-                      checkpoint=CheckpointSpec(name=name,
-                                                gold_calls=[ToolCall(name=n, arguments=a) for n, a in calls]))
-
-
-LEND = _turn("lend-emma", "Lend book 1 to ann.", ("lend_book", {"book_id": 1, "member": "ann"}))
-ADD = _turn("add-dune", "Catalogue Dune by Herbert.", ("add_book", {"title": "Dune", "author": "Herbert"}))
-LOOKUP = _turn("list", "Which books are there?", ("list_books", {}))
-RETURN = _turn("return-emma", "Take book 1 back.", ("return_book", {"book_id": 1}), depends_on=("lend-emma",))
-
-
-def test_served_tools_state_and_session_operations(certified):
-    src = server_source(certified, "library", limits=LIMITS)
-    assert src == server_source(certified, "library", limits=LIMITS)  # content-addressed: same artefacts, same hash
+def test_served_tools_state_and_session_operations(S, certified, limits):
+    src = server_source(certified, "library", limits=limits)
+    assert src == server_source(certified, "library", limits=limits)  # content-addressed: same artefacts, same hash
     assert S.FIXED.splitlines()[3] in json.loads(eval(src.splitlines()[4].partition(" = ")[2]))["backend"]
 
     async def main():
@@ -94,20 +62,20 @@ def test_served_tools_state_and_session_operations(certified):
     anyio.run(main)
 
 
-def test_certification_and_rollouts_against_the_served_environment(certified):
+def test_certification_and_rollouts_against_the_served_environment(S, certified, limits):
     from treadle.weft.evolve.certify import certify_server
     from treadle.weft.rollouts.harnesses import HermesHarness
     from treadle.weft.rollouts.policies import ReplayPolicy
     from treadle.weft.rollouts.rollout import Setup, end_to_end_rollout, prefix_rollout
     from treadle.weft.rollouts.views import AgenticView
 
-    src = server_source(certified, "library", limits=LIMITS)
-    task = RolloutTask(name="desk", env="synth:library", atomic=(LEND, RETURN))
+    src = server_source(certified, "library", limits=limits)
+    task = RolloutTask(name="desk", env="synth:library", atomic=(S.LEND, S.RETURN))
 
     async def main():
         async with Runtime() as rt:
             env = await synth_env(rt, src)
-            report = await certify_server(rt, env.server_hash, env.snapshot, [LEND, ADD, LOOKUP])
+            report = await certify_server(rt, env.server_hash, env.snapshot, [S.LEND, S.ADD, S.LOOKUP])
             ok = await prefix_rollout(rt, env, task, 1, Setup(AgenticView(), HermesHarness(), ReplayPolicy()))
             e2e = await end_to_end_rollout(rt, env, task, 1, Setup(AgenticView(), HermesHarness(), ReplayPolicy()))
             bad = await prefix_rollout(rt, env, task, 2, Setup(AgenticView(), HermesHarness(),
@@ -125,7 +93,7 @@ def test_certification_and_rollouts_against_the_served_environment(certified):
     assert "no book 8" in bad.attempts[0].steps[0].calls[0].text
 
 
-NAUGHTY = S.FIXED + '''
+NAUGHTY = '''
 
 def add_book(db, title, author):
     if title == "loop":
@@ -157,9 +125,9 @@ def list_books(db):
 '''
 
 
-def test_a_misbehaving_served_backend_is_contained(tmp_path):
+def test_a_misbehaving_served_backend_is_contained(S, limits, tmp_path):
     target = tmp_path / "escaped.txt"
-    src = server_source(_result(NAUGHTY.replace("TARGET", repr(str(target)))), "naughty", limits=LIMITS)
+    src = server_source(S.result(S.FIXED + NAUGHTY.replace("TARGET", repr(str(target)))), "naughty", limits=limits)
 
     async def main():
         async with Runtime(timeout_s=20) as rt:
@@ -181,52 +149,41 @@ def test_a_misbehaving_served_backend_is_contained(tmp_path):
     assert not target.exists()
 
 
-def test_only_accepted_buildable_environments_are_served(tmp_path):
+def test_only_accepted_buildable_environments_are_served(S, tmp_path):
     with pytest.raises(SynthServeError, match="only an accepted"):
-        server_source(_result(accepted=False), "library")
+        server_source(S.result(accepted=False), "library")
     with pytest.raises(SynthServeError, match="name must be"):
-        server_source(_result(), "no spaces")
+        server_source(S.result(), "no spaces")
     with pytest.raises(SynthServeError, match="do not build in the sandbox: OperationalError: no such table: nowhere"):
-        server_source(_result(schema=dict(S.SCHEMA, seed="INSERT INTO nowhere VALUES (1);")), "library")
+        server_source(S.result(schema=dict(S.SCHEMA, seed="INSERT INTO nowhere VALUES (1);")), "library")
     target = tmp_path / "attached.db"  # generated SQL runs in the sandbox only: no file is created here
     with pytest.raises(SynthServeError, match="do not build"):
-        server_source(_result(schema=dict(S.SCHEMA, ddl=f"ATTACH DATABASE '{target}' AS x;\n"
+        server_source(S.result(schema=dict(S.SCHEMA, ddl=f"ATTACH DATABASE '{target}' AS x;\n"
                                           "CREATE TABLE x.leak (v TEXT);\n" + S.SCHEMA["ddl"])), "library")
     assert not target.exists()
     view = dict(S.SCHEMA, ddl=S.SCHEMA["ddl"] + "\nCREATE VIRTUAL TABLE v USING rtree(id, a, b);")
     with pytest.raises(SynthServeError, match="only plain tables"):
-        server_source(_result(schema=view), "library")
+        server_source(S.result(schema=view), "library")
     with pytest.raises(SynthServeError, match="not a treadle.weft.evolve.synth_serve server module"):
         initial_snapshot("server = None\n")
 
 
-def test_cli_writes_the_served_module_of_an_accepted_run(tmp_path):
+def test_cli_writes_the_served_module_of_an_accepted_run(S, fake, tmp_path):
     """``treadle weft synth`` against a fake endpoint answering the recorded script: server.py is registrable."""
-    import sys
-
     from typer.testing import CliRunner
 
     from treadle.cli import app
+    from treadle.llm.fake_endpoint import FAKE_MODEL, Step, chat_reply
 
-    spec = importlib.util.spec_from_file_location("_treadle_llm_conftest",
-                                                  Path(__file__).parents[2] / "llm" / "conftest.py")
-    fx = sys.modules.setdefault(spec.name, importlib.util.module_from_spec(spec))
-    spec.loader.exec_module(fx)
-    fake = fx.FakeEndpoint()
-    try:
-        fake.script = [fx.Step(body={"model": fx.FAKE_MODEL, "usage": {}, "choices": [
-            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}]})
-            for _, text in S.SCRIPT]
-        cfg = tmp_path / "llm.toml"
-        cfg.write_text("".join(f'[roles.{r}]\nmodel = "{fx.FAKE_MODEL}"\nbase_url = "{fake.base_url}"\n'
-                               'max_retries = 0\n' for r in ("designer", "schema", "backend", "checker")))
-        docs = tmp_path / "docs.txt"
-        docs.write_text(S.DOCS)
-        out = tmp_path / "library desk"
-        r = CliRunner().invoke(app, ["weft", "synth", "--docs", str(docs), "--requirement", S.REQUIREMENT,
-                                     "--llm-config", str(cfg), "--out", str(out)])
-    finally:
-        fake.close()
+    fake.script = [Step(body=chat_reply(text, FAKE_MODEL)) for _, text in S.SCRIPT]
+    cfg = tmp_path / "llm.toml"
+    cfg.write_text("".join(f'[roles.{r}]\nmodel = "{FAKE_MODEL}"\nbase_url = "{fake.base_url}"\n'
+                           'max_retries = 0\n' for r in ("designer", "schema", "backend", "checker")))
+    docs = tmp_path / "docs.txt"
+    docs.write_text(S.DOCS)
+    out = tmp_path / "library desk"
+    r = CliRunner().invoke(app, ["weft", "synth", "--docs", str(docs), "--requirement", S.REQUIREMENT,
+                                 "--llm-config", str(cfg), "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert "served module:" in r.output and len(fake.requests) == len(S.SCRIPT)
     src = (out / "server.py").read_text()

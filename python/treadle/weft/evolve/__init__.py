@@ -6,12 +6,14 @@
   progressive grounding into a resettable initial snapshot) and the multi-server runner;
   :mod:`~treadle.weft.evolve.composed_env` runs a composed task through the rollouts layer.
 - :mod:`~treadle.weft.evolve.loop`: attribution and revision rounds (``treadle weft evolve``, offline
-  drill in :mod:`~treadle.weft.evolve.drill`).
+  drill in :mod:`~treadle.weft.evolve.drill`); :mod:`~treadle.weft.evolve.revise`: revision of the blamed
+  component by LLM roles, accepted only when it passes its validation.
 - :mod:`~treadle.weft.evolve.attribute`: deterministic failure attribution (policy / environment /
   task / evaluator) and verifier generation from reference evidence; :mod:`~treadle.weft.evolve.faults`
   and :mod:`~treadle.weft.evolve.faults_bfcl`: the fault-injection suites.
 - :mod:`~treadle.weft.evolve.reverify`: stored rollouts re-scored with a revised verifier.
-- :mod:`~treadle.weft.evolve.filtering`: RL task filtering by judge/executable correlation.
+- :mod:`~treadle.weft.evolve.filtering`: RL task filtering by judge/executable correlation;
+  :mod:`~treadle.weft.evolve.judge`: task rubrics and the rubric-guided LLM judge (``treadle weft judge``).
 - :mod:`~treadle.weft.evolve.synth`: environment synthesis with LLM roles, validated by execution in
   the sandbox (:mod:`~treadle.weft.evolve.synth_validate`), revised where the fault lies.
 """

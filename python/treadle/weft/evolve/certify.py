@@ -92,8 +92,8 @@ def _spec_without_gold(spec: CheckpointSpec) -> CheckpointSpec:
     return spec.model_copy(update={"gold_results_contained": False})
 
 
-async def _run(rt: Any, server_hash: str, snapshot: Snapshot, spec: CheckpointSpec, calls: Sequence[Any]):
-    """Run ``calls`` in a fresh session from ``snapshot``; return (outcomes, verdict)."""
+async def play(rt: Any, server_hash: str, snapshot: Snapshot, spec: CheckpointSpec, calls: Sequence[Any]):
+    """Run ``calls`` in a fresh session from ``snapshot`` and judge them with ``spec``; return (outcomes, verdict)."""
     sid = await rt.create_session(server_hash, snapshot)
     try:
         outs = [await rt.call_tool(sid, c.name, c.arguments) for c in calls]
@@ -123,19 +123,19 @@ async def certify_task(rt: Any, server_hash: str, snapshot: Snapshot, task: Atom
         if not ok:
             reasons.append(f"{name}: {why}")
 
-    outs, verdict = await _run(rt, server_hash, snapshot, task.checkpoint, gold)
+    outs, verdict = await play(rt, server_hash, snapshot, task.checkpoint, gold)
     failed = [o for o in outs if not o.ok]
     record("gold_executes", not failed,
            f"{failed[0].call.name} -> {failed[0].error_kind.value if failed[0].error_kind else '?'}: "
            f"{failed[0].text[:160]}" if failed else "")
     record("gold_passes", verdict.r == 1, "; ".join(verdict.details)[:300])
     # the initial state against the task's state evidence (the gold's returns are not asked for)
-    _, init = await _run(rt, server_hash, snapshot, _spec_without_gold(task.checkpoint), [])
+    _, init = await play(rt, server_hash, snapshot, _spec_without_gold(task.checkpoint), [])
     record("initial_fails", init.r == 0, "the initial state already satisfies the check (nothing to do)")
-    _, nothing = await _run(rt, server_hash, snapshot, task.checkpoint, [])
+    _, nothing = await play(rt, server_hash, snapshot, task.checkpoint, [])
     record("do_nothing_zero", nothing.r == 0, "an agent that makes no call passes")
     reads = [c for c in gold if not _writes(contracts, c.name)]
-    _, ro = await _run(rt, server_hash, snapshot, task.checkpoint, reads)
+    _, ro = await play(rt, server_hash, snapshot, task.checkpoint, reads)
     record("read_only_zero", ro.r == 0, f"an agent making only the read calls {[c.name for c in reads]} passes")
     return Certificate(server=spec.name, task=task.name, tools=tuple(c.name for c in gold), checks=checks,
                        certified=all(checks.values()), reasons=tuple(reasons))

@@ -1,4 +1,4 @@
-"""``treadle weft reverify | synth | evolve | filter``: the WEFT evolution commands (see each command's help).
+"""``treadle weft reverify | synth | evolve | filter | judge``: the WEFT evolution commands (see each command's help).
 
 Bad input is one line naming the flag, exit code 2, before any work (reverify only reads its run folder).
 ``reverify`` writes ``reverify-<version>.jsonl`` (one :class:`~treadle.weft.evolve.reverify.Rescore` per trajectory)
@@ -146,9 +146,15 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
                                               help="Replay-policy perturbation NAME=RATE (repeatable)."),
                k: int = typer.Option(2, "--k", min=1, help="Attempts per task and round (the first pass is selected)."),
                max_rounds: int = typer.Option(5, "--max-rounds", min=1, help="Rounds at most."),
-               seed: int = typer.Option(0, "--seed")) -> None:
+               seed: int = typer.Option(0, "--seed"),
+               llm_config: Path = typer.Option(None, "--llm-config", help="treadle.llm config with the roles grounder "
+                                               "and verifier: blamed task states and verifiers are then revised by "
+                                               "the LLM and validated (default: offline revisions)."),
+               revise_attempts: int = typer.Option(2, "--revise-attempts", min=1,
+                                                   help="LLM answers per blamed component and round.")) -> None:
     """Attribution and revision rounds on the offline drill (certified shop and CRM with one injected fault of
-    each kind), until the tool-call error rate of the selected trajectories stops falling."""
+    each kind), until the tool-call error rate of the selected trajectories stops falling. The drill's native
+    backends are trusted code: a blamed one is restored to its certified source, never rewritten by an LLM."""
     import json
     import logging
 
@@ -169,6 +175,17 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
         _fail("--rate", f"rates must be in [0, 1] and sum to <= 1, got {rates}")
     if out.exists() and not out.is_dir():
         _fail("--out", f"{str(out)!r} is a file, expected a folder")
+    cfg = None
+    if llm_config is not None:
+        from treadle.llm import ConfigError, LLMConfig
+
+        try:
+            cfg = LLMConfig.load(llm_config)
+        except ConfigError as err:
+            _fail("--llm-config", str(err))
+        missing = [r for r in ("grounder", "verifier") if r not in cfg.roles]
+        if missing:
+            _fail("--llm-config", f"no role(s) {missing} in {str(llm_config)!r}; expected grounder and verifier")
     from treadle.weft.evolve.drill import drill_system
     from treadle.weft.evolve.loop import evolve, plot_rounds
     from treadle.weft.runtime import Runtime
@@ -177,7 +194,16 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
 
     async def main():
         async with Runtime() as rt:
-            return await evolve(rt, await drill_system(rt), rates=rates, max_rounds=max_rounds, k=k, seed=seed)
+            system = await drill_system(rt)
+            if cfg is None:
+                return await evolve(rt, system, rates=rates, max_rounds=max_rounds, k=k, seed=seed)
+            from treadle.llm import LLMClient
+            from treadle.weft.evolve.revise import LLMReviser
+
+            out.mkdir(parents=True, exist_ok=True)
+            async with LLMClient(cfg, cache=out / "llm_cache.sqlite", ledger=out / "llm_ledger.jsonl") as llm:
+                return await evolve(rt, system, rates=rates, max_rounds=max_rounds, k=k, seed=seed,
+                                    reviser=LLMReviser(llm, attempts=revise_attempts))
 
     rounds = anyio.run(main)
     out.mkdir(parents=True, exist_ok=True)
@@ -196,6 +222,10 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
                   ", ".join(f"{a.checkpoint}:{a.blame.value}" for a in r.attributions) or "-",
                   ", ".join(r.revised) or "-")
     console.print(t)
+    for r in rounds:
+        for a in r.revisions:
+            console.print(f"round {r.round}: {a.component} ({a.role}, answer {a.attempt + 1}): "
+                          + ("accepted" if a.accepted else f"rejected: {a.detail}"), markup=False)
     console.print(f"written to {out}", markup=False)
 
 
@@ -240,13 +270,18 @@ def filter_cmd(scores: Path = typer.Option(..., "--scores", help="JSONL, one pil
             _fail("--out", f"{str(out)!r} is a folder, expected a file path")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("".join(d.model_dump_json() + "\n" for d in decisions), encoding="utf-8")
+    _print_decisions(decisions, cfg, bad)
+
+
+def _print_decisions(decisions, cfg, bad: dict[str, str]) -> None:
+    """The filter's table (kept / dropped with reasons and CIs) and the kept count."""
     from rich.table import Table
 
     def ci(x):
         return f"[{x[0]:.2f}, {x[1]:.2f}]" if x else "-"
 
-    t = Table(title=f"RL task filter (pearson >= {min_pearson}, spearman >= {min_spearman}, n >= {min_rollouts}; "
-                    f"{confidence:.0%} CIs)")
+    t = Table(title=f"RL task filter (pearson >= {cfg.min_pearson}, spearman >= {cfg.min_spearman}, "
+                    f"n >= {cfg.min_rollouts}; {cfg.confidence:.0%} CIs)")
     for col in ("task", "n", "pearson", "CI", "spearman", "CI", "kept", "reasons"):
         t.add_column(col)
     for d in decisions:
@@ -258,3 +293,81 @@ def filter_cmd(scores: Path = typer.Option(..., "--scores", help="JSONL, one pil
                   reasons)
     console.print(t)
     console.print(f"kept {sum(d.kept for d in decisions)} of {len(decisions)} tasks", markup=False)
+
+
+def judge_cmd(run: Path = typer.Option(..., "--run", help="A `treadle weft sample` run folder: its rollouts' "
+                                       "attempts are the pilot rollouts."),
+              llm_config: Path = typer.Option(None, "--llm-config", help="treadle.llm config with the judge role "
+                                              "(an OpenAI-compatible endpoint)."),
+              role: str = typer.Option("judge", "--role", help="The config's role that grades."),
+              min_pearson: float = typer.Option(0.5, "--min-pearson", min=-1, max=1),
+              min_spearman: float = typer.Option(0.5, "--min-spearman", min=-1, max=1),
+              min_rollouts: int = typer.Option(8, "--min-rollouts", min=3),
+              confidence: float = typer.Option(0.95, "--confidence", min=0.5, max=0.999),
+              out: Path = typer.Option(None, "--out", help="Folder for judge-scores.jsonl, filter.jsonl and the LLM "
+                                       "cache and ledger (default: --run).")) -> None:
+    """RL task filtering with the rubric-guided LLM judge: grade every pilot rollout of a run against its task's
+    rubric (never shown the executable verdict), then keep the tasks whose judge and executable scores agree."""
+    import anyio
+
+    from treadle.weft.evolve.filtering import FilterConfig, filter_tasks
+    from treadle.weft.evolve.judge import atomic_tasks_of, pilot_scores, pilots_of, rubric_of
+    from treadle.weft.rollouts.batch import TRAJECTORIES, read_trajectories
+
+    path = Path(run) / TRAJECTORIES
+    if not path.is_file():
+        _fail("--run", f"{str(run)!r} holds no {TRAJECTORIES} (expected a `treadle weft sample` run folder)")
+    trajs = read_trajectories(path)
+    pilots = pilots_of(trajs)
+    if not pilots:
+        _fail("--run", f"{str(path)!r} holds no pilot rollout (no trajectory attempt without an endpoint failure)")
+    if llm_config is None:
+        _fail("--llm-config", f"treadle weft judge needs an OpenAI-compatible endpoint for its role {role!r}; none is "
+                              "configured (give a treadle.llm config file; `treadle weft filter --scores` filters "
+                              "given scores offline)")
+    from treadle.llm import ConfigError, LLMClient, LLMConfig
+
+    try:
+        cfg = LLMConfig.load(llm_config)
+    except ConfigError as err:
+        _fail("--llm-config", str(err))
+    if role not in cfg.roles:
+        _fail("--role", f"no role {role!r} in {str(llm_config)!r}; its roles are {sorted(cfg.roles)}")
+    dest = Path(out) if out is not None else Path(run)
+    if dest.exists() and not dest.is_dir():
+        _fail("--out", f"{str(dest)!r} is a file, expected a folder")
+    try:
+        tasks = atomic_tasks_of(trajs)
+    except (ValueError, ModuleNotFoundError) as err:
+        _fail("--run", f"cannot rebuild the run's tasks: {err}")
+    no_rubric = sorted({p.task for p in pilots} - set(tasks))
+    pilots = [p for p in pilots if p.task in tasks]
+    if not pilots:
+        _fail("--run", f"no task of this run is known here (rubrics come from the shop and BFCL tasks): {no_rubric}")
+    fcfg = FilterConfig(min_pearson=min_pearson, min_spearman=min_spearman, min_rollouts=min_rollouts,
+                        confidence=confidence)
+    dest.mkdir(parents=True, exist_ok=True)
+
+    async def main():
+        async with LLMClient(cfg, cache=dest / "llm_cache.sqlite", ledger=dest / "llm_ledger.jsonl") as llm:
+            return await pilot_scores(llm, [rubric_of(tasks[n]) for n in sorted({p.task for p in pilots})], pilots,
+                                      role=role)
+
+    scores, graded = anyio.run(main)
+    import json
+
+    lines = [json.dumps({"task": g.task, "judge": g.score, "executable": p.r, "reason": g.reason, "error": g.error})
+             for g, p in zip(graded, pilots)]
+    (dest / "judge-scores.jsonl").write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    decisions = filter_tasks(scores, fcfg)
+    (dest / "filter.jsonl").write_text("".join(d.model_dump_json() + "\n" for d in decisions), encoding="utf-8")
+    bad = {}
+    for g in graded:
+        if g.error is not None:
+            bad.setdefault(g.task, g.error)
+    _print_decisions(decisions, fcfg, bad)
+    if no_rubric:
+        console.print(f"no rubric (task not known here), not judged: {no_rubric}", markup=False)
+    console.print(f"{len(graded)} pilot rollouts judged, {sum(g.error is not None for g in graded)} malformed or failed "
+                  f"judge answers (recorded; their tasks dropped); written to {dest / 'judge-scores.jsonl'} and "
+                  f"{dest / 'filter.jsonl'}", markup=False)

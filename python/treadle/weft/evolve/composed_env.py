@@ -95,20 +95,14 @@ def register_rollout_env(ct: ComposedTask) -> str:
     """Add ``composed:<name>`` to the rollouts' environment builders (the combined server and the merged grounded
     snapshot); returns the env name."""
     from treadle.weft.rollouts.batch import ENVS
-    from treadle.weft.rollouts.rollout import Env
+    from treadle.weft.rollouts.sessions import Env, env_of
 
     source = combined_source(sorted(ct.snapshots, key=list(_ENV_MODULES).index))
     snapshot = merge_snapshots(ct.snapshots)
     env = f"composed:{ct.name}"
 
     async def build(rt: Any) -> Env:
-        h = rt.register(source)
-        sid = await rt.create_session(h, snapshot)
-        try:
-            tools = tuple(await rt.list_tools(sid))
-        finally:
-            await rt.close(sid)
-        return Env(server_hash=h, snapshot=snapshot, tools=tools)
+        return await env_of(rt, source, snapshot)
 
     ENVS[env] = build
     return env

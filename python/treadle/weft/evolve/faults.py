@@ -34,6 +34,7 @@ from treadle.weft.evolve.attribute import (
     generate_verifier,
     record_evidence,
 )
+from treadle.weft.evolve.certify import play
 from treadle.weft.evolve.entities import ENTITY_MAPS, contract_column
 from treadle.weft.evolve.grounding import freeze, open_copy
 from treadle.weft.rollouts.tasks import AtomicTask
@@ -149,20 +150,11 @@ def confusion(cases: Sequence[CaseResult]) -> dict[str, dict[str, int]]:
     return out
 
 
-async def _play(rt: Any, server_hash: str, start: Snapshot, spec: CheckpointSpec, calls: Sequence[ToolCall]):
-    sid = await rt.create_session(server_hash, start)
-    try:
-        outs = [await rt.call_tool(sid, c.name, c.arguments) for c in calls]
-        return outs, await rt.verify_turn(sid, start, spec, outs)
-    finally:
-        await rt.close(sid)
-
-
 async def run_case(rt: Any, *, case_id: str, env: str, task: AtomicTask, label: Blame, fault: str,
                    server_hash: str, start: Snapshot, spec: CheckpointSpec, calls: Sequence[ToolCall],
                    evidence: ReferenceEvidence) -> CaseResult:
     """Play ``calls`` on ``server_hash`` from ``start``, judge with ``spec``; attribute if the checkpoint fails."""
-    outs, verdict = await _play(rt, server_hash, start, spec, calls)
+    outs, verdict = await play(rt, server_hash, start, spec, calls)
     if verdict.r == 1:
         return CaseResult(id=case_id, env=env, task=task.name, label=label, fault=fault, observed=False)
     att = await attribute(rt, server_hash, start, spec, evidence, outs, verdict)

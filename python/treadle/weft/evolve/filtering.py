@@ -76,10 +76,12 @@ def decide(task: str, judge: Any, executable: Any, cfg: FilterConfig | None = No
     if n < cfg.min_rollouts:
         return FilterDecision(task=task, kept=False, n=n,
                               reasons=(f"{n} pilot rollouts < min_rollouts {cfg.min_rollouts}",))
-    if len(set(x)) == 1 or len(set(y)) == 1:
-        which = "judge" if len(set(x)) == 1 else "executable"
-        return FilterDecision(task=task, kept=False, n=n, to_attribution=which == "judge",
-                              reasons=(f"constant {which} scores: correlation undefined",))
+    if len(set(y)) == 1:  # every pilot scores the same: no signal to correlate (nor to learn from), judge or not
+        return FilterDecision(task=task, kept=False, n=n,
+                              reasons=("constant executable scores: correlation undefined",))
+    if len(set(x)) == 1:  # the executable check tells the pilots apart, the judge does not: ask which is wrong
+        return FilterDecision(task=task, kept=False, n=n, to_attribution=True,
+                              reasons=("constant judge scores: correlation undefined",))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pr = stats.pearsonr(x, y)

@@ -25,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from treadle.weft.rollouts.tasks import AtomicTask
 
-__all__ = ["Criterion", "JudgeScore", "Pilot", "Rubric", "judge", "pilot_scores", "pilots_of", "rubric_of"]
+__all__ = ["Criterion", "JudgeScore", "Pilot", "Rubric", "atomic_tasks_of", "judge", "pilot_scores", "pilots_of",
+           "rubric_of"]
 
 
 class Criterion(BaseModel):
@@ -167,6 +168,33 @@ def pilots_of(trajectories: Iterable[Any]) -> list[Pilot]:
 
     return [Pilot(task=a.atomic, messages=a.messages, r=a.r) for t in trajectories for a in t.attempts
             if endpoint_failure(a) is None]
+
+
+def atomic_tasks_of(trajectories: Iterable[Any]) -> dict[str, AtomicTask]:
+    """``{atomic task name: AtomicTask}`` of the tasks the trajectories ran, rebuilt from their environment names:
+    ``shop`` (:func:`~treadle.weft.rollouts.tasks.from_shop`) and ``bfcl:<category>:<entry id>``
+    (:func:`~treadle.weft.rollouts.bfcl_tasks.from_bfcl`); other environments' tasks are not known here (left out).
+
+    Raises:
+        ValueError: a BFCL entry that no longer exists; ModuleNotFoundError: ``bfcl-eval`` missing for a BFCL run.
+    """
+    from treadle.weft.rollouts.tasks import from_shop
+
+    out: dict[str, AtomicTask] = {}
+    bfcl: dict[str, set[str]] = {}
+    envs = {t.env for t in trajectories}
+    if "shop" in envs:
+        out.update({a.name: a for t in from_shop() for a in t.atomic})
+    for env in envs:
+        if env.startswith("bfcl:"):
+            category, _, entry = env[len("bfcl:"):].partition(":")
+            bfcl.setdefault(category, set()).add(entry)
+    if bfcl:
+        from treadle.weft.rollouts.bfcl_tasks import from_bfcl
+
+        for category, ids in sorted(bfcl.items()):
+            out.update({a.name: a for t in from_bfcl(category, ids=sorted(ids)) for a in t.atomic})
+    return out
 
 
 async def pilot_scores(client: Any, rubrics: Iterable[Rubric], pilots: Iterable[Pilot], *, role: str = "judge"

@@ -9,10 +9,16 @@ punishing the policy). One round:
    (else the last one); the round's metric is the **tool-call error rate of the selected
    trajectories** (failed calls / calls);
 2. each task with no passing attempt is attributed (:func:`~treadle.weft.evolve.attribute.attribute`);
-3. each blamed component, and only it, is revised: **environment** -> the server's backend (offline:
-   restored to the last certified source; an LLM backend role is not wired in yet), **task** -> the
-   task's initial state re-grounded (offline: the certified snapshot), **evaluator** -> the verifier
-   regenerated from the reference evidence; **policy** failures revise nothing (they are training signal);
+3. each blamed component, and only it, is revised: **environment** -> the server's backend, **task** ->
+   the task's initial state, **evaluator** -> the verifier; **policy** failures revise nothing (they are
+   training signal). Offline (no ``reviser``): the backend is restored to the last certified source, the
+   initial state to the certified snapshot, the verifier regenerated from the reference evidence. With an
+   :class:`~treadle.weft.evolve.revise.LLMReviser`, an LLM role proposes the revised component from its
+   evidence and it is accepted only if it passes its validation (backend: the synthesis validation in the
+   sandbox, for synthesised environments; a native environment's trusted source is restored instead; task:
+   the three certification baselines; verifier: the reference evidence); a rejected proposal leaves the
+   component as it was, every answer is in :attr:`Round.revisions`. Backends are revised first, so that a task or verifier revised in the same round is validated on the
+   repaired server;
 4. what depends on a revised component is re-validated (the reference plan of every task on a revised
    server, or of a revised task, must pass its verifier).
 
@@ -31,6 +37,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from treadle.weft.callparse import ToolCall
 from treadle.weft.evolve.attribute import Attribution, Blame, ReferenceEvidence, attribute, generate_verifier
+from treadle.weft.evolve.certify import play
+from treadle.weft.evolve.revise import RevisionAttempt, SynthEnv
 from treadle.weft.rollouts.tasks import AtomicTask
 from treadle.weft.state import Snapshot
 from treadle.weft.verify import CheckpointSpec
@@ -51,12 +59,15 @@ class TaskSlot:
 
 @dataclass
 class EvolvingSystem:
-    """Server sources per environment (current and certified) and the task slots."""
+    """Server sources per environment (current and certified), the task slots, and the artefacts of the
+    synthesised environments among them (``synth``: env -> :class:`~treadle.weft.evolve.revise.SynthEnv`;
+    their ``sources`` are the served modules of those artefacts)."""
 
     sources: dict[str, str]
     certified: dict[str, str]
     tasks: list[TaskSlot]
     backend_versions: dict[str, int] = field(default_factory=dict)
+    synth: dict[str, SynthEnv] = field(default_factory=dict)
 
     def digests(self) -> dict[str, str]:
         """``{component: digest}`` for every backend, task initial state and verifier."""
@@ -83,6 +94,7 @@ class Round(BaseModel):
     blamed: list[str] = Field(default_factory=list)
     revised: list[str] = Field(default_factory=list)
     revalidated: dict[str, bool] = Field(default_factory=dict)
+    revisions: list[RevisionAttempt] = Field(default_factory=list, description="every LLM reviser answer")
 
     @property
     def untouched_ok(self) -> bool:
@@ -101,26 +113,18 @@ def _attempt_calls(task: AtomicTask, rates: dict[str, float], seed: int, attempt
             for step in ReplayPolicy(rates, seed=seed).plan(h, ctx) for c in h.parse(step).calls]
 
 
-async def _play(rt: Any, h: str, start: Snapshot, spec: CheckpointSpec, calls: Sequence[ToolCall]):
-    sid = await rt.create_session(h, start)
-    try:
-        outs = [await rt.call_tool(sid, c.name, c.arguments) for c in calls]
-        return outs, await rt.verify_turn(sid, start, spec, outs)
-    finally:
-        await rt.close(sid)
-
-
 async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str, float], k: int = 2,
-                    seed: int = 0) -> Round:
-    """One round of the loop (see the module docstring); revises ``system`` in place."""
+                    seed: int = 0, reviser: Any = None) -> Round:
+    """One round of the loop (see the module docstring); revises ``system`` in place (``reviser``: an
+    :class:`~treadle.weft.evolve.revise.LLMReviser`, or None for the offline revisions)."""
     hashes = {e: rt.register(src) for e, src in system.sources.items()}
     calls = errors = passed = 0
     failed: list[tuple[TaskSlot, Any, Any]] = []
     for slot in system.tasks:
         last = None
         for a in range(k):
-            outs, verdict = await _play(rt, hashes[slot.env], slot.start, slot.spec,
-                                        _attempt_calls(slot.task, rates, seed, a))
+            outs, verdict = await play(rt, hashes[slot.env], slot.start, slot.spec,
+                                       _attempt_calls(slot.task, rates, seed, a))
             last = (outs, verdict)
             if verdict.r == 1:
                 break
@@ -134,39 +138,58 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
     rnd = Round(round=n, tool_calls=calls, tool_errors=errors, error_rate=errors / calls if calls else 0.0,
                 passed=passed, tasks=len(system.tasks))
     before = system.digests()
-    revise_env: set[str] = set()
+    logged = len(reviser.log) if reviser is not None else 0
+    env_evidence: dict[str, list[Attribution]] = {}
+    blamed_slots: list[tuple[TaskSlot, Attribution]] = []
     for slot, outs, verdict in failed:
         att = await attribute(rt, hashes[slot.env], slot.start, slot.spec, slot.evidence, outs, verdict)
         rnd.attributions.append(att)
         if att.blame == Blame.environment:
             rnd.blamed.append(f"backend:{slot.env}")
-            revise_env.add(slot.env)
-        elif att.blame == Blame.task:
-            rnd.blamed.append(f"task:{slot.task.name}")
-            slot.start = slot.certified_start  # re-grounded
-            slot.versions["task"] += 1
-        elif att.blame == Blame.evaluator:
-            rnd.blamed.append(f"verifier:{slot.task.name}")
-            slot.spec = generate_verifier(slot.task.checkpoint, slot.start, slot.evidence)
-            slot.versions["verifier"] += 1
-    for env in sorted(revise_env):
-        system.sources[env] = system.certified[env]
-        system.backend_versions[env] = system.backend_versions.get(env, 1) + 1
+            env_evidence.setdefault(slot.env, []).append(att)
+        elif att.blame in (Blame.task, Blame.evaluator):
+            rnd.blamed.append(f"{'task' if att.blame == Blame.task else 'verifier'}:{slot.task.name}")
+            blamed_slots.append((slot, att))
+    revise_env: set[str] = set()
+    for env in sorted(env_evidence):  # backends first: tasks and verifiers are validated on the repaired server
+        if reviser is not None and env in system.synth:
+            new = await reviser.backend(env, system.synth[env], env_evidence[env])
+        else:  # offline, or a native environment (trusted code: restored, never rewritten by an LLM)
+            new = system.certified[env]
+        if new is not None and new != system.sources[env]:
+            system.sources[env] = new
+            system.backend_versions[env] = system.backend_versions.get(env, 1) + 1
+            revise_env.add(env)
+            hashes[env] = rt.register(new)
+    for slot, att in blamed_slots:
+        if att.blame == Blame.task:
+            new = slot.certified_start if reviser is None else await reviser.task(rt, hashes[slot.env], slot, att)
+            if new is not None:
+                slot.start = new
+                slot.versions["task"] += 1
+        else:
+            new = (generate_verifier(slot.task.checkpoint, slot.start, slot.evidence) if reviser is None
+                   else await reviser.verifier(rt, hashes[slot.env], slot, att))
+            if new is not None:
+                slot.spec = new
+                slot.versions["verifier"] += 1
+    if reviser is not None:
+        rnd.revisions = list(reviser.log[logged:])
     after = system.digests()
     rnd.revised = sorted(c for c in after if after[c] != before.get(c))
     rnd.blamed = sorted(set(rnd.blamed))
     touched_tasks = {c.split(":", 1)[1] for c in rnd.revised if not c.startswith("backend:")}
     for slot in system.tasks:  # re-validate what depends on a revised component
         if slot.env in revise_env or slot.task.name in touched_tasks:
-            h = rt.register(system.sources[slot.env])
-            _, v = await _play(rt, h, slot.start, slot.spec, list(slot.evidence.calls))
+            _, v = await play(rt, hashes[slot.env], slot.start, slot.spec, list(slot.evidence.calls))
             rnd.revalidated[slot.task.name] = v.r == 1
     return rnd
 
 
 async def evolve(rt: Any, system: EvolvingSystem, *, rates: dict[str, float], max_rounds: int = 5, k: int = 2,
-                 seed: int = 0) -> list[Round]:
-    """Rounds until the tool-call error rate of the selected trajectories stops falling (at most ``max_rounds``).
+                 seed: int = 0, reviser: Any = None) -> list[Round]:
+    """Rounds until the tool-call error rate of the selected trajectories stops falling (at most ``max_rounds``);
+    ``reviser`` as in :func:`run_round`.
 
     Raises:
         ValueError: ``max_rounds`` or ``k`` < 1.
@@ -175,7 +198,7 @@ async def evolve(rt: Any, system: EvolvingSystem, *, rates: dict[str, float], ma
         raise ValueError(f"max_rounds and k must be >= 1, got {max_rounds}, {k}")
     rounds: list[Round] = []
     for n in range(1, max_rounds + 1):
-        rounds.append(await run_round(rt, system, n, rates=rates, k=k, seed=seed))
+        rounds.append(await run_round(rt, system, n, rates=rates, k=k, seed=seed, reviser=reviser))
         if len(rounds) >= 2 and rounds[-1].error_rate >= rounds[-2].error_rate:
             break
     return rounds

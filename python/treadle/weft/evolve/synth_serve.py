@@ -281,13 +281,6 @@ def synth_server(spec: dict[str, Any]) -> WeftServer:
 async def synth_env(rt: Any, source: str) -> Any:
     """Register a :func:`server_source` module in ``rt``; its :class:`~treadle.weft.rollouts.sessions.Env`
     (hash, initial snapshot, tools) for rollouts, certification and composition."""
-    from treadle.weft.rollouts.sessions import Env
+    from treadle.weft.rollouts.sessions import env_of
 
-    h = rt.register(source)
-    snap = initial_snapshot(source)
-    sid = await rt.create_session(h, snap)
-    try:
-        tools = tuple(await rt.list_tools(sid))
-    finally:
-        await rt.close(sid)
-    return Env(server_hash=h, snapshot=snap, tools=tools)
+    return await env_of(rt, source, initial_snapshot(source))

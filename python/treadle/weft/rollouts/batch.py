@@ -124,15 +124,9 @@ def build_setup(cfg: SampleConfig, *, client: Any = None) -> Setup:
 async def shop_env(rt: Any) -> Env:
     """Register the shop server and read its tools."""
     from treadle.weft.envs import shop
+    from treadle.weft.rollouts.sessions import env_of
 
-    h = rt.register(shop)
-    snap = shop.initial_snapshot()
-    sid = await rt.create_session(h, snap)
-    try:
-        tools = tuple(await rt.list_tools(sid))
-    finally:
-        await rt.close(sid)
-    return Env(server_hash=h, snapshot=snap, tools=tools)
+    return await env_of(rt, shop, shop.initial_snapshot())
 
 
 ENVS = {"shop": shop_env}

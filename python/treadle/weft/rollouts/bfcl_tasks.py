@@ -158,7 +158,7 @@ async def bfcl_env(rt: Any, env_name: str) -> Any:
         ValueError: a malformed env name, unknown category or entry id.
     """
     from treadle.weft.envs import bfcl
-    from treadle.weft.rollouts.sessions import Env, Server
+    from treadle.weft.rollouts.sessions import Env, env_of
 
     _, _, rest = env_name.partition(PREFIX)
     category, _, entry_id = rest.partition(":")
@@ -171,11 +171,6 @@ async def bfcl_env(rt: Any, env_name: str) -> Any:
         h = bfcl.register_class(rt, cls)
         snap = bfcl.initial_snapshot(rt, h, cls, entry.get("initial_config", {}).get(cls, {}),
                                      long_context=category == "long_context")
-        sid = await rt.create_session(h, snap)
-        try:
-            tools = tuple(await rt.list_tools(sid))
-        finally:
-            await rt.close(sid)
-        servers.append(Server(h, snap, tools))
+        servers.append((await env_of(rt, h, snap)).servers[0])
     first, *more = servers
     return Env(server_hash=first.server_hash, snapshot=first.snapshot, tools=first.tools, more=tuple(more))

@@ -65,6 +65,18 @@ class Env:
         return out
 
 
+async def env_of(rt: Runtime, server: Any, snapshot: Snapshot) -> Env:
+    """Register ``server`` (a module, a path or module source, see :meth:`Runtime.register`; or the hash of a server
+    ``rt`` already has) and read its tools: the one-server :class:`Env` starting from ``snapshot``."""
+    h = server if isinstance(server, str) and server in rt.registry else rt.register(server)
+    sid = await rt.create_session(h, snapshot)
+    try:
+        tools = tuple(await rt.list_tools(sid))
+    finally:
+        await rt.close(sid)
+    return Env(server_hash=h, snapshot=snapshot, tools=tools)
+
+
 class SessionGroup:
     """One open session per server of ``env`` (index-aligned with ``env.servers``)."""
 
