@@ -34,7 +34,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from treadle.distributed.parallel import (all_reduce_sum, broadcast_object, check_parallel, share, wrap)
+from treadle.distributed.parallel import (all_reduce_sum, broadcast_object, check_data_parallel, check_parallel, share,
+                                          wrap)
 from treadle.distributed.process_group import is_main, world_size
 from treadle.scale.stage_two import Replicas
 
@@ -123,15 +124,14 @@ def evaluate_sharded(model: nn.Module, tokenizer, problems_by_level: dict, *, k:
 class DataParallel(Replicas):
     """What each rank does in a data-parallel Stage-II run (see the module doc)."""
 
-    def __init__(self, parallel: str, group=None):
+    def __init__(self, parallel: str, group=None, report_to=None):
         check_parallel(parallel, "SCALE Stage II")
-        self.parallel, self.group = parallel, group
+        self.parallel, self.group, self.report_to = parallel, group, report_to
         self.world, self.main = world_size(group), is_main(group)
 
     def check(self, config) -> None:
-        if config.batch_size < self.world:
-            raise ValueError(f"batch_size ({config.batch_size}) must be >= the world size ({self.world}): every "
-                             f"rank trains on a part of each global batch")
+        check_data_parallel(self.parallel, "SCALE Stage II", batch_size=config.batch_size, report_to=self.report_to,
+                            group=self.group)
 
     def sample(self, make):  # once, by rank 0, before sharding
         return broadcast_object(make() if self.main else None, group=self.group)
@@ -212,10 +212,6 @@ def train_scale(peft_model: nn.Module, tokenizer, config=None, out_dir=None, *, 
     """
     from treadle.scale.stage_two import run
 
-    replicas = DataParallel(parallel, group)
-    if report_to not in (None, "none"):
-        raise ValueError(f"report_to={report_to!r} is not supported with parallel={parallel!r} (use None); "
-                         f"log.jsonl in the run folder holds every step")
-    return run(peft_model, tokenizer, config, out_dir, replicas, console=console, progress=progress,
-               evaluate_model=evaluate_model, evaluate_before=evaluate_before, report_to=None, resume=resume,
-               save_every=save_every)
+    return run(peft_model, tokenizer, config, out_dir, DataParallel(parallel, group, report_to), console=console,
+               progress=progress, evaluate_model=evaluate_model, evaluate_before=evaluate_before, report_to=None,
+               resume=resume, save_every=save_every)

@@ -29,11 +29,9 @@ at the position that produced it (the same response positions as the objective's
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re
-import time
 from pathlib import Path
 from typing import Annotated, Literal
 
