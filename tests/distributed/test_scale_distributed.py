@@ -165,3 +165,32 @@ def test_interrupted_in_one_process_resumes_on_two_ddp_ranks(single, run_ranks, 
         assert r["objective_after"] == pytest.approx(ref["objective_after"], rel=1e-4)
     torch.testing.assert_close(torch.tensor(_logged_losses(d)), torch.tensor(ref["losses"]), **TOL)
     _gates_match(d, single)
+
+
+def test_the_run_folder_rules_of_a_checkpoint(tmp_path, monkeypatch):
+    """One process: a checkpoint of another config is refused before any change (model and folder as they
+    were), more epochs continue it, fewer than it holds are refused, resume=False starts afresh."""
+    from treadle.scale import gated_layers
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    d = tmp_path / "run"
+    pm, tok = _stage_one()
+    train(pm, tok, ScaleTrainConfig(**CFG), d, evaluate_model=False, save_every=SAVE_EVERY)
+    files = ("log.jsonl", "gates.safetensors", "config.json", "checkpoint/trainer_state.pt",
+             "checkpoint/gates.safetensors")
+    kept = {f: (d / f).read_bytes() for f in files}
+    pm, tok = _stage_one()
+    with pytest.raises(ValueError, match=r"another config \(lr: 0.03 -> 0.01\)"):
+        train(pm, tok, ScaleTrainConfig(**{**CFG, "lr": 1e-2}), d)
+    with pytest.raises(ValueError, match="at step 8, past this run's 4 steps"):
+        train(pm, tok, ScaleTrainConfig(**{**CFG, "epochs": 1}), d)
+    assert not gated_layers(pm) and {f: (d / f).read_bytes() for f in files} == kept
+    s = train(pm, tok, ScaleTrainConfig(**{**CFG, "epochs": 3}), d, evaluate_model=False, save_every=SAVE_EVERY)
+    assert (s["start_step"], s["steps"]) == (8, 12)
+    assert [json.loads(x)["step"] for x in (d / "log.jsonl").read_text().splitlines() if '"type": "step"' in x] == \
+        list(range(12))
+    pm, tok = _stage_one()
+    s = train(pm, tok, ScaleTrainConfig(**{**CFG, "lr": 1e-2}), d, evaluate_model=False, resume=False)
+    assert s["start_step"] == 0 and s["steps"] == 8
+    state = torch.load(d / "checkpoint" / "trainer_state.pt", weights_only=True)
+    assert state["step"] == 8 and state["config"]["lr"] == 1e-2

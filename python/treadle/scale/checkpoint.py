@@ -28,12 +28,12 @@ CHECKPOINT = "checkpoint"
 RESUMABLE = ("epochs",)  # config keys that may differ between a checkpoint and the run resuming it
 
 
-def checkpoint_config(config, k: int) -> dict:
-    """The settings a checkpoint must share with the run that resumes it: the config (JSON types) and the
-    ``k`` actually used, without :data:`RESUMABLE` keys."""
+def checkpoint_config(config, k: int, base_model: str | None = None) -> dict:
+    """The settings a checkpoint must share with the run that resumes it: the config (JSON types), the
+    ``k`` actually used and the base model's ``name_or_path``, without :data:`RESUMABLE` keys."""
     import dataclasses
 
-    cfg = json.loads(json.dumps({**dataclasses.asdict(config), "k_used": k}))
+    cfg = json.loads(json.dumps({**dataclasses.asdict(config), "k_used": k, "base_model": base_model}))
     return {key: v for key, v in cfg.items() if key not in RESUMABLE}
 
 

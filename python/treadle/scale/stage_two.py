@@ -160,7 +160,7 @@ def run(peft_model: nn.Module, tokenizer, config, out_dir, replicas: Replicas, *
     say = console.print if (console is not None and main) else (lambda *a, **kw: None)
     if k != config.k:
         say(f"[yellow]k = {config.k} exceeds the vocabulary ({vocab}); using k = {k} (normaliser log {k})[/yellow]")
-    ckpt_cfg = checkpoint_config(config, k)
+    ckpt_cfg = checkpoint_config(config, k, _base_name(peft_model))
     state = read_checkpoint(out_dir, ckpt_cfg) if (resume and out_dir is not None) else None
 
     pairs = _prepared_pairs(peft_model, tokenizer, config, replicas)
