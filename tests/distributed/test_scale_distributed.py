@@ -170,8 +170,9 @@ def test_interrupted_on_two_fsdp2_ranks_resumes_in_one_process(single, run_ranks
     _gates_match(d, single)
 
 
-def test_interrupted_in_one_process_resumes_on_two_ddp_ranks(single, run_ranks, tmp_path, monkeypatch):
-    """One process stops after step 7 (checkpoint at step 6); 2 DDP ranks resume at step 6."""
+def test_interrupted_in_one_process_resumes_on_two_fsdp2_ranks(single, run_ranks, tmp_path, monkeypatch):
+    """One process stops after step 7 (checkpoint at step 6); 2 FSDP2 ranks resume at step 6 (the full
+    gates and Adam moments are sharded as the parameters are, on load)."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     d = tmp_path / "run"
     pm, tok = _stage_one()
@@ -181,7 +182,7 @@ def test_interrupted_in_one_process_resumes_on_two_ddp_ranks(single, run_ranks, 
             train(pm, tok, ScaleTrainConfig(**CFG), d, evaluate_model=False, save_every=SAVE_EVERY)
     finally:
         hook.remove()
-    res = run_ranks(_worker, W, "ddp", d, False)
+    res = run_ranks(_worker, W, "fsdp2", d, False)
     ref = single["summary"]
     for r in res:
         assert r["start_step"] == 6
