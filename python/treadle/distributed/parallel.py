@@ -29,8 +29,8 @@ from torch import nn
 
 from treadle.distributed.process_group import collective_device, rank, require_initialized, world_size
 
-__all__ = ["PARALLEL", "check_parallel", "wrap", "share", "no_sync", "full_tensor", "full_optimizer_state",
-           "load_optimizer_state", "all_reduce_sum", "broadcast_object"]
+__all__ = ["PARALLEL", "check_parallel", "check_data_parallel", "wrap", "share", "no_sync", "full_tensor",
+           "full_optimizer_state", "load_optimizer_state", "all_reduce_sum", "broadcast_object", "full_parameters"]
 
 PARALLEL = ("ddp", "fsdp2")
 
@@ -43,6 +43,29 @@ def check_parallel(parallel: str | None, what: str = "training") -> None:
     if parallel not in PARALLEL:
         raise ValueError(f"parallel must be one of {PARALLEL} or None, got {parallel!r}")
     require_initialized(f"{what} with parallel={parallel!r}")
+
+
+def check_data_parallel(parallel: str, what: str, *, batch_size: int, report_to=None, group=None) -> int:
+    """The checks every data-parallel trainer (STAIR, SCALE Stage II) makes before any change:
+    :func:`check_parallel`, no metric sink (``report_to``: single-process only for now; log.jsonl holds
+    every step), and a global batch with at least one row per rank.
+
+    Returns:
+        The world size of ``group``.
+
+    Raises:
+        ValueError: unknown ``parallel``; a ``report_to`` sink; ``batch_size`` < world size.
+        NotDistributedError: torch.distributed is not initialised.
+    """
+    check_parallel(parallel, what)
+    if report_to not in (None, "none"):
+        raise ValueError(f"report_to={report_to!r} is not supported with parallel={parallel!r} (use None); "
+                         f"log.jsonl in the run folder holds every step")
+    W = world_size(group)
+    if batch_size < W:
+        raise ValueError(f"batch_size ({batch_size}) must be >= the world size ({W}): every rank trains on "
+                         f"a part of each global batch")
+    return W
 
 
 def wrap(module: nn.Module, parallel: str, *, blocks: Sequence[nn.Module] = (), group=None) -> nn.Module:

@@ -1,40 +1,45 @@
 """SCALE Stage II on torch.distributed (DDP or FSDP2; issue 18): :func:`train_scale`, reached through
 ``treadle.scale.training.train(..., parallel="ddp" | "fsdp2")``.
 
-The global batches are the single-process trainer's (same seeded shuffle, same ``batch_size``); rank r
-trains on its contiguous part of each. Its loss is ``objective(its rows) * (its response positions) /
-(response positions of the global batch, all-reduced) * world``, so after DDP/FSDP average the
-gradients the gates get the whole batch's gradient (SCALE sec. 4.3: a mean over response positions),
-and the logged loss (summed over ranks) is the whole batch's. Only the gates train; under FSDP2 the
-frozen base weights, the LoRA A/B and the gates are sharded (``fully_shard`` per decoder layer plus
-the root) and all-gathered block by block inside the forward, where treadle's fused gated-LoRA op gets
-plain tensors.
+The run itself (data, run folder, checkpoints and resume, step loop, summary) is the single-process one,
+:func:`treadle.scale.stage_two.run`; this module gives it :class:`DataParallel`, which says what each
+rank does:
 
-What runs where: the Stage-I evaluation and the objective before training run on rank 0 before any
-sharding (the gates are zero: lambda = 1, the Stage-I model); sampled responses are drawn once by rank
-0 and broadcast. After training the objective is computed by all ranks together; the held-out
-evaluation (greedy generation) runs on rank 0 under DDP, and is NOT run under FSDP2 (generation stops
-at a data-dependent step, so the ranks' all-gathers would not line up): ``after`` is None there;
-evaluate the saved ``gates.safetensors`` in one process (:func:`treadle.scale.load_gates`). Gates are
-written once, by rank 0, with full tensors. There is no mid-run checkpoint (as in one process).
+* Training: the global batches are the single-process trainer's (same seeded shuffle, same
+  ``batch_size``); rank r trains on its contiguous part of each. Its loss is ``objective(its rows) *
+  (its response positions) / (response positions of the global batch, all-reduced) * world``, so after
+  DDP/FSDP average the gradients the gates get the whole batch's gradient (SCALE sec. 4.3: a mean over
+  response positions), and the logged loss (summed over ranks) is the whole batch's. Only the gates
+  train; under FSDP2 the frozen base weights, the LoRA A/B and the gates are sharded (``fully_shard``
+  per decoder layer plus the root) and all-gathered block by block inside the forward, where treadle's
+  fused gated-LoRA op gets plain tensors.
+* Before training (the gates are zero: lambda = 1, the Stage-I model) the objective and the held-out
+  evaluation run on rank 0 before any sharding; sampled responses are drawn once by rank 0; both are
+  broadcast.
+* After training the objective and the held-out evaluation are computed by all ranks together, each on
+  its part of every batch (:func:`evaluate_sharded`); the sums are all-reduced and the lambdas gathered,
+  so the numbers are one process's (up to float summation order). Under FSDP2 the root's own
+  parameters (embeddings, final norm, head) are all-gathered for the evaluation and the decoder layers'
+  block by block in every forward; generation runs with transformers' ``synced_gpus`` (a rank whose
+  sequences ended keeps taking part in the forwards until every rank's have), so the ranks' all-gathers
+  line up.
+* Checkpoints (``checkpoint/``) and the final ``gates.safetensors`` are written once, by rank 0, with
+  full tensors in the single-process format: a run resumes on any number of ranks, or in one process.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
-import time
-from pathlib import Path
+import contextlib
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from treadle.distributed.parallel import (all_reduce_sum, broadcast_object, check_parallel, full_parameters,
-                                          full_tensor, share, wrap)
+from treadle.distributed.parallel import (all_reduce_sum, broadcast_object, check_data_parallel, check_parallel, share,
+                                          wrap)
 from treadle.distributed.process_group import is_main, world_size
+from treadle.scale.stage_two import Replicas
 
-__all__ = ["train_scale"]
+__all__ = ["train_scale", "DataParallel", "evaluate_sharded"]
 
 
 class _ScaleStep(nn.Module):
@@ -54,13 +59,6 @@ class _ScaleStep(nn.Module):
                               objective=self.objective)
 
 
-def _global_batches(pairs, batch_size: int, generator: torch.Generator | None):
-    order = torch.randperm(len(pairs), generator=generator).tolist() if generator is not None else \
-        list(range(len(pairs)))
-    for i in range(0, len(order), batch_size):
-        yield [pairs[j] for j in order[i:i + batch_size]]
-
-
 def _rank_loss(wrapped, chunk, pad_id, device, *, grad: bool, group):
     """This rank's share of the global batch ``chunk``: ``(loss to backward, its share of the global mean)``."""
     from treadle.scale.batches import collate
@@ -75,161 +73,145 @@ def _rank_loss(wrapped, chunk, pad_id, device, *, grad: bool, group):
     return part * world_size(group), float(part.detach())
 
 
+def evaluate_sharded(model: nn.Module, tokenizer, problems_by_level: dict, *, k: int, max_new_tokens: int,
+                     batch_size: int = 64, keep_lambdas: bool = False, group=None) -> dict:
+    """:func:`treadle.scale.training.evaluate` with every rank on its contiguous part of each batch of
+    ``batch_size`` problems (a rank without rows runs row 0 with weight 0, so every rank makes the same
+    forwards). A collective: every rank calls it with the same arguments and gets the same result, the
+    single-process one up to float summation order (the lambdas in the single-process order).
+
+    The model must be usable by each rank on its own rows: replicated (DDP, or before sharding), or FSDP2
+    with its root unsharded and generation synchronised (:meth:`DataParallel.evaluate` does both).
+
+    Raises:
+        ValueError: no problems, or a level with none (on every rank, before any collective).
+    """
+    from treadle.scale.gates import gated_layers
+    from treadle.scale.training import evaluate_chunk, evaluation_report
+
+    if not problems_by_level or any(len(v) == 0 for v in problems_by_level.values()):
+        raise ValueError("problems_by_level must map each level to a non-empty list of problems")
+    gated = bool(gated_layers(model))
+    sums, chunks = [], []  # per level: [correct], then [entropy sum, positions]; per batch: lambdas
+    ent_sum, ent_n = 0.0, 0
+    for problems in problems_by_level.values():
+        right = 0
+        for i in range(0, len(problems), batch_size):
+            chunk = problems[i:i + batch_size]
+            rows, real = share(len(chunk), group=group)
+            c, e, n, lams = evaluate_chunk(model, tokenizer, chunk[rows], k=k, max_new_tokens=max_new_tokens,
+                                           gated=gated)
+            if real:
+                right, ent_sum, ent_n = right + c, ent_sum + e, ent_n + n
+            chunks.append(lams if real else {})
+        sums.append(right)
+    *rights, ent_sum, ent_n = all_reduce_sum([*sums, ent_sum, ent_n], group=group)
+    per_module = None
+    if gated:
+        ranks = [None] * world_size(group)
+        dist.all_gather_object(ranks, chunks, group=group)
+        per_module = {}
+        for i in range(len(chunks)):  # batch by batch, rank by rank: the single-process order
+            for r in ranks:
+                for name, lam in r[i].items():
+                    per_module.setdefault(name, []).append(lam)
+    acc = {lv: rights[j] / len(p) for j, (lv, p) in enumerate(problems_by_level.items())}
+    total = sum(len(p) for p in problems_by_level.values())
+    return evaluation_report(acc, int(round(sum(rights))), total, ent_sum, int(round(ent_n)), per_module,
+                             keep_lambdas=keep_lambdas)
+
+
+class DataParallel(Replicas):
+    """What each rank does in a data-parallel Stage-II run (see the module doc)."""
+
+    def __init__(self, parallel: str, group=None, report_to=None):
+        check_parallel(parallel, "SCALE Stage II")
+        self.parallel, self.group, self.report_to = parallel, group, report_to
+        self.world, self.main = world_size(group), is_main(group)
+
+    def check(self, config) -> None:
+        check_data_parallel(self.parallel, "SCALE Stage II", batch_size=config.batch_size, report_to=self.report_to,
+                            group=self.group)
+
+    def sample(self, make):  # once, by rank 0, before sharding
+        return broadcast_object(make() if self.main else None, group=self.group)
+
+    def broadcast(self, obj):
+        return broadcast_object(obj, group=self.group)
+
+    def all_sum(self, values):
+        return all_reduce_sum(values, group=self.group)
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.group)
+
+    def before(self, measure):  # the Stage-I model, whole on every rank until wrap(): rank 0 alone
+        return broadcast_object(measure() if self.main else None, group=self.group)
+
+    def wrap(self, peft_model, k, objective) -> None:
+        super().wrap(peft_model, k, objective)
+        blocks = []
+        if self.parallel == "fsdp2":
+            base = peft_model.get_base_model() if hasattr(peft_model, "get_base_model") else peft_model
+            blocks = list(getattr(base.get_decoder(), "layers", []))
+        self.wrapped = wrap(_ScaleStep(peft_model, k, objective), self.parallel, blocks=blocks, group=self.group)
+
+    def batch_loss(self, chunk, pad_id, device):
+        return _rank_loss(self.wrapped, chunk, pad_id, device, grad=True, group=self.group)
+
+    def objective_over(self, pairs, pad_id, batch_size) -> float:
+        from treadle.scale.stage_two import global_batches
+
+        device = next(self.model.parameters()).device
+        acc = 0.0
+        with torch.no_grad():
+            for _, _, chunk in global_batches(pairs, batch_size, None):
+                acc += _rank_loss(self.wrapped, chunk, pad_id, device, grad=False, group=self.group)[1] * \
+                    sum(len(r) for _, r in chunk)  # position-weighted like _objective_over
+        (tot,) = all_reduce_sum([acc], group=self.group)
+        return tot / max(sum(len(r) for _, r in pairs), 1)
+
+    def evaluate(self, tokenizer, heldout, *, max_new_tokens, keep_lambdas):
+        with self._evaluable():
+            return evaluate_sharded(self.model, tokenizer, heldout, k=self.k, max_new_tokens=max_new_tokens,
+                                    keep_lambdas=keep_lambdas, group=self.group)
+
+    @contextlib.contextmanager
+    def _evaluable(self):
+        """FSDP2: all-gather the root's own parameters (embeddings, final norm, head: used outside the
+        wrapped step module's forward) until the end, and mark the Hugging Face model as FSDP-managed the
+        way transformers' own FSDP2 set-up does, so that ``generate`` runs with ``synced_gpus``. DDP: no
+        change (every rank holds the whole model)."""
+        if self.parallel != "fsdp2":
+            yield
+            return
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        had = base.__dict__.get("_is_fsdp_managed_module", None)
+        self.wrapped.unshard()
+        base._is_fsdp_managed_module = True
+        try:
+            yield
+        finally:
+            if had is None:
+                base.__dict__.pop("_is_fsdp_managed_module", None)
+            else:
+                base._is_fsdp_managed_module = had
+            self.wrapped.reshard()
+
+
 def train_scale(peft_model: nn.Module, tokenizer, config=None, out_dir=None, *, parallel: str, group=None,
                 console=None, progress: bool = False, evaluate_model: bool = True, evaluate_before: bool = True,
-                report_to=None) -> dict:
-    """Data-parallel :func:`treadle.scale.training.train` (same arguments, files and summary keys).
+                report_to=None, resume: bool = True, save_every: int | None = 10) -> dict:
+    """Data-parallel :func:`treadle.scale.training.train` (same arguments, files and summary keys, plus
+    ``parallel`` and ``world_size``).
 
     Raises:
         NotDistributedError: torch.distributed is not initialised (run under torchrun).
         ValueError / GateError / TypeError: as the single-process trainer, before any change; also
             ``batch_size`` smaller than the world size, or a ``report_to`` sink (single-process only).
     """
-    from tqdm.auto import tqdm
+    from treadle.scale.stage_two import run
 
-    from treadle.data.arithmetic import ProblemGenerator
-    from treadle.run_dirs import check_out_dir, make_out_dir
-    from treadle.scale.batches import _check_tokenizer, collate, problem_pairs, sampled_pairs
-    from treadle.scale.gates import _active_adapter, _lora_layers, attach_gates, gated_layers, save_gates
-    from treadle.scale.training import (ScaleTrainConfig, _base_name, _heldout, _objective_over, _vocab, clamp_lambda,
-                                        evaluate, lambda_histogram)
-
-    check_parallel(parallel, "SCALE Stage II")
-    config = config or ScaleTrainConfig()
-    if not isinstance(config, ScaleTrainConfig):
-        raise TypeError(f"config must be a ScaleTrainConfig, got {type(config).__name__}")
-    if report_to not in (None, "none"):
-        raise ValueError(f"report_to={report_to!r} is not supported with parallel={parallel!r} (use None); "
-                         f"log.jsonl in the run folder holds every step")
-    W, main = world_size(group), is_main(group)
-    if config.batch_size < W:
-        raise ValueError(f"batch_size ({config.batch_size}) must be >= the world size ({W}): every rank trains on "
-                         f"a part of each global batch")
-    _check_tokenizer(tokenizer)
-    _lora_layers(peft_model, _active_adapter(peft_model), disable_dropout=True, expect_gated=False)
-    if out_dir is not None:
-        check_out_dir(out_dir)
-    vocab = _vocab(peft_model)
-    if vocab < 2:
-        raise ValueError(f"the model's vocabulary has {vocab} entries; the top-k entropy needs >= 2")
-    k = min(config.k, vocab)
-    say = console.print if (console is not None and main) else (lambda *a, **kw: None)
-    if k != config.k:
-        say(f"[yellow]k = {config.k} exceeds the vocabulary ({vocab}); using k = {k} (normaliser log {k})[/yellow]")
-
-    torch.manual_seed(config.seed)
-    problems = ProblemGenerator(config.seed).mixture(config.train_size, {lv: 1.0 for lv in config.levels},
-                                                     split="train")
-    if config.responses == "sampled":  # once, by rank 0, before sharding
-        pairs = sampled_pairs(peft_model, tokenizer, problems, max_new_tokens=config.max_new_tokens,
-                              temperature=config.temperature, seed=config.seed) if main else None
-        pairs = broadcast_object(pairs, group=group)
-    else:
-        pairs = problem_pairs(tokenizer, problems)
-    collate(pairs, tokenizer.pad_token_id)
-    out = make_out_dir(out_dir) if (out_dir is not None and main) else (Path(out_dir) if out_dir is not None else None)
-
-    params = attach_gates(peft_model, config.L, config.U, config.tau, disable_dropout=True)
-    lo, hi = config.lambda_bounds
-    if lo is not None or hi is not None:
-        clamp_lambda(peft_model, lo, hi)
-    peft_model.eval()
-    n_gate = sum(p.numel() for p in params)
-    pad = tokenizer.pad_token_id
-    log = None
-    if out is not None and main:
-        (out / "config.json").write_text(json.dumps({**dataclasses.asdict(config), "k_used": k,
-                                                     "lambda_bounds": list(config.lambda_bounds),
-                                                     "parallel": parallel, "world_size": W}, indent=1))
-        log = open(out / "log.jsonl", "w")
-
-    def write(rec):
-        if log is not None:
-            log.write(json.dumps(rec) + "\n")
-            log.flush()
-
-    heldout = _heldout(config) if evaluate_model else None
-    try:
-        write({"type": "config", **dataclasses.asdict(config), "k_used": k, "gate_params": n_gate,
-               "parallel": parallel, "world_size": W})
-        before = obj_before = None
-        if main:  # the Stage-I model, whole on every rank until wrap(): rank 0 alone
-            obj_before = _objective_over(peft_model, pairs, pad, k=k, objective=config.objective,
-                                         batch_size=max(config.batch_size, 64))
-            before = (evaluate(peft_model, tokenizer, heldout, k=k, max_new_tokens=config.max_new_tokens)
-                      if evaluate_model and evaluate_before else None)
-        obj_before, before = broadcast_object((obj_before, before), group=group)
-        write({"type": "eval", "when": "before", "objective": obj_before, **(before or {})})
-        step_module = _ScaleStep(peft_model, k, config.objective)
-        blocks = []
-        if parallel == "fsdp2":
-            base = peft_model.get_base_model() if hasattr(peft_model, "get_base_model") else peft_model
-            blocks = list(getattr(base.get_decoder(), "layers", []))
-        wrapped = wrap(step_module, parallel, blocks=blocks, group=group)
-        trainable = [p for p in peft_model.parameters() if p.requires_grad]  # the gates (DTensors under FSDP2)
-        opt = torch.optim.Adam(trainable, lr=config.lr)
-        shuffle = torch.Generator().manual_seed(config.seed + 1)
-        device = next(peft_model.parameters()).device
-        losses = []
-        steps = config.epochs * math.ceil(len(pairs) / config.batch_size)
-        bar = tqdm(total=steps, disable=not (progress and main), desc=f"scale stage II ({parallel})")
-        t0 = time.perf_counter()
-        step = 0
-        for epoch in range(config.epochs):
-            for chunk in _global_batches(pairs, config.batch_size, shuffle):
-                loss, mine = _rank_loss(wrapped, chunk, pad, device, grad=True, group=group)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                (total,) = all_reduce_sum([mine], group=group)
-                losses.append(total)
-                write({"type": "step", "step": step, "epoch": epoch, "loss": total})
-                step += 1
-                bar.update(1)
-        bar.close()
-        seconds = time.perf_counter() - t0
-        acc = 0.0
-        with torch.no_grad():
-            for chunk in _global_batches(pairs, max(config.batch_size, 64), None):
-                acc += _rank_loss(wrapped, chunk, pad, device, grad=False, group=group)[1] * \
-                    sum(len(r) for _, r in chunk)  # position-weighted like _objective_over
-        obj_after = _weighted_objective(acc, pairs, group)
-        full = {name: {n: full_tensor(p) for n, p in m._parameters.items() if n.startswith("scale_gate")}
-                for name, m in gated_layers(peft_model).items()}  # collectives: every rank
-        after, lambdas = None, None
-        if evaluate_model and parallel == "ddp" and main:  # replicated model: rank 0 alone, no collective
-            after = evaluate(peft_model, tokenizer, heldout, k=k, max_new_tokens=config.max_new_tokens,
-                             keep_lambdas=True)
-            lambdas = after.pop("lambdas")
-        elif evaluate_model and parallel == "fsdp2":
-            say("held-out evaluation after training is skipped under FSDP2 (generation would desynchronise the "
-                "ranks); evaluate gates.safetensors in one process")
-        write({"type": "eval", "when": "after", "objective": obj_after, **(after or {})})
-    finally:
-        if log is not None:
-            log.close()
-    summary = {"config": dataclasses.asdict(config), "k": k, "gate_params": n_gate, "objective": config.objective,
-               "objective_before": obj_before, "objective_after": obj_after, "before": before, "after": after,
-               "losses": losses, "steps": len(losses), "seconds": seconds, "gates": None, "histogram": None,
-               "base_model": _base_name(peft_model), "adapter": getattr(peft_model, "scale_adapter_path", None),
-               "parallel": parallel, "world_size": W}
-    if out is not None and main:
-        layers = gated_layers(peft_model)
-        import contextlib
-
-        with contextlib.ExitStack() as stack:
-            for name, m in layers.items():
-                stack.enter_context(full_parameters(m, full[name]))
-            summary["gates"] = str(save_gates(peft_model, out / "gates.safetensors"))
-        if lambdas is not None and lambdas.numel():
-            summary["histogram"] = str(lambda_histogram(lambdas, out / "lambda_hist.png", L=config.L, U=config.U))
-        (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    if out is not None:
-        dist.barrier(group=group)
-    return summary
-
-
-def _weighted_objective(acc: float, pairs, group) -> float:
-    """Sum over ranks of the position-weighted objective shares, divided by all response positions."""
-    (tot,) = all_reduce_sum([acc], group=group)
-    return tot / max(sum(len(r) for _, r in pairs), 1)
+    return run(peft_model, tokenizer, config, out_dir, DataParallel(parallel, group, report_to), console=console,
+               progress=progress, evaluate_model=evaluate_model, evaluate_before=evaluate_before, report_to=None,
+               resume=resume, save_every=save_every)

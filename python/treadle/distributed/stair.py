@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from treadle.distributed.parallel import (all_reduce_sum, broadcast_object, check_parallel, full_optimizer_state,
+from treadle.distributed.parallel import (all_reduce_sum, broadcast_object, check_data_parallel, full_optimizer_state,
                                           full_parameters, full_tensor, load_optimizer_state, no_sync, share, wrap)
 from treadle.distributed.process_group import is_main, world_size
 
@@ -103,14 +103,9 @@ def train_stair(model, tokenizer, config, run_dir, *, parallel: str, group=None,
     from treadle.stair.session import has_recurrent_layers
     from treadle.stair.training import _truncate_log, make_training_sessions, self_responses
 
-    check_parallel(parallel, "STAIR training")
-    if report_to not in (None, "none"):
-        raise ValueError(f"report_to={report_to!r} is not supported with parallel={parallel!r} (use None); "
-                         f"log.jsonl in the run folder holds every step")
-    W, main = world_size(group), is_main(group)
-    if config.batch_size < W:
-        raise ValueError(f"batch_size ({config.batch_size}) must be >= the world size ({W}): every rank trains on "
-                         f"a part of each global batch")
+    W = check_data_parallel(parallel, "STAIR training", batch_size=config.batch_size, report_to=report_to,
+                            group=group)
+    main = is_main(group)
     if parallel == "fsdp2" and has_recurrent_layers(model):
         raise ValueError("parallel='fsdp2' needs a model with softmax attention only: STAIR sessions on recurrent "
                          "(linear-attention) layers run one forward per distinct segment length, which differs "

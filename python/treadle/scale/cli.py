@@ -40,8 +40,13 @@ def _fail(err) -> None:
 
 
 def _open(out: Path, command: str, config: dict, overwrite: bool):
-    """The run folder of ``command`` (see treadle.run_dirs); exit 2 when it cannot be used as asked."""
-    return open_run(out, command=command, config=config, overwrite=overwrite)
+    """The run folder of ``command`` (see treadle.run_dirs); exit 2 when it cannot be used as asked.
+    ``parallel`` may differ on resume (a Stage-II checkpoint resumes on any world size, or in one process)."""
+    return open_run(out, command=command, config=config, overwrite=overwrite, ignore=("parallel",))
+
+
+def _stage_two_saved() -> str:
+    return "the log of the steps done (log.jsonl) and checkpoint/ (gates and optimizer, every 10 steps)"
 
 
 def _show_finished(run, what: str) -> bool:
@@ -249,7 +254,7 @@ def train_cmd(
             for t in summary_tables(json.loads(summary_file.read_text())):
                 console.print(t)
         return
-    with recorded(run, console, saved=lambda: "the log of the steps done (log.jsonl); gates are saved at the end"):
+    with recorded(run, console, saved=_stage_two_saved, resumable=True):
         try:
             pm, tok, adapter_dir, _ = _stage_one(model_path, quick, adapter, out, threads)
             summary = train(pm, tok, cfg, out, console=console, progress=progress_enabled(), report_to=reporters)
@@ -315,8 +320,7 @@ def _train_parallel(parallel: str, ctx, a: dict) -> None:
         finally:
             console = shown
         pm = pm.to(device)
-        ctx_run = recorded(run, console, saved=lambda: "the log of the steps done (log.jsonl); gates are saved at "
-                                                       "the end") if main else contextlib.nullcontext()
+        ctx_run = recorded(run, console, saved=_stage_two_saved, resumable=True) if main else contextlib.nullcontext()
         with ctx_run:
             try:
                 summary = train(pm, tok, cfg, out, console=console if main else None,

@@ -29,11 +29,9 @@ at the position that produced it (the same response positions as the objective's
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re
-import time
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -368,54 +366,79 @@ def evaluate(model: nn.Module, tokenizer, problems_by_level: dict, *, k: int = 1
     Raises:
         ValueError: no problems, or a level with none.
     """
+    from treadle.scale.gates import gated_layers
+
+    if not problems_by_level or any(len(v) == 0 for v in problems_by_level.values()):
+        raise ValueError("problems_by_level must map each level to a non-empty list of problems")
+    gated = bool(gated_layers(model))
+    acc, right, total = {}, 0, 0
+    ent_sum, ent_n = 0.0, 0
+    per_module: dict = {}
+    for level, problems in problems_by_level.items():
+        r = 0
+        for i in range(0, len(problems), batch_size):
+            c, e, n, lams = evaluate_chunk(model, tokenizer, problems[i:i + batch_size], k=k,
+                                           max_new_tokens=max_new_tokens, gated=gated)
+            r += c
+            ent_sum += e
+            ent_n += n
+            for name, lam in lams.items():
+                per_module.setdefault(name, []).append(lam)
+        acc[level] = r / max(len(problems), 1)
+        right += r
+        total += len(problems)
+    return evaluation_report(acc, right, total, ent_sum, ent_n, per_module if gated else None,
+                             keep_lambdas=keep_lambdas)
+
+
+def evaluate_chunk(model: nn.Module, tokenizer, chunk: list, *, k: int, max_new_tokens: int,
+                   gated: bool) -> tuple[int, float, int, dict]:
+    """One batch of :func:`evaluate`: greedy completions of ``chunk`` (problems), then one forward over
+    them. Returns ``(correct answers, entropy sum over generated tokens, generated tokens, {gated module
+    name: float32 CPU lambdas at those tokens})`` (the last empty when ``gated`` is False)."""
     from treadle.data.verify import is_correct
     from treadle.models.generation import generate
     from treadle.scale.batches import collate
     from treadle.scale.gates import gated_layers, record_lambda
 
-    if not problems_by_level or any(len(v) == 0 for v in problems_by_level.values()):
-        raise ValueError("problems_by_level must map each level to a non-empty list of problems")
     device = next(model.parameters()).device
-    gated = bool(gated_layers(model))
-    acc, right, total = {}, 0, 0
-    ent_sum, ent_n = 0.0, 0
-    per_type: dict = {}
-    per_module: dict = {}
-    for level, problems in problems_by_level.items():
-        r = 0
-        for i in range(0, len(problems), batch_size):
-            chunk = problems[i:i + batch_size]
-            gen = generate(model, tokenizer, [p.prompt for p in chunk], max_new_tokens=max_new_tokens)
-            r += sum(is_correct(t, p.answer) for t, p in zip(gen.texts, chunk))
-            pairs = []
-            for j in range(len(chunk)):
-                prompt = gen.prompt_ids[j][gen.prompt_mask[j].bool()].tolist()
-                pairs.append((prompt, gen.completion_ids[j][gen.completion_mask[j].bool()].tolist() or
-                              [tokenizer.eos_token_id]))
-            batch = collate(pairs, tokenizer.pad_token_id).to(device)
-            n = int(batch.response_mask.sum())
-            if gated:
-                record_lambda(model, True)
-            try:
-                ent_sum += float(gate_objective(model, batch, k=k)) * n
-                ent_n += n
-                if gated:
-                    for name, m in gated_layers(model).items():
-                        lam = m.scale_last_lambda[batch.response_mask].float().cpu()
-                        per_module.setdefault(name, []).append(lam)
-                        per_type.setdefault(name.rsplit(".", 1)[-1], []).append(lam)
-            finally:
-                if gated:
-                    record_lambda(model, False)
-        acc[level] = r / max(len(problems), 1)
-        right += r
-        total += len(problems)
+    gen = generate(model, tokenizer, [p.prompt for p in chunk], max_new_tokens=max_new_tokens)
+    right = sum(is_correct(t, p.answer) for t, p in zip(gen.texts, chunk))
+    pairs = []
+    for j in range(len(chunk)):
+        prompt = gen.prompt_ids[j][gen.prompt_mask[j].bool()].tolist()
+        pairs.append((prompt, gen.completion_ids[j][gen.completion_mask[j].bool()].tolist() or
+                      [tokenizer.eos_token_id]))
+    batch = collate(pairs, tokenizer.pad_token_id).to(device)
+    n = int(batch.response_mask.sum())
+    lams = {}
+    if gated:
+        record_lambda(model, True)
+    try:
+        ent = float(gate_objective(model, batch, k=k)) * n
+        if gated:
+            lams = {name: m.scale_last_lambda[batch.response_mask].float().cpu()
+                    for name, m in gated_layers(model).items()}
+    finally:
+        if gated:
+            record_lambda(model, False)
+    return right, ent, n, lams
+
+
+def evaluation_report(acc: dict, right: int, total: int, ent_sum: float, ent_n: int, per_module: dict | None, *,
+                      keep_lambdas: bool = False) -> dict:
+    """:func:`evaluate`'s result from its sums: accuracy per level and over all ``total`` problems, the
+    position-weighted entropy, and (``per_module``: module name -> list of lambda tensors; None on a model
+    without gates) the lambda shares overall, per module type and per layer."""
     out = {"accuracy": acc, "accuracy_mean": right / max(total, 1), "entropy": ent_sum / max(ent_n, 1),
            "lambda": None}
-    if gated:
+    if per_module is not None:
         from treadle.scale.gates import lambda_shares
 
         mods = {n: torch.cat(v) for n, v in per_module.items()}
+        per_type: dict = {}
+        for name, lam in mods.items():
+            per_type.setdefault(name.rsplit(".", 1)[-1], []).append(lam)
         all_l = torch.cat(list(mods.values()))
         out["lambda"] = {"overall": lambda_shares(all_l), "mean": float(all_l.mean()),
                          "per_type": {t: lambda_shares(torch.cat(v)) for t, v in per_type.items()},
@@ -477,7 +500,8 @@ def _objective_over(model, pairs, pad_id, *, k, objective, batch_size) -> float:
 
 def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = None, out_dir: str | Path | None = None,
           *, console=None, progress: bool = False, evaluate_model: bool = True,
-          evaluate_before: bool = True, report_to=None, parallel: str | None = None, group=None) -> dict:
+          evaluate_before: bool = True, report_to=None, parallel: str | None = None, group=None,
+          resume: bool = True, save_every: int | None = 10) -> dict:
     """SCALE Stage II (sec. 4.3): attach gates to ``peft_model`` and train only them.
 
     Args:
@@ -487,7 +511,7 @@ def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = No
         config: :class:`ScaleTrainConfig`.
         out_dir: run folder: ``config.json``, ``log.jsonl`` (config, evals, one line per step, lambda
             shares), ``summary.json``, ``gates.safetensors`` (:func:`treadle.scale.save_gates`),
-            ``lambda_hist.png``. None: nothing written.
+            ``lambda_hist.png``, ``checkpoint/`` (:mod:`treadle.scale.checkpoint`). None: nothing written.
         console: rich Console (None: silent); progress: tqdm bar.
         evaluate_model: run the held-out evaluation before/after (accuracy, entropy, lambda shares).
         evaluate_before: also before training (the Stage-I model); False when the caller has it already
@@ -498,137 +522,45 @@ def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = No
             trainer :func:`treadle.distributed.scale.train_scale` (each rank one part of every global batch;
             same losses and gates as one process; what it evaluates where is in its module doc).
             group: its process group (None: default).
+        resume: continue from ``out_dir/checkpoint`` when it holds a run of the same config (``epochs`` may
+            grow), written by one process or by any number of ranks; False: start afresh (the checkpoint
+            is replaced at the first save).
+        save_every: write ``checkpoint/`` every this many optimizer steps and after the last (None: never).
+
+    A resumed run gives the steps, losses and gates of the uninterrupted run: the data order is replayed
+    (one seeded permutation per epoch), the gates and Adam's state come from the checkpoint, and the
+    evaluation before training is the checkpoint's; ``log.jsonl`` keeps the steps up to the checkpoint
+    and logs the rest once.
 
     Returns:
         A summary dict: ``config``, ``k`` (used), ``gate_params``, ``objective_before/after`` (mean over
         the training responses), ``before``/``after`` (:func:`evaluate` results, without raw lambdas),
-        ``losses`` (per step), ``seconds``, paths, ``base_model`` (the base's ``name_or_path``) and
-        ``adapter`` (the Stage-I adapter folder, when loaded by :func:`load_stage_one` or written by
-        :func:`treadle.scale.sft`).
+        ``losses`` (per step, the resumed-from steps included), ``steps``, ``start_step`` (0, or the
+        checkpoint's step), ``seconds`` (this call's training), paths, ``base_model`` (the base's
+        ``name_or_path``) and ``adapter`` (the Stage-I adapter folder, when loaded by
+        :func:`load_stage_one` or written by :func:`treadle.scale.sft`).
 
     Raises:
         GateError (ValueError): no LoRA layers, several active adapters, unsupported layers, gates
             already attached (:func:`treadle.scale.attach_gates`), before any change.
-        ValueError: ``out_dir`` is a file, under a file, or not writable (before any change).
+        ValueError: ``out_dir`` is a file, under a file, or not writable; ``out_dir`` holds a checkpoint of
+            another config, or past this run's steps (with ``resume``); ``save_every`` not an int >= 1
+            (all before any change).
         ValueError: a tokenizer without chat template / EOS / pad; an example without response position;
             a ``report_to`` sink that is unknown or not installed (before any change).
+        KeyboardInterrupt: passed on; the last checkpoint stays in ``out_dir``.
     """
+    from treadle.scale.stage_two import Replicas, run
+
     if parallel is not None:
         from treadle.distributed.scale import train_scale
 
         return train_scale(peft_model, tokenizer, config, out_dir, parallel=parallel, group=group, console=console,
                            progress=progress, evaluate_model=evaluate_model, evaluate_before=evaluate_before,
-                           report_to=report_to)
-    from tqdm.auto import tqdm
-
-    from treadle.data.arithmetic import ProblemGenerator
-    from treadle.scale.batches import _check_tokenizer, collate, iterate_batches, problem_pairs, sampled_pairs
-    from treadle.scale.gates import _active_adapter, _lora_layers, attach_gates, save_gates
-    from treadle.run_dirs import check_out_dir, make_out_dir
-
-    from treadle.reporting import Reporter, resolve_report_to
-
-    config = config or ScaleTrainConfig()
-    if not isinstance(config, ScaleTrainConfig):
-        raise TypeError(f"config must be a ScaleTrainConfig, got {type(config).__name__}")
-    resolve_report_to(report_to)
-    _check_tokenizer(tokenizer)
-    # everything attach_gates would refuse, checked before the (possibly slow) data preparation
-    _lora_layers(peft_model, _active_adapter(peft_model), disable_dropout=True, expect_gated=False)
-    if out_dir is not None:
-        check_out_dir(out_dir)
-    vocab = _vocab(peft_model)
-    if vocab < 2:
-        raise ValueError(f"the model's vocabulary has {vocab} entries; the top-k entropy needs >= 2")
-    k = min(config.k, vocab)
-    say = console.print if console is not None else (lambda *a, **kw: None)
-    if k != config.k:
-        say(f"[yellow]k = {config.k} exceeds the vocabulary ({vocab}); using k = {k} (normaliser log {k})[/yellow]")
-
-    torch.manual_seed(config.seed)
-    problems = ProblemGenerator(config.seed).mixture(config.train_size, {lv: 1.0 for lv in config.levels},
-                                                     split="train")
-    if config.responses == "sampled":  # from the Stage-I model (no gates yet: exactly lambda = 1)
-        pairs = sampled_pairs(peft_model, tokenizer, problems, max_new_tokens=config.max_new_tokens,
-                              temperature=config.temperature, seed=config.seed)
-    else:
-        pairs = problem_pairs(tokenizer, problems)
-    collate(pairs, tokenizer.pad_token_id)  # every example has a response position (ValueError otherwise)
-    out = make_out_dir(out_dir) if out_dir is not None else None  # before the model gets gates
-
-    params = attach_gates(peft_model, config.L, config.U, config.tau, disable_dropout=True)
-    lo, hi = config.lambda_bounds
-    if lo is not None or hi is not None:
-        clamp_lambda(peft_model, lo, hi)
-    peft_model.eval()  # no dropout anywhere: Stage II changes only the gates
-    n_gate = sum(p.numel() for p in params)
-
-    log = None
-    if out is not None:
-        cfg_json = {**dataclasses.asdict(config), "k_used": k, "lambda_bounds": list(config.lambda_bounds)}
-        (out / "config.json").write_text(json.dumps(cfg_json, indent=1))
-        log = open(out / "log.jsonl", "w")
-
-    def write(rec):
-        if log is not None:
-            log.write(json.dumps(rec) + "\n")
-            log.flush()
-
-    heldout = _heldout(config) if evaluate_model else None
-    reporter = Reporter(report_to, out, config=dataclasses.asdict(config), name="scale-stage2")
-    try:
-        write({"type": "config", **dataclasses.asdict(config), "k_used": k, "gate_params": n_gate})
-        obj_before = _objective_over(peft_model, pairs, tokenizer.pad_token_id, k=k, objective=config.objective,
-                                     batch_size=max(config.batch_size, 64))
-        before = (evaluate(peft_model, tokenizer, heldout, k=k, max_new_tokens=config.max_new_tokens)
-                  if evaluate_model and evaluate_before else None)
-        write({"type": "eval", "when": "before", "objective": obj_before, **(before or {})})
-        opt = torch.optim.Adam(params, lr=config.lr)
-        shuffle = torch.Generator().manual_seed(config.seed + 1)
-        device = next(peft_model.parameters()).device
-        losses = []
-        steps = config.epochs * math.ceil(len(pairs) / config.batch_size)
-        bar = tqdm(total=steps, disable=not progress, desc="scale stage II")
-        t0 = time.perf_counter()
-        step = 0
-        for epoch in range(config.epochs):
-            for batch in iterate_batches(pairs, config.batch_size, tokenizer.pad_token_id, generator=shuffle):
-                loss = gate_objective(peft_model, batch.to(device), k=k, objective=config.objective)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                losses.append(loss.item())
-                write({"type": "step", "step": step, "epoch": epoch, "loss": losses[-1]})
-                reporter.log({"train/loss": losses[-1], "train/epoch": epoch}, step)
-                step += 1
-                bar.update(1)
-        bar.close()
-        seconds = time.perf_counter() - t0
-        obj_after = _objective_over(peft_model, pairs, tokenizer.pad_token_id, k=k, objective=config.objective,
-                                    batch_size=max(config.batch_size, 64))
-        after = (evaluate(peft_model, tokenizer, heldout, k=k, max_new_tokens=config.max_new_tokens,
-                          keep_lambdas=True) if evaluate_model else None)
-        lambdas = after.pop("lambdas") if after else None
-        write({"type": "eval", "when": "after", "objective": obj_after, **(after or {})})
-        reporter.log({"eval/objective": obj_after, **{f"eval/{k_}": v for k_, v in (after or {}).items()}}, step)
-    finally:
-        reporter.close()
-        if log is not None:
-            log.close()
-    summary = {"config": dataclasses.asdict(config), "k": k, "gate_params": n_gate, "objective": config.objective,
-               "objective_before": obj_before, "objective_after": obj_after, "before": before, "after": after,
-               "losses": losses, "steps": len(losses), "seconds": seconds, "gates": None, "histogram": None,
-               "base_model": _base_name(peft_model), "adapter": getattr(peft_model, "scale_adapter_path", None)}
-    if out is not None:
-        summary["gates"] = str(save_gates(peft_model, out / "gates.safetensors"))
-        if lambdas is not None and lambdas.numel():
-            summary["histogram"] = str(lambda_histogram(
-                lambdas, out / "lambda_hist.png", L=config.L, U=config.U,
-                title=f"lambda on generated held-out tokens (L={config.L:g}, U={config.U:g}"
-                      + "".join(f", {a}" for a, on in (("no reverse", config.no_reverse),
-                                                       ("no extrapolate", config.no_extrapolate)) if on) + ")"))
-        (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    return summary
+                           report_to=report_to, resume=resume, save_every=save_every)
+    return run(peft_model, tokenizer, config, out_dir, Replicas(), console=console, progress=progress,
+               evaluate_model=evaluate_model, evaluate_before=evaluate_before, report_to=report_to, resume=resume,
+               save_every=save_every)
 
 
 def _base_name(peft_model: nn.Module) -> str | None:
