@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -99,9 +98,8 @@ def train_stair(model, tokenizer, config, run_dir, *, parallel: str, group=None,
     """
     from tqdm.auto import tqdm
 
-    from treadle.stair.controller import attach
     from treadle.stair.session import has_recurrent_layers
-    from treadle.stair.training import _truncate_log, make_training_sessions, self_responses
+    from treadle.stair.training import _truncate_log, freeze_and_attach, make_training_sessions, self_responses
 
     W = check_data_parallel(parallel, "STAIR training", batch_size=config.batch_size, report_to=report_to,
                             group=group)
@@ -111,17 +109,7 @@ def train_stair(model, tokenizer, config, run_dir, *, parallel: str, group=None,
                          "(linear-attention) layers run one forward per distinct segment length, which differs "
                          "between ranks; use parallel='ddp'")
     run_dir = Path(run_dir)
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    for p, _ in flags:
-        p.requires_grad_(False)
-    try:
-        ctrl = attach(model, layers=config.layers, eps=config.eps, kind=config.kind, seed=config.seed, backend=backend)
-    except BaseException:
-        for p, f in flags:
-            p.requires_grad_(f)
-        raise
-    cfg_json = {**asdict(config), "layers": list(ctrl.layers),
-                "model_name": str(getattr(model.config, "_name_or_path", "") or type(model).__name__)}
+    ctrl, flags, cfg_json = freeze_and_attach(model, config, backend)
     keys = ("layers", "kind", "eps", "seed", "turns")
     try:
         ckpt, optf = run_dir / "normals.safetensors", run_dir / "optim.pt"

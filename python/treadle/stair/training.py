@@ -205,6 +205,30 @@ def _truncate_log(path: Path, step: int) -> None:
     tmp.replace(path)
 
 
+
+def freeze_and_attach(model, config, backend):
+    """Freeze every parameter of ``model`` and attach STAIR's controller (the normals are the only
+    trainable parameters); shared by the one-process and the data-parallel trainers.
+
+    Returns ``(controller, flags, cfg_json)``: ``flags`` the ``(parameter, requires_grad)`` pairs to
+    restore when training ends, ``cfg_json`` the run's config record. Raises what
+    :func:`treadle.stair.attach` raises, with the caller's ``requires_grad`` flags restored first.
+    """
+    from treadle.stair.controller import attach
+
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    for p, _ in flags:
+        p.requires_grad_(False)
+    try:
+        ctrl = attach(model, layers=config.layers, eps=config.eps, kind=config.kind, seed=config.seed, backend=backend)
+    except BaseException:
+        for p, f in flags:  # leave the caller's model as it was
+            p.requires_grad_(f)
+        raise
+    cfg_json = {**asdict(config), "layers": list(ctrl.layers),
+                "model_name": str(getattr(model.config, "_name_or_path", "") or type(model).__name__)}
+    return ctrl, flags, cfg_json
+
 def train(model, tokenizer, config: StairTrainConfig, run_dir, *, resume: bool = True, progress: bool = True,
           console=None, backend: str | None = None, report_to=None, parallel: str | None = None,
           group=None) -> dict:
@@ -241,23 +265,11 @@ def train(model, tokenizer, config: StairTrainConfig, run_dir, *, resume: bool =
                            progress=progress, console=console, backend=backend, report_to=report_to)
     from tqdm.auto import tqdm
 
-    from treadle.stair.controller import attach
-
     from treadle.reporting import Reporter, resolve_report_to
 
     run_dir = Path(run_dir)
     resolve_report_to(report_to)
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    for p, _ in flags:
-        p.requires_grad_(False)
-    try:
-        ctrl = attach(model, layers=config.layers, eps=config.eps, kind=config.kind, seed=config.seed, backend=backend)
-    except BaseException:
-        for p, f in flags:  # leave the caller's model as it was
-            p.requires_grad_(f)
-        raise
-    cfg_json = {**asdict(config), "layers": list(ctrl.layers),
-                "model_name": str(getattr(model.config, "_name_or_path", "") or type(model).__name__)}
+    ctrl, flags, cfg_json = freeze_and_attach(model, config, backend)
     reporter = None
     try:
         run_dir.mkdir(parents=True, exist_ok=True)  # only once attach() has validated layers/eps/kind
