@@ -46,6 +46,9 @@ DEVICE = os.environ.get("TREADLE_BENCH_DEVICE", "cpu")
 DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
 TOKENS, RANK = 4096, 16
 GATE = dict(L=-2.0, U=3.0, tau=1.0)
+# treadle's backend for its ops (None: as dispatched; bench/guard.py pins "cpp", so that an inherited
+# TRITON_INTERPRET=1, which makes the dispatcher pick the Triton interpreter on CPU, is never timed)
+OPS_BACKEND: str | None = None
 IMPLS = ["base_linear", "treadle_gated_lora", "treadle_gated_lora_linear", "peft_lora+gate"]
 ROUNDS_CPU = int(os.environ.get("TREADLE_BENCH_ROUNDS", "7"))
 
@@ -82,12 +85,13 @@ def _make(impl: str, d: int, backward: bool):
             return layer.base_layer(x)
     elif impl == "treadle_gated_lora":
         def fwd():
-            return gated_lora(x, layer.base_layer(x), A, B, w, b, scaling=scaling, **GATE)
+            return gated_lora(x, layer.base_layer(x), A, B, w, b, scaling=scaling, backend=OPS_BACKEND, **GATE)
     elif impl == "treadle_gated_lora_linear":
         base = layer.base_layer
 
         def fwd():
-            return gated_lora_linear(x, base.weight, base.bias, A, B, w, b, scaling=scaling, **GATE)
+            return gated_lora_linear(x, base.weight, base.bias, A, B, w, b, scaling=scaling, backend=OPS_BACKEND,
+                                     **GATE)
     else:
         def fwd():
             base = layer.base_layer(x)

@@ -54,6 +54,9 @@ IMPLS = ["treadle_stair", "treadle_stair_eps0.1", "two_sdpa", "two_flash_attn", 
 DEV_MARK = [pytest.mark.cuda] if DEVICE == "cuda" else []
 H200_BF16_DENSE_TFLOPS = 989.0  # H100/H200 SXM dense bf16 peak
 _MEDIANS: dict[str, dict[str, float]] = {}
+# treadle's backend for stair_readout (None: as dispatched; bench/guard.py pins "cpp", so that an inherited
+# TRITON_INTERPRET=1, which makes the dispatcher pick the Triton interpreter on CPU, is never timed)
+OPS_BACKEND: str | None = None
 
 
 def _inputs(shape, backward: bool, T: int | None = None, seed: int = 0):
@@ -76,9 +79,9 @@ def _reflect(q, n):
 def _fn(impl: str, q, k, v, n):
     """A zero-argument forward for ``impl`` (None when the implementation is unavailable)."""
     if impl == "treadle_stair":
-        return lambda: stair_readout(q, k, v, n)
+        return lambda: stair_readout(q, k, v, n, backend=OPS_BACKEND)
     if impl == "treadle_stair_eps0.1":
-        return lambda: stair_readout(q, k, v, n, eps=0.1)
+        return lambda: stair_readout(q, k, v, n, eps=0.1, backend=OPS_BACKEND)
     if impl == "two_sdpa":
         return lambda: (F.scaled_dot_product_attention(_reflect(q, n), k, v, enable_gqa=True)
                         - F.scaled_dot_product_attention(q, k, v, enable_gqa=True))

@@ -33,7 +33,9 @@ materialises the naive buffers again) still crosses it.
 Test-only flags (tests/bench/test_guard.py): ``TREADLE_GUARD_SLOWDOWN="check=factor,..."`` (or
 ``"*=factor"``) makes treadle's side of those time checks run its op ``factor`` times per call, a
 deliberately slowed implementation; ``TREADLE_GUARD_NAIVE="check,..."`` (or ``"*"``) swaps treadle's
-side of those checks for the naive peer's implementation. Neither is read outside this guard.
+side of those checks for the naive peer's implementation; ``TREADLE_GUARD_REFERENCE="check,..."`` (or
+``"*"``) runs treadle's side of those time checks through its PyTorch reference backend (GRPO, STAIR), the
+slow path a dispatch regression would fall back to. None is read outside this guard.
 """
 from __future__ import annotations
 
@@ -61,12 +63,13 @@ class Check:
     kind: str  # "time" | "memory"
     ours: str  # what treadle's side is
     peer: str  # the main peer
-    build: Callable  # time: (naive: bool) -> (ours_fn, peer_fn); memory: args for the subprocess
+    # time: (side) -> (ours_fn, peer_fn), side "treadle" | "peer" | "reference"; memory: the subprocess's args
+    build: Callable
 
 
 # ---------------------------------------------------------------------------------------------- time
 def _grpo(layout: str, peer: str, n: int = 65536):
-    def build(naive: bool):
+    def build(side: str):
         import torch
 
         sys.path.insert(0, str(HERE))
@@ -81,31 +84,42 @@ def _grpo(layout: str, peer: str, n: int = 65536):
             peer_fn = lambda: bg.trl_view(rewards, g)  # noqa: E731
         else:
             peer_fn = lambda: grpo_advantages_scatter(rewards, ids)  # noqa: E731
-        ours = peer_fn if naive else (lambda: grpo_advantages(rewards, ids, backend="cpp"))
-        return ours, peer_fn
+        if side == "peer":
+            return peer_fn, peer_fn
+        backend = "reference" if side == "reference" else "cpp"
+        return (lambda: grpo_advantages(rewards, ids, backend=backend)), peer_fn
     return build
 
 
-def _stair(backward: bool):
-    def build(naive: bool):
+STAIR_FWD_BWD_SHAPE = dict(B=1, Hq=8, Hkv=2, D=64, T=256, M=2048)
+# The forward alone: D = 128 as in bench_stair's CPU case (where issue 4's <= 0.85x target is stated),
+# a quarter of its query heads and an eighth of its T x M so that one call takes ~0.1 s on one thread.
+STAIR_FWD_SHAPE = dict(B=1, Hq=8, Hkv=2, D=128, T=512, M=4096)
+
+
+def _stair(backward: bool, shape: dict = STAIR_FWD_BWD_SHAPE):
+    def build(side: str):
         sys.path.insert(0, str(HERE))
         import bench_stair as bs
 
-        shape = dict(B=1, Hq=8, Hkv=2, D=64, T=256, M=2048)
+        bs.OPS_BACKEND = "cpp"
         peer_fn = bs._runner("two_sdpa", shape, backward)
-        ours = peer_fn if naive else bs._runner("treadle_stair", shape, backward)
-        return ours, peer_fn
+        # "reference": treadle's PyTorch reference backend (materialises the T x M scores)
+        impl = {"treadle": "treadle_stair", "reference": "naive_reference"}.get(side)
+        return (peer_fn if impl is None else bs._runner(impl, shape, backward)), peer_fn
     return build
 
 
 def _gated_lora(d: int, backward: bool):
-    def build(naive: bool):
+    def build(side: str):
         sys.path.insert(0, str(HERE))
         import bench_scale as bsc
 
-        bsc.TOKENS = 1024
+        if side == "reference":
+            raise ValueError("gated_lora_fwd_bwd_vs_peft has no reference variant (TREADLE_GUARD_REFERENCE)")
+        bsc.TOKENS, bsc.OPS_BACKEND = 1024, "cpp"
         peer_fn = bsc._make("peft_lora+gate", d, backward)
-        ours = peer_fn if naive else bsc._make("treadle_gated_lora_linear", d, backward)
+        ours = peer_fn if side == "peer" else bsc._make("treadle_gated_lora_linear", d, backward)
         return ours, peer_fn
     return build
 
@@ -119,6 +133,8 @@ CHECKS = [
           "torch scatter (index_add)", _grpo("ragged1-32-shuffled", "scatter")),
     Check("stair_fwd_bwd_vs_two_sdpa", "time", "stair_readout fwd+bwd, Hq=8 Hkv=2 D=64 T=256 M=2048 fp32",
           "two SDPA calls (autograd)", _stair(True)),
+    Check("stair_fwd_eps0_vs_two_sdpa", "time", "stair_readout fwd eps=0, Hq=8 Hkv=2 D=128 T=512 M=4096 fp32",
+          "two SDPA calls (no grad)", _stair(False, STAIR_FWD_SHAPE)),
     Check("gated_lora_fwd_bwd_vs_peft", "time", "gated_lora_linear fwd+bwd, d=1024, 1,024 tokens, r=16 fp32",
           "PEFT LoRA + separate gate", _gated_lora(1024, True)),
     Check("stair_memory_vs_naive", "memory", "stair_readout fwd, Hq=8 Hkv=2 D=64 T=128 M=8192 fp32",
@@ -161,7 +177,9 @@ def _batch_time(fn: Callable, calls: int) -> float:
 
 
 def run_time_check(check: Check, rounds: int, round_ms: float) -> dict:
-    ours, peer = check.build(_flag("TREADLE_GUARD_NAIVE", check.name) is not None)
+    side = ("peer" if _flag("TREADLE_GUARD_NAIVE", check.name) is not None
+            else "reference" if _flag("TREADLE_GUARD_REFERENCE", check.name) is not None else "treadle")
+    ours, peer = check.build(side)
     factor = _flag("TREADLE_GUARD_SLOWDOWN", check.name)
     if factor:
         ours = _slowed(ours, int(factor))
@@ -238,7 +256,9 @@ print(json.dumps(out))
 def run_memory_check(check: Check) -> dict:
     (what,) = check.build
     naive = _flag("TREADLE_GUARD_NAIVE", check.name) is not None
-    env = {**os.environ, "TREADLE_BENCH_DEVICE": "cpu", "MALLOC_MMAP_THRESHOLD_": "131072",
+    # TRITON_INTERPRET=0: an inherited 1 (the test suite's) would make treadle's CPU ops dispatch to the
+    # Triton interpreter
+    env = {**os.environ, "TREADLE_BENCH_DEVICE": "cpu", "TRITON_INTERPRET": "0", "MALLOC_MMAP_THRESHOLD_": "131072",
            "MALLOC_TRIM_THRESHOLD_": "131072", "OMP_NUM_THREADS": "1"}
     # ours first, then the naive peer; a naive "ours" (test flag) runs the peer's code in its place
     res = subprocess.run([sys.executable, "-c", _MEM_SCRIPT, str(HERE), what, "peer,peer" if naive else "ours,peer"],
@@ -303,10 +323,11 @@ def threshold_from(medians: list[float], kind: str) -> tuple[float, float, float
 
 
 def calibrate(names: list[str], passes: int, rounds: int, round_ms: float, path: Path = THRESHOLDS) -> dict:
-    runs = []
+    runs, load = [], [os.getloadavg()[0]]
     for p in range(passes):
         print(f"calibration pass {p + 1}/{passes}")
         runs.append(run_checks(names, rounds, round_ms))
+    load.append(os.getloadavg()[0])
     old = json.loads(path.read_text())["checks"] if path.exists() else {}
     checks = dict(old)
     for name in names:
@@ -317,6 +338,7 @@ def calibrate(names: list[str], passes: int, rounds: int, round_ms: float, path:
                         "calibration": {"medians": meds, "spread": spread, "margin": margin, "rounds": rounds,
                                         "round_ms": round_ms,
                                         "clock": [k for k, v in CLOCKS.items() if v is _clock][0],
+                                        "load_avg_1min": [round(x, 1) for x in load],  # before, after
                                         **machine()}}
     doc = ("ratio = peer / treadle (time: median over interleaved rounds; memory: naive peak / treadle peak). "
            "min_ratio = min(calibration medians) * (1 - margin), margin = max(floor, 2 * spread), spread = "

@@ -171,14 +171,9 @@ TREADLE_INLINE vf lane_mask(int n) {  // 1 for lanes < n, else 0
   for (int l = 0; l < VL; ++l) m[l] = l < n ? 1.f : 0.f;
   return m;
 }
-// exp(x) to ~2 ulp (Cephes expf): round x / ln 2, reduce, degree-6 polynomial, scale by 2^n.
-// Inputs below -87.3 give ~1e-38 (callers mask such lanes when exactness matters).
-TREADLE_INLINE vf vexp(vf x) {
-  const vf hi = vsplat(88.0f), lo = vsplat(-87.3f);
-  x = x > hi ? hi : x;
-  x = x < lo ? lo : x;
-  vf fx = x * 1.44269504088896341f;
-  fx = (fx + 12582912.0f) - 12582912.0f;  // round to nearest integer
+// Cephes expf's core: e^x = 2^n e^r with n = fx = round(x / ln 2) already computed, r = x - n ln 2
+// (in two steps, for precision) and e^r a degree-6 polynomial; returns e^r (the caller scales by 2^n).
+TREADLE_INLINE vf vexp_reduced(vf x, vf fx) {
   x = x - fx * 0.693359375f;
   x = x + fx * 2.12194440e-4f;
   vf y = vsplat(1.9875691500e-4f);
@@ -187,9 +182,18 @@ TREADLE_INLINE vf vexp(vf x) {
   y = y * x + 4.1665795894e-2f;
   y = y * x + 1.6666665459e-1f;
   y = y * x + 5.0000001201e-1f;
-  y = y * (x * x) + x + 1.0f;
-  vi e = (__builtin_convertvector(fx, vi) + 127) << 23;
-  return y * (vf)e;  // same-size vector cast: a bit reinterpretation
+  return y * (x * x) + x + 1.0f;
+}
+
+// exp(x) to ~2 ulp (Cephes expf): round x / ln 2, reduce, degree-6 polynomial, scale by 2^n.
+// Inputs below -87.3 give ~1e-38 (callers mask such lanes when exactness matters).
+TREADLE_INLINE vf vexp(vf x) {
+  const vf hi = vsplat(88.0f), lo = vsplat(-87.3f);
+  x = x > hi ? hi : x;
+  x = x < lo ? lo : x;
+  const vf fx = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest integer
+  const vi e = (__builtin_convertvector(fx, vi) + 127) << 23;
+  return vexp_reduced(x, fx) * (vf)e;  // same-size vector cast: a bit reinterpretation
 }
 
 // exp(x) for arguments that are <= 88 or whose result is discarded (the forward tiles: x - max <= 0,
@@ -199,18 +203,8 @@ TREADLE_INLINE vf vexp_fwd(vf x) {
   const vf lo = vsplat(-87.3f);
   x = x < lo ? lo : x;
   const vf r = x * 1.44269504088896341f + 12582912.0f;  // 1.5 * 2^23 + n
-  const vf fx = r - 12582912.0f;
-  x = x - fx * 0.693359375f;
-  x = x + fx * 2.12194440e-4f;
-  vf y = vsplat(1.9875691500e-4f);
-  y = y * x + 1.3981999507e-3f;
-  y = y * x + 8.3334519073e-3f;
-  y = y * x + 4.1665795894e-2f;
-  y = y * x + 1.6666665459e-1f;
-  y = y * x + 5.0000001201e-1f;
-  y = y * (x * x) + x + 1.0f;
-  const vi e = ((vi)r + (127 - 0x4B400000)) << 23;  // (n + 127) << 23: the float 2^n
-  return y * (vf)e;
+  const vi e = ((vi)r + (127 - 0x4B400000)) << 23;      // (n + 127) << 23: the float 2^n
+  return vexp_reduced(x, r - 12582912.0f) * (vf)e;
 }
 
 // The float forward tile keeps a row's running maxima while a new tile's maxima exceed them by at most
@@ -219,133 +213,107 @@ TREADLE_INLINE vf vexp_fwd(vf x) {
 // pass, and no accumulator rescale. A larger jump (and every row's first tile) takes the two passes.
 constexpr float kLazyMax = 8.0f;
 
+// The three lane vectors of a forward tile row, one per probability row of P: s (pi_ref), x = s + t
+// (pi_R at eps = 0), t (eps > 0).
+struct V3 {
+  vf s, x, t;
+};
+
+// 16 lanes [j, j + VL) of a forward tile row (kTail: only the first n are keys; the others read s as
+// -inf and t as 0, stay out of t's maximum, give exps of 0 and are not stored). With t = alpha beta,
+// x = s + t: kMax takes the lane maxima of s, x (and t, use_t) into mx; kExp stores e^{s - m.s} to
+// out_s, e^{x - m.x} to out_x (and e^{t - m.t} to out_t, use_t) and adds them into sum.
+template <bool kMax, bool kExp, bool kTail>
+TREADLE_INLINE void fwd_lanes(int j, int n, const float* s, const float* beta, float al, bool use_t, const V3& m,
+                              float* out_s, float* out_x, float* out_t, V3& mx, V3& sum) {
+  const float NEG = -std::numeric_limits<float>::infinity();
+  const vf sv = kTail ? vload_tail(s + j, n, NEG) : vload(s + j);
+  const vf tv = (kTail ? vload_tail(beta + j, n, 0.f) : vload(beta + j)) * al, xv = sv + tv;
+  const vf keep = kTail ? lane_mask(n) : vsplat(1.f);
+  if (kMax) {
+    mx.s = vmax(mx.s, sv);
+    mx.x = vmax(mx.x, xv);
+    if (use_t) mx.t = vmax(mx.t, kTail ? (keep > 0.f ? tv : vsplat(NEG)) : tv);
+  }
+  if (kExp) {
+    auto emit = [&](vf e, float* out, vf& acc) __attribute__((always_inline)) {
+      if (kTail) {
+        e *= keep;
+        vstore_tail(out + j, e, n);
+      } else {
+        vstore(out + j, e);
+      }
+      acc += e;
+    };
+    emit(vexp_fwd(sv - m.s), out_s, sum.s);
+    emit(vexp_fwd(xv - m.x), out_x, sum.x);
+    if (use_t) emit(vexp_fwd(tv - m.t), out_t, sum.t);
+  }
+}
+
+// One sweep of fwd_lanes over a tile row of nk scores s.
+template <bool kMax, bool kExp>
+TREADLE_INLINE void fwd_sweep(int nk, const float* s, const float* beta, float al, bool use_t, const V3& m,
+                              float* out_s, float* out_x, float* out_t, V3& mx, V3& sum) {
+  const int nfull = nk / VL * VL;
+  for (int j = 0; j < nfull; j += VL) {
+    fwd_lanes<kMax, kExp, false>(j, VL, s, beta, al, use_t, m, out_s, out_x, out_t, mx, sum);
+  }
+  if (nk > nfull) {
+    fwd_lanes<kMax, kExp, true>(nfull, nk - nfull, s, beta, al, use_t, m, out_s, out_x, out_t, mx, sum);
+  }
+}
+
 // Forward tile, float. S: nq x nk scores (row stride ld). Writes stacked probability rows into P
 // (row stride ld): rows [0, nq) e^{s - m_s}, [nq, 2nq) e^{x - m_x}, [2nq, 3nq) e^{t - m_t} (use_t).
 // Updates maxima/sums and writes the per-row rescale factors of the accumulators into corr
 // (same row order as P). Returns whether any factor differs from 1 (else the rescale is skipped).
+// A row whose running maxima exist is first swept once against them (exps into the scratch row E,
+// the scores kept); when no maximum of the tile exceeds its running one by more than kLazyMax, that
+// sweep is the result (factors 1). Otherwise, and on a row's first tile, two sweeps: the maxima, then
+// the exps against the new maxima, written over the scores in place (each lane read before written).
 TREADLE_MULTIVERSION
 bool fwd_tile_f32(int nq, int nk, int ld, float* P, const float* beta, const float* alpha, bool use_t, float* E,
                   float* m_s, float* l_s, float* m_x, float* l_x, float* m_t, float* l_t, float* corr) {
-  const int nfull = nk / VL * VL, rem = nk - nfull;
   const float NEG = -std::numeric_limits<float>::infinity();
-  const vf tailmask = lane_mask(rem);
+  const V3 none = {vsplat(NEG), vsplat(NEG), vsplat(NEG)};
   bool rescale = false;
   for (int i = 0; i < nq; ++i) {
     float* ps = P + (int64_t)i * ld;  // scores on entry, e^{s - m_s} on return
-    const float* s = ps;
-    const float al = alpha[i];
     float* px = P + (int64_t)(nq + i) * ld;
     float* pt = P + (int64_t)(2 * nq + i) * ld;
-    if (m_s[i] != NEG && (!use_t || m_t[i] != NEG)) {
-      // One pass against the running maxima (kept unless this tile's maxima exceed them by more
-      // than kLazyMax: then the row is redone below, with new maxima and rescale factors).
-      const vf vms = vsplat(m_s[i]), vmx = vsplat(m_x[i]), vmt = vsplat(use_t ? m_t[i] : 0.f);
-      vf ms = vsplat(NEG), mx = vsplat(NEG), mt = vsplat(NEG), ss = vf{}, sx = vf{}, st = vf{};
-      for (int j = 0; j < nfull; j += VL) {
-        const vf sv = vload(s + j), tv = vload(beta + j) * al, xv = sv + tv;
-        ms = vmax(ms, sv);
-        mx = vmax(mx, xv);
-        const vf es = vexp_fwd(sv - vms), ex = vexp_fwd(xv - vmx);
-        vstore(E + j, es);
-        vstore(px + j, ex);
-        ss += es;
-        sx += ex;
-        if (use_t) {
-          mt = vmax(mt, tv);
-          const vf et = vexp_fwd(tv - vmt);
-          vstore(pt + j, et);
-          st += et;
-        }
-      }
-      if (rem) {
-        const vf sv = vload_tail(s + nfull, rem, NEG), tv = vload_tail(beta + nfull, rem, 0.f) * al;  // -inf, 0
-        const vf xv = sv + tv;
-        ms = vmax(ms, sv);
-        mx = vmax(mx, xv);
-        const vf es = vexp_fwd(sv - vms) * tailmask, ex = vexp_fwd(xv - vmx) * tailmask;
-        vstore_tail(E + nfull, es, rem);
-        vstore_tail(px + nfull, ex, rem);
-        ss += es;
-        sx += ex;
-        if (use_t) {
-          mt = vmax(mt, tailmask > 0.f ? tv : vsplat(NEG));
-          const vf et = vexp_fwd(tv - vmt) * tailmask;
-          vstore_tail(pt + nfull, et, rem);
-          st += et;
-        }
-      }
-      if (hmax(ms) <= m_s[i] + kLazyMax && hmax(mx) <= m_x[i] + kLazyMax &&
-          (!use_t || hmax(mt) <= m_t[i] + kLazyMax)) {
-        std::memcpy(ps, E, sizeof(float) * nk);  // the scores are kept until here, for the two-pass redo
-        l_s[i] += hsum(ss);
-        l_x[i] += hsum(sx);
-        corr[i] = 1.f;
-        corr[nq + i] = 1.f;
-        if (use_t) {
-          l_t[i] += hsum(st);
-          corr[2 * nq + i] = 1.f;
-        }
-        continue;
-      }
+    const float al = alpha[i];
+    float ms = m_s[i], mx = m_x[i], mt = use_t ? m_t[i] : 0.f, cs = 1.f, cx = 1.f, ct = 1.f;
+    V3 tmax = none, sum = {};
+    bool one_pass = false;
+    if (ms != NEG && (!use_t || mt != NEG)) {
+      fwd_sweep<true, true>(nk, ps, beta, al, use_t, V3{vsplat(ms), vsplat(mx), vsplat(mt)}, E, px, pt, tmax, sum);
+      one_pass = hmax(tmax.s) <= ms + kLazyMax && hmax(tmax.x) <= mx + kLazyMax &&
+                 (!use_t || hmax(tmax.t) <= mt + kLazyMax);
+      if (one_pass) std::memcpy(ps, E, sizeof(float) * nk);
     }
-    vf ms = vsplat(NEG), mx = vsplat(NEG), mt = vsplat(NEG);
-    for (int j = 0; j < nfull; j += VL) {
-      const vf sv = vload(s + j), tv = vload(beta + j) * al;
-      ms = vmax(ms, sv);
-      mx = vmax(mx, sv + tv);
-      mt = vmax(mt, tv);
+    if (!one_pass) {
+      tmax = none;
+      sum = V3{};
+      fwd_sweep<true, false>(nk, ps, beta, al, use_t, none, nullptr, nullptr, nullptr, tmax, sum);
+      ms = std::max(m_s[i], hmax(tmax.s));
+      mx = std::max(m_x[i], hmax(tmax.x));
+      mt = use_t ? std::max(m_t[i], hmax(tmax.t)) : 0.f;
+      cs = m_s[i] == NEG ? 0.f : std::exp(m_s[i] - ms);
+      cx = m_x[i] == NEG ? 0.f : std::exp(m_x[i] - mx);
+      ct = (!use_t || m_t[i] == NEG) ? 0.f : std::exp(m_t[i] - mt);
+      rescale |= cs != 1.f || cx != 1.f || (use_t && ct != 1.f);
+      fwd_sweep<false, true>(nk, ps, beta, al, use_t, V3{vsplat(ms), vsplat(mx), vsplat(mt)}, ps, px, pt, tmax, sum);
     }
-    if (rem) {
-      const vf sv = vload_tail(s + nfull, rem, NEG);          // masked lanes: -inf
-      const vf tv = vload_tail(beta + nfull, rem, 0.f) * al;  // masked lanes: 0
-      ms = vmax(ms, sv);
-      mx = vmax(mx, sv + tv);
-      mt = vmax(mt, tailmask > 0.f ? tv : vsplat(NEG));
-    }
-    const float ms_new = std::max(m_s[i], hmax(ms));
-    const float mx_new = std::max(m_x[i], hmax(mx));
-    const float mt_new = use_t ? std::max(m_t[i], hmax(mt)) : 0.f;
-    const float cs = m_s[i] == NEG ? 0.f : std::exp(m_s[i] - ms_new);
-    const float cx = m_x[i] == NEG ? 0.f : std::exp(m_x[i] - mx_new);
-    const float ct = (!use_t || m_t[i] == NEG) ? 0.f : std::exp(m_t[i] - mt_new);
-    rescale |= cs != 1.f || cx != 1.f || (use_t && ct != 1.f);
-    vf ss = vf{}, sx = vf{}, st = vf{};
-    const vf vms = vsplat(ms_new), vmx = vsplat(mx_new), vmt = vsplat(mt_new);
-    for (int j = 0; j < nfull; j += VL) {
-      const vf sv = vload(s + j), tv = vload(beta + j) * al;
-      const vf es = vexp_fwd(sv - vms), ex = vexp_fwd(sv + tv - vmx);
-      vstore(ps + j, es);
-      vstore(px + j, ex);
-      ss += es;
-      sx += ex;
-      if (use_t) {
-        const vf et = vexp_fwd(tv - vmt);
-        vstore(pt + j, et);
-        st += et;
-      }
-    }
-    if (rem) {
-      const vf sv = vload_tail(s + nfull, rem, 0.f), tv = vload_tail(beta + nfull, rem, 0.f) * al;
-      const vf es = vexp_fwd(sv - vms) * tailmask, ex = vexp_fwd(sv + tv - vmx) * tailmask;
-      vstore_tail(ps + nfull, es, rem);
-      vstore_tail(px + nfull, ex, rem);
-      ss += es;
-      sx += ex;
-      if (use_t) {
-        const vf et = vexp_fwd(tv - vmt) * tailmask;
-        vstore_tail(pt + nfull, et, rem);
-        st += et;
-      }
-    }
-    l_s[i] = l_s[i] * cs + hsum(ss);
-    l_x[i] = l_x[i] * cx + hsum(sx);
-    m_s[i] = ms_new;
-    m_x[i] = mx_new;
+    l_s[i] = l_s[i] * cs + hsum(sum.s);
+    l_x[i] = l_x[i] * cx + hsum(sum.x);
+    m_s[i] = ms;
+    m_x[i] = mx;
     corr[i] = cs;
     corr[nq + i] = cx;
     if (use_t) {
-      l_t[i] = l_t[i] * ct + hsum(st);
-      m_t[i] = mt_new;
+      l_t[i] = l_t[i] * ct + hsum(sum.t);
+      m_t[i] = mt;
       corr[2 * nq + i] = ct;
     }
   }

@@ -89,6 +89,55 @@ def test_naive_memory_fails_the_memory_guard(monkeypatch):
     assert len(bad) == 1 and "topk_entropy_memory_vs_full" in bad[0] and "below the threshold" in bad[0]
 
 
+@pytest.fixture
+def stair_fwd(monkeypatch):
+    """The real STAIR forward check (eps = 0, treadle's C++ kernel vs two SDPA calls), few rounds."""
+    if not _extension_has("stair_readout"):
+        pytest.skip("treadle._C is not built")
+    for var in ("TREADLE_GUARD_SLOWDOWN", "TREADLE_GUARD_NAIVE", "TREADLE_GUARD_REFERENCE"):
+        monkeypatch.delenv(var, raising=False)
+    return "stair_fwd_eps0_vs_two_sdpa"
+
+
+def _extension_has(op: str) -> bool:
+    from treadle import _extension
+
+    return _extension.has_kernel(op, "CPU")
+
+
+def _stair_fwd_verdict(name: str) -> tuple[float, list[str]]:
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the guard runs it
+    try:
+        r = guard.run_checks([name], rounds=3, round_ms=1.0, log=lambda *_: None)
+    finally:
+        torch.set_num_threads(threads)
+    return r[name]["ratio"], guard.verdict(r, guard.load_thresholds())
+
+
+def test_stair_forward_slow_paths_fail_the_stored_threshold(stair_fwd, monkeypatch):
+    # the kernel made 2x slower: two SDPA calls / treadle ~0.75, below the stored threshold (~1.2)
+    monkeypatch.setenv("TREADLE_GUARD_SLOWDOWN", f"{stair_fwd}=2")
+    slowed, bad = _stair_fwd_verdict(stair_fwd)
+    assert len(bad) == 1 and stair_fwd in bad[0] and "below the threshold" in bad[0]
+    monkeypatch.delenv("TREADLE_GUARD_SLOWDOWN")
+    # the forward through treadle's PyTorch reference backend (what a dispatch regression falls back to)
+    monkeypatch.setenv("TREADLE_GUARD_REFERENCE", stair_fwd)
+    ref, bad = _stair_fwd_verdict(stair_fwd)
+    assert ref < 1.0 and len(bad) == 1 and "below the threshold" in bad[0]
+    monkeypatch.delenv("TREADLE_GUARD_REFERENCE")
+    ours, _ = _stair_fwd_verdict(stair_fwd)
+    assert ours > 1.3 * slowed  # the same measurement unslowed: the check sees the 2x
+
+
+def test_reference_flag_only_where_a_reference_variant_exists(monkeypatch):
+    monkeypatch.setenv("TREADLE_GUARD_REFERENCE", "gated_lora_fwd_bwd_vs_peft")
+    with pytest.raises(ValueError, match="no reference variant"):
+        guard.run_time_check(guard.BY_NAME["gated_lora_fwd_bwd_vs_peft"], rounds=1, round_ms=1.0)
+
+
 def test_verdict_rules():
     th = {"a": {"min_ratio": 2.0, "calibration": {"medians": [3.0]}}}
     assert guard.verdict({"a": {"ratio": 2.5}}, th) == []
