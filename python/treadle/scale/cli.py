@@ -11,6 +11,7 @@ Stage I when no ``--adapter`` is given). Bad input exits with code 2 and a messa
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -160,8 +161,19 @@ def sft_cmd(
     overwrite: bool = _OVERWRITE,
     threads: int = _THREADS,
     quick: bool = _QUICK,
+    parallel: Literal["ddp"] = typer.Option(None, "--parallel", help="Data-parallel Stage I under torchrun "
+                                            "(torchrun --nproc-per-node N -m treadle scale sft --parallel ddp): "
+                                            "TRL's own DDP, --batch-size stays the global batch (a multiple of "
+                                            "N), rank 0 writes the run folder."),
 ) -> None:
     """Stage I: ordinary LoRA SFT through PEFT (r=16, alpha=16, all linear layers) on worked problems."""
+    import contextlib
+
+    from rich.console import Console
+
+    from treadle.distributed.launch import LaunchError, init_from_torchrun
+    from treadle.distributed.parallel import broadcast_object
+    from treadle.distributed.process_group import is_main
     from treadle.scale.sft import sft
 
     out = pick_out(out, run_dir, "runs/scale/sft-quick" if quick else "runs/scale/sft")
@@ -169,18 +181,38 @@ def sft_cmd(
                                                                      if m.strip())
     cfg = _sft_cfg(quick, steps=steps, batch_size=batch_size, lr=lr, r=r, lora_alpha=alpha, target_modules=tm,
                    levels=parse_list(levels, "--levels"), seed=seed)
-    run = _open(out, "scale sft", {**_asdict(cfg), "model": model_path, "quick": quick}, overwrite)
-    if _show_finished(run, "Stage I"):
-        console.print(f"adapter: {out / 'adapter'}", markup=False)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if parallel is None and world > 1:
+        raise typer.BadParameter(f"this process is one of {world} torchrun ranks: add --parallel ddp (or run "
+                                 "Stage I in one process)", param_hint="--parallel")
+    if cfg.batch_size % world:
+        raise typer.BadParameter(f"{cfg.batch_size} is the global batch and must be a multiple of the {world} "
+                                 "torchrun ranks", param_hint="--batch-size")
+    try:
+        init_from_torchrun(parallel)
+    except LaunchError as err:
+        raise typer.BadParameter(str(err), param_hint="--parallel") from None
+    main = parallel is None or is_main()
+    run, done = None, False
+    if main:
+        run = _open(out, "scale sft", {**_asdict(cfg), "model": model_path, "quick": quick}, overwrite)
+        done = _show_finished(run, "Stage I")
+        if done:
+            console.print(f"adapter: {out / 'adapter'}", markup=False)
+    if broadcast_object(done) if parallel else done:
         return
     model, tok = _load(model_path, quick, threads)
-    with recorded(run, console, saved=lambda: "the log of the steps done (log.jsonl); no adapter until the end"):
+    ctx_run = (recorded(run, console, saved=lambda: "the log of the steps done (log.jsonl); no adapter until the end")
+               if main else contextlib.nullcontext())
+    with ctx_run:
         try:
-            res = sft(model, tok, cfg, out, console=console, progress=progress_enabled())
+            res = sft(model, tok, cfg, out, console=console if main else Console(quiet=True),
+                      progress=main and progress_enabled())
         except _ERRORS as err:
             _fail(err)
-    console.print(f"next: treadle scale train --adapter {res.adapter_path}" + (" --quick" if quick else ""),
-                  markup=False)
+    if main:
+        console.print(f"next: treadle scale train --adapter {res.adapter_path}" + (" --quick" if quick else ""),
+                      markup=False)
 
 
 @app.command("train")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import tempfile
 import time
 import warnings
@@ -225,16 +226,33 @@ def _quiet():
             datasets.utils.logging.enable_progress_bar()
 
 
+def _world() -> tuple[int, bool]:
+    """``(world size, this process writes)`` as the HF Trainer sees them: torchrun's ``WORLD_SIZE`` and
+    ``RANK`` (one process: ``(1, True)``)."""
+    return int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0")) == 0
+
+
+def _per_device_batch(config: SFTConfig) -> int:
+    """``config.batch_size`` is the global batch: split evenly over torchrun's ranks (ValueError if it
+    does not divide)."""
+    world, _ = _world()
+    if config.batch_size % world:
+        raise ValueError(f"batch_size {config.batch_size} is the global batch and must divide evenly over the "
+                         f"{world} ranks of this torchrun job (a multiple of {world})")
+    return config.batch_size // world
+
+
 def _trainer_args(config: SFTConfig, output_dir: str, progress: bool):
     from trl import SFTConfig as TRLSFTConfig
 
     return TRLSFTConfig(
-        output_dir=output_dir, max_steps=config.steps, per_device_train_batch_size=config.batch_size,
+        output_dir=output_dir, max_steps=config.steps, per_device_train_batch_size=_per_device_batch(config),
         gradient_accumulation_steps=1, learning_rate=config.lr, lr_scheduler_type="constant_with_warmup",
         warmup_steps=config.steps // 10, weight_decay=config.weight_decay, max_grad_norm=config.grad_clip,
         optim="adamw_torch", seed=config.seed, data_seed=config.seed, logging_steps=1, save_strategy="no",
         report_to=config.report_to, disable_tqdm=not progress, completion_only_loss=True, packing=False,
         dataloader_num_workers=0, dataset_num_proc=None, use_cpu=not torch.cuda.is_available(),
+        ddp_find_unused_parameters=False,
         remove_unused_columns=True, bf16=config.bf16, fp16=False)
 
 
@@ -285,6 +303,10 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
             nothing is kept (the trainer writes to a temporary folder).
         console: a rich Console for messages (None: silent); progress: the trainer's tqdm bar.
 
+    Under ``torchrun`` (``WORLD_SIZE`` > 1) the trainer runs DDP (TRL / transformers' own): ``config.batch_size``
+    stays the global batch (``batch_size / world`` problems per rank and step, the same problems as one
+    process), and only rank 0 writes ``out_dir`` and prints.
+
     Returns:
         :class:`SFTResult` (probe loss before/after on held-out problems, per-step losses).
 
@@ -292,7 +314,7 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
         TypeError: ``model`` is not an ``nn.Module``.
         ValueError: ``model`` already has LoRA layers; a tokenizer without chat template / EOS / pad;
             no linear module matches ``target_modules`` (PEFT's message); ``out_dir`` is a file, under a
-            file, or not writable. Raised before training and (but for PEFT's message) before ``model``
+            file, or not writable; under torchrun, ``batch_size`` not a multiple of the world size. Raised before training and (but for PEFT's message) before ``model``
             is changed.
     """
     from transformers import TrainerCallback
@@ -306,13 +328,15 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
     if _has_lora(model):
         raise ValueError("model already has LoRA layers; Stage I starts from a base model (pass the adapter to "
                          "Stage II instead: treadle scale train --adapter DIR)")
+    _per_device_batch(config)  # the global batch must split over torchrun's ranks (before any change)
+    _, writer = _world()
     out = make_out_dir(out_dir) if out_dir is not None else None  # before the model is wrapped
     targets = (linear_targets(model) if config.target_modules == "all-linear" else list(config.target_modules))
     weights = {lv: 1.0 for lv in config.levels}
     probe = problem_pairs(tokenizer, ProblemGenerator(config.seed + 10_007).mixture(config.probe_size, weights,
                                                                                   split="heldout"))
     losses: list[float] = []
-    log = open(out / "log.jsonl", "w") if out is not None else None
+    log = open(out / "log.jsonl", "w") if out is not None and writer else None
 
     class _Log(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -354,6 +378,7 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
     adapter = None
     if out is not None:
         adapter = out / "adapter"
+    if out is not None and writer:
         pm.save_pretrained(str(adapter))
         pm.scale_adapter_path = str(adapter)  # recorded by Stage II's summary
         tokenizer.save_pretrained(str(adapter))
@@ -361,7 +386,7 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
                    "probe_loss_before": before, "probe_loss_after": after, "seconds": seconds,
                    "trainable": trainable, "adapter": str(adapter), "trainer": "trl.SFTTrainer"}
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    if console is not None:
+    if console is not None and writer:
         console.print(f"Stage I (TRL SFTTrainer, LoRA r={config.r}, alpha={config.lora_alpha}, "
                       f"{config.target_modules}): {trainable} trainable parameters, {config.steps} steps in "
                       f"{seconds:.1f}s; held-out response CE {before:.4f} -> {after:.4f}"
