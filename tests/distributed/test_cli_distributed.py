@@ -1,11 +1,6 @@
 """``treadle stair train --parallel``: refused outside torchrun (one line, exit 2); under ``torchrun
 --nproc-per-node 2 -m treadle`` it trains and writes one run folder whose normals equal a one-process run."""
 import json
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,11 +12,7 @@ ARGS = ["stair", "train", "--quick", "--steps", "2", "--sessions", "4", "--batch
         "--responses", "gold", "--threads", "1"]
 
 
-def test_parallel_outside_torchrun_is_one_line_exit_2(tmp_path, monkeypatch):
-    for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(v, raising=False)
-    monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("COLUMNS", "300")
+def test_parallel_outside_torchrun_is_one_line_exit_2(tmp_path, outside_torchrun):
     r = CliRunner().invoke(app, [*ARGS, "--parallel", "ddp", "--out", str(tmp_path / "run")])
     assert r.exit_code == 2, r.output
     text = " ".join(r.output.split())
@@ -32,17 +23,9 @@ def test_parallel_outside_torchrun_is_one_line_exit_2(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_torchrun_two_ranks_fsdp2_equals_one_process(tmp_path):
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    assert torchrun, "torchrun next to the interpreter"
-    env = {**os.environ, "TRITON_INTERPRET": "0", "TREADLE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, "-m", "treadle", *ARGS, "--out", str(tmp_path / "one")], env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert one.returncode == 0, one.stderr[-3000:]
-    two = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "treadle", *ARGS, "--parallel",
-                          "fsdp2", "--out", str(tmp_path / "two")], env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert two.returncode == 0, two.stderr[-3000:]
+def test_torchrun_two_ranks_fsdp2_equals_one_process(tmp_path, treadle_cli):
+    treadle_cli([*ARGS, "--out", tmp_path / "one"])
+    two = treadle_cli([*ARGS, "--parallel", "fsdp2", "--out", tmp_path / "two"], ranks=2)
     assert "fsdp2 on 2 ranks" in two.stdout
     from safetensors.torch import load_file
 
@@ -54,11 +37,7 @@ def test_torchrun_two_ranks_fsdp2_equals_one_process(tmp_path):
     assert [s["loss"] for s in steps] == pytest.approx([s["loss"] for s in ref], rel=1e-5)
 
 
-def test_scale_parallel_needs_an_adapter_and_torchrun(tmp_path, monkeypatch):
-    for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(v, raising=False)
-    monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("COLUMNS", "300")
+def test_scale_parallel_needs_an_adapter_and_torchrun(tmp_path, outside_torchrun):
     base = ["scale", "train", "--quick", "--parallel", "fsdp2", "--out", str(tmp_path / "run")]
     r = CliRunner().invoke(app, base)
     assert r.exit_code == 2 and "--adapter" in r.output and "Traceback" not in r.output, r.output

@@ -1,11 +1,6 @@
 """``treadle scale sft --parallel ddp`` (SCALE Stage I on TRL's own DDP under torchrun): --batch-size stays the
 global batch, rank 0 alone writes the run folder, and the adapter and per-step losses equal a one-process run."""
 import json
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,15 +11,8 @@ from treadle.cli import app
 ARGS = ["scale", "sft", "--quick", "--steps", "4", "--batch-size", "6", "--threads", "1"]
 
 
-def _clean_env(monkeypatch, tmp_path):
-    for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(v, raising=False)
-    monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("COLUMNS", "300")
-
-
-def test_sft_parallel_refusals_are_one_line_exit_2(tmp_path, monkeypatch):
-    _clean_env(monkeypatch, tmp_path)
+def test_sft_parallel_refusals_are_one_line_exit_2(tmp_path, outside_torchrun):
+    monkeypatch = outside_torchrun
     r = CliRunner().invoke(app, [*ARGS, "--parallel", "ddp", "--out", str(tmp_path / "run")])
     assert r.exit_code == 2 and "--parallel" in r.output and "torchrun" in r.output, r.output
     r = CliRunner().invoke(app, [*ARGS, "--parallel", "fsdp2", "--out", str(tmp_path / "run")])
@@ -41,18 +29,9 @@ def test_sft_parallel_refusals_are_one_line_exit_2(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_torchrun_two_ranks_stage_one_equals_one_process(tmp_path):
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    assert torchrun, "torchrun next to the interpreter"
-    env = {**os.environ, "TRITON_INTERPRET": "0", "TREADLE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1",
-           "COLUMNS": "300"}
-    one = subprocess.run([sys.executable, "-m", "treadle", *ARGS, "--out", str(tmp_path / "one")], env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert one.returncode == 0, one.stderr[-3000:]
-    two = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "treadle", *ARGS, "--parallel",
-                          "ddp", "--out", str(tmp_path / "two")], env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert two.returncode == 0, two.stderr[-3000:]
+def test_torchrun_two_ranks_stage_one_equals_one_process(tmp_path, treadle_cli):
+    treadle_cli([*ARGS, "--out", tmp_path / "one"])
+    two = treadle_cli([*ARGS, "--parallel", "ddp", "--out", tmp_path / "two"], ranks=2)
     assert two.stdout.count("Stage I (TRL SFTTrainer") == 1  # rank 0 alone prints
     from safetensors.torch import load_file
 

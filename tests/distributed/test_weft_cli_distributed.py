@@ -2,11 +2,6 @@
 nothing written); under ``torchrun --nproc-per-node 2 -m treadle`` it trains and rank 0 alone writes the
 run folder."""
 import json
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -17,11 +12,7 @@ ARGS = ["weft", "train", "--quick", "--grouping", "atomic", "--seeds", "0", "--s
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2", "zero3"])
-def test_parallel_refused_before_any_work(tmp_path, monkeypatch, parallel):
-    for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(v, raising=False)
-    monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("COLUMNS", "300")
+def test_parallel_refused_before_any_work(tmp_path, outside_torchrun, parallel):
     r = CliRunner().invoke(app, [*ARGS, "--parallel", parallel, "--out", str(tmp_path / "run")])
     assert r.exit_code == 2, r.output
     text = " ".join(r.output.split())
@@ -32,14 +23,8 @@ def test_parallel_refused_before_any_work(tmp_path, monkeypatch, parallel):
 
 
 @pytest.mark.slow
-def test_torchrun_two_ranks_writes_one_run_folder(tmp_path):
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
-    assert torchrun, "torchrun next to the interpreter"
-    env = {**os.environ, "TRITON_INTERPRET": "0", "TREADLE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1",
-           "COLUMNS": "200"}
-    two = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "treadle", *ARGS, "--parallel",
-                          "ddp", "--out", str(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=900)
-    assert two.returncode == 0, two.stderr[-3000:]
+def test_torchrun_two_ranks_writes_one_run_folder(tmp_path, treadle_cli):
+    two = treadle_cli([*ARGS, "--parallel", "ddp", "--out", tmp_path / "two"], ranks=2, timeout=900)
     assert "ddp on 2 ranks" in two.stdout and "one episode per rank" in two.stdout
     run = tmp_path / "two" / "atomic-seed0"
     steps = [json.loads(x) for x in (run / "steps.jsonl").read_text().splitlines()]
