@@ -91,12 +91,12 @@ def test_last_mlp_on_loss_positions_is_exact_and_restored(tok, problems):
     ref = model(input_ids=ids, labels=lab, position_ids=pos, use_cache=False)
     g_ref = _grads(model, ref.loss)
     seen = []
-    hook = mlp.register_forward_hook(lambda m, args, out: seen.append(args[0].shape))
+    hook = mlp.down_proj.register_forward_hook(lambda m, args, out: seen.append(args[0].shape))
     with last_mlp_on_loss_positions(model, lab):
         out = model(input_ids=ids, labels=lab, position_ids=pos, use_cache=False)
     hook.remove()
     # the MLP saw only the loss positions (a flat batch of them), not every token
-    assert seen == [torch.Size([int(loss_positions(lab).sum()), model.config.hidden_size])]
+    assert seen == [torch.Size([int(loss_positions(lab).sum()), model.config.intermediate_size])]
     torch.testing.assert_close(out.loss, ref.loss, rtol=1e-12, atol=1e-12)
     keep = loss_positions(lab)
     torch.testing.assert_close(out.logits[keep], ref.logits[keep], rtol=1e-10, atol=1e-10)
