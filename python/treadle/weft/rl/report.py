@@ -40,7 +40,18 @@ def _plot(runs: dict, path: Path) -> None:
         ax2.legend(fontsize=6, loc="lower right")
 
 
-def _one_run(policy, cfg, sub: Path) -> dict:
+def policy_fingerprint(model) -> str:
+    """sha256 (16 hex digits) of the model's parameters: a finished run is reused only from the same start."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _one_run(policy, cfg, sub: Path, fingerprint: str = "") -> dict:
     """Train one (grouping, seed) from ``policy`` (``(model, tokenizer)``, copied, or a checkpoint folder);
     write ``sub/steps.jsonl`` and ``sub/summary.json``; return the summary (``cpu_s``: process CPU time)."""
     import anyio
@@ -60,6 +71,7 @@ def _one_run(policy, cfg, sub: Path) -> dict:
     with open(sub / "steps.jsonl", "w") as log:
         s = anyio.run(lambda: train_policy(model, tok, cfg, log=log, progress=False))
     s["cpu_s"] = time.process_time() - c0
+    s["policy_sha256"] = fingerprint
     (sub / "summary.json").write_text(json.dumps(s, indent=1))
     return s
 
@@ -91,6 +103,18 @@ def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, qu
                       f"{s['after']['turn_success']:.3f}, whole-task {s['before']['task_success']:.3f} -> "
                       f"{s['after']['task_success']:.3f} ({s['cpu_s']:.0f} s CPU)", markup=False)
 
+    reused, fp = [], policy_fingerprint(policy[0])
+    for key, cfg in list(todo):  # resume: a finished run of the same config is kept, not re-run
+        prev = out / f"{key[0]}-seed{key[1]}" / "summary.json"
+        if prev.exists():
+            try:
+                s = json.loads(prev.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if s.get("config") == cfg.as_dict() and s.get("policy_sha256") == fp:
+                todo.remove((key, cfg))
+                reused.append(key)
+                done(key, s)
     if jobs > 1 and len(todo) > 1:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
@@ -99,16 +123,18 @@ def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, qu
         policy[0].save_pretrained(start)
         policy[1].save_pretrained(start)
         with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=multiprocessing.get_context("spawn")) as pool:
-            futs = {key: pool.submit(_one_run, start, cfg, out / f"{key[0]}-seed{key[1]}") for key, cfg in todo}
+            futs = {key: pool.submit(_one_run, start, cfg, out / f"{key[0]}-seed{key[1]}", fp) for key, cfg in todo}
             for key, fut in futs.items():
                 done(key, fut.result())
-        worker_cpu = sum(r["cpu_s"] for r in runs.values())
+        worker_cpu = sum(runs[key]["cpu_s"] for key, _ in todo)
     else:
         for key, cfg in todo:
-            done(key, _one_run(policy, cfg, out / f"{key[0]}-seed{key[1]}"))
+            done(key, _one_run(policy, cfg, out / f"{key[0]}-seed{key[1]}", fp))
         worker_cpu = 0.0
     summary: dict = {"seeds": list(seeds), "groupings": {}, "t_total_s": time.perf_counter() - t_start,
-                     "cpu_total_s": time.process_time() - c_start + worker_cpu, "jobs": jobs}
+                     "cpu_total_s": time.process_time() - c_start + worker_cpu, "jobs": jobs,
+                     "reused_runs": [f"{g}-seed{k}" for g, k in reused],
+                     "cpu_runs_s": sum(r["cpu_s"] for r in runs.values())}
     t = Table(title=f"GRPO on the tiny tool policy: held-out success (T=1), {len(seeds)} seed(s)")
     for col in ("grouping", "per-turn before", "per-turn after", "change mean (sd; range)", "whole-task before",
                 "whole-task after", "env share", "segments/s"):

@@ -66,7 +66,7 @@ class WeftTrainConfig:
     num_iterations: int = Field(2, ge=1, strict=True)
     clip_low: float = Field(0.2, ge=0, lt=1)
     clip_high: float = Field(0.28, ge=0)
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "seq-mean-token-mean"
     eval_episodes: int = Field(24, ge=1, strict=True)
     eval_samples: int = Field(6, ge=2, strict=True)
     eval_every: int = Field(0, ge=0, strict=True)
@@ -195,15 +195,32 @@ def _logprobs(model, ids: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
 
 
+def signed_weight(rows, mode: str) -> dict:
+    """How much of the first-iteration gradient weight comes from positive vs negative advantages: the sum
+    of ``|A|`` times each row's weight in the aggregation (its policy-token count under ``token-mean``, 1
+    under ``seq-mean-*``), split by sign, and the negative share. Under ``token-mean`` a failed candidate
+    (several malformed steps, ~4x the policy tokens of a passing one) outweighs the passing one of its
+    group, so the update mostly pushes tokens down (measured: see :class:`WeftTrainConfig`)."""
+    pos = neg = 0.0
+    for r in rows:
+        n = float(sum(r[2]))
+        w = n if mode == "token-mean" else float(n > 0)
+        pos += w * max(r[3], 0.0)
+        neg += w * max(-r[3], 0.0)
+    return {"weight_pos": pos, "weight_neg": neg, "neg_share": neg / (pos + neg) if pos + neg else 0.0}
+
+
 def _update(model, opt, rows, pad_id: int, cfg: WeftTrainConfig) -> dict:
     """Clipped policy loss on the rows with a non-zero advantage; the token-mean denominator counts the
     policy tokens of every row (zero-advantage rows add no gradient but do count)."""
     from treadle.grpo.losses import policy_loss
 
     total_tokens = float(sum(sum(r[2]) for r in rows))
+    total_seqs = float(sum(any(r[2]) for r in rows))
     live = [r for r in rows if r[3] != 0.0]
+    weight = signed_weight(rows, cfg.loss_agg_mode)
     if not live or total_tokens == 0:
-        return {"loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "rows_updated": 0}
+        return {"loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "rows_updated": 0, **weight}
     ids, mask, adv = _rows_batch(live, pad_id)
     with torch.no_grad():
         model.eval()
@@ -213,14 +230,14 @@ def _update(model, opt, rows, pad_id: int, cfg: WeftTrainConfig) -> dict:
     for _ in range(cfg.num_iterations):
         logp = _logprobs(model, ids)
         loss, stats = policy_loss(logp, old, adv, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                  mode=cfg.loss_agg_mode, global_tokens=total_tokens)
+                                  mode=cfg.loss_agg_mode, global_tokens=total_tokens, global_seqs=total_seqs)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
     model.eval()
     return {"loss": float(loss.detach()), "clipfrac": float(stats["clipfrac"]), "approx_kl": float(stats["approx_kl"]),
-            "rows_updated": len(live)}
+            "rows_updated": len(live), **weight}
 
 
 async def _evaluate(rt, h, model, tok, held, cfg: WeftTrainConfig) -> dict:
