@@ -4,6 +4,10 @@ Each run starts from a fresh copy of the same tool policy; a run folder per ``<g
 holds ``steps.jsonl`` and ``summary.json``; the top folder holds ``summary.json`` (per grouping:
 held-out per-turn and whole-task success before/after per seed, mean and spread of the change)
 and ``curves.png`` (batch turn reward and held-out per-turn success over steps).
+
+Resume: a ``<grouping>-seed<k>/summary.json`` whose config and start policy (``policy_sha256``, a hash
+of the parameters) equal this run's is reused, not re-run (listed in ``reused_runs``), so a comparison
+can grow by seeds or continue after an interruption; any other run is trained again.
 """
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
-__all__ = ["run_comparison"]
+__all__ = ["run_comparison", "policy_fingerprint"]
 
 
 def _plot(runs: dict, path: Path) -> None:
@@ -77,12 +81,13 @@ def _one_run(policy, cfg, sub: Path, fingerprint: str = "") -> dict:
 
 
 def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, quick: bool, console,
-                   overrides: dict | None = None, jobs: int = 1) -> dict:
+                   overrides: dict | None = None, jobs: int = 1, reuse: bool = True) -> dict:
     """Train every (grouping, seed) from a copy of ``policy = (model, tokenizer)``; write and print results.
 
     ``jobs > 1`` runs that many (grouping, seed) runs at once in worker processes (spawned; each loads
     the policy from ``out/start-policy``, one torch thread each): the same runs, the same numbers (each
-    run is seeded on its own), in less wall time on a multi-core machine."""
+    run is seeded on its own), in less wall time on a multi-core machine. ``reuse``: keep finished runs of
+    the same config and start policy (module docstring); False trains every run again."""
     from rich.table import Table
 
     from treadle.weft.rl.train import WeftTrainConfig
@@ -106,7 +111,7 @@ def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, qu
     reused, fp = [], policy_fingerprint(policy[0])
     for key, cfg in list(todo):  # resume: a finished run of the same config is kept, not re-run
         prev = out / f"{key[0]}-seed{key[1]}" / "summary.json"
-        if prev.exists():
+        if reuse and prev.exists():
             try:
                 s = json.loads(prev.read_text(encoding="utf-8"))
             except (OSError, ValueError):

@@ -14,8 +14,13 @@ Per step, with the same rollout budget for both groupings (``turns_per_step * G`
   history and state); one group per episode; reward ``R``; every turn's policy tokens get the
   trajectory's advantage (no flags: the baseline as published).
 
-Update: the clipped policy loss with ``token-mean`` aggregation (:func:`treadle.grpo.losses.policy_loss`),
-``num_iterations`` optimizer steps per batch, advantages on the current turn's policy tokens only.
+Update: the clipped policy loss (:func:`treadle.grpo.losses.policy_loss`) with ``seq-mean-token-mean``
+aggregation (each candidate weighs the same, whatever its length), ``num_iterations`` optimizer steps
+per batch, advantages on the current turn's policy tokens only. ``token-mean`` (every policy token weighs
+the same) was the default until it was measured to lower held-out success: a failed candidate carries
+several malformed steps (~4x the policy tokens of a passing one), so its negative advantage outweighed
+the passing candidate of its group and the update mostly pushed tokens down (``neg_share`` in the step
+log: the negative share of the first iteration's gradient weight).
 Held-out evaluation (unseen customers, products, amounts): sampled per-turn success from the gold
 history (:func:`~treadle.weft.rl.sft.evaluate_policy`) and sampled whole-task success (trajectory
 rollouts: every turn must pass), before, every ``eval_every`` steps, and after.
@@ -51,7 +56,9 @@ class WeftTrainConfig:
             of 8, ~6%).
         lr, num_iterations, clip_low, clip_high, loss_agg_mode: optimizer and loss (lr 1e-3 collapsed the
             policy in one update in a measured run: Adam's first steps move every weight by ~lr; 1e-4
-            over 10 steps of 32 segments left held-out success unchanged).
+            over 10 steps of 32 segments left held-out success unchanged). ``loss_agg_mode``: one of
+            ``seq-mean-token-mean`` (default), ``token-mean``, ``seq-mean-token-sum`` (see the module
+            docstring for why not ``token-mean``); the denominators count every row of the batch.
         eval_episodes, eval_samples, eval_every: held-out evaluation (0: before and after only).
         max_new_tokens, max_steps, temperature: sampling (a gold step is at most 33 tokens with EOS: 40
             leaves room and stops a runaway sample, which holds up its whole generation batch, early).
