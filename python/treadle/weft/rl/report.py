@@ -173,6 +173,7 @@ def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, qu
     _plot(runs, out / "curves.png")
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     console.print(f"{len(todo)} runs in {summary['t_total_s']:.0f} s wall, {summary['cpu_total_s']:.0f} s CPU "
-                  f"(--jobs {jobs}); results: {out} (summary.json, curves.png, <grouping>-seed<k>/steps.jsonl)",
+                  f"(--jobs {jobs}; {len(reused)} finished runs reused, {summary['cpu_runs_s']:.0f} s CPU in all "
+                  f"runs); results: {out} (summary.json, curves.png, <grouping>-seed<k>/steps.jsonl)",
                   markup=False)
     return summary
