@@ -24,9 +24,8 @@ def _plot(runs: dict, path: Path) -> None:
     from treadle.figures import png_figure
 
     with png_figure(path, figsize=(9, 3.5), dpi=100) as (fig, ax):
-        ax2 = fig.add_subplot(1, 2, 2)
-        ax.set_position([0.07, 0.15, 0.4, 0.75])
-        ax2.set_position([0.57, 0.15, 0.4, 0.75])
+        ax.remove()  # two panels side by side (png_figure's tight_layout overrides hand-set positions)
+        ax, ax2 = fig.subplots(1, 2)
         colors = {"atomic": "tab:blue", "trajectory": "tab:orange"}
         for (grouping, seed), s in runs.items():
             recs = s["records"]
