@@ -21,6 +21,7 @@ runner = CliRunner()
     (["train", "--seeds", "1,1"], "--seeds"),
     (["train", "--steps", "0"], "--steps"),
     (["train", "--jobs", "0"], "--jobs"),
+    (["train", "--eval-episodes", "0"], "--eval-episodes"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(tmp_path, monkeypatch, args, flag):
     monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))
@@ -50,6 +51,13 @@ def test_train_refuses_a_finished_comparison_without_overwrite(tmp_path, monkeyp
     r = runner.invoke(app, ["train", "--out", str(out)])
     assert r.exit_code == 2 and "--overwrite" in r.output
     assert not (tmp_path / "cache").exists()
+
+
+def test_train_refuses_overwrite_with_resume(tmp_path, monkeypatch):
+    monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))
+    r = runner.invoke(app, ["train", "--out", str(tmp_path / "out"), "--overwrite", "--resume"])
+    assert r.exit_code == 2 and "--overwrite and --resume" in r.output
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
 
 
 def test_train_tiny_unknown_task(tmp_path, monkeypatch):

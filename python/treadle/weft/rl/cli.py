@@ -123,10 +123,14 @@ def train_cmd(
     grouping: str = typer.Option("both", "--grouping", help="atomic, trajectory or both."),
     seeds: str = typer.Option("0,1,2", "--seeds", help="Comma-separated seeds (one run each)."),
     steps: int = typer.Option(None, "--steps", help="GRPO steps per run, >= 1 (default 16; --quick 2)."),
+    eval_episodes: int = typer.Option(None, "--eval-episodes", help="Held-out episodes (two turns each) evaluated "
+                                                                   "before and after, >= 1 (default 24)."),
     model: Path = typer.Option(None, "--model", help="Tool-policy checkpoint to start from (default: the cached tiny "
                                                      "tool policy)."),
     quick: bool = typer.Option(False, "--quick", help="Seconds-long smoke settings on the quick tool policy."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing results in --out."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing results in --out (every run again)."),
+    resume: bool = typer.Option(False, "--resume", help="Keep the finished runs in --out that have the same settings "
+                                                        "and start policy (e.g. to add seeds); run the others."),
     jobs: int = typer.Option(2, "--jobs", help="Runs at once (worker processes, one thread each), >= 1; the "
                                                "numbers do not depend on it."),
     parallel: str = typer.Option(None, "--parallel", help="Data-parallel GRPO under torchrun: 'ddp' (e.g. torchrun "
@@ -142,6 +146,8 @@ def train_cmd(
         raise usage_error(f"--grouping must be atomic, trajectory or both, got {grouping!r}")
     if steps is not None and steps < 1:
         raise usage_error(f"--steps must be >= 1, got {steps}")
+    if eval_episodes is not None and eval_episodes < 1:
+        raise usage_error(f"--eval-episodes must be >= 1, got {eval_episodes}")
     if jobs < 1:
         raise usage_error(f"--jobs must be >= 1, got {jobs}")
     if parallel is not None and parallel != "ddp":
@@ -152,17 +158,21 @@ def train_cmd(
         check_out_dir(out, "--out")
     except ValueError as err:
         raise usage_error(str(err)) from None
-    if (out / "summary.json").exists() and not overwrite:
-        raise usage_error(f"--out {str(out)!r} already holds a finished comparison (summary.json); add --overwrite "
-                          f"or give another --out")
+    if overwrite and resume:
+        raise usage_error("--overwrite and --resume exclude each other (re-run everything, or keep finished runs)")
+    if (out / "summary.json").exists() and not (overwrite or resume):
+        raise usage_error(f"--out {str(out)!r} already holds a finished comparison (summary.json); add --overwrite, "
+                          f"--resume or give another --out")
     groupings = ("atomic", "trajectory") if grouping == "both" else (grouping,)
     if parallel is not None:
-        return _train_parallel(parallel, out, groupings, seed_list, steps, model, quick)
+        return _train_parallel(parallel, out, groupings, seed_list, steps, model, quick, eval_episodes)
     policy = _policy(model, quick)
-    run_comparison(out, policy, groupings, seed_list, steps=steps, quick=quick, console=console, jobs=jobs)
+    run_comparison(out, policy, groupings, seed_list, steps=steps, quick=quick, console=console, jobs=jobs,
+                   reuse=not overwrite, overrides={"eval_episodes": eval_episodes} if eval_episodes else None)
 
 
-def _train_parallel(parallel: str, out: Path, groupings, seeds, steps, model, quick: bool) -> None:
+def _train_parallel(parallel: str, out: Path, groupings, seeds, steps, model, quick: bool,
+                    eval_episodes: int | None = None) -> None:
     """``weft train --parallel ddp``: one rank of a torchrun job. Rank 0 loads (or trains) the start policy
     first, then the other ranks load it; every run trains on all ranks; rank 0 alone writes and prints."""
     import torch.distributed as dist
@@ -183,7 +193,7 @@ def _train_parallel(parallel: str, out: Path, groupings, seeds, steps, model, qu
         raise usage_error(str(err)) from None
     try:
         W, main = dist.get_world_size(), is_main()
-        overrides = {}
+        overrides = {"eval_episodes": eval_episodes} if eval_episodes else {}
         per_step = (WeftTrainConfig.quick() if quick else WeftTrainConfig()).turns_per_step
         if per_step // 2 < W:  # at least one episode per rank and step
             overrides["turns_per_step"] = 2 * W
@@ -204,7 +214,7 @@ def _train_parallel(parallel: str, out: Path, groupings, seeds, steps, model, qu
         policy = (policy[0].to(device), policy[1])
         run_comparison(out, policy, groupings, seeds, steps=steps, quick=quick,
                        console=console if main else Console(quiet=True), overrides=overrides, jobs=1,
-                       runner=one_run_dp)
+                       reuse=False, runner=one_run_dp)
         if main:
             console.print(f"{parallel} on {W} ranks", markup=False)
     finally:

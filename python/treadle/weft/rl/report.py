@@ -4,6 +4,10 @@ Each run starts from a fresh copy of the same tool policy; a run folder per ``<g
 holds ``steps.jsonl`` and ``summary.json``; the top folder holds ``summary.json`` (per grouping:
 held-out per-turn and whole-task success before/after per seed, mean and spread of the change)
 and ``curves.png`` (batch turn reward and held-out per-turn success over steps).
+
+Resume: a ``<grouping>-seed<k>/summary.json`` whose config and start policy (``policy_sha256``, a hash
+of the parameters) equal this run's is reused, not re-run (listed in ``reused_runs``), so a comparison
+can grow by seeds or continue after an interruption; any other run is trained again.
 """
 from __future__ import annotations
 
@@ -13,16 +17,15 @@ import statistics
 import time
 from pathlib import Path
 
-__all__ = ["run_comparison"]
+__all__ = ["run_comparison", "policy_fingerprint"]
 
 
 def _plot(runs: dict, path: Path) -> None:
     from treadle.figures import png_figure
 
     with png_figure(path, figsize=(9, 3.5), dpi=100) as (fig, ax):
-        ax2 = fig.add_subplot(1, 2, 2)
-        ax.set_position([0.07, 0.15, 0.4, 0.75])
-        ax2.set_position([0.57, 0.15, 0.4, 0.75])
+        ax.remove()  # two panels side by side (png_figure's tight_layout overrides hand-set positions)
+        ax, ax2 = fig.subplots(1, 2)
         colors = {"atomic": "tab:blue", "trajectory": "tab:orange"}
         for (grouping, seed), s in runs.items():
             recs = s["records"]
@@ -40,7 +43,18 @@ def _plot(runs: dict, path: Path) -> None:
         ax2.legend(fontsize=6, loc="lower right")
 
 
-def _one_run(policy, cfg, sub: Path) -> dict:
+def policy_fingerprint(model) -> str:
+    """sha256 (16 hex digits) of the model's parameters: a finished run is reused only from the same start."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _one_run(policy, cfg, sub: Path, fingerprint: str = "") -> dict:
     """Train one (grouping, seed) from ``policy`` (``(model, tokenizer)``, copied, or a checkpoint folder);
     write ``sub/steps.jsonl`` and ``sub/summary.json``; return the summary (``cpu_s``: process CPU time)."""
     import anyio
@@ -60,12 +74,13 @@ def _one_run(policy, cfg, sub: Path) -> dict:
     with open(sub / "steps.jsonl", "w") as log:
         s = anyio.run(lambda: train_policy(model, tok, cfg, log=log, progress=False))
     s["cpu_s"] = time.process_time() - c0
+    s["policy_sha256"] = fingerprint
     (sub / "summary.json").write_text(json.dumps(s, indent=1))
     return s
 
 
 def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, quick: bool, console,
-                   overrides: dict | None = None, jobs: int = 1, runner=None) -> dict | None:
+                   overrides: dict | None = None, jobs: int = 1, reuse: bool = True, runner=None) -> dict | None:
     """Train every (grouping, seed) from a copy of ``policy = (model, tokenizer)``; write and print results.
 
     ``runner(policy, cfg, run_folder)`` replaces the one-process run (``--parallel``:
@@ -74,7 +89,8 @@ def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, qu
 
     ``jobs > 1`` runs that many (grouping, seed) runs at once in worker processes (spawned; each loads
     the policy from ``out/start-policy``, one torch thread each): the same runs, the same numbers (each
-    run is seeded on its own), in less wall time on a multi-core machine."""
+    run is seeded on its own), in less wall time on a multi-core machine. ``reuse``: keep finished runs of
+    the same config and start policy (module docstring); False trains every run again."""
     from rich.table import Table
 
     from treadle.weft.rl.train import WeftTrainConfig
@@ -95,6 +111,18 @@ def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, qu
                       f"{s['after']['turn_success']:.3f}, whole-task {s['before']['task_success']:.3f} -> "
                       f"{s['after']['task_success']:.3f} ({s['cpu_s']:.0f} s CPU)", markup=False)
 
+    reused, fp = [], policy_fingerprint(policy[0])
+    for key, cfg in list(todo):  # resume: a finished run of the same config is kept, not re-run
+        prev = out / f"{key[0]}-seed{key[1]}" / "summary.json"
+        if reuse and prev.exists():
+            try:
+                s = json.loads(prev.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if s.get("config") == cfg.as_dict() and s.get("policy_sha256") == fp:
+                todo.remove((key, cfg))
+                reused.append(key)
+                done(key, s)
     if runner is not None:
         got = [(key, runner(policy, cfg, out / f"{key[0]}-seed{key[1]}")) for key, cfg in todo]
         if any(s is None for _, s in got):
@@ -110,16 +138,18 @@ def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, qu
         policy[0].save_pretrained(start)
         policy[1].save_pretrained(start)
         with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=multiprocessing.get_context("spawn")) as pool:
-            futs = {key: pool.submit(_one_run, start, cfg, out / f"{key[0]}-seed{key[1]}") for key, cfg in todo}
+            futs = {key: pool.submit(_one_run, start, cfg, out / f"{key[0]}-seed{key[1]}", fp) for key, cfg in todo}
             for key, fut in futs.items():
                 done(key, fut.result())
-        worker_cpu = sum(r["cpu_s"] for r in runs.values())
+        worker_cpu = sum(runs[key]["cpu_s"] for key, _ in todo)
     else:
         for key, cfg in todo:
-            done(key, _one_run(policy, cfg, out / f"{key[0]}-seed{key[1]}"))
+            done(key, _one_run(policy, cfg, out / f"{key[0]}-seed{key[1]}", fp))
         worker_cpu = 0.0
     summary: dict = {"seeds": list(seeds), "groupings": {}, "t_total_s": time.perf_counter() - t_start,
-                     "cpu_total_s": time.process_time() - c_start + worker_cpu, "jobs": jobs}
+                     "cpu_total_s": time.process_time() - c_start + worker_cpu, "jobs": jobs,
+                     "reused_runs": [f"{g}-seed{k}" for g, k in reused],
+                     "cpu_runs_s": sum(r["cpu_s"] for r in runs.values())}
     t = Table(title=f"GRPO on the tiny tool policy: held-out success (T=1), {len(seeds)} seed(s)")
     for col in ("grouping", "per-turn before", "per-turn after", "change mean (sd; range)", "whole-task before",
                 "whole-task after", "env share", "segments/s"):
@@ -153,6 +183,7 @@ def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, qu
     _plot(runs, out / "curves.png")
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     console.print(f"{len(todo)} runs in {summary['t_total_s']:.0f} s wall, {summary['cpu_total_s']:.0f} s CPU "
-                  f"(--jobs {jobs}); results: {out} (summary.json, curves.png, <grouping>-seed<k>/steps.jsonl)",
+                  f"(--jobs {jobs}; {len(reused)} finished runs reused, {summary['cpu_runs_s']:.0f} s CPU in all "
+                  f"runs); results: {out} (summary.json, curves.png, <grouping>-seed<k>/steps.jsonl)",
                   markup=False)
     return summary
