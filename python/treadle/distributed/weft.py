@@ -178,7 +178,7 @@ class WeftDataParallel:
         from treadle.weft.rl.train import _logprobs, _rows_batch
 
         live = [r for r in rows if r[3] != 0.0]
-        tokens, seqs, n_live = all_reduce_sum([sum(sum(r[2]) for r in rows), sum(sum(r[2]) > 0 for r in live),
+        tokens, seqs, n_live = all_reduce_sum([sum(sum(r[2]) for r in rows), sum(any(r[2]) for r in rows),
                                                len(live)], group=self.group)
         if n_live == 0 or tokens == 0:
             return {"loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "rows_updated": 0}
