@@ -94,13 +94,10 @@ class RowKeyedSampler(HFSampler):
             return super().generate(rows, seed)
         from transformers import LogitsProcessorList
 
+        from treadle.weft.rl.sampling import left_padded
+
         pad = self.tokenizer.pad_token_id
-        width = max(len(r[2]) for r in rows)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, (_, _, ctx) in enumerate(rows):
-            ids[i, width - len(ctx):] = torch.tensor(ctx)
-            mask[i, width - len(ctx):] = 1
+        ids, mask = left_padded(rows, pad)
         dev = next(self.model.parameters()).device
         was = self.model.training
         self.model.eval()
@@ -110,7 +107,7 @@ class RowKeyedSampler(HFSampler):
                                       [_GumbelMax(row_seeds(rows, seed), self.temperature)]))
         self.model.train(was)
         res = []
-        for row in out[:, width:].tolist():
+        for row in out[:, ids.shape[1]:].tolist():
             cut = row.index(self.eos_id) + 1 if self.eos_id in row else len(row)
             res.append(row[:cut])
         return res

@@ -112,6 +112,18 @@ class Sampler(Protocol):
     def generate(self, rows: Sequence[tuple[TurnStart, int, list[int]]], seed: int) -> list[list[int]]: ...
 
 
+def left_padded(rows, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)``, both ``(len(rows), width)`` int64: each row's context (``rows[i][2]``,
+    token ids) right-aligned (left padding with ``pad_id``), as HF ``generate`` expects."""
+    width = max(len(r[2]) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (_, _, ctx) in enumerate(rows):
+        ids[i, width - len(ctx):] = torch.tensor(ctx)
+        mask[i, width - len(ctx):] = 1
+    return ids, mask
+
+
 class HFSampler:
     """A HF causal LM sampled with ``model.generate`` (left padding, KV cache, multinomial at
     ``temperature``; greedy when ``temperature == 0``); seeded by ``seed`` per call."""
@@ -128,12 +140,7 @@ class HFSampler:
     @torch.no_grad()
     def generate(self, rows, seed):
         pad = self.tokenizer.pad_token_id
-        width = max(len(r[2]) for r in rows)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, (_, _, ctx) in enumerate(rows):
-            ids[i, width - len(ctx):] = torch.tensor(ctx)
-            mask[i, width - len(ctx):] = 1
+        ids, mask = left_padded(rows, pad)
         torch.manual_seed(seed)
         kw = (dict(do_sample=True, temperature=self.temperature, top_k=0, top_p=1.0) if self.temperature > 0
               else dict(do_sample=False))
@@ -145,7 +152,7 @@ class HFSampler:
                                   pad_token_id=pad, eos_token_id=self.eos_id, **kw)
         self.model.train(was)
         res = []
-        for row in out[:, width:].tolist():
+        for row in out[:, ids.shape[1]:].tolist():
             cut = row.index(self.eos_id) + 1 if self.eos_id in row else len(row)
             res.append(row[:cut])
         return res
