@@ -50,7 +50,7 @@ AREAS: dict[str, tuple[list[str], list[str], list[str]]] = {
          "treadle/ops/topk_entropy.py", "treadle/ops/_amp.py"],
         ["tests/grpo/test_advantages.py", "tests/scale/test_gated_lora.py", "tests/stair/test_stair_readout.py",
          "tests/scale/test_topk_entropy.py", "tests/contracts/test_nonfinite.py", "tests/contracts/test_autocast.py",
-         "tests/ops/test_ops_arguments.py", "tests/ops/test_ops_dispatch.py"],
+         "tests/ops/test_ops_arguments.py", "tests/ops/test_ops_dispatch.py", "tests/ops/test_ops_dtensor.py"],
         # Triton under the interpreter is far too slow per mutant (the C++ kernels are checked as strictly); CUDA
         # needs a GPU machine
         ["-k", "not triton and not cuda and not opcheck and not compile"],

@@ -77,3 +77,14 @@ def test_stair_reference_runs_on_the_inputs_device(mode):
     for lens in (None, torch.tensor([1, 5], device=m), torch.tensor([0, 2], dtype=torch.int32, device=m)):
         out = stair_readout_reference(q, k, v, n, bank_lengths=lens, eps=0.1, mode=mode)
         assert out.device == m and out.shape == (2, 2, 3, 6) and out.dtype == torch.float32
+
+
+def test_stair_reference_moves_bank_lengths_to_the_inputs_device():
+    # the yardstick takes the lengths from anywhere (a host tensor of lengths with the bank on a GPU): it moves
+    # them to q's device; the meta device stands in for the GPU (a CPU tensor would not compare with meta ones)
+    m = torch.device("meta")
+    q, k, v = torch.zeros(2, 2, 3, 4, device=m), torch.zeros(2, 1, 5, 4, device=m), torch.zeros(2, 1, 5, 6, device=m)
+    n = torch.ones(2, 4, device=m)
+    for lens in (torch.tensor([1, 5]), torch.tensor([0, 2], dtype=torch.int32)):
+        out = stair_readout_reference(q, k, v, n, bank_lengths=lens, eps=0.1)
+        assert out.device == m and out.shape == (2, 2, 3, 6) and out.dtype == torch.float32
