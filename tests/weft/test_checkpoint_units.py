@@ -301,3 +301,27 @@ def test_listing_names_and_storage_options(tmp_path):
     (tmp_path / "s" / "sub").mkdir()
     assert _names(store, "s") == ["lease-00000001.json", "sub"]
     assert _names(store, "none") == []
+
+
+def test_os_errors_listing_or_writing_name_the_path_and_store(tmp_path, monkeypatch):
+    """A store the process cannot list or write (a permission error: the tests run as root, so it is
+    injected) raises CheckpointStoreError naming the folder or file, the store and the OS error."""
+    import tempfile
+
+    store = CheckpointStore(tmp_path)
+    store.claim("s")  # the session folder exists: listing reaches ls
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(store.fs, "ls", denied)
+    with pytest.raises(CheckpointStoreError) as ei:
+        store.generation("s")
+    assert str(ei.value) == f"cannot list {tmp_path}/s in {str(tmp_path)!r}: [Errno 13] Permission denied"
+    monkeypatch.undo()
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    monkeypatch.setattr(tempfile, "mkstemp", denied)
+    with pytest.raises(CheckpointStoreError) as ei:
+        store.claim("s")
+    assert str(ei.value) == (f"cannot write {tmp_path}/s/lease-00000002.json to {str(tmp_path)!r}: "
+                             "[Errno 13] Permission denied")
