@@ -94,23 +94,8 @@ class RowKeyedSampler(HFSampler):
             return super().generate(rows, seed)
         from transformers import LogitsProcessorList
 
-        from treadle.weft.rl.sampling import left_padded
-
-        pad = self.tokenizer.pad_token_id
-        ids, mask = left_padded(rows, pad)
-        dev = next(self.model.parameters()).device
-        was = self.model.training
-        self.model.eval()
-        out = self.model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev),
-                                  max_new_tokens=self.max_new_tokens, pad_token_id=pad, eos_token_id=self.eos_id,
-                                  do_sample=False, logits_processor=LogitsProcessorList(
-                                      [_GumbelMax(row_seeds(rows, seed), self.temperature)]))
-        self.model.train(was)
-        res = []
-        for row in out[:, ids.shape[1]:].tolist():
-            cut = row.index(self.eos_id) + 1 if self.eos_id in row else len(row)
-            res.append(row[:cut])
-        return res
+        return self._decode(rows, do_sample=False,
+                            logits_processor=LogitsProcessorList([_GumbelMax(row_seeds(rows, seed), self.temperature)]))
 
 
 def keyed_sampler(model, tok, cfg) -> RowKeyedSampler:

@@ -139,17 +139,22 @@ class HFSampler:
 
     @torch.no_grad()
     def generate(self, rows, seed):
-        pad = self.tokenizer.pad_token_id
-        ids, mask = left_padded(rows, pad)
         torch.manual_seed(seed)
         kw = (dict(do_sample=True, temperature=self.temperature, top_k=0, top_p=1.0) if self.temperature > 0
               else dict(do_sample=False))
+        return self._decode(rows, **kw)
+
+    def _decode(self, rows, **generate_kwargs) -> list[list[int]]:
+        """HF ``generate`` over the left-padded contexts of ``rows`` (eval mode, the model's device), each
+        completion cut after its first EOS."""
+        pad = self.tokenizer.pad_token_id
+        ids, mask = left_padded(rows, pad)
         was = self.model.training
         self.model.eval()
         dev = next(self.model.parameters()).device  # a policy on a GPU (torchrun --parallel ddp with NCCL)
-        ids, mask = ids.to(dev), mask.to(dev)
-        out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=self.max_new_tokens,
-                                  pad_token_id=pad, eos_token_id=self.eos_id, **kw)
+        out = self.model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev),
+                                  max_new_tokens=self.max_new_tokens, pad_token_id=pad, eos_token_id=self.eos_id,
+                                  **generate_kwargs)
         self.model.train(was)
         res = []
         for row in out[:, ids.shape[1]:].tolist():
