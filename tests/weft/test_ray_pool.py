@@ -66,7 +66,7 @@ def test_chaos_drill_on_ray_loses_no_checkpointed_work(local_ray):
     # surviving actor
     rep = anyio.run(lambda: run_chaos(sessions=6, workers=1, steps=3, kills=1, seed=1, deadline_s=120,
                                       ray_address="auto"))
-    assert rep.kills >= 1 and rep.sessions_restored >= 1
+    assert rep.kills == 1 and rep.sessions_restored >= 1  # kills placed by progress: lands at any speed
     assert rep.cross_session_leaks == 0 and rep.lost_checkpointed_mutations == 0
     assert rep.unfinished_sessions == 0 and rep.stale_writes_accepted == 0
     assert rep.stale_writes_rejected == rep.sessions_restored

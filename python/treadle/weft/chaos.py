@@ -1,9 +1,11 @@
 """Chaos drill of the worker pool: many concurrent sessions, random SIGKILLs of workers during mutating calls.
 
 Seed: WEFT 4.1 (MegaMCP: failover from checkpoints with a generation fence). Every session owns a
-SQLite table of rows tagged with its own id; each step adds one row and checkpoints the turn. A
-killer task SIGKILLs a random live worker at random moments while calls are in flight. At the end
-the drill checks, per session:
+SQLite table of rows tagged with its own id; each step adds one row and checkpoints the turn. The
+kills are placed by progress, not by wall time (a fast machine would otherwise finish before the first
+kill): ``kills`` distinct indices among the first ``sessions * steps`` mutating calls are drawn from the
+seed, and the worker serving the call of each drawn index is SIGKILLed (``ray.kill`` for actors) while
+that call is in flight. At the end the drill checks, per session:
 
 - *cross-session leaks*: rows tagged with another session's id (must be 0);
 - *lost checkpointed mutations*: rows of an acknowledged checkpoint missing from the session
@@ -81,14 +83,19 @@ async def run_chaos(*, sessions: int = 1000, workers: int = 4, steps: int = 3, k
     actors (:class:`~treadle.weft.ray_pool.RayWorkerPool`, killed with ``ray.kill``).
 
     Raises:
-        ValueError: a count is not positive.
+        ValueError: a count is not positive, or ``kills`` is not below ``sessions * steps`` (each kill needs
+            its own mutating call after the first).
     """
     for name, v in (("sessions", sessions), ("workers", workers), ("steps", steps)):
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be an int >= 1, got {v!r}")
     if not isinstance(kills, int) or kills < 0:
         raise ValueError(f"kills must be an int >= 0, got {kills!r}")
+    if kills >= sessions * steps:
+        raise ValueError(f"kills must be below sessions * steps = {sessions * steps} (one mutating call each, "
+                         f"after the first), got {kills}")
     rng = random.Random(seed)
+    kill_at = set(rng.sample(range(1, sessions * steps), kills))  # indices of the mutating calls to kill under
     tmp = None
     if store is None:
         tmp = tempfile.TemporaryDirectory(prefix="weft-chaos-")
@@ -96,7 +103,7 @@ async def run_chaos(*, sessions: int = 1000, workers: int = 4, steps: int = 3, k
     snap = snapshot_from_sql(DDL)
     acked: dict[str, int] = {}  # session -> last step whose checkpoint was acknowledged (-1: creation)
     counts = {"calls": 0, "crashed": 0, "kills": 0, "leaks": 0, "lost": 0, "acks": 0, "unfinished": 0,
-              "reopened": 0}
+              "reopened": 0, "issued": 0, "owed": 0}
     restored: set[str] = set()
     t0 = time.perf_counter()
     per_worker = -(-sessions // workers)
@@ -111,8 +118,6 @@ async def run_chaos(*, sessions: int = 1000, workers: int = 4, steps: int = 3, k
             pool_cm = WorkerPool(**pool_args)
         async with pool_cm as pool:
             h = pool.register(SERVER)
-            in_flight = anyio.Event()
-            done = anyio.Event()
 
             async def open_session(sid: str) -> None:
                 for _ in range(10):  # a kill during creation loses the (unacknowledged) session: open it again
@@ -135,16 +140,30 @@ async def run_chaos(*, sessions: int = 1000, workers: int = 4, steps: int = 3, k
                     await open_session(sid)
                     return 0
                 restored.add(sid)
-                turn = await pool.checkpoint_turn(sid)
-                return (turn if turn is not None else -1) + 1
+                for _ in range(10):  # the replacement worker may be killed too
+                    try:
+                        turn = await pool.checkpoint_turn(sid)
+                    except WorkerDiedError:
+                        if sid not in pool._where:
+                            return await resume(sid)
+                        continue
+                    return (turn if turn is not None else -1) + 1
+                raise WeftError(f"{sid}: could not read its checkpoint turn in 10 attempts")
 
             async def session(i: int) -> None:
                 sid = f"chaos-{i:05d}"
                 await open_session(sid)
                 step = 0
                 while step < steps:
-                    in_flight.set()
-                    out = await pool.call_tool(sid, "add_row", {"tag": sid, "step": step})
+                    index = counts["issued"]
+                    counts["issued"] += 1
+                    if index in kill_at:
+                        counts["owed"] += 1
+                    if counts["owed"] and not pool._where[sid].dead:  # (a dead one: the kill goes to a later call)
+                        counts["owed"] -= 1
+                        out = await call_and_kill(sid, step)
+                    else:
+                        out = await pool.call_tool(sid, "add_row", {"tag": sid, "step": step})
                     counts["calls"] += 1
                     if not out.ok:
                         counts["crashed"] += 1
@@ -168,25 +187,29 @@ async def run_chaos(*, sessions: int = 1000, workers: int = 4, steps: int = 3, k
                 have = {s for tag, s in rows if tag == sid}
                 counts["lost"] += sum(1 for s in range(acked.get(sid, -1) + 1) if s not in have)
 
-            async def killer() -> None:
-                await in_flight.wait()
-                for _ in range(kills):
-                    await anyio.sleep(rng.uniform(0.05, 0.5))
-                    if done.is_set():
-                        return
-                    live = [w for w in pool.workers if not w.dead and w.process.is_alive() and w.pending]
-                    if live:
-                        w = rng.choice(live)
-                        pool._kill(w)
-                        counts["kills"] += 1
+            async def call_and_kill(sid: str, step: int):
+                """The mutating call of a drawn index: sent, then its worker killed while it is in flight (if the
+                reply wins the race, the session's next request finds the worker dead: failover all the same)."""
+                w = pool._where[sid]
+                result: list = []
+
+                async def call() -> None:
+                    result.append(await pool.call_tool(sid, "add_row", {"tag": sid, "step": step}))
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(call)
+                    for _ in range(1000):  # the request is registered as pending before the call first waits
+                        if w.pending or result:
+                            break
+                        await anyio.sleep(0)
+                    pool._kill(w)
+                    counts["kills"] += 1
+                return result[0]
 
             with anyio.fail_after(deadline_s):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(killer)
-                    async with anyio.create_task_group() as sessions_tg:
-                        for i in range(sessions):
-                            sessions_tg.start_soon(session, i)
-                    done.set()
+                async with anyio.create_task_group() as sessions_tg:
+                    for i in range(sessions):
+                        sessions_tg.start_soon(session, i)
         # the workers that were killed are presumed dead; a late write of theirs (their old generation) must
         # be refused: try one per restored session
         ck = CheckpointStore(store)

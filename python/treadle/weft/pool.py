@@ -361,7 +361,13 @@ class WorkerPool:
             dead.sessions.clear()
             store = CheckpointStore(self.store_url, key=self._key) if self.store_url else None
             for sid in lost:  # `_where` keeps pointing at the dead worker until the session is back (or lost)
+                # a session only reserved on the dead worker (its creation failed) may have been opened elsewhere
+                # since: it is not this failover's to restore (checked again after every wait below)
+                if self._where.get(sid) is not dead:
+                    continue
                 rec = None if store is None else await anyio.to_thread.run_sync(store.latest, sid)
+                if self._where.get(sid) is not dead:
+                    continue
                 if rec is None:
                     self._where.pop(sid, None)
                     continue
@@ -369,6 +375,8 @@ class WorkerPool:
                     w = await self._pick_worker(exclude=dead)
                     try:
                         await self._ensure_server(w, rec.server_hash)
+                        if self._where.get(sid) is not dead:
+                            break
                         await self._request(w, "restore", sid)
                     except WorkerDiedError:
                         self._kill(w)
@@ -381,13 +389,21 @@ class WorkerPool:
                     self._where.pop(sid, None)
 
     async def _session_request(self, session_id: str, op: str, *args: Any) -> Any:
-        """A request about one session; when its worker is found dead, fail over and retry once."""
-        w = self._worker_of(session_id)
-        try:
-            return await self._request(w, op, session_id, *args)
-        except WorkerDiedError:
-            await self._failover(w)
-            return await self._request(self._worker_of(session_id), op, session_id, *args)
+        """A request about one session; when its worker is found dead, fail over and retry (3 failovers at most,
+        as many as :meth:`_failover` tries replacement workers: the replacement may die too).
+
+        Raises:
+            WorkerDiedError: the session's worker died 4 times in a row during this request.
+            UnknownSessionError: the session could not be restored (no checkpoint).
+        """
+        for attempt in range(4):
+            w = self._worker_of(session_id)
+            try:
+                return await self._request(w, op, session_id, *args)
+            except WorkerDiedError:
+                if attempt == 3:
+                    raise
+                await self._failover(w)
 
     # -- API ---------------------------------------------------------------------------------
     def register(self, server: Any) -> str:
@@ -412,7 +428,8 @@ class WorkerPool:
             await self._request(w, "create", spec.hash, snapshot.kind, snapshot.data, sid, snapshot.env.as_dict())
         except BaseException:
             w.sessions.discard(sid)
-            self._where.pop(sid, None)
+            if self._where.get(sid) is w:  # (a failover may have restored an earlier life of this id elsewhere)
+                self._where.pop(sid, None)
             raise
         return sid
 
