@@ -22,6 +22,13 @@ punishing the policy). One round:
 4. what depends on a revised component is re-validated (the reference plan of every task on a revised
    server, or of a revised task, must pass its verifier).
 
+Composed cross-server tasks (:class:`ComposedSlot`) are played by a correct agent (the certified composed
+task's calls, node by node) and judged by their nodes' checks as they are now; a failed one is attributed
+by :func:`~treadle.weft.evolve.composed_revise.attribute_composed` (a wrong entity binding or DAG edge:
+``task``), only the blamed binding argument or node edges are revised
+(:func:`~treadle.weft.evolve.composed_revise.revise_composed`), and the revision is kept only if the
+composed task re-certifies by execution (its components are ``composed:<task>/<part>``).
+
 Rounds continue until the error rate stops falling (or ``max_rounds``). Every component carries a
 version and a digest; a round records which it revised, and :attr:`Round.untouched_ok` checks that no
 unblamed component changed.
@@ -58,6 +65,16 @@ class TaskSlot:
 
 
 @dataclass
+class ComposedSlot:
+    """A composed cross-server task of the system: as it is now, and as it was certified (its servers are
+    environments of the system, by name)."""
+
+    task: Any
+    certified: Any
+    version: int = 1
+
+
+@dataclass
 class EvolvingSystem:
     """Server sources per environment (current and certified), the task slots, and the artefacts of the
     synthesised environments among them (``synth``: env -> :class:`~treadle.weft.evolve.revise.SynthEnv`;
@@ -68,6 +85,7 @@ class EvolvingSystem:
     tasks: list[TaskSlot]
     backend_versions: dict[str, int] = field(default_factory=dict)
     synth: dict[str, SynthEnv] = field(default_factory=dict)
+    composed: list[ComposedSlot] = field(default_factory=list)
 
     def digests(self) -> dict[str, str]:
         """``{component: digest}`` for every backend, task initial state and verifier."""
@@ -76,6 +94,11 @@ class EvolvingSystem:
             out[f"task:{t.task.name}"] = t.start.digest
             out[f"verifier:{t.task.name}"] = hashlib.sha256(t.spec.model_dump_json(exclude={"predicates"})
                                                             .encode()).hexdigest()[:16]
+        if self.composed:
+            from treadle.weft.evolve.composed_revise import component_digests
+
+            for c in self.composed:
+                out.update({f"composed:{c.task.name}/{k}": v for k, v in component_digests(c.task).items()})
         return out
 
 
@@ -135,8 +158,17 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
             passed += 1
         else:
             failed.append((slot, outs, verdict))
+    composed_failed = []
+    for cslot in system.composed:
+        outcome = await _play_composed(rt, cslot, hashes)
+        calls += sum(len(o) for o in outcome.outcomes) if outcome is not None else 0
+        errors += sum(not x.ok for o in outcome.outcomes for x in o) if outcome is not None else 0
+        if outcome is not None and outcome.reward == 1.0:
+            passed += 1
+        else:
+            composed_failed.append((cslot, outcome))
     rnd = Round(round=n, tool_calls=calls, tool_errors=errors, error_rate=errors / calls if calls else 0.0,
-                passed=passed, tasks=len(system.tasks))
+                passed=passed, tasks=len(system.tasks) + len(system.composed))
     before = system.digests()
     logged = len(reviser.log) if reviser is not None else 0
     env_evidence: dict[str, list[Attribution]] = {}
@@ -173,17 +205,62 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
             if new is not None:
                 slot.spec = new
                 slot.versions["verifier"] += 1
+    for cslot, outcome in composed_failed:
+        await _revise_composed(rt, cslot, hashes, outcome, rnd)
     if reviser is not None:
         rnd.revisions = list(reviser.log[logged:])
     after = system.digests()
     rnd.revised = sorted(c for c in after if after[c] != before.get(c))
     rnd.blamed = sorted(set(rnd.blamed))
-    touched_tasks = {c.split(":", 1)[1] for c in rnd.revised if not c.startswith("backend:")}
+    touched_tasks = {c.split(":", 1)[1] for c in rnd.revised if not c.startswith(("backend:", "composed:"))}
     for slot in system.tasks:  # re-validate what depends on a revised component
         if slot.env in revise_env or slot.task.name in touched_tasks:
             _, v = await play(rt, hashes[slot.env], slot.start, slot.spec, list(slot.evidence.calls))
             rnd.revalidated[slot.task.name] = v.r == 1
+    for cslot in system.composed:
+        if set(cslot.task.snapshots) & revise_env or any(c.startswith(f"composed:{cslot.task.name}/")
+                                                         for c in rnd.revised):
+            from treadle.weft.evolve.composed_revise import recertify_composed
+
+            cert = await recertify_composed(rt, cslot.task, {s: hashes[s] for s in cslot.task.snapshots})
+            rnd.revalidated[f"composed:{cslot.task.name}"] = cert.certified
     return rnd
+
+
+async def _play_composed(rt: Any, cslot: ComposedSlot, hashes: dict[str, str]) -> Any:
+    """The correct agent's run of a composed slot (None when the task cannot run: a dependency cycle)."""
+    from treadle.weft.evolve.compose import run_composed
+    from treadle.weft.evolve.composed_revise import plan_policy
+    from treadle.weft.rollouts.tasks import DependencyCycleError
+
+    try:
+        return await run_composed(rt, cslot.task, {s: hashes[s] for s in cslot.task.snapshots},
+                                  plan_policy(cslot.certified))
+    except DependencyCycleError:
+        return None
+
+
+async def _revise_composed(rt: Any, cslot: ComposedSlot, hashes: dict[str, str], outcome: Any, rnd: Round) -> None:
+    """Attribute a failed composed slot; revise only its blamed bindings / edges, kept only if it re-certifies."""
+    from treadle.weft.evolve.composed_revise import attribute_composed, recertify_composed, revise_composed
+
+    h = {s: hashes[s] for s in cslot.task.snapshots}
+    verdicts = await attribute_composed(rt, cslot.task, cslot.certified, h, outcome)
+    for v in verdicts:
+        rnd.attributions.append(v.attribution)
+        if v.fault is not None:
+            rnd.blamed.append(f"composed:{cslot.task.name}/{'calls' if v.fault.kind == 'binding' else 'edges'}:"
+                              f"{v.fault.node}")
+    faults = [v.fault for v in verdicts if v.fault is not None]
+    if not faults:
+        return
+    new = revise_composed(cslot.task, cslot.certified, faults)
+    cert = await recertify_composed(rt, new, h)
+    if cert.certified:
+        cslot.task = new
+        cslot.version += 1
+    else:  # kept as it was; the reasons are the certificate's
+        rnd.revalidated[f"composed:{cslot.task.name}"] = False
 
 
 async def evolve(rt: Any, system: EvolvingSystem, *, rates: dict[str, float], max_rounds: int = 5, k: int = 2,
