@@ -151,10 +151,20 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
                                                "and verifier: blamed task states and verifiers are then revised by "
                                                "the LLM and validated (default: offline revisions)."),
                revise_attempts: int = typer.Option(2, "--revise-attempts", min=1,
-                                                   help="LLM answers per blamed component and round.")) -> None:
+                                                   help="LLM answers per blamed component and round."),
+               synth: Path = typer.Option(None, "--synth", help="A `treadle weft synth` --out folder: evolve that "
+                                          "synthesised environment (its result.json is what --tasks are certified "
+                                          "on) instead of the drill; with --llm-config its blamed backend goes to "
+                                          "the role backend and is validated in the sandbox."),
+               tasks_file: Path = typer.Option(None, "--tasks", help="With --synth: atomic tasks, JSON Lines "
+                                               '{"name", "request", "gold": [{"name", "arguments"}]}.'),
+               backend_file: Path = typer.Option(None, "--backend", help="With --synth: the backend source served "
+                                                 "now (default: the synthesised one), e.g. one edited since.")
+               ) -> None:
     """Attribution and revision rounds on the offline drill (certified shop and CRM with one injected fault of
-    each kind), until the tool-call error rate of the selected trajectories stops falling. The drill's native
-    backends are trusted code: a blamed one is restored to its certified source, never rewritten by an LLM."""
+    each kind), or on a synthesised environment (``--synth``), until the tool-call error rate of the selected
+    trajectories stops falling. The drill's native backends are trusted code: a blamed one is restored to its
+    certified source, never rewritten by an LLM; a synthesised backend is revised by the ``backend`` role."""
     import json
     import logging
 
@@ -175,6 +185,12 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
         _fail("--rate", f"rates must be in [0, 1] and sum to <= 1, got {rates}")
     if out.exists() and not out.is_dir():
         _fail("--out", f"{str(out)!r} is a file, expected a folder")
+    for flag, given in (("--tasks", tasks_file), ("--backend", backend_file)):
+        if given is not None and synth is None:
+            _fail(flag, "only with --synth (the drill's tasks and backends are built in)")
+    synth_env = None
+    if synth is not None:
+        synth_env = _synth_input(synth, tasks_file, backend_file)
     cfg = None
     if llm_config is not None:
         from treadle.llm import ConfigError, LLMConfig
@@ -182,19 +198,49 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
         try:
             cfg = LLMConfig.load(llm_config)
         except ConfigError as err:
-            _fail("--llm-config", str(err))
-        missing = [r for r in ("grounder", "verifier") if r not in cfg.roles]
+            _fail("--llm-config", str(err).splitlines()[0] if str(err) else "not a treadle.llm config")
+        from treadle.weft.evolve.revise import REVISE_ROLES
+
+        kinds = ("backend", "task", "verifier") if synth is not None else ("task", "verifier")
+        need = [REVISE_ROLES[k] for k in kinds]
+        missing = [r for r in need if r not in cfg.roles]
         if missing:
-            _fail("--llm-config", f"no role(s) {missing} in {str(llm_config)!r}; expected grounder and verifier")
+            _fail("--llm-config", f"no role(s) {missing} in {str(llm_config)!r}; expected {' and '.join(need)}"
+                  + (" (with --synth the blamed backend goes to the role backend)" if synth is not None else ""))
     from treadle.weft.evolve.drill import drill_system
     from treadle.weft.evolve.loop import evolve, plot_rounds
     from treadle.weft.runtime import Runtime
 
     logging.getLogger("treadle.weft.tools").setLevel(logging.CRITICAL)  # the drill's crashing tool is expected
 
+    async def build(rt):
+        if synth_env is None:
+            return await drill_system(rt)
+        from treadle.weft.evolve.synth_system import synth_system
+
+        result, name, tasks, backend = synth_env
+        try:
+            return await synth_system(rt, result, name, tasks, backend_source=backend)
+        except ValueError as err:  # a task that does not certify: said after the runtime closed, nothing written
+            holder["error"] = str(err)
+            return None
+
+    holder = {}
+
     async def main():
+        from treadle.sandbox import SandboxUnavailableError
+
+        try:
+            return await rounds_of()
+        except SandboxUnavailableError as err:  # generated code runs only in the sandbox: said after, nothing written
+            holder["sandbox"] = str(err)
+            return []
+
+    async def rounds_of():
         async with Runtime() as rt:
-            system = await drill_system(rt)
+            system = holder["system"] = await build(rt)
+            if system is None:
+                return []
             if cfg is None:
                 return await evolve(rt, system, rates=rates, max_rounds=max_rounds, k=k, seed=seed)
             from treadle.llm import LLMClient
@@ -206,6 +252,10 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
                                     reviser=LLMReviser(llm, attempts=revise_attempts))
 
     rounds = anyio.run(main)
+    if "sandbox" in holder:
+        _fail("--synth", f"the synthesised backend runs only in the sandbox, unavailable here: {holder['sandbox']}")
+    if "error" in holder:
+        _fail("--tasks", holder["error"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "rounds.jsonl").write_text("".join(r.model_dump_json(exclude={"attributions"}) + "\n" for r in rounds),
                                       encoding="utf-8")
@@ -214,7 +264,8 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
     plot_rounds(rounds, out / "error_rate.png")
     from rich.table import Table
 
-    t = Table(title="evolution rounds (offline drill)")
+    t = Table(title="evolution rounds (" + ("offline drill" if synth_env is None else
+                                            f"synthesised environment {synth_env[1]}") + ")")
     for col in ("round", "tool-call error rate", "passed", "attributed", "revised"):
         t.add_column(col)
     for r in rounds:
@@ -226,7 +277,44 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
         for a in r.revisions:
             console.print(f"round {r.round}: {a.component} ({a.role}, answer {a.attempt + 1}): "
                           + ("accepted" if a.accepted else f"rejected: {a.detail}"), markup=False)
+    if synth_env is not None:  # the artefacts as served after the rounds (revised or not), like `weft synth` writes
+        env = holder["system"].synth[synth_env[1]]
+        (out / "result.json").write_text(env.result.model_dump_json(indent=1, by_alias=True), encoding="utf-8")
+        (out / "backend.py").write_text(env.result.backend.source, encoding="utf-8")
+        (out / "server.py").write_text(holder["system"].sources[synth_env[1]], encoding="utf-8")
+        changed = env.result.backend.source != synth_env[3] if synth_env[3] is not None else \
+            env.result.backend.source != synth_env[0].backend.source
+        console.print(("backend revised" if changed else "backend unchanged") + f": {out / 'backend.py'}",
+                      markup=False)
     console.print(f"written to {out}", markup=False)
+
+
+def _synth_input(synth: Path, tasks_file: Path | None, backend_file: Path | None):
+    """``(artefacts, server name, tasks, served backend or None)`` of ``evolve --synth``; exits 2 on bad input."""
+    import re
+
+    from treadle.weft.evolve.synth_system import load_synth_dir, load_tasks
+
+    try:
+        result = load_synth_dir(synth)
+    except ValueError as err:
+        _fail("--synth", str(err))
+    if tasks_file is None:
+        _fail("--tasks", "required with --synth (the atomic tasks to certify on the synthesised environment)")
+    try:
+        tasks = load_tasks(tasks_file, [t.name for t in result.design.tools])
+    except ValueError as err:
+        _fail("--tasks", str(err))
+    backend = None
+    if backend_file is not None:
+        try:
+            backend = Path(backend_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            _fail("--backend", f"cannot read {str(backend_file)!r}: {err}")
+        if not backend.strip():
+            _fail("--backend", f"{str(backend_file)!r} is empty")
+    name = re.sub(r"[^A-Za-z0-9_-]", "-", Path(synth).resolve().name) or "synth"
+    return result, name, tasks, backend
 
 
 def filter_cmd(scores: Path = typer.Option(..., "--scores", help="JSONL, one pilot rollout per line: "

@@ -188,6 +188,8 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
             new = await reviser.backend(env, system.synth[env], env_evidence[env])
         else:  # offline, or a native environment (trusted code: restored, never rewritten by an LLM)
             new = system.certified[env]
+            if env in system.synth and system.synth[env].certified is not None:  # the artefacts follow the source
+                system.synth[env].result = system.synth[env].certified
         if new is not None and new != system.sources[env]:
             system.sources[env] = new
             system.backend_versions[env] = system.backend_versions.get(env, 1) + 1

@@ -56,11 +56,13 @@ REVISE_ROLES = {"backend": "backend", "task": "grounder", "verifier": "verifier"
 @dataclass
 class SynthEnv:
     """A synthesised environment of an evolving system: its artefacts (an accepted
-    :class:`~treadle.weft.evolve.synth.SynthResult`), the server name and the sandbox limits it is served with."""
+    :class:`~treadle.weft.evolve.synth.SynthResult`), the server name and the sandbox limits it is served with;
+    ``certified``: the artefacts its tasks were certified on, when known (an offline revision restores them)."""
 
     result: Any
     name: str
     limits: Any = None
+    certified: Any = None
 
     def source(self) -> str:
         """The served module (:func:`~treadle.weft.evolve.synth_serve.server_source`) of the current artefacts."""
