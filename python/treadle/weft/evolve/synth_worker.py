@@ -232,22 +232,24 @@ class SandboxWorker:
 
 _SESSIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _ALL: weakref.WeakSet = weakref.WeakSet()
+_REGISTRY_LOCK = threading.Lock()
 
 
 def session_worker(session: Any, backend: str, limits: Any = None, *, lifetime_s: float = 600.0) -> SandboxWorker:
     """The worker of ``session`` (any weak-referenceable object, e.g. the call's
     :class:`~treadle.weft.determinism.SessionEnv`) for ``backend``; made on first use, stopped when the session
     object is collected or this process exits; a worker of another backend source is replaced."""
-    w = _SESSIONS.get(session)
-    if w is not None and w.backend == backend:
+    with _REGISTRY_LOCK:  # tool calls of different sessions may run in different threads
+        w = _SESSIONS.get(session)
+        if w is not None and w.backend == backend:
+            return w
+        if w is not None:
+            w.close()
+        w = SandboxWorker(backend, limits, lifetime_s=lifetime_s)
+        _SESSIONS[session] = w
+        _ALL.add(w)
+        weakref.finalize(session, w.close)
         return w
-    if w is not None:
-        w.close()
-    w = SandboxWorker(backend, limits, lifetime_s=lifetime_s)
-    _SESSIONS[session] = w
-    _ALL.add(w)
-    weakref.finalize(session, w.close)
-    return w
 
 
 @atexit.register
