@@ -137,8 +137,8 @@ def test_a_worker_does_not_outlive_its_lifetime():
         out, _ = w.call({"tool": "add", "args": {"x": 1}, "image": _image()})
         pid = w.pid
         assert out["kind"] == "ok" and w.alive
-        for _ in range(100):  # the parent's timer stops it at 1.5 s
-            if not w.alive:
+        for _ in range(100):  # the parent's timer stops it at 1.5 s (kill, then the directory is removed)
+            if not w.alive and w.root is None:
                 break
             time.sleep(0.1)
         assert not w.alive and _gone(pid) and w.root is None

@@ -37,6 +37,7 @@ import json
 import sqlite3
 from typing import Any
 
+from treadle.weft.evolve.synth_worker import APPLY_CALL
 from treadle.weft.server import ToolError, WeftServer
 from treadle.weft.state import Snapshot
 
@@ -67,13 +68,11 @@ except Exception as e:
 open("out.json", "w").write(json.dumps(out))
 '''
 
-_CALL = r'''
-import base64, json, sqlite3
+_CALL = APPLY_CALL + r'''
+import json
 spec = json.load(open("call.json"))
 def done(**kw):
     open("out.json", "w").write(json.dumps(kw, default=str))
-db = sqlite3.connect(":memory:")
-db.deserialize(base64.b64decode(spec["image"]))
 ns = {"__name__": "generated_backend"}
 try:
     exec(compile(open("backend.py").read(), "backend.py", "exec"), ns)
@@ -82,14 +81,7 @@ except BaseException as e:
 fn = ns.get(spec["tool"])
 if not callable(fn):
     done(kind="missing"); raise SystemExit(0)
-try:
-    result = fn(db, **spec["args"])
-    db.commit()
-except Exception as e:
-    db.rollback()
-    done(kind="error", error=f"{type(e).__name__}: {e}")
-else:
-    done(kind="ok", result=result, image=base64.b64encode(db.serialize()).decode())
+apply_call(fn, spec, done)
 '''
 
 

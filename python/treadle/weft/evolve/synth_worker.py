@@ -40,10 +40,28 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WORKER_MAIN", "SandboxWorker", "session_worker"]
+__all__ = ["APPLY_CALL", "WORKER_MAIN", "SandboxWorker", "session_worker"]
 
-WORKER_MAIN = r'''
-import base64, json, os, sqlite3, sys
+# one generated tool call on a copy of the session's database image, shared by the per-call sandbox script
+# (synth_serve) and the session worker below: the new image is returned only when the function returned
+APPLY_CALL = r'''
+import base64, sqlite3
+def apply_call(fn, spec, done):
+    db = sqlite3.connect(":memory:")
+    db.deserialize(base64.b64decode(spec["image"]))
+    try:
+        result = fn(db, **spec["args"])
+        db.commit()
+    except Exception as e:
+        db.rollback()
+        done(kind="error", error=f"{type(e).__name__}: {e}")
+    else:
+        done(kind="ok", result=result, image=base64.b64encode(db.serialize()).decode())
+    db.close()
+'''
+
+WORKER_MAIN = APPLY_CALL + r'''
+import json, os, sys
 out = os.fdopen(os.dup(1), "w")       # the reply channel; the backend's own prints go to stderr
 os.dup2(2, 1)
 sys.stdout = sys.stderr
@@ -65,17 +83,7 @@ for line in sys.stdin:
     if not callable(fn):
         done(kind="missing")
         continue
-    db = sqlite3.connect(":memory:")
-    db.deserialize(base64.b64decode(spec["image"]))
-    try:
-        result = fn(db, **spec["args"])
-        db.commit()
-    except Exception as e:
-        db.rollback()
-        done(kind="error", error=f"{type(e).__name__}: {e}")
-    else:
-        done(kind="ok", result=result, image=base64.b64encode(db.serialize()).decode())
-    db.close()
+    apply_call(fn, spec, done)
 '''
 
 
