@@ -53,7 +53,9 @@ def resume_hint() -> str:
 @contextlib.contextmanager
 def recorded(run, console, saved=lambda: "nothing resumable", resumable: bool = False):
     """Start ``run`` (write its ``run.json``), and record how it ended. On Ctrl-C: status
-    ``interrupted``, one message saying what was saved (``saved()``) and how to resume, exit 130."""
+    ``interrupted``, one message saying what was saved (``saved()``) and how to resume, exit 130. A usage
+    error (bad input found after the start): status ``refused`` with the message, exit 2; the corrected
+    command may then reuse the folder with another config if nothing but ``run.json`` was written."""
     run.start()
     try:
         yield run
@@ -65,6 +67,9 @@ def recorded(run, console, saved=lambda: "nothing resumable", resumable: bool = 
         raise typer.Exit(130) from None
     except typer.Exit as err:
         run.end("finished" if err.exit_code == 0 else "failed")
+        raise
+    except click.exceptions.UsageError as err:  # bad input found once the model or data was loaded
+        run.end("refused", error=err.format_message())
         raise
     except BaseException:
         run.end("failed")

@@ -260,11 +260,11 @@ def check_checkpoint(path: str | os.PathLike, *, require_marker: bool = False) -
     marker = p / MARKER
     if (p / PARTIAL).exists():
         raise CorruptCheckpointError(f"{p} is a half-written checkpoint (a training run was killed while saving it); "
-                                     f"delete it, or run `treadle model train-tiny --force`")
+                                     f"delete it, or run {_retrain_hint(p)}")
     if not marker.exists():
         if require_marker:
             raise CorruptCheckpointError(f"{p} has no completion marker ({MARKER}): a half-written or damaged "
-                                         f"checkpoint; delete it, or run `treadle model train-tiny --force`")
+                                         f"checkpoint; delete it, or run {_retrain_hint(p)}")
         if not (p / "config.json").exists():
             raise NotACausalLMError(f"{p} has no config.json: not a Hugging Face model checkpoint")
         return None
@@ -273,16 +273,24 @@ def check_checkpoint(path: str | os.PathLike, *, require_marker: bool = False) -
         files = info["files"]
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise CorruptCheckpointError(f"{marker} is unreadable ({err}); delete {p} and retrain "
-                                     f"(`treadle model train-tiny --force`)") from None
+                                     f"({_retrain_hint(p)})") from None
     for name, meta in files.items():
         f = p / name
         if not f.exists():
             raise CorruptCheckpointError(f"{p} is missing {name}, listed in its completion marker; delete it and retrain "
-                                         f"(`treadle model train-tiny --force`)")
+                                         f"({_retrain_hint(p)})")
         if f.stat().st_size != meta["size"] or _sha256(f) != meta["sha256"]:
             raise CorruptCheckpointError(f"{f} does not match the size/SHA-256 recorded when it was saved (truncated or "
-                                         f"modified); delete {p} and retrain (`treadle model train-tiny --force`)")
+                                         f"modified); delete {p} and retrain ({_retrain_hint(p)})")
     return info
+
+
+def _retrain_hint(p: Path) -> str:
+    """The command that retrains checkpoint folder ``p`` in place (its slot's flags, ``--overwrite``)."""
+    flags = {DEFAULT_NAME: "", DEFAULT_NAME + "-quick": " --quick", DEFAULT_NAME + "-tools": " --task tools"}
+    if p.parent.resolve() == cache_root().resolve() and p.name in flags:
+        return f"`treadle model train-tiny{flags[p.name]} --overwrite`"
+    return f"`treadle model train-tiny --out {p} --overwrite`"
 
 
 #: seconds to wait for another process training into the same folder before giving up

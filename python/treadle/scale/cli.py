@@ -40,6 +40,21 @@ def _fail(err) -> None:
     raise usage_error(str(err))
 
 
+def _check_target_modules(model, target_modules) -> None:
+    """Every ``--target-modules`` name must match a module of the model (PEFT matches name suffixes):
+    a usage error naming the flag before the run folder is touched, not PEFT's error after it."""
+    if target_modules == "all-linear":
+        return
+    names = [n for n, _ in model.named_modules()]
+    missing = [t for t in target_modules if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        import torch
+
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise usage_error(f"--target-modules: no module of the model is named {', '.join(map(repr, missing))}; "
+                          f"expected 'all-linear' or names among {', '.join(linear)}")
+
+
 def _open(out: Path, command: str, config: dict, overwrite: bool):
     """The run folder of ``command`` (see treadle.run_dirs); exit 2 when it cannot be used as asked.
     ``parallel`` may differ on resume (a Stage-II checkpoint resumes on any world size, or in one process)."""
@@ -202,6 +217,7 @@ def sft_cmd(
     if broadcast_object(done) if parallel else done:
         return
     model, tok = _load(model_path, quick, threads)
+    _check_target_modules(model, cfg.target_modules)
     ctx_run = (recorded(run, console, saved=lambda: "the log of the steps done (log.jsonl); no adapter until the end")
                if main else contextlib.nullcontext())
     with ctx_run:
