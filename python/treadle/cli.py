@@ -189,8 +189,9 @@ def bench(
         rc = run([o.strip() for o in ops.split(",") if o.strip()], out=out, save=save, compare=compare,
                  report=report, extra=list(extra or []))
     except (FileNotFoundError, ValueError) as err:
-        console.print(str(err), style="red", markup=False)
-        raise typer.Exit(2) from None
+        from treadle.cli_runs import usage_exit
+
+        usage_exit(str(err))
     raise typer.Exit(rc)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 from typer import _click as click  # typer vendors click
 
-__all__ = ["pick_out", "open_run", "recorded", "usage_error", "resume_hint", "OUT_HELP_SUFFIX"]
+__all__ = ["pick_out", "open_run", "recorded", "usage_error", "usage_exit", "resume_hint", "OUT_HELP_SUFFIX"]
 
 OUT_HELP_SUFFIX = (" A finished run of the same config there is resumed (its results shown), another config is "
                    "refused; --overwrite replaces it.")
@@ -22,6 +22,13 @@ OUT_HELP_SUFFIX = (" A finished run of the same config there is resumed (its res
 def usage_error(message: str) -> click.exceptions.UsageError:
     """A one-line usage error (exit 2); ``message`` names the flag."""
     return click.exceptions.UsageError(" ".join(str(message).split()))
+
+
+def usage_exit(message: str) -> None:
+    """Print ``Error: <message>`` as one line on stderr and exit 2: what every command prints for bad input
+    (the root group prints click's usage errors the same way), also when a sub-app runs on its own."""
+    typer.echo("Error: " + " ".join(str(message).split()), err=True)
+    raise typer.Exit(2)
 
 
 def pick_out(out: Path | None, alias: Path | None, default: str | Path) -> Path:

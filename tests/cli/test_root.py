@@ -43,3 +43,20 @@ def test_usage_errors_are_one_line_naming_the_flag_exit_2():
         lines = [ln for ln in res.output.splitlines() if ln.strip()]
         assert len(lines) == 1 and lines[0].startswith("Error: "), res.output
         assert all(w in lines[0] for w in words), lines
+
+
+def test_errors_found_by_commands_go_to_stderr_as_one_error_line(tmp_path):
+    """Errors a command finds itself (rsi, llm, weft sample, bench) print like click's usage errors: one
+    ``Error: <flag>: ...`` line on stderr (never on stdout, where a pipe or a redirect would hide it), exit 2."""
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    for argv, flag in ((["rsi", "run", "--out", str(afile)], "--out"),
+                       (["llm", "ledger", str(tmp_path / "none.jsonl")], "PATH"),
+                       (["weft", "sample", "--out", str(afile)], "--out"),
+                       (["bench", "--ops", "nope"], "--ops")):
+        res = subprocess.run([sys.executable, "-m", "treadle", *argv], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2, (argv, res.stdout, res.stderr)
+        assert res.stdout == "", (argv, res.stdout)
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"Error: {flag}: "), (argv, res.stderr)
+    assert afile.read_text() == "mine"

@@ -15,7 +15,7 @@ def invoke(*args):
 
 def _one_line_error(r, flag):
     assert r.exit_code == 2, r.output
-    assert len(r.output.strip().splitlines()) == 1 and r.output.startswith(flag), r.output
+    assert len(r.output.strip().splitlines()) == 1 and r.output.startswith(f"Error: {flag}"), r.output
 
 
 def test_probe_and_ask(fake, tmp_path):

@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 import typer
+from treadle.cli_runs import usage_exit
 from rich.console import Console
 from rich.table import Table
 
@@ -26,8 +27,7 @@ console = Console()
 
 
 def _fail(flag: str, msg: str) -> None:
-    console.print(f"{flag}: {msg}", style="red", markup=False, soft_wrap=True)
-    raise typer.Exit(2)
+    usage_exit(f"{flag}: {msg}")
 
 
 def _seeds(n: int, seed_file: Path | None, seed: int):

@@ -14,7 +14,7 @@ def _err(args, flag):
     r = runner.invoke(app, ["sample", *map(str, args)])
     assert r.exit_code == 2, r.output
     lines = r.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {flag}:"), r.output
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {flag}:"), r.output
     return lines[0]
 
 

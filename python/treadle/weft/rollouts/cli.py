@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from treadle.cli_runs import usage_exit
 from treadle.cli_output import make_console
 
 app = typer.Typer(help="WEFT rollouts: rejection sampling of SFT trajectories.", add_completion=False)
@@ -25,8 +26,7 @@ def _group() -> None:
 
 
 def _fail(flag: str, msg: str) -> None:
-    console.print(f"error: {flag}: {msg}", markup=False, highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+    usage_exit(f"{flag}: {msg}")
 
 
 @app.command("sample")
