@@ -172,7 +172,8 @@ def grpo_advantages(
 
     Raises:
         treadle.distributed.DTensorInputError (a TypeError): a DTensor input (convert it first).
-        TypeError: a non-tensor argument, non-float rewards, non-integer group ids, non-bool masks.
+        TypeError: a non-tensor argument, non-float rewards, non-integer group ids, non-bool masks,
+            a non-number ``eps`` (a string, a bool), a ``check_finite`` that is not a bool or None.
         ValueError: wrong ranks or lengths, devices that differ, unknown estimator/option names,
             negative or non-finite ``eps``, NaN/inf rewards with ``nonfinite="raise"``.
         treadle.dispatch.BackendUnavailableError: ``backend`` cannot run here.
@@ -211,9 +212,13 @@ def grpo_advantages(
         raise ValueError(f"scale_rewards must be one of {_SCALES}, got {scale_rewards!r}")
     if nonfinite not in ("raise", "skip"):
         raise ValueError(f"nonfinite must be 'raise' or 'skip', got {nonfinite!r}")
+    if isinstance(eps, (bool, str, bytes)) or eps is None:
+        raise TypeError(f"eps must be a float, got {type(eps).__name__} {eps!r}")
     eps = float(eps)
     if not (eps >= 0.0 and eps != float("inf")):
         raise ValueError(f"eps must be a finite number >= 0, got {eps}")
+    if check_finite is not None and not isinstance(check_finite, bool):
+        raise TypeError(f"check_finite must be True, False or None, got {check_finite!r}")
     if check_finite is None:  # the check is data-dependent: skipped on CUDA and inside torch.compile
         check_finite = rewards.device.type != "cuda" and not torch.compiler.is_compiling()
     if nonfinite == "raise" and check_finite and n > 0 and not math.isfinite(_quick_sum(rewards)):
