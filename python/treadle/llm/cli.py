@@ -5,13 +5,13 @@ import time
 from pathlib import Path
 
 import typer
+from treadle.cli_output import make_console
 from treadle.cli_runs import usage_exit
-from rich.console import Console
 from rich.table import Table
 
 app = typer.Typer(help="Model endpoints: a local OpenAI-compatible server, probes, one-off calls, the call ledger.",
                   no_args_is_help=True, add_completion=False)
-console = Console()
+console = make_console()
 
 
 @app.command("serve")
@@ -50,7 +50,7 @@ def serve_cmd(
     except (CheckpointError, FileNotFoundError) as err:
         usage_exit(f"--model: {err}")
     except ServerStartError as err:
-        console.print(str(err), style="red", markup=False)
+        typer.echo(" ".join(str(err).split()), err=True)  # a failure, not bad input: one line on stderr, exit 1
         raise typer.Exit(1)
 
 
@@ -166,7 +166,7 @@ def ask_cmd(prompt: str = typer.Argument(..., help="User message."),
         flag = "--cache" if isinstance(err, CacheError) else "--ledger"
         usage_exit(f"{flag}: {err}")
     except LLMCallError as err:
-        console.print(str(err), style="red", markup=False)
+        typer.echo(" ".join(str(err).split()), err=True)  # a failure, not bad input: one line on stderr, exit 1
         raise typer.Exit(1) from None
     if as_json:
         print(r.model_dump_json(indent=1))
