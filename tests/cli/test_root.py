@@ -60,3 +60,19 @@ def test_errors_found_by_commands_go_to_stderr_as_one_error_line(tmp_path):
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"Error: {flag}: "), (argv, res.stderr)
     assert afile.read_text() == "mine"
+
+
+def test_threads_above_the_machines_cpus_are_refused_before_any_work(tmp_path, monkeypatch):
+    """``--threads 100000`` made OpenMP fail to allocate thread stacks: a segfault with hundreds of lines.
+    Every command taking --threads refuses more than this machine's CPUs, before loading anything."""
+    from treadle.cli_models import MAX_THREADS
+
+    monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))
+    for cmd in (["model", "train-tiny"], ["model", "eval"], ["stair", "train"], ["stair", "eval"], ["scale", "sft"],
+                ["scale", "train"], ["scale", "sweep"]):
+        res = runner.invoke(app, [*cmd, "--threads", str(MAX_THREADS + 1)])
+        assert res.exit_code == 2, (cmd, res.output)
+        lines = [ln for ln in res.output.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "'--threads'" in lines[0] and f"less than or equal to {MAX_THREADS}" in lines[0], (
+            cmd, res.output)
+    assert not (tmp_path / "cache").exists()

@@ -16,7 +16,7 @@ from pathlib import Path
 import typer
 
 from treadle.cli_checks import build_config
-from treadle.cli_models import THREADS_HELP
+from treadle.cli_models import MAX_THREADS, THREADS_HELP
 from treadle.cli_output import make_console, progress_enabled
 from treadle.cli_runs import usage_error
 
@@ -41,8 +41,9 @@ def train_tiny_cmd(
     overwrite: bool = typer.Option(False, "--overwrite", help="Retrain even if the folder holds a checkpoint."),
     force: bool = typer.Option(False, "--force", hidden=True, help="Old name of --overwrite."),
     quick: bool = typer.Option(False, help="Seconds-long smoke setting (a weak model), in its own cache slot."),
-    threads: int = typer.Option(1, min=0, help="torch CPU threads (0: leave as is; 1 suits the tiny model's "
-                                               "GEMMs, as in the STAIR and SCALE demos)."),
+    threads: int = typer.Option(1, min=0, max=MAX_THREADS,
+                                help="torch CPU threads (0: leave as is; 1 suits the tiny model's GEMMs, as in the "
+                                     f"STAIR and SCALE demos; at most this machine's {MAX_THREADS} CPUs)."),
     progress: bool = typer.Option(True, help="Show a progress bar (on a terminal)."),
     task: str = typer.Option("math", "--task", help="math (generated problems) or tools (the WEFT shop tool "
                                                     "policy, slot tiny-qwen3-tools)."),
@@ -104,7 +105,7 @@ def eval_cmd(
     path: str = typer.Argument(None, help="Local HF checkpoint (default: $TREADLE_MODEL, else the cached tiny model)."),
     per_level: int = typer.Option(100, min=1, help="Held-out problems per level, >= 1."),
     seed: int = typer.Option(0, help="Seed of the held-out problems."),
-    threads: int = typer.Option(None, min=0, help=THREADS_HELP),
+    threads: int = typer.Option(None, min=0, max=MAX_THREADS, help=THREADS_HELP),
 ) -> None:
     """Greedy held-out accuracy per difficulty level of a checkpoint (answers checked with math-verify)."""
     from treadle.cli_models import load_model

@@ -19,7 +19,7 @@ import typer
 
 from treadle.cli_checks import build_config, field_check, refuse_ignored
 from treadle.cli_lists import parse_list
-from treadle.cli_models import THREADS_HELP
+from treadle.cli_models import MAX_THREADS, THREADS_HELP
 from treadle.cli_output import make_console, progress_enabled
 from treadle.cli_runs import OUT_HELP_SUFFIX, open_run, pick_out, recorded, usage_error
 
@@ -148,7 +148,7 @@ def _asdict(cfg) -> dict:
 
 _OUT_ALIAS = typer.Option(None, "--run-dir", hidden=True, help="Old name of --out.")
 _OVERWRITE = typer.Option(False, "--overwrite", help="Replace a run of another config in --out (deleting it).")
-_THREADS = typer.Option(None, min=0, help=THREADS_HELP)
+_THREADS = typer.Option(None, min=0, max=MAX_THREADS, help=THREADS_HELP)
 _QUICK = typer.Option(False, help="Quick settings (and the quick tiny model, in its own cache slot, when no --model).")
 _REPORT_TO = typer.Option("none", "--report-to", help="Log metrics to 'tensorboard', 'wandb' (comma-separated), "
                                                       "'all' (those installed) or 'none'.")
@@ -411,7 +411,7 @@ def sweep_cmd(
                                                  + OUT_HELP_SUFFIX),
     run_dir: Path = _OUT_ALIAS,
     overwrite: bool = _OVERWRITE,
-    threads: int = typer.Option(None, min=0, help=THREADS_HELP),
+    threads: int = typer.Option(None, min=0, max=MAX_THREADS, help=THREADS_HELP),
     quick: bool = _QUICK,
 ) -> None:
     """Sweep the gate range (L, U): a Stage-II run per cell in parallel processes, a heatmap of the metric."""
