@@ -184,9 +184,20 @@ def bench(
 ) -> None:
     """Run the benchmark suites in bench/ (peers side by side in one run) and write a report."""
     from treadle.bench_report import run
+    from treadle.cli_runs import usage_exit
 
+    names = [o.strip() for o in ops.split(",") if o.strip()]
+    if ops.strip() and not names:  # "--ops ," named no suite: never read as "all suites" (minutes of work)
+        usage_exit(f"--ops: no suite named in {ops!r}; give names like grpo,stair or leave --ops out for all")
+    if out is not None:
+        from treadle.run_dirs import check_out_dir
+
+        try:
+            check_out_dir(out, "--out")
+        except ValueError as err:
+            usage_exit(str(err))
     try:
-        rc = run([o.strip() for o in ops.split(",") if o.strip()], out=out, save=save, compare=compare,
+        rc = run(names, out=out, save=save, compare=compare,
                  report=report, extra=list(extra or []))
     except (FileNotFoundError, ValueError) as err:
         from treadle.cli_runs import usage_exit

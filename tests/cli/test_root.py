@@ -76,3 +76,17 @@ def test_threads_above_the_machines_cpus_are_refused_before_any_work(tmp_path, m
         assert len(lines) == 1 and "'--threads'" in lines[0] and f"less than or equal to {MAX_THREADS}" in lines[0], (
             cmd, res.output)
     assert not (tmp_path / "cache").exists()
+
+
+def test_bench_refuses_an_empty_ops_list_and_a_file_out_before_running(tmp_path):
+    """``--ops ,`` named no suite and ran every suite (minutes); ``--out <file>`` was a FileExistsError traceback."""
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    for argv, words in ((["bench", "--ops", ","], "--ops: no suite named in ','"),
+                        (["bench", "--ops", "grpo", "--out", str(afile)], "--out"),
+                        (["bench", "--ops", "grpo", "--out", str(afile / "sub")], "is a file, not a folder")):
+        res = runner.invoke(app, argv)
+        assert res.exit_code == 2, (argv, res.output)
+        lines = [ln for ln in res.output.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("Error: ") and words in lines[0], (argv, res.output)
+    assert afile.read_text() == "mine"
