@@ -543,3 +543,15 @@ def test_an_unknown_backend_name_is_a_value_error(op):
     with pytest.raises(BackendUnavailableError) as info:
         call("cuda")  # a real backend, not for CPU tensors: not a ValueError
     assert not isinstance(info.value, ValueError)
+
+
+def test_grpo_scale_rewards_takes_trls_booleans():
+    """The README lists TRL's ``scale_rewards=True / False`` among grpo_advantages' options: True is
+    "group", False is "none" (TRL's reading); they were refused with a ValueError."""
+    r, g = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5]), torch.tensor([17, 4, 17, 4, 99])
+    assert torch.equal(grpo_advantages(r, g, scale_rewards=True), grpo_advantages(r, g, scale_rewards="group"))
+    assert grpo_advantages(r, g, scale_rewards=False).tolist() == [0.5, -0.5, -0.5, 0.5, 0.0]
+    raises_exactly(ValueError, "scale_rewards applies to estimator='grpo' only, got estimator='rloo'",
+                   grpo_advantages, r, g, estimator="rloo", scale_rewards=False)
+    raises_exactly(ValueError, "scale_rewards must be one of ('group', 'batch', 'none'), got 1",
+                   grpo_advantages, r, g, scale_rewards=1)

@@ -124,7 +124,7 @@ def grpo_advantages(
     eps: float = 1e-6,
     eps_placement: str = "std",
     singleton: str = "zero",
-    scale_rewards: str | None = None,
+    scale_rewards: str | bool | None = None,
     nonfinite: str = "raise",
     check_finite: bool | None = None,
     backend: str | None = None,
@@ -147,7 +147,8 @@ def grpo_advantages(
         singleton: a group with one considered row gets ``"zero"`` (default) or ``"raw"`` (verl's
             loop: mean 0 and std 1, so ``grpo`` gives ``r / (1 + eps)``, the others ``r``).
         scale_rewards: ``grpo`` only: ``"group"`` (default), ``"batch"`` (TRL's
-            ``scale_rewards="batch"``: std over the whole batch) or ``"none"`` (= ``dr_grpo``).
+            ``scale_rewards="batch"``: std over the whole batch) or ``"none"`` (= ``dr_grpo``);
+            TRL's booleans are read as TRL reads them: ``True`` = ``"group"``, ``False`` = ``"none"``.
         nonfinite: ``"raise"`` (NaN/inf rewards in considered rows raise ValueError) or ``"skip"``
             (such rows are left out like ``valid=False`` ones, as TRL does for unscorable rows).
         check_finite: run the NaN/inf check (default: True on CPU; False on CUDA, where the
@@ -204,6 +205,8 @@ def grpo_advantages(
         raise ValueError(f"eps_placement must be 'std' or 'var', got {eps_placement!r}")
     if singleton not in _SINGLETONS:
         raise ValueError(f"singleton must be one of {_SINGLETONS}, got {singleton!r}")
+    if isinstance(scale_rewards, bool):  # TRL's boolean form (GRPOConfig.scale_rewards=True/False)
+        scale_rewards = "group" if scale_rewards else "none"
     if scale_rewards is None:
         scale_rewards = "group"
     elif estimator != "grpo":
