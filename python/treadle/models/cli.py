@@ -52,7 +52,8 @@ def train_tiny_cmd(
     results."""
     if task not in ("math", "tools"):
         raise usage_error(f"--task must be math or tools, got {task!r}")
-    from treadle.models.tiny import CheckpointError, TinyTrainConfig, accuracy_table, check_checkpoint, train_tiny
+    from treadle.models.tiny import (CheckpointError, TinyTrainConfig, accuracy_table, check_checkpoint,
+                                     refuse_foreign_folder, train_tiny)
     from treadle.run_dirs import check_out_dir
 
     overwrite = overwrite or force
@@ -68,6 +69,11 @@ def train_tiny_cmd(
         check_out_dir(dest.parent, "--out")  # the lock file lives next to the folder
     except ValueError as err:
         raise usage_error(str(err)) from None
+    if overwrite:
+        try:
+            refuse_foreign_folder(dest)
+        except CheckpointError as err:
+            raise usage_error(f"--out {str(dest)!r}: {err}") from None
     if dest.exists() and not overwrite:
         try:
             info = check_checkpoint(dest, require_marker=True) or {}

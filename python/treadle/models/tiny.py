@@ -285,6 +285,22 @@ def check_checkpoint(path: str | os.PathLike, *, require_marker: bool = False) -
     return info
 
 
+def refuse_foreign_folder(dest: str | os.PathLike) -> None:
+    """Refuse to replace ``dest`` when it is a non-empty folder that is not a treadle checkpoint (neither a
+    completion marker nor a half-written sentinel): it holds the user's files, which ``force`` /
+    ``--overwrite`` must never delete.
+
+    Raises:
+        NotACausalLMError: ``dest`` is such a folder (or a file).
+    """
+    p = Path(dest).expanduser()
+    if p.is_file():
+        raise NotACausalLMError(f"{p} is a file, not a checkpoint folder")
+    if p.is_dir() and any(p.iterdir()) and not (p / MARKER).exists() and not (p / PARTIAL).exists():
+        raise NotACausalLMError(f"{p} is a non-empty folder that is not a treadle checkpoint (no {MARKER}); it is "
+                                f"never replaced, even with --overwrite: give a new or empty folder")
+
+
 def _retrain_hint(p: Path) -> str:
     """The command that retrains checkpoint folder ``p`` in place (its slot's flags, ``--overwrite``)."""
     flags = {DEFAULT_NAME: "", DEFAULT_NAME + "-quick": " --quick", DEFAULT_NAME + "-tools": " --task tools"}
@@ -433,11 +449,15 @@ def train_tiny(config: TinyTrainConfig | None = None, out_dir: str | os.PathLike
         CheckpointError: ``out_dir`` cannot be written, or another process holds its lock for longer
             than :data:`LOCK_TIMEOUT` seconds.
         CorruptCheckpointError: ``out_dir`` holds a damaged checkpoint and ``force`` is False.
+        NotACausalLMError: ``force`` and ``out_dir`` is a non-empty folder that is not a treadle
+            checkpoint (the user's files are never replaced).
     """
     cfg = TinyTrainConfig() if config is None else config
     if not isinstance(cfg, TinyTrainConfig):
         raise TypeError(f"config must be a TinyTrainConfig, got {type(cfg).__name__}")
     dest = Path(out_dir).expanduser() if out_dir is not None else default_checkpoint_dir()
+    if force:
+        refuse_foreign_folder(dest)  # before any work: the user's files are never replaced
     with _lock(dest):
         if dest.exists() and not force:
             info = check_checkpoint(dest, require_marker=True)
@@ -516,6 +536,7 @@ def _save(model, tokenizer, dest: Path, cfg: TinyTrainConfig, accuracy: dict, n_
     (tmp / PARTIAL).unlink()
     with contextlib.suppress(FileNotFoundError):
         os.sync()
+    refuse_foreign_folder(dest)  # last guard (every trainer saves here): never delete a folder that is not ours
     if dest.exists():  # force: move the old one aside first, so dest is never half-populated
         old = dest.parent / f"{dest.name}.old-{os.getpid()}"
         os.rename(dest, old)
