@@ -90,3 +90,24 @@ def test_bench_refuses_an_empty_ops_list_and_a_file_out_before_running(tmp_path)
         lines = [ln for ln in res.output.splitlines() if ln.strip()]
         assert len(lines) == 1 and lines[0].startswith("Error: ") and words in lines[0], (argv, res.output)
     assert afile.read_text() == "mine"
+
+
+def test_a_bad_treadle_backend_is_one_line_before_any_command(tmp_path):
+    """``TREADLE_BACKEND=nope treadle backends`` (or any command) was a 60-line traceback."""
+    import os
+
+    from treadle.cli import _BACKEND_NAMES
+    from treadle.dispatch import BACKENDS
+
+    assert _BACKEND_NAMES == BACKENDS
+    env = {**os.environ, "TREADLE_BACKEND": "nope", "TREADLE_CACHE": str(tmp_path / "cache")}
+    for argv in (["backends"], ["demo", "--quick", "--sections", "grpo-op", "--out", str(tmp_path / "d")]):
+        res = subprocess.run([sys.executable, "-m", "treadle", *argv], capture_output=True, text=True, timeout=120,
+                             env=env)
+        assert res.returncode == 2 and res.stdout == "", (argv, res.stdout, res.stderr)
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: $TREADLE_BACKEND: unknown backend 'nope'"), res.stderr
+    assert not (tmp_path / "d").exists()
+    res = subprocess.run([sys.executable, "-m", "treadle", "--help"], capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert res.returncode == 0, res.stderr  # help still works
