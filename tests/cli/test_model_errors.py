@@ -98,3 +98,13 @@ def test_train_tiny_force_refuses_a_foreign_folder_before_training(tmp_path):
     with pytest.raises(NotACausalLMError, match="not a treadle checkpoint"):
         train_tiny(TinyTrainConfig.quick(), mine, force=True, progress=False)
     assert (mine / "notes.txt").read_text() == "precious"
+
+
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_every_model_command_takes_model_flag(cmd, ckpts, tmp_path):
+    """``--model PATH`` names the checkpoint in every command (model eval took only a positional PATH)."""
+    _refused([*cmd, "--model", str(ckpts["cut"])], tmp_path, "--model", "model.safetensors")
+
+
+def test_model_eval_path_and_model_flag_must_agree(tmp_path):
+    _refused(["model", "eval", "/a", "--model", "/b"], tmp_path, "--model: give the checkpoint once")

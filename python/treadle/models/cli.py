@@ -109,6 +109,8 @@ def train_tiny_cmd(
 @app.command("eval")
 def eval_cmd(
     path: str = typer.Argument(None, help="Local HF checkpoint (default: $TREADLE_MODEL, else the cached tiny model)."),
+    model_opt: str = typer.Option(None, "--model", show_default=False,
+                                  help="The checkpoint, as every other command names it (same as PATH)."),
     per_level: int = typer.Option(100, min=1, help="Held-out problems per level, >= 1."),
     seed: int = typer.Option(0, help="Seed of the held-out problems."),
     threads: int = typer.Option(None, min=0, max=MAX_THREADS, help=THREADS_HELP),
@@ -119,7 +121,11 @@ def eval_cmd(
     from treadle.models.generation import accuracy_by_level
     from treadle.models.tiny import accuracy_table
 
-    model, tokenizer = load_model(path, False, console, threads=threads, train_if_missing=False, source="PATH")
+    if path is not None and model_opt is not None and path != model_opt:
+        raise usage_error(f"--model: give the checkpoint once: PATH {path!r} and --model {model_opt!r} differ")
+    source = "--model" if model_opt is not None else "PATH"
+    path = model_opt if model_opt is not None else path
+    model, tokenizer = load_model(path, False, console, threads=threads, train_if_missing=False, source=source)
     gen = ProblemGenerator(seed + 10_007)
     sets = {lv: gen.batch(lv, per_level, split="heldout") for lv in range(1, len(LEVELS) + 1)}
     console.print(accuracy_table(accuracy_by_level(model, tokenizer, sets),
