@@ -285,12 +285,12 @@ def eval_cmd(
             and (Path("runs/stair-quick" if quick else "runs/stair") / "normals.safetensors").exists()):
         raise typer.BadParameter("ignored here: bank budgets apply to the stair condition, which needs --normals",
                                  param_hint="--budgets")
+    picked = None  # said once every option is checked: an error is then the only line printed
     if normals is None and model_path is None and bank_free is None:
         default = Path("runs/stair-quick" if quick else "runs/stair") / "normals.safetensors"
         if default.exists():  # what `treadle stair train` (same --quick) wrote
             normals = default
-            console.print(f"normals: {default} (from `treadle stair train`{' --quick' if quick else ''})",
-                          markup=False)
+            picked = f"normals: {default} (from `treadle stair train`{' --quick' if quick else ''})"
     if normals is not None:
         _check_normals(normals, "--normals", "stair")
     if bank_free is not None:
@@ -302,6 +302,8 @@ def eval_cmd(
                    config={**dataclasses.asdict(cfg), "model": model_path, "quick": quick,
                            "normals": str(normals) if normals else None, "layers": layers,
                            "bank_free": str(bank_free) if bank_free else None})
+    if picked:
+        console.print(picked, markup=False)
     if run.finished and (out / "results.json").exists():
         res = json.loads((out / "results.json").read_text())
         console.print(results_table(res, cfg.k))
