@@ -81,3 +81,12 @@ def test_a_non_run_folder_is_never_deleted(tmp_path):
         res = runner.invoke(app, ["demo", "--sections", "grpo-op", "--quick", "--out", str(tmp_path), *extra])
         assert res.exit_code == 2 and "not a treadle run folder" in res.output
     assert (tmp_path / "mine.txt").read_text() == "keep"
+
+
+def test_demo_section_given_twice_is_refused_before_any_work(tmp_path):
+    """``--sections scale,scale`` ran the section twice into one sub-folder (minutes of repeated work)."""
+    res = runner.invoke(app, ["demo", "--quick", "--sections", "grpo-op,scale,grpo-op", "--out", str(tmp_path / "d")])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--sections" in lines[0] and "['grpo-op'] given twice" in lines[0], res.output
+    assert not (tmp_path / "d").exists()

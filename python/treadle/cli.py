@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -69,6 +70,11 @@ class _AreaStub(TyperGroup):
         return self.load().make_context(info_name, args, parent=parent, **extra)
 
 
+#: treadle.dispatch.BACKENDS, repeated here so that the root command checks $TREADLE_BACKEND without importing
+#: torch (tests/cli/test_root.py keeps the two equal)
+_BACKEND_NAMES = ("reference", "cpp", "cuda", "triton")
+
+
 class _RootGroup(TyperGroup):
     """The root ``treadle`` group: its own commands plus one lazily imported sub-app per area."""
 
@@ -80,6 +86,13 @@ class _RootGroup(TyperGroup):
         ``Error: <what was wrong, naming the flag>``, and exits 2."""
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        env_backend = os.environ.get("TREADLE_BACKEND")
+        argv = sys.argv[1:] if args is None else list(args)
+        helping = not argv or any(a in ("--help", "--version") for a in argv)
+        if env_backend and env_backend not in _BACKEND_NAMES and not helping:  # before any command runs
+            click.echo(f"Error: $TREADLE_BACKEND: unknown backend {env_backend!r}; expected one of "
+                       f"{', '.join(_BACKEND_NAMES)}, or unset it for the dispatch rule", err=True)
+            sys.exit(2)
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.exceptions.NoArgsIsHelpError as err:
@@ -91,6 +104,14 @@ class _RootGroup(TyperGroup):
                 message += " See 'treadle --help'."
             click.echo(f"Error: {message}", err=True)
             sys.exit(err.exit_code)
+        except Exception as err:
+            # a backend forced by $TREADLE_BACKEND (or backend=) that cannot run some op here: one line
+            if type(err).__name__ not in ("BackendUnavailableError", "UnknownBackendError"):
+                raise
+            hint = (f" ($TREADLE_BACKEND={os.environ['TREADLE_BACKEND']}: unset it, or pick a backend that runs "
+                    f"every op on this device)" if os.environ.get("TREADLE_BACKEND") else "")
+            click.echo(f"Error: {' '.join(str(err).split())}{hint}", err=True)
+            sys.exit(2)
         except typer.Abort:
             click.echo("Aborted.", err=True)
             sys.exit(1)
@@ -184,13 +205,25 @@ def bench(
 ) -> None:
     """Run the benchmark suites in bench/ (peers side by side in one run) and write a report."""
     from treadle.bench_report import run
+    from treadle.cli_runs import usage_exit
 
+    names = [o.strip() for o in ops.split(",") if o.strip()]
+    if ops.strip() and not names:  # "--ops ," named no suite: never read as "all suites" (minutes of work)
+        usage_exit(f"--ops: no suite named in {ops!r}; give names like grpo,stair or leave --ops out for all")
+    if out is not None:
+        from treadle.run_dirs import check_out_dir
+
+        try:
+            check_out_dir(out, "--out")
+        except ValueError as err:
+            usage_exit(str(err))
     try:
-        rc = run([o.strip() for o in ops.split(",") if o.strip()], out=out, save=save, compare=compare,
+        rc = run(names, out=out, save=save, compare=compare,
                  report=report, extra=list(extra or []))
     except (FileNotFoundError, ValueError) as err:
-        console.print(str(err), style="red", markup=False)
-        raise typer.Exit(2) from None
+        from treadle.cli_runs import usage_exit
+
+        usage_exit(str(err))
     raise typer.Exit(rc)
 
 

@@ -10,11 +10,14 @@ from pathlib import Path
 
 from treadle.cli_runs import usage_error
 
-__all__ = ["load_model", "QUICK_SLOT", "model_source", "THREADS_HELP"]
+__all__ = ["load_model", "QUICK_SLOT", "model_source", "THREADS_HELP", "MAX_THREADS"]
 
 QUICK_SLOT = "tiny-qwen3-quick"
+#: the most ``--threads`` a command accepts: this machine's CPUs (more never speeds up a kernel, and a huge
+#: count makes OpenMP fail to allocate its thread stacks: a segfault, not an error)
+MAX_THREADS = os.cpu_count() or 1
 THREADS_HELP = ("torch CPU threads (default: 1 for the embedded tiny model, whose GEMMs are too small for threads "
-                "to pay; else torch's default; 0: leave as is).")
+                f"to pay; else torch's default; 0: leave as is; at most this machine's {MAX_THREADS} CPUs).")
 
 
 def model_source(model_path, flag: str = "--model") -> str:

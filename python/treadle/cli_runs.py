@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 from typer import _click as click  # typer vendors click
 
-__all__ = ["pick_out", "open_run", "recorded", "usage_error", "resume_hint", "OUT_HELP_SUFFIX"]
+__all__ = ["pick_out", "open_run", "recorded", "usage_error", "usage_exit", "resume_hint", "OUT_HELP_SUFFIX"]
 
 OUT_HELP_SUFFIX = (" A finished run of the same config there is resumed (its results shown), another config is "
                    "refused; --overwrite replaces it.")
@@ -22,6 +22,13 @@ OUT_HELP_SUFFIX = (" A finished run of the same config there is resumed (its res
 def usage_error(message: str) -> click.exceptions.UsageError:
     """A one-line usage error (exit 2); ``message`` names the flag."""
     return click.exceptions.UsageError(" ".join(str(message).split()))
+
+
+def usage_exit(message: str) -> None:
+    """Print ``Error: <message>`` as one line on stderr and exit 2: what every command prints for bad input
+    (the root group prints click's usage errors the same way), also when a sub-app runs on its own."""
+    typer.echo("Error: " + " ".join(str(message).split()), err=True)
+    raise typer.Exit(2)
 
 
 def pick_out(out: Path | None, alias: Path | None, default: str | Path) -> Path:
@@ -53,7 +60,9 @@ def resume_hint() -> str:
 @contextlib.contextmanager
 def recorded(run, console, saved=lambda: "nothing resumable", resumable: bool = False):
     """Start ``run`` (write its ``run.json``), and record how it ended. On Ctrl-C: status
-    ``interrupted``, one message saying what was saved (``saved()``) and how to resume, exit 130."""
+    ``interrupted``, one message saying what was saved (``saved()``) and how to resume, exit 130. A usage
+    error (bad input found after the start): status ``refused`` with the message, exit 2; the corrected
+    command may then reuse the folder with another config if nothing but ``run.json`` was written."""
     run.start()
     try:
         yield run
@@ -65,6 +74,9 @@ def recorded(run, console, saved=lambda: "nothing resumable", resumable: bool = 
         raise typer.Exit(130) from None
     except typer.Exit as err:
         run.end("finished" if err.exit_code == 0 else "failed")
+        raise
+    except click.exceptions.UsageError as err:  # bad input found once the model or data was loaded
+        run.end("refused", error=err.format_message())
         raise
     except BaseException:
         run.end("failed")

@@ -26,13 +26,17 @@ def resolve_sections(sections: str) -> list[str]:
     """Names chosen by ``sections`` (``"all"`` or comma-separated).
 
     Raises:
-        ValueError: an unknown or empty section list (the message lists the known ones).
+        ValueError: an unknown or empty section list (the message lists the known ones), or a section
+            given twice.
     """
     known = [name for name, _ in SECTIONS]
     chosen = known if sections == "all" else [s.strip() for s in sections.split(",") if s.strip()]
     unknown = [s for s in chosen if s not in known]
     if unknown or not chosen:
         raise ValueError(f"unknown demo section(s) {unknown or [sections]}; known: {known}")
+    twice = sorted({s for s in chosen if chosen.count(s) > 1})
+    if twice:  # each section writes one sub-folder: a repeat would redo it over its own results
+        raise ValueError(f"demo section(s) {twice} given twice; give each once")
     return chosen
 
 

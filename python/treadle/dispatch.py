@@ -28,6 +28,11 @@ class BackendUnavailableError(RuntimeError):
     """A backend was asked for that does not implement the op on the given device here."""
 
 
+class UnknownBackendError(BackendUnavailableError, ValueError):
+    """``backend=`` (or ``TREADLE_BACKEND``) is not a backend name at all: a bad argument value, so also a
+    ValueError (and still a BackendUnavailableError for code that catches that)."""
+
+
 @dataclass(frozen=True)
 class OpSpec:
     name: str
@@ -100,7 +105,8 @@ def choose(op: str, device: torch.device | str, backend: str | None = None) -> t
     Raises:
         KeyError: ``op`` is not a registered treadle op.
         BackendUnavailableError: ``backend`` (or ``TREADLE_BACKEND``) names a backend that cannot
-            run the op on that device here; the message says why.
+            run the op on that device here; the message says why. A name that is no backend at all
+            raises its subclass :class:`UnknownBackendError`, also a ValueError.
     """
     if op not in _REGISTRY:
         raise KeyError(f"unknown treadle op {op!r}; registered: {sorted(_REGISTRY)}")
@@ -116,7 +122,8 @@ def _choose(op: str, device_type: str, backend: str | None, env_backend: str | N
     if requested:
         why = _why_not(op, requested, device_type)
         if why is not None:
-            raise BackendUnavailableError(f"backend {requested!r} cannot run {op} on {device_type}: {why}")
+            cls = UnknownBackendError if requested not in BACKENDS else BackendUnavailableError
+            raise cls(f"backend {requested!r} cannot run {op} on {device_type}: {why}")
         return requested, "requested" if backend else "TREADLE_BACKEND"
     spec = _REGISTRY[op]
     if not spec.cpu and not spec.gpu and spec.note:

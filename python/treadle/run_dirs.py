@@ -135,13 +135,15 @@ class RunDir:
     - a folder holding a run of the SAME config: the run is resumed (``resumed`` is True;
       ``finished`` says whether that run had completed: commands then show its results instead of
       redoing the work, and STAIR continues from its checkpoint);
-    - a folder holding a run of ANOTHER config: refused (:class:`RunDirError`, with the differences);
+    - a folder holding a run of ANOTHER config: refused (:class:`RunDirError`, with the differences),
+      unless that run ended (refused, failed, interrupted) with nothing written but ``run.json``: the
+      folder is then taken as new (the attempt kept in ``history``), as there is no result to lose;
     - with ``overwrite`` (``--overwrite``) a run folder's contents are deleted and the run starts afresh;
     - a non-empty folder without a run record: refused even with ``overwrite`` (it is not ours to delete).
 
     ``run.json`` records: the command, its command line, the config, treadle's version and git commit,
     the machine, start and end times, the status (``running``, ``finished``, ``interrupted``,
-    ``failed``) and every earlier start in this folder (``history``).
+    ``failed``, ``refused``: bad input found after the start) and every earlier start in this folder (``history``).
 
     Create with :func:`open_run_dir` (checks first, changes nothing until :meth:`start`).
     """
@@ -199,6 +201,11 @@ def read_run_record(path: str | Path) -> dict | None:
         return None
 
 
+def _nothing_saved(p: Path, record: dict) -> bool:
+    """Whether the run recorded in ``p`` ended without writing anything but its ``run.json``."""
+    return record.get("status") not in ("running", "finished") and all(c.name == RUN_RECORD for c in p.iterdir())
+
+
 def open_run_dir(path: str | Path, *, command: str, config: dict, flag: str = "--out", overwrite: bool = False,
                  ignore: tuple = ()) -> RunDir:
     """Check ``path`` as the run folder of ``command`` with ``config`` (see :class:`RunDir` for the
@@ -234,6 +241,10 @@ def open_run_dir(path: str | Path, *, command: str, config: dict, flag: str = "-
                           f"give another folder")
     old = {k: v for k, v in (record.get("config") or {}).items() if k not in ignore}
     new = {k: v for k, v in config.items() if k not in ignore}
+    if old != new and not overwrite and _nothing_saved(p, record):
+        # an attempt that ended (refused, failed, interrupted) before writing anything: no result to keep,
+        # so the corrected command takes the folder (the attempt stays in run.json's history)
+        return RunDir(p, flag, command, config, record, False)
     if old != new and not overwrite:
         raise RunDirError(f"{flag} {str(p)!r} holds a run with another config ({_diff(old, new)}); rerun with the same "
                           f"settings to resume it, add --overwrite to replace it, or give another {flag}")

@@ -73,3 +73,38 @@ def test_bad_treadle_model_env(cmd, tmp_path, monkeypatch):
 @pytest.mark.parametrize("cmd", [["stair", "train"], ["stair", "eval"]])
 def test_stair_on_a_gpt2_checkpoint_is_an_unsupported_model(cmd, ckpts, tmp_path):
     _refused([*cmd, "--model", str(ckpts["gpt2"])], tmp_path, "--model", "unsupported model", "gpt2")
+
+
+@pytest.mark.parametrize("task", ["math", "tools"])
+def test_train_tiny_overwrite_never_deletes_a_folder_that_is_not_a_checkpoint(tmp_path, task):
+    """``train-tiny --out <the user's folder> --overwrite`` replaced the folder and its files with the model;
+    a non-empty folder that is not a treadle checkpoint is refused (exit 2) before training, untouched."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("precious")
+    r = CliRunner().invoke(app, ["model", "train-tiny", "--quick", "--task", task, "--out", str(mine), "--overwrite"])
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--out" in lines[0] and "not a treadle checkpoint" in lines[0], r.output
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"] and (mine / "notes.txt").read_text() == "precious"
+
+
+def test_train_tiny_force_refuses_a_foreign_folder_before_training(tmp_path):
+    from treadle.models.tiny import NotACausalLMError, TinyTrainConfig, train_tiny
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("precious")
+    with pytest.raises(NotACausalLMError, match="not a treadle checkpoint"):
+        train_tiny(TinyTrainConfig.quick(), mine, force=True, progress=False)
+    assert (mine / "notes.txt").read_text() == "precious"
+
+
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_every_model_command_takes_model_flag(cmd, ckpts, tmp_path):
+    """``--model PATH`` names the checkpoint in every command (model eval took only a positional PATH)."""
+    _refused([*cmd, "--model", str(ckpts["cut"])], tmp_path, "--model", "model.safetensors")
+
+
+def test_model_eval_path_and_model_flag_must_agree(tmp_path):
+    _refused(["model", "eval", "/a", "--model", "/b"], tmp_path, "--model: give the checkpoint once")

@@ -72,3 +72,28 @@ def test_unusable_paths(tmp_path):
         with pytest.raises(RunDirError, match="--out"):
             open_run_dir(bad, command="x", config={})
     assert read_run_record(tmp_path) is None
+
+
+def test_an_attempt_that_saved_nothing_does_not_lock_the_folder(tmp_path):
+    """A run refused for bad input after its start (or failed, or interrupted) with nothing written but
+    run.json: the corrected command takes the folder; a run that wrote results is still refused."""
+    from typer import _click as click  # the click that typer (and usage_error) raise
+    from rich.console import Console
+
+    from treadle.cli_runs import recorded
+
+    p = tmp_path / "r"
+    run = open_run_dir(p, command="x", config={"target_modules": ["nope"]})
+    with pytest.raises(click.exceptions.UsageError), recorded(run, Console(quiet=True)):
+        raise click.exceptions.UsageError("--target-modules: 'nope' not found")
+    rec = read_run_record(p)
+    assert rec["status"] == "refused" and "--target-modules" in rec["error"]
+    again = open_run_dir(p, command="x", config={"target_modules": ["q_proj"]})
+    assert not again.finished
+    again.start()
+    rec = read_run_record(p)
+    assert rec["config"] == {"target_modules": ["q_proj"]} and rec["history"][0]["status"] == "refused"
+    (p / "result.txt").write_text("r")
+    again.end("failed")
+    with pytest.raises(RunDirError, match="another config"):  # results exist: never taken silently
+        open_run_dir(p, command="x", config={"target_modules": ["v_proj"]})

@@ -114,3 +114,23 @@ def test_bad_values_name_the_flag(tmp_path, args, flag):
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and flag in lines[0], r.output
     assert not (tmp_path / "run").exists()
+
+
+def test_eval_prints_nothing_before_an_option_error(tmp_path, monkeypatch):
+    """With the default normals of `stair train` present, ``stair eval --conditions nope`` printed the
+    "normals: ..." line before the error: an error is the only line (checked before anything is said)."""
+    import json as _json
+
+    import torch
+    from safetensors.torch import save_file
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "runs" / "stair-quick").mkdir(parents=True)
+    save_file({"n": torch.zeros(1)}, str(tmp_path / "runs" / "stair-quick" / "normals.safetensors"),
+              metadata={"stair_config": _json.dumps({"format": 1, "kind": "stair"})})
+    r = CliRunner().invoke(app, ["stair", "eval", "--quick", "--conditions", "nope"])
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "--conditions" in lines[0], r.output
+    assert not (tmp_path / "cache").exists()

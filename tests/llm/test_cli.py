@@ -15,7 +15,7 @@ def invoke(*args):
 
 def _one_line_error(r, flag):
     assert r.exit_code == 2, r.output
-    assert len(r.output.strip().splitlines()) == 1 and r.output.startswith(flag), r.output
+    assert len(r.output.strip().splitlines()) == 1 and r.output.startswith(f"Error: {flag}"), r.output
 
 
 def test_probe_and_ask(fake, tmp_path):
@@ -64,3 +64,17 @@ def test_ask_failure_exit_1(fake):
     fake.script = [Step(400, {"error": {"message": "nope"}})]
     r = invoke("ask", "x", "--model", FAKE_MODEL, "--base-url", fake.base_url)
     assert r.exit_code == 1 and "bad_request" in r.output
+
+
+def test_a_failed_call_is_one_unwrapped_line_on_stderr():
+    """An endpoint that cannot be reached: exit 1 (a failure, not bad input), one line on stderr, not cut at
+    80 columns and not on stdout (where a redirect would hide it)."""
+    import subprocess
+    import sys
+
+    url = "http://127.0.0.1:9/v1/a/long/path/so/that/the/message/is/well/over/eighty/columns"  # nothing on 9
+    res = subprocess.run([sys.executable, "-m", "treadle", "llm", "ask", "hi", "--model", "m", "--base-url", url],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and res.stdout == "", (res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and url in lines[0] and "Connection error" in lines[0], res.stderr

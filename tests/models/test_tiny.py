@@ -70,8 +70,8 @@ def test_default_cache_trains_once_and_reports_corruption(trained, tmp_path, mon
     assert model.config.model_type == "qwen3"
 
     (tmp_path / "tiny-qwen3" / MARKER).unlink()  # half-written: no completion marker
-    with pytest.raises(CorruptCheckpointError, match="no completion marker"):
-        load_default_model()
+    with pytest.raises(CorruptCheckpointError, match=r"no completion marker.*`treadle model train-tiny --overwrite`"):
+        load_default_model()  # the retrain hint is a flag that exists, for this slot
     shutil.rmtree(tmp_path / "tiny-qwen3")
 
     # a killed save: the temp folder is left, never the final one; the next run cleans it and trains
@@ -83,8 +83,9 @@ def test_default_cache_trains_once_and_reports_corruption(trained, tmp_path, mon
 
     shutil.copytree(res.path, tmp_path / "partial")
     (tmp_path / "partial" / PARTIAL).write_text("")
-    with pytest.raises(CorruptCheckpointError, match="half-written"):
+    with pytest.raises(CorruptCheckpointError, match="half-written") as err:
         load_default_model(tmp_path / "partial")
+    assert f"`treadle model train-tiny --out {tmp_path / 'partial'} --overwrite`" in str(err.value)
 
     weights = tmp_path / "tiny-qwen3" / "model.safetensors"
     data = bytearray(weights.read_bytes())

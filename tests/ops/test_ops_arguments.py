@@ -72,6 +72,14 @@ for _mask in ("valid", "flags"):
     ]
 
 
+GRPO_BAD += [
+    ((R3, G3), {"eps": "1e-6"}, TypeError, "eps must be a float, got str '1e-6'"),
+    ((R3, G3), {"eps": True}, TypeError, "eps must be a float, got bool True"),
+    ((R3, G3), {"eps": None}, TypeError, "eps must be a float, got NoneType None"),
+    ((R3, G3), {"check_finite": "no"}, TypeError, "check_finite must be True, False or None, got 'no'"),
+]
+
+
 @pytest.mark.parametrize("args,kwargs,exc,message", GRPO_BAD)
 def test_grpo_advantages_bad_arguments(args, kwargs, exc, message):
     raises_exactly(exc, message, grpo_advantages, *args, **kwargs)
@@ -203,6 +211,9 @@ for _n, _shape in (("gate_weight", (8,)), ("gate_bias", (1,))):
                 f"{_n} must have x's dtype torch.float32, got torch.float64")]
 
 
+GL_BAD += [({"return_lambda": "no"}, TypeError, "return_lambda must be True or False, got 'no'")]
+
+
 @pytest.mark.parametrize("over,exc,message", GL_BAD)
 def test_gated_lora_bad_arguments(over, exc, message):
     raises_exactly(exc, message, _gl, **over)
@@ -287,6 +298,9 @@ for _n, _shape in (("weight", (6, 8)), ("bias", (6,)), ("lora_A", (2, 8))):
     GLL_BAD += [({_n: _frozen_grad(torch.zeros(_shape))}, ValueError,
                  f"{_n} requires grad, but gated LoRA treats it as frozen (SCALE Stage II) and gives it no gradient; "
                  f"call {_n}.requires_grad_(False) first")]
+
+
+GLL_BAD += [({"return_lambda": 1}, TypeError, "return_lambda must be True or False, got 1")]
 
 
 @pytest.mark.parametrize("over,exc,message", GLL_BAD)
@@ -394,9 +408,18 @@ for _n, _shape in (("k_bank", (2, 2, 5, 8)), ("v_bank", (2, 2, 5, 6))):
                 f"{_n} requires grad, but the STAIR bank is detached by design and gets no gradient; "
                 f"pass {_n}.detach()")]
 _S = _stair()
-for _n, _idx in (("q", (1, 3, 2, 7)), ("k_bank", (0, 1, 4, 0)), ("v_bank", (1, 0, 0, 5)), ("normals", (3, 3))):
+for _n, _idx in (("q", (1, 3, 2, 7)), ("k_bank", (0, 1, 4, 0)), ("v_bank", (1, 0, 0, 5))):
     SR_BAD += [({_n: _nan_at(_S[_n], _idx), "debug": True}, ValueError,
          f"{_n} contains NaN or inf values (debug=True)")]
+# the normals are checked for NaN/inf on CPU always (like their length: (Hq, D) is tiny), naming the head
+for _debug in (True, False):
+    SR_BAD += [({"normals": _nan_at(_S["normals"], (3, 3)), "debug": _debug}, ValueError,
+                "normals[3] (query head 3) contains NaN or inf values: a reflection normal must be finite")]
+# wrong types of scalar and flag arguments: a string or a bool is never read as a number, a string never as a bool
+SR_BAD += [({"eps": "0.1"}, TypeError, "eps must be a float, got str '0.1'"),
+           ({"eps": True}, TypeError, "eps must be a float, got bool True"),
+           ({"scale": "1"}, TypeError, "scale must be a float, got str '1'"),
+           ({"debug": "yes"}, TypeError, "debug must be True or False, got 'yes'")]
 
 
 @pytest.mark.parametrize("over,exc,message", SR_BAD)
@@ -502,3 +525,33 @@ def test_topk_entropy_boundaries_that_do_not_raise():
         got = topk_entropy_from_hidden(HIDDEN, HEAD, 4, MASK, chunk_size=chunk)
         assert got.item() == pytest.approx(topk_entropy(z, 4, MASK).item(), rel=1e-6)
     assert topk_entropy_from_hidden(HIDDEN, HEAD, 10).item() == pytest.approx(topk_entropy(z, 10).item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("op", ["grpo_advantages", "stair_readout", "gated_lora_linear"])
+def test_an_unknown_backend_name_is_a_value_error(op):
+    """``backend="nope"`` is a bad argument value (ValueError, naming the choices), and still a
+    BackendUnavailableError for code that catches that; a known backend that cannot run stays a plain one."""
+    from treadle.dispatch import BACKENDS, BackendUnavailableError, UnknownBackendError
+
+    call = {"grpo_advantages": lambda b: grpo_advantages(R3, G3, backend=b),
+            "stair_readout": lambda b: _sr(backend=b),
+            "gated_lora_linear": lambda b: _gll(backend=b)}[op]
+    with pytest.raises(ValueError) as info:
+        call("nope")
+    assert type(info.value) is UnknownBackendError and isinstance(info.value, BackendUnavailableError)
+    assert str(info.value) == f"backend 'nope' cannot run {op} on cpu: unknown backend 'nope'; expected one of {BACKENDS}"
+    with pytest.raises(BackendUnavailableError) as info:
+        call("cuda")  # a real backend, not for CPU tensors: not a ValueError
+    assert not isinstance(info.value, ValueError)
+
+
+def test_grpo_scale_rewards_takes_trls_booleans():
+    """The README lists TRL's ``scale_rewards=True / False`` among grpo_advantages' options: True is
+    "group", False is "none" (TRL's reading); they were refused with a ValueError."""
+    r, g = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5]), torch.tensor([17, 4, 17, 4, 99])
+    assert torch.equal(grpo_advantages(r, g, scale_rewards=True), grpo_advantages(r, g, scale_rewards="group"))
+    assert grpo_advantages(r, g, scale_rewards=False).tolist() == [0.5, -0.5, -0.5, 0.5, 0.0]
+    raises_exactly(ValueError, "scale_rewards applies to estimator='grpo' only, got estimator='rloo'",
+                   grpo_advantages, r, g, estimator="rloo", scale_rewards=False)
+    raises_exactly(ValueError, "scale_rewards must be one of ('group', 'batch', 'none'), got 1",
+                   grpo_advantages, r, g, scale_rewards=1)

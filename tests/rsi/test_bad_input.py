@@ -11,7 +11,7 @@ from treadle.rsi.math_tasks import SeedError, load_seed_file
 def _err(args, flag):
     res = CliRunner().invoke(app, ["rsi", *map(str, args)])
     assert res.exit_code == 2, res.output
-    assert len(res.output.strip().splitlines()) == 1 and res.output.startswith(flag + ":"), res.output
+    assert len(res.output.strip().splitlines()) == 1 and res.output.startswith(f"Error: {flag}:"), res.output
     return res.output
 
 
@@ -73,5 +73,5 @@ def test_out_is_a_file(tmp_path):
     f = tmp_path / "f"
     f.write_text("mine")
     for cmd in ("run", "ablate"):
-        assert _err([cmd, "--out", f], "--out") == f"--out: run folder {str(f)!r} exists and is a file, not a folder\n"
+        assert _err([cmd, "--out", f], "--out") == f"Error: --out: run folder {str(f)!r} exists and is a file, not a folder\n"
     assert f.read_text() == "mine"

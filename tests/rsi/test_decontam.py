@@ -68,5 +68,5 @@ def test_cli_decontaminates_seeds_and_names_the_flag(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{nope\n")
     res = r.invoke(app, ["rsi", "run", "--out", str(tmp_path / "r2"), "--decontaminate", str(bad)])
-    assert res.exit_code == 2 and res.output.startswith("--decontaminate:")
+    assert res.exit_code == 2 and res.output.startswith("Error: --decontaminate:")
     assert not (tmp_path / "r2").exists()

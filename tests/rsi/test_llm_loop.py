@@ -366,7 +366,7 @@ def test_cli_llm_bad_input_is_one_line_exit_2(fake, tmp_path, case, flag):
     res = CliRunner().invoke(app, ["rsi", "llm", "--out", str(tmp_path / "run"), "--llm-config", str(cfg),
                                    *extra.get(case, [])])
     assert res.exit_code == 2, res.output
-    assert res.output.startswith(flag + ":") and len(res.output.strip().splitlines()) == 1, res.output
+    assert res.output.startswith(f"Error: {flag}:") and len(res.output.strip().splitlines()) == 1, res.output
     assert fake.bodies == [] and not (tmp_path / "run").exists()
 
 

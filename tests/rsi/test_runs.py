@@ -56,12 +56,12 @@ def test_cli_errors_are_one_line_naming_the_flag(tmp_path):
     p = tmp_path / "seeds.jsonl"
     p.write_text('{"id": "a", "expression": "1+2"}\n{"id": "a", "expression": "3"}\n')
     res = r.invoke(app, ["rsi", "run", "--out", str(tmp_path / "o"), "--seed-file", str(p)])
-    assert res.exit_code == 2 and res.output.startswith("--seed-file:") and "duplicated seed id 'a'" in res.output
+    assert res.exit_code == 2 and res.output.startswith("Error: --seed-file:") and "duplicated seed id 'a'" in res.output
     res = r.invoke(app, ["rsi", "run", "--out", str(tmp_path / "o"), "--solver", "oracle"])
-    assert res.exit_code == 2 and res.output.startswith("--solver:")
+    assert res.exit_code == 2 and res.output.startswith("Error: --solver:")
     (tmp_path / "f").write_text("")
     res = r.invoke(app, ["rsi", "run", "--out", str(tmp_path / "f")])
-    assert res.exit_code == 2 and res.output.startswith("--out:")
+    assert res.exit_code == 2 and res.output.startswith("Error: --out:")
     assert not (tmp_path / "o").exists()
 
 
@@ -79,7 +79,7 @@ def test_cli_run_and_diff(tmp_path):
     res = r.invoke(app, ["rsi", "diff", str(vs[0]), str(vs[0])])
     assert res.exit_code == 0 and "(no differences)" in res.output
     res = r.invoke(app, ["rsi", "diff", str(vs[0]), str(out / "config.json")])
-    assert res.exit_code == 2 and res.output.startswith("NEW:")
+    assert res.exit_code == 2 and res.output.startswith("Error: NEW:")
 
 
 def test_contaminated_exports_go_to_repairs(tmp_path):

@@ -152,8 +152,10 @@ def test_adapter_folders_that_are_not_lora_adapters_are_refused(tmp_path):
     _refused(r, "SCALE gates need a LoRA adapter")
     r = CliRunner().invoke(app, ["scale", "sft", "--quick", "--target-modules", "no_such_proj", "--out",
                                  str(tmp_path / "s")])
-    _refused(r, "no_such_proj")
-    assert not (tmp_path / "s" / "adapter").exists()
+    _refused(r, "--target-modules: no module of the model is named 'no_such_proj'; expected 'all-linear' or names "
+                "among down_proj")
+    assert len(r.output.strip().splitlines()) == 1, r.output
+    assert not (tmp_path / "s").exists()  # refused before the run folder is written
 
 
 def test_sft_then_train_then_sweep_quick(tmp_path):

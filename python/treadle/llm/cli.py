@@ -5,12 +5,13 @@ import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
+from treadle.cli_output import make_console
+from treadle.cli_runs import usage_exit
 from rich.table import Table
 
 app = typer.Typer(help="Model endpoints: a local OpenAI-compatible server, probes, one-off calls, the call ledger.",
                   no_args_is_help=True, add_completion=False)
-console = Console()
+console = make_console()
 
 
 @app.command("serve")
@@ -27,17 +28,14 @@ def serve_cmd(
     from treadle.models.tiny import CheckpointError
 
     if model is not None and not model.exists():
-        console.print(f"--model: no checkpoint folder at {model}", style="red", markup=False)
-        raise typer.Exit(2)
+        usage_exit(f"--model: no checkpoint folder at {model}")
     import socket
 
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
-            console.print(f"--port: 127.0.0.1:{port} is already in use (free now: --port {free_port()})",
-                          style="red", markup=False)
-            raise typer.Exit(2) from None
+            usage_exit(f"--port: 127.0.0.1:{port} is already in use (free now: --port {free_port()})")
     try:
         with local_server(model, port=port, device=device, startup_timeout_s=startup_timeout,
                           continuous_batching=continuous_batching) as srv:
@@ -50,10 +48,9 @@ def serve_cmd(
             except KeyboardInterrupt:
                 console.print("stopping", style="dim")
     except (CheckpointError, FileNotFoundError) as err:
-        console.print(f"--model: {err}", style="red", markup=False)
-        raise typer.Exit(2)
+        usage_exit(f"--model: {err}")
     except ServerStartError as err:
-        console.print(str(err), style="red", markup=False)
+        typer.echo(" ".join(str(err).split()), err=True)  # a failure, not bad input: one line on stderr, exit 1
         raise typer.Exit(1)
 
 
@@ -64,18 +61,15 @@ def ledger_cmd(path: Path = typer.Argument(..., help="A ledger JSONL file writte
     from treadle.llm.ledger import read_ledger, totals
 
     if by not in ("role", "tag", "role_tag"):
-        console.print(f"--by must be role, tag or role_tag, got {by!r}", style="red", markup=False)
-        raise typer.Exit(2)
+        usage_exit(f"--by must be role, tag or role_tag, got {by!r}")
     if not path.is_file():
-        console.print(f"PATH: no ledger file at {path}", style="red", markup=False)
-        raise typer.Exit(2)
+        usage_exit(f"PATH: no ledger file at {path}")
     from treadle.llm.ledger import LedgerError
 
     try:
         t = totals(read_ledger(path))
     except LedgerError as err:
-        console.print(f"PATH: {err}", style="red", markup=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        usage_exit(f"PATH: {err}")
     table = Table(title=f"{path} by {by}")
     for col in (by, "calls", "cache hits", "failures", "tokens in", "tokens out", "cost USD"):
         table.add_column(col, justify="right" if col != by else "left")
@@ -94,16 +88,13 @@ def _config(config: Path | None, model: str | None, base_url: str | None, overri
         elif model is not None:
             cfg = LLMConfig.single(model, base_url or "http://127.0.0.1:8000/v1")
         else:
-            console.print("--config: give a model config file, or --model (and --base-url)", style="red", markup=False)
-            raise typer.Exit(2)
+            usage_exit("--config: give a model config file, or --model (and --base-url)")
         return cfg.with_overrides(overrides or [])
     except ConfigError as err:
         msg = str(err)
         flag = ("--set" if msg.startswith("override") else "--config" if config is not None
                 else "--base-url" if "base_url" in msg else "--model")
-        console.print(f"{flag}: " + "; ".join(ln.strip() for ln in str(err).splitlines() if ln.strip()),
-                      style="red", markup=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        usage_exit(f"{flag}: " + "; ".join(ln.strip() for ln in str(err).splitlines() if ln.strip()))
 
 
 _CONFIG = typer.Option(None, "--config",
@@ -127,9 +118,7 @@ def probe_cmd(config: Path = _CONFIG, model: str = _MODEL, base_url: str = _BASE
     roles = role or list(cfg.roles)
     unknown = [r for r in roles if r not in cfg.roles]
     if unknown:
-        console.print(f"--role: unknown role(s) {unknown}; the config defines {sorted(cfg.roles)}",
-                      style="red", markup=False)
-        raise typer.Exit(2)
+        usage_exit(f"--role: unknown role(s) {unknown}; the config defines {sorted(cfg.roles)}")
 
     async def go():
         bad = 0
@@ -162,9 +151,7 @@ def ask_cmd(prompt: str = typer.Argument(..., help="User message."),
 
     cfg = _config(config, model, base_url, overrides)
     if role not in cfg.roles:
-        console.print(f"--role: unknown role {role!r}; the config defines {sorted(cfg.roles)}",
-                      style="red", markup=False)
-        raise typer.Exit(2)
+        usage_exit(f"--role: unknown role {role!r}; the config defines {sorted(cfg.roles)}")
 
     async def go():
         async with LLMClient(cfg, cache=cache, ledger=ledger) as llm:
@@ -177,10 +164,9 @@ def ask_cmd(prompt: str = typer.Argument(..., help="User message."),
         r = asyncio.run(go())
     except (CacheError, LedgerError) as err:  # raised by LLMClient(...) before any call
         flag = "--cache" if isinstance(err, CacheError) else "--ledger"
-        console.print(f"{flag}: {err}", style="red", markup=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        usage_exit(f"{flag}: {err}")
     except LLMCallError as err:
-        console.print(str(err), style="red", markup=False)
+        typer.echo(" ".join(str(err).split()), err=True)  # a failure, not bad input: one line on stderr, exit 1
         raise typer.Exit(1) from None
     if as_json:
         print(r.model_dump_json(indent=1))

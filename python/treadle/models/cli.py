@@ -16,7 +16,7 @@ from pathlib import Path
 import typer
 
 from treadle.cli_checks import build_config
-from treadle.cli_models import THREADS_HELP
+from treadle.cli_models import MAX_THREADS, THREADS_HELP
 from treadle.cli_output import make_console, progress_enabled
 from treadle.cli_runs import usage_error
 
@@ -41,8 +41,9 @@ def train_tiny_cmd(
     overwrite: bool = typer.Option(False, "--overwrite", help="Retrain even if the folder holds a checkpoint."),
     force: bool = typer.Option(False, "--force", hidden=True, help="Old name of --overwrite."),
     quick: bool = typer.Option(False, help="Seconds-long smoke setting (a weak model), in its own cache slot."),
-    threads: int = typer.Option(1, min=0, help="torch CPU threads (0: leave as is; 1 suits the tiny model's "
-                                               "GEMMs, as in the STAIR and SCALE demos)."),
+    threads: int = typer.Option(1, min=0, max=MAX_THREADS,
+                                help="torch CPU threads (0: leave as is; 1 suits the tiny model's GEMMs, as in the "
+                                     f"STAIR and SCALE demos; at most this machine's {MAX_THREADS} CPUs)."),
     progress: bool = typer.Option(True, help="Show a progress bar (on a terminal)."),
     task: str = typer.Option("math", "--task", help="math (generated problems) or tools (the WEFT shop tool "
                                                     "policy, slot tiny-qwen3-tools)."),
@@ -51,7 +52,8 @@ def train_tiny_cmd(
     results."""
     if task not in ("math", "tools"):
         raise usage_error(f"--task must be math or tools, got {task!r}")
-    from treadle.models.tiny import CheckpointError, TinyTrainConfig, accuracy_table, check_checkpoint, train_tiny
+    from treadle.models.tiny import (CheckpointError, TinyTrainConfig, accuracy_table, check_checkpoint,
+                                     refuse_foreign_folder, train_tiny)
     from treadle.run_dirs import check_out_dir
 
     overwrite = overwrite or force
@@ -67,6 +69,11 @@ def train_tiny_cmd(
         check_out_dir(dest.parent, "--out")  # the lock file lives next to the folder
     except ValueError as err:
         raise usage_error(str(err)) from None
+    if overwrite:
+        try:
+            refuse_foreign_folder(dest)
+        except CheckpointError as err:
+            raise usage_error(f"--out {str(dest)!r}: {err}") from None
     if dest.exists() and not overwrite:
         try:
             info = check_checkpoint(dest, require_marker=True) or {}
@@ -102,9 +109,11 @@ def train_tiny_cmd(
 @app.command("eval")
 def eval_cmd(
     path: str = typer.Argument(None, help="Local HF checkpoint (default: $TREADLE_MODEL, else the cached tiny model)."),
+    model_opt: str = typer.Option(None, "--model", show_default=False,
+                                  help="The checkpoint, as every other command names it (same as PATH)."),
     per_level: int = typer.Option(100, min=1, help="Held-out problems per level, >= 1."),
     seed: int = typer.Option(0, help="Seed of the held-out problems."),
-    threads: int = typer.Option(None, min=0, help=THREADS_HELP),
+    threads: int = typer.Option(None, min=0, max=MAX_THREADS, help=THREADS_HELP),
 ) -> None:
     """Greedy held-out accuracy per difficulty level of a checkpoint (answers checked with math-verify)."""
     from treadle.cli_models import load_model
@@ -112,7 +121,11 @@ def eval_cmd(
     from treadle.models.generation import accuracy_by_level
     from treadle.models.tiny import accuracy_table
 
-    model, tokenizer = load_model(path, False, console, threads=threads, train_if_missing=False, source="PATH")
+    if path is not None and model_opt is not None and path != model_opt:
+        raise usage_error(f"--model: give the checkpoint once: PATH {path!r} and --model {model_opt!r} differ")
+    source = "--model" if model_opt is not None else "PATH"
+    path = model_opt if model_opt is not None else path
+    model, tokenizer = load_model(path, False, console, threads=threads, train_if_missing=False, source=source)
     gen = ProblemGenerator(seed + 10_007)
     sets = {lv: gen.batch(lv, per_level, split="heldout") for lv in range(1, len(LEVELS) + 1)}
     console.print(accuracy_table(accuracy_by_level(model, tokenizer, sets),

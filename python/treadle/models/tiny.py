@@ -260,11 +260,11 @@ def check_checkpoint(path: str | os.PathLike, *, require_marker: bool = False) -
     marker = p / MARKER
     if (p / PARTIAL).exists():
         raise CorruptCheckpointError(f"{p} is a half-written checkpoint (a training run was killed while saving it); "
-                                     f"delete it, or run `treadle model train-tiny --force`")
+                                     f"delete it, or run {_retrain_hint(p)}")
     if not marker.exists():
         if require_marker:
             raise CorruptCheckpointError(f"{p} has no completion marker ({MARKER}): a half-written or damaged "
-                                         f"checkpoint; delete it, or run `treadle model train-tiny --force`")
+                                         f"checkpoint; delete it, or run {_retrain_hint(p)}")
         if not (p / "config.json").exists():
             raise NotACausalLMError(f"{p} has no config.json: not a Hugging Face model checkpoint")
         return None
@@ -273,16 +273,40 @@ def check_checkpoint(path: str | os.PathLike, *, require_marker: bool = False) -
         files = info["files"]
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise CorruptCheckpointError(f"{marker} is unreadable ({err}); delete {p} and retrain "
-                                     f"(`treadle model train-tiny --force`)") from None
+                                     f"({_retrain_hint(p)})") from None
     for name, meta in files.items():
         f = p / name
         if not f.exists():
             raise CorruptCheckpointError(f"{p} is missing {name}, listed in its completion marker; delete it and retrain "
-                                         f"(`treadle model train-tiny --force`)")
+                                         f"({_retrain_hint(p)})")
         if f.stat().st_size != meta["size"] or _sha256(f) != meta["sha256"]:
             raise CorruptCheckpointError(f"{f} does not match the size/SHA-256 recorded when it was saved (truncated or "
-                                         f"modified); delete {p} and retrain (`treadle model train-tiny --force`)")
+                                         f"modified); delete {p} and retrain ({_retrain_hint(p)})")
     return info
+
+
+def refuse_foreign_folder(dest: str | os.PathLike) -> None:
+    """Refuse to replace ``dest`` when it is a non-empty folder that is not a treadle checkpoint (neither a
+    completion marker nor a half-written sentinel): it holds the user's files, which ``force`` /
+    ``--overwrite`` must never delete.
+
+    Raises:
+        NotACausalLMError: ``dest`` is such a folder (or a file).
+    """
+    p = Path(dest).expanduser()
+    if p.is_file():
+        raise NotACausalLMError(f"{p} is a file, not a checkpoint folder")
+    if p.is_dir() and any(p.iterdir()) and not (p / MARKER).exists() and not (p / PARTIAL).exists():
+        raise NotACausalLMError(f"{p} is a non-empty folder that is not a treadle checkpoint (no {MARKER}); it is "
+                                f"never replaced, even with --overwrite: give a new or empty folder")
+
+
+def _retrain_hint(p: Path) -> str:
+    """The command that retrains checkpoint folder ``p`` in place (its slot's flags, ``--overwrite``)."""
+    flags = {DEFAULT_NAME: "", DEFAULT_NAME + "-quick": " --quick", DEFAULT_NAME + "-tools": " --task tools"}
+    if p.parent.resolve() == cache_root().resolve() and p.name in flags:
+        return f"`treadle model train-tiny{flags[p.name]} --overwrite`"
+    return f"`treadle model train-tiny --out {p} --overwrite`"
 
 
 #: seconds to wait for another process training into the same folder before giving up
@@ -425,11 +449,15 @@ def train_tiny(config: TinyTrainConfig | None = None, out_dir: str | os.PathLike
         CheckpointError: ``out_dir`` cannot be written, or another process holds its lock for longer
             than :data:`LOCK_TIMEOUT` seconds.
         CorruptCheckpointError: ``out_dir`` holds a damaged checkpoint and ``force`` is False.
+        NotACausalLMError: ``force`` and ``out_dir`` is a non-empty folder that is not a treadle
+            checkpoint (the user's files are never replaced).
     """
     cfg = TinyTrainConfig() if config is None else config
     if not isinstance(cfg, TinyTrainConfig):
         raise TypeError(f"config must be a TinyTrainConfig, got {type(cfg).__name__}")
     dest = Path(out_dir).expanduser() if out_dir is not None else default_checkpoint_dir()
+    if force:
+        refuse_foreign_folder(dest)  # before any work: the user's files are never replaced
     with _lock(dest):
         if dest.exists() and not force:
             info = check_checkpoint(dest, require_marker=True)
@@ -508,6 +536,7 @@ def _save(model, tokenizer, dest: Path, cfg: TinyTrainConfig, accuracy: dict, n_
     (tmp / PARTIAL).unlink()
     with contextlib.suppress(FileNotFoundError):
         os.sync()
+    refuse_foreign_folder(dest)  # last guard (every trainer saves here): never delete a folder that is not ours
     if dest.exists():  # force: move the old one aside first, so dest is never half-populated
         old = dest.parent / f"{dest.name}.old-{os.getpid()}"
         os.rename(dest, old)

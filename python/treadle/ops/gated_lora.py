@@ -304,7 +304,7 @@ def _zero_size(x, lora_A, d_out) -> bool:
     return x.numel() == 0 or lora_A.shape[0] == 0 or d_out == 0
 
 
-def _validate(x, d_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau, frozen):
+def _validate(x, d_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau, frozen, return_lambda=False):
     """Checks shared by both entry points; returns (scaling, L, U, tau) as floats. ``frozen``: more
     ``(name, tensor)`` pairs that must not require grad."""
     for name, t in (("x", x), ("lora_A", lora_A), ("lora_B", lora_B), ("gate_weight", gate_weight),
@@ -321,6 +321,8 @@ def _validate(x, d_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, t
     L = _check_scalar("L", L, lambda s: s < 0, "a finite number < 0 (lambda's lower end; L < 0 < 1 < U)")
     U = _check_scalar("U", U, lambda s: s > 1, "a finite number > 1 (lambda's upper end; L < 0 < 1 < U)")
     tau = _check_scalar("tau", tau, lambda s: s > 0, "a finite number > 0 (the gate temperature)")
+    if not isinstance(return_lambda, bool):
+        raise TypeError(f"return_lambda must be True or False, got {return_lambda!r}")
     if x.dim() < 1:
         raise ValueError("x must have shape (..., d_in), got a scalar")
     d_in = x.shape[-1]
@@ -423,7 +425,8 @@ def gated_lora(
     if base_out.dim() < 1:
         raise ValueError("base_out must have shape (..., d_out), got a scalar")
     d_out = base_out.shape[-1]
-    scaling, L, U, tau = _validate(x, d_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau, ())
+    scaling, L, U, tau = _validate(x, d_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau, (),
+                                   return_lambda)
     if base_out.dim() != x.dim() or base_out.shape[:-1] != x.shape[:-1]:
         raise ValueError(f"base_out must have shape {tuple(x.shape[:-1])} + (d_out,) like x's leading dims, "
                          f"got {tuple(base_out.shape)}")
@@ -514,7 +517,7 @@ def gated_lora_linear(
         if t is not None and t.device != x.device:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}; put them on one device")
     scaling, L, U, tau = _validate(x, d_out, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau,
-                                   (("weight", weight), ("bias", bias)))
+                                   (("weight", weight), ("bias", bias)), return_lambda)
     lead = x.shape[:-1]
     name = dispatch.resolve(OP_LINEAR, x.device, backend)
     if _zero_size(x, lora_A, d_out):

@@ -124,7 +124,7 @@ def grpo_advantages(
     eps: float = 1e-6,
     eps_placement: str = "std",
     singleton: str = "zero",
-    scale_rewards: str | None = None,
+    scale_rewards: str | bool | None = None,
     nonfinite: str = "raise",
     check_finite: bool | None = None,
     backend: str | None = None,
@@ -147,7 +147,8 @@ def grpo_advantages(
         singleton: a group with one considered row gets ``"zero"`` (default) or ``"raw"`` (verl's
             loop: mean 0 and std 1, so ``grpo`` gives ``r / (1 + eps)``, the others ``r``).
         scale_rewards: ``grpo`` only: ``"group"`` (default), ``"batch"`` (TRL's
-            ``scale_rewards="batch"``: std over the whole batch) or ``"none"`` (= ``dr_grpo``).
+            ``scale_rewards="batch"``: std over the whole batch) or ``"none"`` (= ``dr_grpo``);
+            TRL's booleans are read as TRL reads them: ``True`` = ``"group"``, ``False`` = ``"none"``.
         nonfinite: ``"raise"`` (NaN/inf rewards in considered rows raise ValueError) or ``"skip"``
             (such rows are left out like ``valid=False`` ones, as TRL does for unscorable rows).
         check_finite: run the NaN/inf check (default: True on CPU; False on CUDA, where the
@@ -172,7 +173,8 @@ def grpo_advantages(
 
     Raises:
         treadle.distributed.DTensorInputError (a TypeError): a DTensor input (convert it first).
-        TypeError: a non-tensor argument, non-float rewards, non-integer group ids, non-bool masks.
+        TypeError: a non-tensor argument, non-float rewards, non-integer group ids, non-bool masks,
+            a non-number ``eps`` (a string, a bool), a ``check_finite`` that is not a bool or None.
         ValueError: wrong ranks or lengths, devices that differ, unknown estimator/option names,
             negative or non-finite ``eps``, NaN/inf rewards with ``nonfinite="raise"``.
         treadle.dispatch.BackendUnavailableError: ``backend`` cannot run here.
@@ -203,6 +205,8 @@ def grpo_advantages(
         raise ValueError(f"eps_placement must be 'std' or 'var', got {eps_placement!r}")
     if singleton not in _SINGLETONS:
         raise ValueError(f"singleton must be one of {_SINGLETONS}, got {singleton!r}")
+    if isinstance(scale_rewards, bool):  # TRL's boolean form (GRPOConfig.scale_rewards=True/False)
+        scale_rewards = "group" if scale_rewards else "none"
     if scale_rewards is None:
         scale_rewards = "group"
     elif estimator != "grpo":
@@ -211,9 +215,13 @@ def grpo_advantages(
         raise ValueError(f"scale_rewards must be one of {_SCALES}, got {scale_rewards!r}")
     if nonfinite not in ("raise", "skip"):
         raise ValueError(f"nonfinite must be 'raise' or 'skip', got {nonfinite!r}")
+    if isinstance(eps, (bool, str, bytes)) or eps is None:
+        raise TypeError(f"eps must be a float, got {type(eps).__name__} {eps!r}")
     eps = float(eps)
     if not (eps >= 0.0 and eps != float("inf")):
         raise ValueError(f"eps must be a finite number >= 0, got {eps}")
+    if check_finite is not None and not isinstance(check_finite, bool):
+        raise TypeError(f"check_finite must be True, False or None, got {check_finite!r}")
     if check_finite is None:  # the check is data-dependent: skipped on CUDA and inside torch.compile
         check_finite = rewards.device.type != "cuda" and not torch.compiler.is_compiling()
     if nonfinite == "raise" and check_finite and n > 0 and not math.isfinite(_quick_sum(rewards)):

@@ -225,11 +225,13 @@ def stair_readout(
     Raises:
         treadle.distributed.DTensorInputError (a TypeError): a DTensor input (convert it first).
         TypeError: a non-tensor argument, non-float q/bank/normals, q/k_bank/v_bank dtypes that
-            differ, non-integer bank_lengths.
+            differ, non-integer bank_lengths, ``eps`` / ``scale`` that are not numbers (a string, a
+            bool), a non-bool ``debug``.
         ValueError: wrong ranks or shapes (each message names the argument and the expected
             shape), Hq not a multiple of Hkv, D mismatch, tensors on different devices, a bank that
-            requires grad, bank_lengths of the wrong shape or out of ``[0, M]``, a zero-length
-            normal (names the head), eps outside ``[0, 1)``, a non-positive scale, an unknown mode,
+            requires grad, bank_lengths of the wrong shape or out of ``[0, M]``, a zero-length or
+            non-finite normal (names the head; checked on CPU, and on CUDA with ``debug=True``),
+            eps outside ``[0, 1)``, a non-positive scale, an unknown mode,
             NaN/inf inputs with ``debug=True``.
         treadle.dispatch.BackendUnavailableError: ``backend`` cannot run here.
 
@@ -277,6 +279,11 @@ def stair_readout(
                              f"pass {name}.detach()")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    for sname, v in (("eps", eps), ("scale", scale)):
+        if isinstance(v, (bool, str, bytes)) or (v is None and sname == "eps"):
+            raise TypeError(f"{sname} must be a float, got {type(v).__name__} {v!r}")
+    if not isinstance(debug, bool):
+        raise TypeError(f"debug must be True or False, got {debug!r}")
     eps = float(eps)
     if not (0.0 <= eps < 1.0):
         raise ValueError(f"eps must be in [0, 1), got {eps}")
@@ -302,10 +309,15 @@ def stair_readout(
             if lo < 0 or hi > M:
                 raise ValueError(f"bank_lengths must lie in [0, M={M}], got values in [{lo}, {hi}]")
         if Hq > 0 and D > 0:  # D = 0: no direction to reflect, nothing to check
-            zero = (normals.detach().to(torch.float64).norm(dim=-1) == 0).nonzero().flatten()
+            length = normals.detach().to(torch.float64).norm(dim=-1)
+            zero = (length == 0).nonzero().flatten()
             if zero.numel():
                 raise ValueError(f"normals[{int(zero[0])}] (query head {int(zero[0])}) has zero length: a zero "
                                  f"normal has no reflection direction")
+            bad = (~torch.isfinite(length)).nonzero().flatten()
+            if bad.numel():  # a NaN/inf normal would make that head's read-out NaN without a word
+                raise ValueError(f"normals[{int(bad[0])}] (query head {int(bad[0])}) contains NaN or inf values: a "
+                                 f"reflection normal must be finite")
     if debug and not tracing:
         # the bank is checked over its valid slots only: padding past bank_lengths may hold anything
         slots = None if bank_lengths is None else (

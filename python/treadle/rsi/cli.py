@@ -17,17 +17,17 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
+from treadle.cli_output import make_console
+from treadle.cli_runs import usage_exit
 from rich.table import Table
 
 app = typer.Typer(help="RSI: harness self-improvement for reasoning-data synthesis (offline math backend).",
                   no_args_is_help=True, add_completion=False)
-console = Console()
+console = make_console()
 
 
 def _fail(flag: str, msg: str) -> None:
-    console.print(f"{flag}: {msg}", style="red", markup=False, soft_wrap=True)
-    raise typer.Exit(2)
+    usage_exit(f"{flag}: {msg}")
 
 
 def _seeds(n: int, seed_file: Path | None, seed: int):

@@ -19,7 +19,7 @@ import typer
 
 from treadle.cli_checks import build_config, field_check, refuse_ignored
 from treadle.cli_lists import parse_list
-from treadle.cli_models import THREADS_HELP
+from treadle.cli_models import MAX_THREADS, THREADS_HELP
 from treadle.cli_output import make_console, progress_enabled
 from treadle.cli_runs import OUT_HELP_SUFFIX, open_run, pick_out, recorded, usage_error
 
@@ -38,6 +38,21 @@ _TRAIN_FLAGS = {"L": "--L", "U": "--U"}
 def _fail(err) -> None:
     """A one-line usage error (exit 2) with ``err``'s message (brackets in paths and lists kept literally)."""
     raise usage_error(str(err))
+
+
+def _check_target_modules(model, target_modules) -> None:
+    """Every ``--target-modules`` name must match a module of the model (PEFT matches name suffixes):
+    a usage error naming the flag before the run folder is touched, not PEFT's error after it."""
+    if target_modules == "all-linear":
+        return
+    names = [n for n, _ in model.named_modules()]
+    missing = [t for t in target_modules if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        import torch
+
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise usage_error(f"--target-modules: no module of the model is named {', '.join(map(repr, missing))}; "
+                          f"expected 'all-linear' or names among {', '.join(linear)}")
 
 
 def _open(out: Path, command: str, config: dict, overwrite: bool):
@@ -133,7 +148,7 @@ def _asdict(cfg) -> dict:
 
 _OUT_ALIAS = typer.Option(None, "--run-dir", hidden=True, help="Old name of --out.")
 _OVERWRITE = typer.Option(False, "--overwrite", help="Replace a run of another config in --out (deleting it).")
-_THREADS = typer.Option(None, min=0, help=THREADS_HELP)
+_THREADS = typer.Option(None, min=0, max=MAX_THREADS, help=THREADS_HELP)
 _QUICK = typer.Option(False, help="Quick settings (and the quick tiny model, in its own cache slot, when no --model).")
 _REPORT_TO = typer.Option("none", "--report-to", help="Log metrics to 'tensorboard', 'wandb' (comma-separated), "
                                                       "'all' (those installed) or 'none'.")
@@ -202,6 +217,7 @@ def sft_cmd(
     if broadcast_object(done) if parallel else done:
         return
     model, tok = _load(model_path, quick, threads)
+    _check_target_modules(model, cfg.target_modules)
     ctx_run = (recorded(run, console, saved=lambda: "the log of the steps done (log.jsonl); no adapter until the end")
                if main else contextlib.nullcontext())
     with ctx_run:
@@ -395,7 +411,7 @@ def sweep_cmd(
                                                  + OUT_HELP_SUFFIX),
     run_dir: Path = _OUT_ALIAS,
     overwrite: bool = _OVERWRITE,
-    threads: int = typer.Option(None, min=0, help=THREADS_HELP),
+    threads: int = typer.Option(None, min=0, max=MAX_THREADS, help=THREADS_HELP),
     quick: bool = _QUICK,
 ) -> None:
     """Sweep the gate range (L, U): a Stage-II run per cell in parallel processes, a heatmap of the metric."""

@@ -18,7 +18,7 @@ import typer
 
 from treadle.cli_checks import build_config, field_check, refuse_ignored
 from treadle.cli_lists import parse_list
-from treadle.cli_models import THREADS_HELP
+from treadle.cli_models import MAX_THREADS, THREADS_HELP
 from treadle.cli_output import make_console, progress_enabled
 from treadle.cli_runs import OUT_HELP_SUFFIX, open_run, pick_out, recorded, usage_error
 
@@ -118,7 +118,7 @@ def train_cmd(
     resume: bool = typer.Option(True, help="Continue from the checkpoint of a same-config run in --out."),
     report_to: str = typer.Option("none", "--report-to", help="Log metrics to 'tensorboard', 'wandb' "
                                                               "(comma-separated), 'all' (those installed) or 'none'."),
-    threads: int = typer.Option(None, min=0, help=THREADS_HELP),
+    threads: int = typer.Option(None, min=0, max=MAX_THREADS, help=THREADS_HELP),
     quick: bool = typer.Option(False, help="Use the seconds-long quick tiny model (its own cache slot) when no "
                                            "--model is given."),
     parallel: Literal["ddp", "fsdp2"] = typer.Option(None, "--parallel", help="Data-parallel training under "
@@ -262,7 +262,7 @@ def eval_cmd(
                                                  + OUT_HELP_SUFFIX),
     run_dir: Path = _OUT_ALIAS,
     overwrite: bool = _OVERWRITE,
-    threads: int = typer.Option(None, min=0, help=THREADS_HELP),
+    threads: int = typer.Option(None, min=0, max=MAX_THREADS, help=THREADS_HELP),
     quick: bool = typer.Option(False, help="Use the quick tiny model (its own cache slot) when no --model is given."),
 ) -> None:
     """Evaluate Vanilla / Native / STAIR and the controls; table, JSONL and a PNG bar chart."""
@@ -285,12 +285,12 @@ def eval_cmd(
             and (Path("runs/stair-quick" if quick else "runs/stair") / "normals.safetensors").exists()):
         raise typer.BadParameter("ignored here: bank budgets apply to the stair condition, which needs --normals",
                                  param_hint="--budgets")
+    picked = None  # said once every option is checked: an error is then the only line printed
     if normals is None and model_path is None and bank_free is None:
         default = Path("runs/stair-quick" if quick else "runs/stair") / "normals.safetensors"
         if default.exists():  # what `treadle stair train` (same --quick) wrote
             normals = default
-            console.print(f"normals: {default} (from `treadle stair train`{' --quick' if quick else ''})",
-                          markup=False)
+            picked = f"normals: {default} (from `treadle stair train`{' --quick' if quick else ''})"
     if normals is not None:
         _check_normals(normals, "--normals", "stair")
     if bank_free is not None:
@@ -302,6 +302,8 @@ def eval_cmd(
                    config={**dataclasses.asdict(cfg), "model": model_path, "quick": quick,
                            "normals": str(normals) if normals else None, "layers": layers,
                            "bank_free": str(bank_free) if bank_free else None})
+    if picked:
+        console.print(picked, markup=False)
     if run.finished and (out / "results.json").exists():
         res = json.loads((out / "results.json").read_text())
         console.print(results_table(res, cfg.k))

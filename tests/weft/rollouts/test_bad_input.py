@@ -14,7 +14,7 @@ def _err(args, flag):
     r = runner.invoke(app, ["sample", *map(str, args)])
     assert r.exit_code == 2, r.output
     lines = r.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {flag}:"), r.output
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {flag}:"), r.output
     return lines[0]
 
 
@@ -91,3 +91,21 @@ def test_resume_with_other_concurrency(tmp_path):
     assert len((tmp_path / "trajectories.jsonl").read_text().splitlines()) == 2
     r = runner.invoke(app, [*args[:-3], "--k", "2", "--method", "prefix", "--no-sft"])
     assert r.exit_code == 2 and "['ks']" in r.output
+
+
+def test_cli_policy_rates_and_run_folder_flag(tmp_path):
+    """``--policy hf`` (a Python-API policy) is refused, not a TypeError traceback; a --rate given twice or
+    with a policy that ignores rates is refused; the run-folder error names the flag that was used."""
+    run = tmp_path / "run"
+    assert "'hf' is a Python-API policy" in _err([run, "--policy", "hf"], "--policy")
+    assert "given twice (0.5 and 0.6)" in _err([run, "--rate", "wrong_argument=0.5", "--rate", "wrong_argument=0.6"],
+                                               "--rate")
+    cfg = tmp_path / "m.toml"
+    cfg.write_text('[roles.policy]\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"\n')
+    assert "apply to --policy replay only" in _err([run, "--policy", "llm", "--llm-config", cfg, "--rate",
+                                                    "wrong_argument=0.1"], "--rate")
+    assert not run.exists()
+    f = tmp_path / "f"
+    f.write_text("mine")
+    assert "is a file" in _err(["--out", f], "--out")
+    assert f.read_text() == "mine"

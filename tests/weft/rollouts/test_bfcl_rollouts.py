@@ -108,7 +108,7 @@ def test_cli_bfcl(tmp_path):
     assert [(x["env"], x["accepted"], x["trajectories"]) for x in rows] == [("bfcl:base", 2, 2)]  # one row per category
     for args, flag in ((["--bfcl-limit", "0"], "--bfcl-limit"), (["--bfcl-category", "nope"], "--bfcl-category")):
         r = CliRunner().invoke(app, ["sample", str(tmp_path / "x"), "--env", "bfcl", *args])
-        assert r.exit_code == 2 and r.output.startswith(f"error: {flag}:"), r.output
+        assert r.exit_code == 2 and r.output.startswith(f"Error: {flag}:"), r.output
     r = CliRunner().invoke(app, ["sample", str(tmp_path / "x"), "--bfcl-limit", "2"])
     assert r.exit_code == 2 and "only with --env bfcl" in r.output
     assert not (tmp_path / "x").exists()

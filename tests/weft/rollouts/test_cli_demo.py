@@ -24,7 +24,7 @@ def test_bad_flags_are_one_line_exit_2_before_any_work(tmp_path, args, flag):
     r = runner.invoke(app, ["sample", str(tmp_path / "run"), *args])
     assert r.exit_code == 2, r.output
     lines = r.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {flag}:"), r.output
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {flag}:"), r.output
     assert not (tmp_path / "run" / "trajectories.jsonl").exists()
 
 

@@ -130,10 +130,10 @@ def test_cli_flags_of_the_llm_user(fake, tmp_path):
         r = CliRunner().invoke(app, ["sample", str(tmp_path / "run"), "--view", "simuser-llm", *map(str, args)])
         assert r.exit_code == 2, r.output
         return r.output.strip()
-    assert err([]).startswith("error: --llm-config: the simuser-llm view needs")
+    assert err([]).startswith("Error: --llm-config: the simuser-llm view needs")
     cfg = tmp_path / "m.toml"
     cfg.write_text(f'[roles.policy]\nmodel = "{FAKE_MODEL}"\nbase_url = "{fake.base_url}"\n')
-    assert err(["--llm-config", cfg]).startswith("error: --user-role: unknown role 'user'")
+    assert err(["--llm-config", cfg]).startswith("Error: --user-role: unknown role 'user'")
     fake.script = [Step(body=_user_says) for _ in range(20)]
     r = CliRunner().invoke(app, ["sample", str(tmp_path / "run"), "--view", "simuser-llm", "--llm-config", str(cfg),
                                  "--user-role", "policy", "--k", "1", "--method", "prefix"])

@@ -9,10 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from treadle.cli_runs import usage_exit
 from treadle.cli_output import make_console
 
 app = typer.Typer(help="WEFT rollouts: rejection sampling of SFT trajectories.", add_completion=False)
 console = make_console()
+
+
+#: policies the command line can build (the others take Python objects, e.g. ``hf`` a model)
+CLI_POLICIES = ("replay", "llm")
 
 
 @app.callback()
@@ -21,8 +26,7 @@ def _group() -> None:
 
 
 def _fail(flag: str, msg: str) -> None:
-    console.print(f"error: {flag}: {msg}", markup=False, highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+    usage_exit(f"{flag}: {msg}")
 
 
 @app.command("sample")
@@ -72,10 +76,15 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
 
     if run_dir is not None and out is not None and Path(run_dir) != Path(out):
         _fail("--out", f"give the run folder once: RUN_DIR {str(run_dir)!r} and --out {str(out)!r} differ")
+    dir_flag = "RUN_DIR" if out is None and run_dir is not None else "--out"  # the one the user gave
     run_dir = Path(out if out is not None else run_dir if run_dir is not None else "runs/weft-sample")
     for flag, name, reg in (("--view", view, VIEWS), ("--harness", harness, HARNESSES), ("--policy", policy, POLICIES)):
         if name not in reg.names():
             _fail(flag, f"unknown {reg.kind} {name!r}; expected one of {reg.names()}")
+    if policy not in CLI_POLICIES:  # e.g. 'hf' takes a model object: no command-line form
+        _fail("--policy", f"{policy!r} is a Python-API policy (it takes a model object: "
+                          f"treadle.weft.rollouts.policies); on the command line use one of {list(CLI_POLICIES)} "
+                          f"(a local checkpoint: `treadle llm serve --model PATH`, then --policy llm)")
     if openclaw_workspace is not None and (harness != "openclaw" or not openclaw_workspace.is_dir()):
         _fail("--openclaw-workspace", f"expected a folder, with --harness openclaw; got {str(openclaw_workspace)!r} "
                                       f"with --harness {harness!r}")
@@ -106,9 +115,14 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
     for r in rate:
         name, _, val = r.partition("=")
         try:
-            rates[name] = float(val)
+            value = float(val)
         except ValueError:
             _fail("--rate", f"expected NAME=RATE (e.g. wrong_argument=0.1), got {r!r}")
+        if name in rates:
+            _fail("--rate", f"{name!r} given twice ({rates[name]:g} and {value:g}); give each perturbation once")
+        rates[name] = value
+    if rates and policy != "replay":
+        _fail("--rate", f"ignored here: perturbation rates apply to --policy replay only (--policy is {policy!r})")
     llm_roles = ([("--role", role)] if policy == "llm" else []) + ([("--user-role", user_role)]
                                                                    if view == "simuser-llm" else [])
     if llm_roles and llm_config is None:
@@ -133,7 +147,7 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
     try:
         check_run_dir(run_dir)
     except RunDirError as err:
-        _fail("RUN_DIR", str(err))
+        _fail(dir_flag, str(err))
     pargs = {"rates": rates, "seed": seed} if policy == "replay" else {"role": role}
     try:
         vargs = {"role": user_role} if view == "simuser-llm" else {}
@@ -187,7 +201,7 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
 
         _fail("--ray", no_cluster_message(ray, err))
     except (ConfigMismatchError, RunDirError) as err:
-        _fail("RUN_DIR", str(err))
+        _fail(dir_flag, str(err))
     except DependencyCycleError as err:
         _fail("--env", str(err))
     except ValueError as err:  # component arguments, raised before any rollout
