@@ -107,11 +107,14 @@ class WeftDataParallel:
     """The hooks :func:`treadle.weft.rl.train.train_policy` calls (``dp=``) to run one rank of a DDP job
     (see the module docstring). Build it after ``torch.distributed`` is initialised, once per run.
 
+    ``checkpoint``: a :class:`treadle.distributed.weft_resume.StepCheckpoint` (None: no step checkpoints);
+    ``log``: rank 0's open step log, to which a resumed run's earlier records are written first.
+
     Raises:
         NotDistributedError: torch.distributed is not initialised. ValueError: ``parallel`` not ``"ddp"``.
     """
 
-    def __init__(self, model, parallel: str = "ddp", *, group=None):
+    def __init__(self, model, parallel: str = "ddp", *, group=None, checkpoint=None, log=None):
         if parallel == "fsdp2":
             raise ValueError("parallel='fsdp2' is not supported by the WEFT GRPO trainer: rollouts generate with the "
                              "whole policy outside the sharded forward; use parallel='ddp'")
@@ -119,6 +122,25 @@ class WeftDataParallel:
         self.group, self.world, self.is_main = group, world_size(group), is_main(group)
         self.model = model
         self.wrapped = wrap(model, parallel, group=group)
+        self.checkpoint, self.log = checkpoint, log
+
+    # step checkpoints ------------------------------------------------------------------------------------
+    def resume(self, model, opt, records: list, evals: dict) -> int:
+        """Before the first step: load the run's step checkpoint, if any (:class:`StepCheckpoint`), and
+        write the records it holds to the log first. Returns the step to run next (0 without one)."""
+        if self.checkpoint is None:
+            return 0
+        first = self.checkpoint.resume(model, opt, records, evals)
+        if self.log is not None and self.is_main:
+            for rec in records:
+                self.log.write(json.dumps(rec) + "\n")
+            self.log.flush()
+        return first
+
+    def step_done(self, step: int, model, opt, records: list, evals: dict) -> None:
+        """After each step: the step checkpoint when due (written once, by rank 0)."""
+        if self.checkpoint is not None:
+            self.checkpoint.step_done(step, model, opt, records, evals)
 
     # rollouts ------------------------------------------------------------------------------------------
     def shard(self, items: list) -> list:
@@ -217,7 +239,7 @@ class WeftDataParallel:
 
 
 async def train_policy_dp(model, tok, cfg, *, parallel: str = "ddp", group=None, log=None, progress: bool = True,
-                          sampler_factory=None) -> dict:
+                          sampler_factory=None, checkpoint=None) -> dict:
     """:func:`treadle.weft.rl.train.train_policy` as one rank of a data-parallel job (see the module
     docstring); every rank calls it with the same model weights and ``cfg``.
 
@@ -227,6 +249,8 @@ async def train_policy_dp(model, tok, cfg, *, parallel: str = "ddp", group=None,
         log: an open text file for the step records, used on rank 0 only.
         sampler_factory: ``f(model, tok, cfg) -> Sampler``; default :class:`RowKeyedSampler` (pass the
             same factory to a one-process train_policy to get the same rollouts).
+        checkpoint: a :class:`~treadle.distributed.weft_resume.StepCheckpoint`: resume from it when it holds
+            a usable checkpoint (any world size), write one every ``checkpoint.every`` steps (rank 0).
 
     Returns:
         The summary dict of train_policy (the whole batch's numbers) on every rank.
@@ -243,32 +267,56 @@ async def train_policy_dp(model, tok, cfg, *, parallel: str = "ddp", group=None,
     if cfg.turns_per_step // 2 < W:
         raise ValueError(f"turns_per_step={cfg.turns_per_step} gives {cfg.turns_per_step // 2} episode(s) per step, "
                          f"fewer than the {W} ranks: give turns_per_step >= {2 * W}")
-    dp = WeftDataParallel(model, parallel, group=group)
+    dp = WeftDataParallel(model, parallel, group=group, checkpoint=checkpoint, log=log if is_main(group) else None)
     return await train_policy(model, tok, cfg, log=log if dp.is_main else None, progress=progress and dp.is_main,
                               dp=dp, sampler_factory=sampler_factory or keyed_sampler)
 
 
-def one_run_dp(policy, cfg, sub: Path):
+def one_run_dp(policy, cfg, sub: Path, *, checkpoint_every: int | None = None, resume: bool = True,
+               console=None):
     """One (grouping, seed) run of ``treadle weft train --parallel ddp``
-    (:func:`treadle.weft.rl.report.run_comparison`'s ``runner``): every rank trains a copy of
-    ``policy = (model, tokenizer)``; rank 0 writes ``sub/steps.jsonl`` and ``sub/summary.json`` and
-    returns the summary, the other ranks return None."""
+    (:func:`treadle.weft.rl.report.run_comparison`'s ``runner``, with the keywords bound): every rank
+    trains a copy of ``policy = (model, tokenizer)``; rank 0 writes ``sub/steps.jsonl`` and
+    ``sub/summary.json`` (with the start policy's ``policy_sha256``, so that a finished run is reused like
+    a one-process one) and returns the summary, the other ranks return None.
+
+    ``checkpoint_every``: write a step checkpoint (``sub/checkpoint/state.pt``) every that many steps (None:
+    none). ``resume``: continue from a usable checkpoint found there (same config and start policy, any
+    world size; :mod:`treadle.distributed.weft_resume`); False starts over (and replaces it).
+    ``console``: where rank 0 says that it resumed, or why a checkpoint found was not used."""
     import anyio
+
+    from treadle.distributed.weft_resume import StepCheckpoint
+    from treadle.weft.rl.report import policy_fingerprint
 
     model, tok = copy.deepcopy(policy[0]), policy[1]
     main = is_main()
+    fp = policy_fingerprint(policy[0])
     c0 = time.process_time()
     if main:
         sub.mkdir(parents=True, exist_ok=True)
+    ckpt = None
+    if checkpoint_every is not None:
+        ckpt = StepCheckpoint(sub / "checkpoint", checkpoint_every, config=cfg.as_dict(), steps=cfg.steps,
+                              policy_sha256=fp)
+        if not resume and main and ckpt.path.exists():
+            ckpt.path.unlink()
     log = open(sub / "steps.jsonl", "w") if main else None  # noqa: SIM115
     try:
-        s = anyio.run(lambda: train_policy_dp(model, tok, cfg, log=log, progress=False))
+        s = anyio.run(lambda: train_policy_dp(model, tok, cfg, log=log, progress=False, checkpoint=ckpt))
     finally:
         if log is not None:
             log.close()
     if not main:
         return None
+    if console is not None and ckpt is not None and (ckpt.resumed_from is not None or ckpt.skipped):
+        console.print(f"{sub.name}: " + (f"resumed at step {ckpt.resumed_from} of {cfg.steps} from {ckpt.path}"
+                                         if ckpt.resumed_from is not None else
+                                         f"checkpoint {ckpt.path} not used: {ckpt.skipped}; trained from step 0"),
+                      markup=False)
     s["cpu_s"] = time.process_time() - c0
     s["world_size"] = world_size()
+    s["policy_sha256"] = fp
+    s["resumed_from_step"] = ckpt.resumed_from if ckpt is not None else None
     (sub / "summary.json").write_text(json.dumps(s, indent=1))
     return s
