@@ -19,6 +19,9 @@ One GRPO step of :func:`treadle.weft.rl.train.train_policy` over ``W`` ranks:
   rank for ``token-mean``; live non-empty rows for the ``seq-mean-*`` modes), all-reduced, and
   ``dp_size = W``; gradients averaged by ``DistributedDataParallel``. A rank with no row to update runs
   a zero-weight row, so every rank makes the same collective calls.
+* **Step checkpoints** (``checkpoint=``, :class:`treadle.distributed.weft_resume.StepCheckpoint`): written
+  once by rank 0 every N steps; a run resumes from one on any world size with the uninterrupted run's
+  result (nothing above depends on the world size).
 * **Evaluation, log and summary once**: held-out evaluation runs on rank 0 (the DDP replicas hold equal
   weights) and its result is broadcast; step records are combined over ranks (counts summed, means
   weighted, wall times the slowest rank's) and written by rank 0 only.
