@@ -1,4 +1,4 @@
-"""``treadle weft train --parallel``: refused outside torchrun and for anything but ddp (one line, exit 2,
+"""``treadle weft train --parallel``: refused outside torchrun and for anything but ddp or fsdp2 (one line, exit 2,
 nothing written); under ``torchrun --nproc-per-node 2 -m treadle`` it trains and rank 0 alone writes the
 run folder."""
 import json

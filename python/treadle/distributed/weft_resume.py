@@ -5,15 +5,16 @@
 
 * **Written once.** Every ``every`` steps (and after the last) rank 0 writes ``<folder>/state.pt``:
   the next step, the policy's full ``state_dict`` and the AdamW state (DDP keeps both whole on every
-  rank, so rank 0's are the run's), the step records and held-out evaluations so far, the config and
-  the start policy's fingerprint. The file is written beside and renamed into place (a run killed while
-  writing keeps the previous checkpoint); the ranks then meet at a barrier.
+  rank; under FSDP2 every rank first gathers the shards into full tensors), in the one-process format,
+  the step records and held-out evaluations so far, the config and the start policy's fingerprint. The
+  file is written beside and renamed into place (a run killed while writing keeps the previous
+  checkpoint); the ranks then meet at a barrier.
 * **Resumed on any world size.** Rank 0 reads the file and broadcasts it (the other ranks need no
   shared file system); every rank loads the same weights and optimizer state and continues at the
-  recorded step. Nothing in it depends on the world size: the step's episodes, the row-keyed samples and
-  the group statistics are the same on 1 or N ranks (:mod:`treadle.distributed.weft`), so a run stopped
-  after k steps and resumed, on 2, 1 or N ranks, ends with the uninterrupted run's policy (up to float
-  summation order).
+  recorded step (FSDP2 shards them again on load). Nothing in it depends on the world size: the step's
+  episodes, the row-keyed samples and the group statistics are the same on 1 or N ranks
+  (:mod:`treadle.distributed.weft`), so a run stopped after k steps and resumed, on 2, 1 or N ranks,
+  ends with the uninterrupted run's policy (up to float summation order).
 * A checkpoint of another config or another start policy is not used (the run starts over and
   replaces it at its first save), like a finished run of another config
   (:func:`treadle.weft.rl.report.run_comparison`'s reuse).
@@ -26,12 +27,26 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from treadle.distributed.parallel import broadcast_object
+from treadle.distributed.parallel import broadcast_object, full_optimizer_state, full_tensor, load_optimizer_state
 from treadle.distributed.process_group import is_main
 
 __all__ = ["StepCheckpoint"]
 
 FORMAT = 1
+
+
+def _load_weights(model, full: dict) -> None:
+    """Load full tensors into ``model``: plain parameters copied, FSDP2 DTensor ones sharded like them first
+    (``set_model_state_dict`` with ``full_state_dict``)."""
+    from torch.distributed.tensor import DTensor
+
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))
+    else:
+        dev = next(model.parameters()).device
+        model.load_state_dict({k: v.to(dev) for k, v in full.items()})
 
 
 class StepCheckpoint:
@@ -92,9 +107,8 @@ class StepCheckpoint:
         state, self.skipped = broadcast_object((state, why), group=self.group)
         if state is None:
             return 0
-        dev = next(model.parameters()).device
-        model.load_state_dict({k: v.to(dev) for k, v in state["model"].items()})
-        opt.load_state_dict(state["optimizer"])
+        _load_weights(model, state["model"])
+        load_optimizer_state(opt, state["optimizer"])
         records[:] = state["records"]
         evals.clear()
         evals.update({int(k): v for k, v in state["evals"].items()})
@@ -108,12 +122,14 @@ class StepCheckpoint:
         at a barrier (so a checkpoint of step k exists before any rank starts step k + 1). A collective."""
         if (step + 1) % self.every and step + 1 != self.steps:
             return
+        # full tensors on every rank (a collective under FSDP2, where both are DTensor shards)
+        weights = {k: full_tensor(v).clone() for k, v in model.state_dict().items()}
+        optimizer = full_optimizer_state(opt)
         if is_main(self.group):
             self.folder.mkdir(parents=True, exist_ok=True)
             state = {"format": FORMAT, "next_step": step + 1, "config": self.config,
-                     "policy_sha256": self.policy_sha256,
-                     "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
-                     "optimizer": opt.state_dict(), "records": list(records),
+                     "policy_sha256": self.policy_sha256, "model": weights,
+                     "optimizer": optimizer, "records": list(records),
                      "evals": {str(k): v for k, v in evals.items()}, "rng": torch.get_rng_state()}
             tmp = self.path.with_name(self.FILE + ".tmp")
             torch.save(state, tmp)

@@ -334,8 +334,8 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
         ValueError: ``model`` already has LoRA layers; a tokenizer without chat template / EOS / pad;
             no linear module matches ``target_modules`` (PEFT's message); ``out_dir`` is a file, under a
             file, or not writable; under torchrun, ``batch_size`` not a multiple of the world size; an
-            unknown ``parallel``, or ``"fsdp2"`` without an initialised process group. Raised before training and (but for PEFT's message) before ``model``
-            is changed.
+            unknown ``parallel``, or ``"fsdp2"`` without an initialised process group. Raised before
+            training and (but for PEFT's message) before ``model`` is changed.
     """
     from transformers import TrainerCallback
 

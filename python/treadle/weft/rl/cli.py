@@ -135,8 +135,9 @@ def train_cmd(
                                                         "of ranks)."),
     jobs: int = typer.Option(2, "--jobs", help="Runs at once (worker processes, one thread each), >= 1; the "
                                                "numbers do not depend on it."),
-    parallel: str = typer.Option(None, "--parallel", help="Data-parallel GRPO under torchrun: 'ddp' (e.g. torchrun "
-                                                         "--nproc-per-node 2 -m treadle weft train --parallel ddp); "
+    parallel: str = typer.Option(None, "--parallel", help="Data-parallel GRPO under torchrun: 'ddp' or 'fsdp2' (e.g. "
+                                                         "torchrun --nproc-per-node 2 -m treadle weft train --parallel "
+                                                         "ddp; fsdp2 gathers the policy for the rollouts); "
                                                          "each step's episodes are split over the ranks (runs one "
                                                          "after another; --jobs is not used)."),
     checkpoint_every: int = typer.Option(1, "--checkpoint-every", help="--parallel: rank 0 writes a step checkpoint "
@@ -157,9 +158,8 @@ def train_cmd(
         raise usage_error(f"--jobs must be >= 1, got {jobs}")
     if checkpoint_every < 1:
         raise usage_error(f"--checkpoint-every must be >= 1, got {checkpoint_every}")
-    if parallel is not None and parallel != "ddp":
-        raise usage_error(f"--parallel must be ddp, got {parallel!r}" + (
-            " (FSDP2 is not supported here: rollouts generate with the whole policy)" if parallel == "fsdp2" else ""))
+    if parallel is not None and parallel not in ("ddp", "fsdp2"):
+        raise usage_error(f"--parallel must be ddp or fsdp2, got {parallel!r}")
     seed_list = _seeds(seeds)
     try:
         check_out_dir(out, "--out")
@@ -181,7 +181,7 @@ def train_cmd(
 
 def _train_parallel(parallel: str, out: Path, groupings, seeds, steps, model, quick: bool,
                     eval_episodes: int | None = None, *, reuse: bool = True, checkpoint_every: int = 1) -> None:
-    """``weft train --parallel ddp``: one rank of a torchrun job. Rank 0 loads (or trains) the start policy
+    """``weft train --parallel ddp|fsdp2``: one rank of a torchrun job. Rank 0 loads (or trains) the start policy
     first, then the other ranks load it; every run trains on all ranks; rank 0 alone writes and prints.
     ``reuse``: keep finished runs and continue unfinished ones from their step checkpoints (False:
     --overwrite, every run from step 0)."""
@@ -226,8 +226,9 @@ def _train_parallel(parallel: str, out: Path, groupings, seeds, steps, model, qu
         policy = (policy[0].to(device), policy[1])
         run_comparison(out, policy, groupings, seeds, steps=steps, quick=quick,
                        console=console if main else Console(quiet=True), overrides=overrides, jobs=1,
-                       reuse=reuse, runner=functools.partial(one_run_dp, checkpoint_every=checkpoint_every,
-                                                             resume=reuse, console=console if main else None))
+                       reuse=reuse, runner=functools.partial(one_run_dp, parallel=parallel,
+                                                             checkpoint_every=checkpoint_every, resume=reuse,
+                                                             console=console if main else None))
         if main:
             console.print(f"{parallel} on {W} ranks", markup=False)
     finally:
