@@ -70,3 +70,23 @@ def test_torchrun_interrupted_run_resumes_from_its_step_checkpoint(tmp_path, tre
     text = " ".join(one.stdout.split())
     assert "not used: another config (differs in turns_per_step)" in text and "0 finished runs reused" in text
     assert json.loads((run / "summary.json").read_text())["config"]["turns_per_step"] == 2
+
+
+@pytest.mark.slow
+def test_torchrun_fsdp2_trains_and_its_checkpoint_resumes_under_ddp(tmp_path, treadle_cli):
+    """``--parallel fsdp2`` under torchrun: rank 0 writes one run folder and a full-tensor step checkpoint,
+    which a DDP job (a run interrupted before its summary) resumes from."""
+    args = [*ARGS, "--out", tmp_path / "w"]
+    two = treadle_cli([*args, "--parallel", "fsdp2"], ranks=2, timeout=900)
+    assert "fsdp2 on 2 ranks" in two.stdout
+    run = tmp_path / "w" / "atomic-seed0"
+    first = json.loads((run / "summary.json").read_text())
+    assert first["parallel"] == "fsdp2" and first["world_size"] == 2
+    assert [json.loads(x)["step"] for x in (run / "steps.jsonl").read_text().splitlines()] == [0]
+    (run / "summary.json").unlink()
+    (tmp_path / "w" / "summary.json").unlink()
+    ddp = treadle_cli([*args, "--parallel", "ddp"], ranks=2, timeout=900)
+    assert "atomic-seed0: resumed at step 1 of 1" in " ".join(ddp.stdout.split())
+    second = json.loads((run / "summary.json").read_text())
+    assert second["parallel"] == "ddp" and second["evals"] == first["evals"]
+    assert [r["loss"] for r in second["records"]] == [r["loss"] for r in first["records"]]

@@ -1,6 +1,7 @@
 """Step checkpoints of the data-parallel WEFT GRPO trainer: a run stopped after k steps and resumed, on another
-world size (2 -> 1 and 1 -> 2 gloo ranks), ends with the uninterrupted run's policy, records and evaluations;
-the checkpoint is written once (rank 0) and one of another config is not used."""
+world size and data-parallel mode (2 FSDP2 ranks -> 1 DDP rank, 1 DDP rank -> 2 FSDP2 ranks), ends with the
+uninterrupted run's policy, records and evaluations; the checkpoint is written once (rank 0) and one of
+another config is not used."""
 import importlib.util
 from pathlib import Path
 
@@ -45,7 +46,7 @@ class _StopAfter(StepCheckpoint):
             raise _Stopped
 
 
-def _worker(folder: str, stop):
+def _worker(folder: str, stop, parallel: str = "ddp"):
     torch.set_num_threads(1)
     h = _helpers()
     cfg = WeftTrainConfig.quick(**CFG)
@@ -59,46 +60,54 @@ def _worker(folder: str, stop):
     ckpt = _StopAfter(folder, 1, stop=stop, **kw) if stop else StepCheckpoint(folder, 1, **kw)
     stopped = False
     try:
-        s = anyio.run(lambda: train_policy_dp(model, tok, cfg, progress=False, sampler_factory=h._mixed,
-                                              checkpoint=ckpt))
+        s = anyio.run(lambda: train_policy_dp(model, tok, cfg, parallel=parallel, progress=False,
+                                              sampler_factory=h._mixed, checkpoint=ckpt))
     except* _Stopped:  # raised inside the runtime's task group
         stopped = True
     if stopped:
         return {"stopped": True}
     out.update(h._summary(s, model))
+    out["params"] = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+                     for n, p in model.named_parameters()}  # FSDP2: DTensor shards
     out["resumed_from"] = ckpt.resumed_from
     return out
 
 
-def _run(run_ranks_dir: Path, name: str, world: int, folder: Path, stop):
+def _run(run_ranks_dir: Path, name: str, world: int, folder: Path, stop, parallel: str = "ddp"):
     from treadle.distributed.spawn import spawn_gloo
 
     d = run_ranks_dir / name
     d.mkdir()
-    return spawn_gloo(_worker, world, d, str(folder), stop)
+    return spawn_gloo(_worker, world, d, str(folder), stop, parallel)
+
+
+# (world, mode) stopped -> (world, mode) resumed
+CHANGES = {"2to1": ((2, "fsdp2"), (1, "ddp")), "1to2": ((1, "ddp"), (2, "fsdp2"))}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("weft_resume")
     out = {"ref": _run(base, "ref", 1, base / "ck_ref", None)}  # uninterrupted (fresh folder: no checkpoint)
-    for a, b in ((2, 1), (1, 2)):
-        folder = base / f"ck_{a}to{b}"
-        stopped = _run(base, f"stop_{a}to{b}", a, folder, STOP)
+    for change, ((wa, pa), (wb, pb)) in CHANGES.items():
+        folder = base / f"ck_{change}"
+        stopped = _run(base, f"stop_{change}", wa, folder, STOP, pa)
         assert all(r == {"stopped": True} for r in stopped)
-        out[f"saved_{a}to{b}"] = torch.load(folder / StepCheckpoint.FILE, weights_only=False)
-        out[f"{a}to{b}"] = _run(base, f"resume_{a}to{b}", b, folder, None)
-        out[f"files_{a}to{b}"] = sorted(p.name for p in folder.iterdir())
+        out[f"saved_{change}"] = torch.load(folder / StepCheckpoint.FILE, weights_only=False)
+        out[change] = _run(base, f"resume_{change}", wb, folder, None, pb)
+        out[f"files_{change}"] = sorted(p.name for p in folder.iterdir())
     return out
 
 
 @pytest.mark.slow  # 5 gloo jobs of 1-2 ranks: ~150 s on 2 busy cores
-@pytest.mark.parametrize("change", ["2to1", "1to2"])
+@pytest.mark.parametrize("change", sorted(CHANGES))
 def test_resumed_run_equals_uninterrupted_run(runs, change):
     (ref,) = runs["ref"]
     assert ref["resumed_from"] is None
     saved = runs[f"saved_{change}"]
     assert saved["next_step"] == STOP and len(saved["records"]) == STOP
+    assert {n: tuple(t.shape) for n, t in saved["model"].items() if n in ref["params"]} == {
+        n: tuple(p.shape) for n, p in ref["params"].items()}  # full tensors, also from FSDP2 shards
     # the resumed step really trains: the checkpoint's policy is not yet the final one
     moved = max(float((saved["model"][n] - p).abs().max()) for n, p in ref["params"].items())
     assert moved > 1e-3
