@@ -99,7 +99,7 @@ def runs(tmp_path_factory):
     return out
 
 
-@pytest.mark.slow  # 5 gloo jobs of 1-2 ranks: ~150 s on 2 busy cores
+@pytest.mark.slow  # 5 gloo jobs of 1-2 ranks: ~100-150 s on 2 busy cores
 @pytest.mark.parametrize("change", sorted(CHANGES))
 def test_resumed_run_equals_uninterrupted_run(runs, change):
     (ref,) = runs["ref"]
