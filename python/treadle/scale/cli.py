@@ -163,10 +163,11 @@ def sft_cmd(
     quick: bool = _QUICK,
     parallel: Literal["ddp", "fsdp2"] = typer.Option(None, "--parallel", help="Data-parallel Stage I under "
                                                      "torchrun (torchrun --nproc-per-node N -m treadle scale sft "
-                                                     "--parallel ddp): 'ddp' (TRL's own DDP) or 'fsdp2' (the "
-                                                     "trainer's FSDP2: frozen base and LoRA sharded per decoder "
-                                                     "layer); --batch-size stays the global batch (a multiple "
-                                                     "of N), rank 0 writes the run folder."),
+                                                     "--parallel ddp): 'ddp' (TRL's own DDP) or 'fsdp2' "
+                                                     "(fully_shard per decoder layer: frozen base and LoRA "
+                                                     "sharded; TRL's data, loss and optimizer); --batch-size stays "
+                                                     "the global batch (a multiple of N), rank 0 writes the run "
+                                                     "folder."),
 ) -> None:
     """Stage I: ordinary LoRA SFT through PEFT (r=16, alpha=16, all linear layers) on worked problems."""
     import contextlib
