@@ -143,3 +143,47 @@ def test_bad_settings_raise_before_any_rollout():
 def test_fewer_episodes_than_ranks_is_refused(ranks):
     msgs = [r["too_few"] for r in ranks]
     assert all("turns_per_step" in m and "2 ranks" in m for m in msgs), msgs
+
+
+def _fsdp2_worker():
+    from torch.distributed.tensor import DTensor
+
+    torch.set_num_threads(1)
+    out = {}
+    for g in GROUPINGS:
+        model, tok = _policy()
+        s = anyio.run(lambda: train_policy_dp(model, tok, WeftTrainConfig.quick(grouping=g, **CFG), parallel="fsdp2",
+                                              progress=False, sampler_factory=_mixed))
+        params = dict(model.named_parameters())
+        out[g] = _summary(s, model)
+        out[g]["sharded"] = all(isinstance(p, DTensor) for p in params.values())
+        out[g]["params"] = {n: p.full_tensor().detach().clone() for n, p in params.items()}
+        out[g]["local_rows"] = {n: p.to_local().shape[0] for n, p in params.items() if p.dim() == 2}
+    return out
+
+
+@pytest.fixture(scope="module")
+def fsdp2_ranks(tmp_path_factory):
+    from treadle.distributed.spawn import spawn_gloo
+
+    return spawn_gloo(_fsdp2_worker, W, tmp_path_factory.mktemp("weft_fsdp2"))
+
+
+@pytest.mark.parametrize("grouping", GROUPINGS)
+def test_fsdp2_two_ranks_match_one_process(grouping, single, fsdp2_ranks):
+    """FSDP2: the policy stays sharded (DTensors, about half the rows of each matrix per rank) between steps,
+    each rank generates its own rollouts with the gathered weights (different forward counts per rank), and
+    the trained policy, records and evaluations equal one process's."""
+    one = single[grouping]
+    for r in fsdp2_ranks:
+        got = r[grouping]
+        assert got["sharded"]
+        full = {n: p.shape[0] for n, p in one["params"].items() if p.dim() == 2}
+        assert all(got["local_rows"][n] <= (rows + 1) // 2 for n, rows in full.items())
+        for n, p in one["params"].items():
+            torch.testing.assert_close(got["params"][n], p, **TOL, msg=lambda m, n=n: f"{n}: {m}")
+        assert got["evals"] == one["evals"]
+        for a, b in zip(got["records"], one["records"], strict=True):
+            assert a.keys() == b.keys()
+            for k in a:
+                assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9), (grouping, k)

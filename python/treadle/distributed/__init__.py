@@ -1,7 +1,8 @@
 """Scale-out training on torch.distributed (issue 18): DDP / FSDP2 for the STAIR and SCALE trainers
 (:mod:`treadle.distributed.stair`, :mod:`treadle.distributed.scale`, :mod:`treadle.distributed.parallel`)
 and GRPO's global loss denominators and group statistics (:mod:`treadle.distributed.grpo`), and the WEFT GRPO
-trainer on DDP (:mod:`treadle.distributed.weft`). Every
+trainer on DDP (:mod:`treadle.distributed.weft`) with step checkpoints resumed on any world size
+(:mod:`treadle.distributed.weft_resume`), and SCALE Stage I under FSDP2 (:mod:`treadle.distributed.sft`). Every
 function takes an explicit ``group=`` (None: the default process group); nothing here starts
 processes (use ``torchrun``). Names are imported lazily, so ``treadle.ops`` (which imports
 :mod:`treadle.distributed.dtensor`) stays light."""
@@ -14,7 +15,8 @@ _NAMES = {
     "global_loss_denominators": "grpo", "grpo_advantages_dp": "grpo",
     "NotDistributedError": "process_group", "is_main": "process_group", "rank": "process_group",
     "world_size": "process_group", "DTensorInputError": "dtensor", "PARALLEL": "parallel",
-    "train_policy_dp": "weft", "RowKeyedSampler": "weft",
+    "train_policy_dp": "weft", "RowKeyedSampler": "weft", "StepCheckpoint": "weft_resume",
+    "train_fsdp2": "sft",
 }
 __all__ = sorted(_NAMES)
 

@@ -19,16 +19,27 @@ One GRPO step of :func:`treadle.weft.rl.train.train_policy` over ``W`` ranks:
   rank for ``token-mean``; live non-empty rows for the ``seq-mean-*`` modes), all-reduced, and
   ``dp_size = W``; gradients averaged by ``DistributedDataParallel``. A rank with no row to update runs
   a zero-weight row, so every rank makes the same collective calls.
+* **Step checkpoints** (``checkpoint=``, :class:`treadle.distributed.weft_resume.StepCheckpoint`): written
+  once by rank 0 every N steps; a run resumes from one on any world size with the uninterrupted run's
+  result (nothing above depends on the world size).
 * **Evaluation, log and summary once**: held-out evaluation runs on rank 0 (the DDP replicas hold equal
   weights) and its result is broadcast; step records are combined over ranks (counts summed, means
   weighted, wall times the slowest rank's) and written by rank 0 only.
 
-FSDP2 is refused: generation runs the model outside the sharded forward (the whole policy is trained;
-the tiny tool policy fits on every rank).
+**FSDP2** (``parallel="fsdp2"``): the policy is sharded with ``fully_shard`` per decoder layer and at the
+root (parameters, gradients and AdamW state 1/world per rank). Generation cannot run inside the sharded
+forward: each rank samples its own episodes, so the ranks make different numbers of forwards with
+different lengths, and FSDP2 all-gathers in every forward. So before the step's rollouts (and before
+rank 0's evaluation) every rank all-gathers the whole policy once (:meth:`WeftDataParallel.gather_weights`:
+``unshard()`` with no reshard after forward) and generates with it on its own, without collectives; the
+update reshards (:meth:`WeftDataParallel.shard_weights`) and runs the same forwards / backwards on every
+rank (a zero-weight row where a rank has none), gradients reduce-scattered. The memory saving is
+therefore for the update only: generation holds the whole policy on each rank, as DDP does.
 """
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import time
@@ -43,7 +54,7 @@ from treadle.weft.rl.sampling import HFSampler
 
 __all__ = ["WEFT_PARALLEL", "RowKeyedSampler", "row_seeds", "WeftDataParallel", "train_policy_dp", "one_run_dp"]
 
-WEFT_PARALLEL = ("ddp",)
+WEFT_PARALLEL = ("ddp", "fsdp2")
 
 # record keys summed over ranks, and wall times (the slowest rank's)
 _SUMS = ("segments", "all_equal_groups", "singleton_groups", "flagged_rows", "flagged_successful_rows",
@@ -107,22 +118,86 @@ class WeftDataParallel:
     """The hooks :func:`treadle.weft.rl.train.train_policy` calls (``dp=``) to run one rank of a DDP job
     (see the module docstring). Build it after ``torch.distributed`` is initialised, once per run.
 
+    ``checkpoint``: a :class:`treadle.distributed.weft_resume.StepCheckpoint` (None: no step checkpoints);
+    ``log``: rank 0's open step log, to which a resumed run's earlier records are written first.
+
     Raises:
-        NotDistributedError: torch.distributed is not initialised. ValueError: ``parallel`` not ``"ddp"``.
+        NotDistributedError: torch.distributed is not initialised. ValueError: ``parallel`` not ``"ddp"`` or
+        ``"fsdp2"``.
     """
 
-    def __init__(self, model, parallel: str = "ddp", *, group=None):
-        if parallel == "fsdp2":
-            raise ValueError("parallel='fsdp2' is not supported by the WEFT GRPO trainer: rollouts generate with the "
-                             "whole policy outside the sharded forward; use parallel='ddp'")
+    def __init__(self, model, parallel: str = "ddp", *, group=None, checkpoint=None, log=None):
+        if parallel not in WEFT_PARALLEL:
+            raise ValueError(f"parallel must be one of {WEFT_PARALLEL}, got {parallel!r}")
         check_parallel(parallel, "WEFT GRPO training")
         self.group, self.world, self.is_main = group, world_size(group), is_main(group)
-        self.model = model
-        self.wrapped = wrap(model, parallel, group=group)
+        self.model, self.parallel = model, parallel
+        blocks = ()
+        if parallel == "fsdp2":
+            from treadle.distributed.sft import decoder_layers
+
+            blocks = decoder_layers(model)
+        self.wrapped = wrap(model, parallel, blocks=blocks, group=group)
+        self._unsharded = False
+        self.checkpoint, self.log = checkpoint, log
+
+    # step checkpoints ------------------------------------------------------------------------------------
+    def resume(self, model, opt, records: list, evals: dict) -> int:
+        """Before the first step: load the run's step checkpoint, if any (:class:`StepCheckpoint`), and
+        write the records it holds to the log first. Returns the step to run next (0 without one)."""
+        if self.checkpoint is None:
+            return 0
+        first = self.checkpoint.resume(model, opt, records, evals)
+        if self.log is not None and self.is_main:
+            for rec in records:
+                self.log.write(json.dumps(rec) + "\n")
+            self.log.flush()
+        return first
+
+    def step_done(self, step: int, model, opt, records: list, evals: dict) -> None:
+        """After each step: the step checkpoint when due (written once, by rank 0)."""
+        if self.checkpoint is not None:
+            self.checkpoint.step_done(step, model, opt, records, evals)
+
+    # FSDP2: whole weights for generation ------------------------------------------------------------------
+    def _fsdp_units(self) -> list:
+        from torch.distributed.fsdp import FSDPModule
+
+        return [m for m in self.model.modules() if isinstance(m, FSDPModule)]
+
+    def gather_weights(self) -> None:
+        """FSDP2: all-gather every unit's parameters once (a collective) and keep them whole (no reshard
+        after forward), so that this rank's rollouts and evaluation run any number of forwards, with any
+        lengths, without collectives; every rank calls it at the same point. A no-op for DDP or when
+        already gathered."""
+        if self.parallel != "fsdp2" or self._unsharded:
+            return
+        units = self._fsdp_units()
+        for m in units:
+            m.set_reshard_after_forward(False, recurse=False)
+        for m in units:
+            m.unshard()
+        # transformers turns synced_gpus on for an FSDP module (every rank steps until all finish: an
+        # all-reduce per token); here each rank generates alone, so this model's generate runs without it
+        self.model.generate = functools.partial(type(self.model).generate, self.model, synced_gpus=False)
+        self._unsharded = True
+
+    def shard_weights(self) -> None:
+        """FSDP2: back to sharded parameters (1/world per rank, all-gathered block by block inside each
+        forward) before the update. No collective; a no-op for DDP or when not gathered."""
+        if not self._unsharded:
+            return
+        for m in self._fsdp_units():
+            m.reshard()
+            m.set_reshard_after_forward(True, recurse=False)
+        del self.model.generate  # back to the class's (synced_gpus for an FSDP module)
+        self._unsharded = False
 
     # rollouts ------------------------------------------------------------------------------------------
     def shard(self, items: list) -> list:
-        """This rank's contiguous part of the step's episodes (every rank gets at least one)."""
+        """This rank's contiguous part of the step's episodes (every rank gets at least one). Under FSDP2 the
+        weights are gathered first (:meth:`gather_weights`): the rollouts that follow are this rank's own."""
+        self.gather_weights()
         rows, real = share(len(items), group=self.group)
         if not real:
             raise ValueError(f"{len(items)} episode(s) per step cannot be split over {self.world} ranks: give "
@@ -133,6 +208,7 @@ class WeftDataParallel:
         """``await fn(...)`` on rank 0 (evaluation: the replicas hold equal weights); every rank gets its
         result (broadcast)."""
         async def run(*args, **kwargs):
+            self.gather_weights()  # FSDP2: rank 0 runs forwards alone
             res = await fn(*args, **kwargs) if self.is_main else None
             return broadcast_object(res, group=self.group)
         return run
@@ -159,6 +235,7 @@ class WeftDataParallel:
         from treadle.grpo.losses import policy_loss
         from treadle.weft.rl.train import _logprobs, _rows_batch
 
+        self.shard_weights()  # FSDP2: every rank runs the same forwards / backwards from here
         live = [r for r in rows if r[3] != 0.0]
         tokens, seqs, n_live = all_reduce_sum([sum(sum(r[2]) for r in rows), sum(any(r[2]) for r in rows),
                                                len(live)], group=self.group)
@@ -217,58 +294,89 @@ class WeftDataParallel:
 
 
 async def train_policy_dp(model, tok, cfg, *, parallel: str = "ddp", group=None, log=None, progress: bool = True,
-                          sampler_factory=None) -> dict:
+                          sampler_factory=None, checkpoint=None) -> dict:
     """:func:`treadle.weft.rl.train.train_policy` as one rank of a data-parallel job (see the module
     docstring); every rank calls it with the same model weights and ``cfg``.
 
     Args:
         model, tok, cfg: as train_policy (``cfg`` a :class:`~treadle.weft.rl.train.WeftTrainConfig`).
-        parallel: ``"ddp"``. group: process group (None: default).
+        parallel: ``"ddp"`` or ``"fsdp2"`` (module docstring). group: process group (None: default).
         log: an open text file for the step records, used on rank 0 only.
         sampler_factory: ``f(model, tok, cfg) -> Sampler``; default :class:`RowKeyedSampler` (pass the
             same factory to a one-process train_policy to get the same rollouts).
+        checkpoint: a :class:`~treadle.distributed.weft_resume.StepCheckpoint`: resume from it when it holds
+            a usable checkpoint (any world size), write one every ``checkpoint.every`` steps (rank 0).
 
     Returns:
         The summary dict of train_policy (the whole batch's numbers) on every rank.
 
     Raises:
-        NotDistributedError: torch.distributed not initialised. ValueError: ``parallel`` not ``"ddp"``;
+        NotDistributedError: torch.distributed not initialised. ValueError: ``parallel`` not ``"ddp"`` / ``"fsdp2"``;
         fewer episodes per step (``turns_per_step / 2``) than ranks. All before any rollout.
     """
     from treadle.weft.rl.train import train_policy
 
     W = world_size(group)
-    if parallel not in WEFT_PARALLEL and parallel != "fsdp2":
+    if parallel not in WEFT_PARALLEL:
         raise ValueError(f"parallel must be one of {WEFT_PARALLEL}, got {parallel!r}")
     if cfg.turns_per_step // 2 < W:
         raise ValueError(f"turns_per_step={cfg.turns_per_step} gives {cfg.turns_per_step // 2} episode(s) per step, "
                          f"fewer than the {W} ranks: give turns_per_step >= {2 * W}")
-    dp = WeftDataParallel(model, parallel, group=group)
-    return await train_policy(model, tok, cfg, log=log if dp.is_main else None, progress=progress and dp.is_main,
-                              dp=dp, sampler_factory=sampler_factory or keyed_sampler)
+    dp = WeftDataParallel(model, parallel, group=group, checkpoint=checkpoint, log=log if is_main(group) else None)
+    try:
+        return await train_policy(model, tok, cfg, log=log if dp.is_main else None, progress=progress and dp.is_main,
+                                  dp=dp, sampler_factory=sampler_factory or keyed_sampler)
+    finally:
+        dp.shard_weights()  # FSDP2: the policy is left sharded (DTensors), as after fully_shard
 
 
-def one_run_dp(policy, cfg, sub: Path):
-    """One (grouping, seed) run of ``treadle weft train --parallel ddp``
-    (:func:`treadle.weft.rl.report.run_comparison`'s ``runner``): every rank trains a copy of
-    ``policy = (model, tokenizer)``; rank 0 writes ``sub/steps.jsonl`` and ``sub/summary.json`` and
-    returns the summary, the other ranks return None."""
+def one_run_dp(policy, cfg, sub: Path, *, parallel: str = "ddp", checkpoint_every: int | None = None,
+               resume: bool = True, console=None):
+    """One (grouping, seed) run of ``treadle weft train --parallel ddp|fsdp2``
+    (:func:`treadle.weft.rl.report.run_comparison`'s ``runner``, with the keywords bound): every rank
+    trains a copy of ``policy = (model, tokenizer)``; rank 0 writes ``sub/steps.jsonl`` and
+    ``sub/summary.json`` (with the start policy's ``policy_sha256``, so that a finished run is reused like
+    a one-process one) and returns the summary, the other ranks return None.
+
+    ``checkpoint_every``: write a step checkpoint (``sub/checkpoint/state.pt``) every that many steps (None:
+    none). ``resume``: continue from a usable checkpoint found there (same config and start policy, any
+    world size; :mod:`treadle.distributed.weft_resume`); False starts over (and replaces it).
+    ``console``: where rank 0 says that it resumed, or why a checkpoint found was not used."""
     import anyio
+
+    from treadle.distributed.weft_resume import StepCheckpoint
+    from treadle.weft.rl.report import policy_fingerprint
 
     model, tok = copy.deepcopy(policy[0]), policy[1]
     main = is_main()
+    fp = policy_fingerprint(policy[0])
     c0 = time.process_time()
     if main:
         sub.mkdir(parents=True, exist_ok=True)
+    ckpt = None
+    if checkpoint_every is not None:
+        ckpt = StepCheckpoint(sub / "checkpoint", checkpoint_every, config=cfg.as_dict(), steps=cfg.steps,
+                              policy_sha256=fp)
+        if not resume and main and ckpt.path.exists():
+            ckpt.path.unlink()
     log = open(sub / "steps.jsonl", "w") if main else None  # noqa: SIM115
     try:
-        s = anyio.run(lambda: train_policy_dp(model, tok, cfg, log=log, progress=False))
+        s = anyio.run(lambda: train_policy_dp(model, tok, cfg, parallel=parallel, log=log, progress=False,
+                                                     checkpoint=ckpt))
     finally:
         if log is not None:
             log.close()
     if not main:
         return None
+    if console is not None and ckpt is not None and (ckpt.resumed_from is not None or ckpt.skipped):
+        console.print(f"{sub.name}: " + (f"resumed at step {ckpt.resumed_from} of {cfg.steps} from {ckpt.path}"
+                                         if ckpt.resumed_from is not None else
+                                         f"checkpoint {ckpt.path} not used: {ckpt.skipped}; trained from step 0"),
+                      markup=False)
     s["cpu_s"] = time.process_time() - c0
     s["world_size"] = world_size()
+    s["parallel"] = parallel
+    s["policy_sha256"] = fp
+    s["resumed_from_step"] = ckpt.resumed_from if ckpt is not None else None
     (sub / "summary.json").write_text(json.dumps(s, indent=1))
     return s

@@ -176,10 +176,13 @@ def sft_cmd(
     overwrite: bool = _OVERWRITE,
     threads: int = _THREADS,
     quick: bool = _QUICK,
-    parallel: Literal["ddp"] = typer.Option(None, "--parallel", help="Data-parallel Stage I under torchrun "
-                                            "(torchrun --nproc-per-node N -m treadle scale sft --parallel ddp): "
-                                            "TRL's own DDP, --batch-size stays the global batch (a multiple of "
-                                            "N), rank 0 writes the run folder."),
+    parallel: Literal["ddp", "fsdp2"] = typer.Option(None, "--parallel", help="Data-parallel Stage I under "
+                                                     "torchrun (torchrun --nproc-per-node N -m treadle scale sft "
+                                                     "--parallel ddp): 'ddp' (TRL's own DDP) or 'fsdp2' "
+                                                     "(fully_shard per decoder layer: frozen base and LoRA "
+                                                     "sharded; TRL's data, loss and optimizer); --batch-size stays "
+                                                     "the global batch (a multiple of N), rank 0 writes the run "
+                                                     "folder."),
 ) -> None:
     """Stage I: ordinary LoRA SFT through PEFT (r=16, alpha=16, all linear layers) on worked problems."""
     import contextlib
@@ -223,7 +226,7 @@ def sft_cmd(
     with ctx_run:
         try:
             res = sft(model, tok, cfg, out, console=console if main else Console(quiet=True),
-                      progress=main and progress_enabled())
+                      progress=main and progress_enabled(), parallel=parallel)
         except _ERRORS as err:
             _fail(err)
     if main:

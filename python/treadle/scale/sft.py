@@ -288,8 +288,22 @@ def stage_one_trainer(model: nn.Module, tokenizer, config: SFTConfig, output_dir
     return trainer
 
 
+def _layout(pm: nn.Module, parallel: str | None) -> dict:
+    """How the trained model was laid out: the ``parallel`` mode, the world size, how many parameters
+    were stored sharded (FSDP2 DTensors; frozen ones counted apart) and whether every trainable one is a
+    LoRA A/B (recorded in summary.json)."""
+    from torch.distributed.tensor import DTensor
+
+    params = list(pm.named_parameters())
+    frozen = [p for _, p in params if not p.requires_grad]
+    return {"mode": parallel, "world_size": _world()[0], "parameters": len(params),
+            "sharded": sum(isinstance(p, DTensor) for _, p in params),
+            "frozen_sharded": sum(isinstance(p, DTensor) for p in frozen), "frozen": len(frozen),
+            "only_lora_trainable": all("lora_A" in n or "lora_B" in n for n, p in params if p.requires_grad)}
+
+
 def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: str | Path | None = None, *,
-        console=None, progress: bool = False) -> SFTResult:
+        console=None, progress: bool = False, parallel: str | None = None) -> SFTResult:
     """Stage I of SCALE (sec. 4.3): fine-tune ``model`` with a fresh PEFT LoRA adapter on TRL's ``SFTTrainer``.
 
     Args:
@@ -305,7 +319,12 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
 
     Under ``torchrun`` (``WORLD_SIZE`` > 1) the trainer runs DDP (TRL / transformers' own): ``config.batch_size``
     stays the global batch (``batch_size / world`` problems per rank and step, the same problems as one
-    process), and only rank 0 writes ``out_dir`` and prints.
+    process), and only rank 0 writes ``out_dir`` and prints. ``parallel="fsdp2"`` (under torchrun, process
+    group initialised) shards the model with FSDP2 instead (:func:`treadle.distributed.sft.train_fsdp2`: the
+    trainer's data, loss, optimizer and schedule; frozen base and LoRA A/B stored 1/world per rank, only
+    the LoRA A/B trained); the probe losses are computed by every rank
+    together and the adapter is gathered into full tensors (a collective) before rank 0 writes it in
+    PEFT's single-process format. ``parallel="ddp"`` or None: the trainer's default (DDP under torchrun).
 
     Returns:
         :class:`SFTResult` (probe loss before/after on held-out problems, per-step losses).
@@ -314,8 +333,9 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
         TypeError: ``model`` is not an ``nn.Module``.
         ValueError: ``model`` already has LoRA layers; a tokenizer without chat template / EOS / pad;
             no linear module matches ``target_modules`` (PEFT's message); ``out_dir`` is a file, under a
-            file, or not writable; under torchrun, ``batch_size`` not a multiple of the world size. Raised before training and (but for PEFT's message) before ``model``
-            is changed.
+            file, or not writable; under torchrun, ``batch_size`` not a multiple of the world size; an
+            unknown ``parallel``, or ``"fsdp2"`` without an initialised process group. Raised before
+            training and (but for PEFT's message) before ``model`` is changed.
     """
     from transformers import TrainerCallback
 
@@ -329,6 +349,10 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
         raise ValueError("model already has LoRA layers; Stage I starts from a base model (pass the adapter to "
                          "Stage II instead: treadle scale train --adapter DIR)")
     _per_device_batch(config)  # the global batch must split over torchrun's ranks (before any change)
+    if parallel is not None:
+        from treadle.distributed.parallel import check_parallel
+
+        check_parallel(parallel, "Stage I")
     _, writer = _world()
     out = make_out_dir(out_dir) if out_dir is not None else None  # before the model is wrapped
     targets = (linear_targets(model) if config.target_modules == "all-linear" else list(config.target_modules))
@@ -338,14 +362,16 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
     losses: list[float] = []
     log = open(out / "log.jsonl", "w") if out is not None and writer else None
 
+    def _log_step(step: int, loss: float, lr) -> None:
+        losses.append(float(loss))
+        if log is not None:
+            log.write(json.dumps({"step": step, "loss": losses[-1], "lr": lr}) + "\n")
+            log.flush()
+
     class _Log(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:
-                losses.append(float(logs["loss"]))
-                if log is not None:
-                    log.write(json.dumps({"step": state.global_step - 1, "loss": losses[-1],
-                                          "lr": logs.get("learning_rate")}) + "\n")
-                    log.flush()
+                _log_step(state.global_step - 1, logs["loss"], logs.get("learning_rate"))
 
     tmp = None
     try:
@@ -365,7 +391,12 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
         before = probe_loss()
         t0 = time.perf_counter()
         with _quiet():
-            trainer.train()
+            if parallel == "fsdp2":
+                from treadle.distributed.sft import train_fsdp2
+
+                train_fsdp2(trainer, config.steps, on_step=_log_step)
+            else:
+                trainer.train()
         seconds = time.perf_counter() - t0
     finally:
         if log is not None:
@@ -378,13 +409,19 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
     adapter = None
     if out is not None:
         adapter = out / "adapter"
+    full = None
+    if parallel == "fsdp2" and out is not None:  # every rank gathers (a collective), rank 0 writes
+        from treadle.distributed.parallel import full_tensor
+
+        full = {k: full_tensor(v) for k, v in pm.state_dict().items() if "lora_" in k}
     if out is not None and writer:
-        pm.save_pretrained(str(adapter))
+        pm.save_pretrained(str(adapter), state_dict=full)
         pm.scale_adapter_path = str(adapter)  # recorded by Stage II's summary
         tokenizer.save_pretrained(str(adapter))
         summary = {"config": dataclasses.asdict(config), "base_model": getattr(model, "name_or_path", "") or None,
                    "probe_loss_before": before, "probe_loss_after": after, "seconds": seconds,
-                   "trainable": trainable, "adapter": str(adapter), "trainer": "trl.SFTTrainer"}
+                   "trainable": trainable, "adapter": str(adapter), "trainer": "trl.SFTTrainer",
+                   "parallel": _layout(pm, parallel)}
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if console is not None and writer:
         console.print(f"Stage I (TRL SFTTrainer, LoRA r={config.r}, alpha={config.lora_alpha}, "

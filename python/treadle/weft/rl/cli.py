@@ -130,13 +130,19 @@ def train_cmd(
     quick: bool = typer.Option(False, "--quick", help="Seconds-long smoke settings on the quick tool policy."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing results in --out (every run again)."),
     resume: bool = typer.Option(False, "--resume", help="Keep the finished runs in --out that have the same settings "
-                                                        "and start policy (e.g. to add seeds); run the others."),
+                                                        "and start policy (e.g. to add seeds); run the others "
+                                                        "(--parallel: from their step checkpoint, on any number "
+                                                        "of ranks)."),
     jobs: int = typer.Option(2, "--jobs", help="Runs at once (worker processes, one thread each), >= 1; the "
                                                "numbers do not depend on it."),
-    parallel: str = typer.Option(None, "--parallel", help="Data-parallel GRPO under torchrun: 'ddp' (e.g. torchrun "
-                                                         "--nproc-per-node 2 -m treadle weft train --parallel ddp); "
+    parallel: str = typer.Option(None, "--parallel", help="Data-parallel GRPO under torchrun: 'ddp' or 'fsdp2' (e.g. "
+                                                         "torchrun --nproc-per-node 2 -m treadle weft train --parallel "
+                                                         "ddp; fsdp2 gathers the policy for the rollouts); "
                                                          "each step's episodes are split over the ranks (runs one "
                                                          "after another; --jobs is not used)."),
+    checkpoint_every: int = typer.Option(1, "--checkpoint-every", help="--parallel: rank 0 writes a step checkpoint "
+                                                                      "(<run>/checkpoint/state.pt) every N steps, "
+                                                                      ">= 1; an interrupted run continues from it."),
 ) -> None:
     """GRPO on the tiny tool policy: atomic-turn vs trajectory grouping, held-out success before/after, PNG."""
     from treadle.run_dirs import check_out_dir
@@ -150,9 +156,10 @@ def train_cmd(
         raise usage_error(f"--eval-episodes must be >= 1, got {eval_episodes}")
     if jobs < 1:
         raise usage_error(f"--jobs must be >= 1, got {jobs}")
-    if parallel is not None and parallel != "ddp":
-        raise usage_error(f"--parallel must be ddp, got {parallel!r}" + (
-            " (FSDP2 is not supported here: rollouts generate with the whole policy)" if parallel == "fsdp2" else ""))
+    if checkpoint_every < 1:
+        raise usage_error(f"--checkpoint-every must be >= 1, got {checkpoint_every}")
+    if parallel is not None and parallel not in ("ddp", "fsdp2"):
+        raise usage_error(f"--parallel must be ddp or fsdp2, got {parallel!r}")
     seed_list = _seeds(seeds)
     try:
         check_out_dir(out, "--out")
@@ -165,16 +172,21 @@ def train_cmd(
                           f"--resume or give another --out")
     groupings = ("atomic", "trajectory") if grouping == "both" else (grouping,)
     if parallel is not None:
-        return _train_parallel(parallel, out, groupings, seed_list, steps, model, quick, eval_episodes)
+        return _train_parallel(parallel, out, groupings, seed_list, steps, model, quick, eval_episodes,
+                               reuse=not overwrite, checkpoint_every=checkpoint_every)
     policy = _policy(model, quick)
     run_comparison(out, policy, groupings, seed_list, steps=steps, quick=quick, console=console, jobs=jobs,
                    reuse=not overwrite, overrides={"eval_episodes": eval_episodes} if eval_episodes else None)
 
 
 def _train_parallel(parallel: str, out: Path, groupings, seeds, steps, model, quick: bool,
-                    eval_episodes: int | None = None) -> None:
-    """``weft train --parallel ddp``: one rank of a torchrun job. Rank 0 loads (or trains) the start policy
-    first, then the other ranks load it; every run trains on all ranks; rank 0 alone writes and prints."""
+                    eval_episodes: int | None = None, *, reuse: bool = True, checkpoint_every: int = 1) -> None:
+    """``weft train --parallel ddp|fsdp2``: one rank of a torchrun job. Rank 0 loads (or trains) the start policy
+    first, then the other ranks load it; every run trains on all ranks; rank 0 alone writes and prints.
+    ``reuse``: keep finished runs and continue unfinished ones from their step checkpoints (False:
+    --overwrite, every run from step 0)."""
+    import functools
+
     import torch.distributed as dist
 
     import click
@@ -214,7 +226,9 @@ def _train_parallel(parallel: str, out: Path, groupings, seeds, steps, model, qu
         policy = (policy[0].to(device), policy[1])
         run_comparison(out, policy, groupings, seeds, steps=steps, quick=quick,
                        console=console if main else Console(quiet=True), overrides=overrides, jobs=1,
-                       reuse=False, runner=one_run_dp)
+                       reuse=reuse, runner=functools.partial(one_run_dp, parallel=parallel,
+                                                             checkpoint_every=checkpoint_every, resume=reuse,
+                                                             console=console if main else None))
         if main:
             console.print(f"{parallel} on {W} ranks", markup=False)
     finally:

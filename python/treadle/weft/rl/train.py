@@ -272,7 +272,8 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
     ``evals`` (step -> held-out success) and ``records`` (one dict per step).
 
     ``dp``: None (one process), or the data-parallel hooks of one rank
-    (:class:`treadle.distributed.weft.WeftDataParallel`; use :func:`treadle.distributed.weft.train_policy_dp`).
+    (:class:`treadle.distributed.weft.WeftDataParallel`; use :func:`treadle.distributed.weft.train_policy_dp`),
+    which may resume from a step checkpoint (``dp.resume``) and write one after each step (``dp.step_done``).
     ``sampler_factory``: ``f(model, tok, cfg) -> Sampler`` for the rollouts (None: :class:`HFSampler`)."""
     from tqdm.auto import tqdm
 
@@ -290,13 +291,15 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
     n_eps = cfg.turns_per_step // 2
     records, evals = [], {}
+    first = 0 if dp is None else dp.resume(model, opt, records, evals)  # a step checkpoint's next step, else 0
     evaluate = _evaluate if dp is None else dp.main_only(_evaluate)
     async with Runtime() as rt:
         h = await shop_server(rt)
         held = [await play_gold(rt, h, e, harness, verify=False)
                 for e in episodes(cfg.eval_episodes, "heldout", start=900_000)]
-        evals[0] = await evaluate(rt, h, model, tok, held, cfg)
-        for step in tqdm(range(cfg.steps), desc=f"weft grpo ({cfg.grouping})", disable=not progress):
+        if 0 not in evals:
+            evals[0] = await evaluate(rt, h, model, tok, held, cfg)
+        for step in tqdm(range(first, cfg.steps), desc=f"weft grpo ({cfg.grouping})", disable=not progress):
             t0 = time.perf_counter()
             sampler = _Timed(HFSampler(model, tok, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
                              if sampler_factory is None else sampler_factory(model, tok, cfg))
@@ -360,6 +363,8 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
             if log is not None:
                 log.write(json.dumps(rec) + "\n")
                 log.flush()
+            if dp is not None:
+                dp.step_done(step, model, opt, records, evals)
         evals[cfg.steps] = await evaluate(rt, h, model, tok, held, cfg)
     tot = {k: sum(r[k] for r in records) for k in ("t_model_s", "t_env_s", "t_advantage_s", "t_update_s", "t_step_s")}
     n_seg = sum(r["segments"] for r in records)

@@ -1,0 +1,87 @@
+"""SCALE Stage I (LoRA SFT) under FSDP2 on torch.distributed (issue 18): :func:`train_fsdp2`, reached through
+``treadle.scale.sft.sft(..., parallel="fsdp2")`` / ``treadle scale sft --parallel fsdp2`` under torchrun.
+
+Why not the HF Trainer's own FSDP2: accelerate applies its FSDP plugin only on accelerators; on CPU
+(gloo) it silently falls back to DDP. So the TRL ``SFTTrainer`` stays the source of everything but the
+sharding: its data (prompt-completion dataset, collator with the completion-only labels, the dataloader
+that accelerate shards per rank so that the ranks together see the one-process global batch), its loss
+(``training_step``: token mean over the *global* batch through ``num_items_in_batch``, scaled by the
+world size, so the ranks' gradients averaged by FSDP2's reduce-scatter are the whole batch's) and its
+optimizer and LR schedule (``create_optimizer_and_scheduler``). This module only runs the step loop
+over a model sharded with :func:`treadle.distributed.parallel.wrap`: ``fully_shard`` per decoder layer
+(the model's ``_no_split_modules``) and then the root, so every parameter, the frozen base included, is
+a ``Shard(0)`` DTensor (1 / world of it per rank), and only the LoRA A/B are trainable.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from treadle.distributed.parallel import all_reduce_sum, wrap
+from treadle.distributed.process_group import world_size
+
+__all__ = ["decoder_layers", "train_fsdp2"]
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The sub-modules of ``model`` whose class is one of its ``_no_split_modules`` (HF decoder layers):
+    FSDP2's units. Empty when the model names none (then the whole model is one unit)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    for m in model.modules():  # a PEFT wrapper: the HF model inside names them
+        names |= set(getattr(m, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+def train_fsdp2(trainer, steps: int, on_step: Callable[[int, float, float], None] | None = None) -> list[float]:
+    """Shard ``trainer.model`` (a PEFT model whose only trainable parameters are LoRA A/B) with FSDP2 and run
+    ``steps`` optimizer steps of the trainer's own loss, optimizer and LR schedule on its per-rank
+    dataloader. A collective: every rank calls it.
+
+    Args:
+        trainer: an untrained ``trl.SFTTrainer`` (:func:`treadle.scale.sft.stage_one_trainer`) under torchrun,
+            ``gradient_accumulation_steps`` 1.
+        steps: optimizer steps (``<= `` the dataloader's batches).
+        on_step: called on every rank with ``(step, loss, lr)``: the global batch's loss (the mean of the
+            ranks' scaled losses, as the Trainer logs it) and the learning rate used by that step.
+
+    Returns:
+        The per-step losses.
+
+    Raises:
+        ValueError: ``steps`` < 1, gradient accumulation > 1, or the dataloader runs out of batches (no model
+            change in the first two cases).
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if trainer.args.gradient_accumulation_steps != 1:
+        raise ValueError("FSDP2 Stage I runs one micro-batch per step (gradient_accumulation_steps=1), got "
+                         f"{trainer.args.gradient_accumulation_steps}")
+    model = trainer.model
+    wrap(model, "fsdp2", blocks=decoder_layers(model))
+    trainer.create_optimizer_and_scheduler(num_training_steps=steps)
+    opt, sched = trainer.optimizer, trainer.lr_scheduler
+    params = [p for p in model.parameters() if p.requires_grad]
+    device = next(model.parameters()).device
+    batches = iter(trainer.get_train_dataloader())
+    W = world_size()
+    losses = []
+    for step in range(steps):
+        samples, n_items = trainer.get_batch_samples(batches, 1, device)
+        if not samples:
+            raise ValueError(f"the training data ran out after {step} of {steps} steps")
+        lr = sched.get_last_lr()[0]
+        loss = trainer.training_step(model, samples[0], n_items)
+        if trainer.args.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(params, trainer.args.max_grad_norm)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        trainer.state.global_step = step + 1
+        (total,) = all_reduce_sum([float(loss)])
+        losses.append(total / W)
+        if on_step is not None:
+            on_step(step, losses[-1], lr)
+    model.eval()
+    return losses
