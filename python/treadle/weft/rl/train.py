@@ -65,6 +65,10 @@ class WeftTrainConfig:
         eval_episodes, eval_samples, eval_every: held-out evaluation (0: before and after only).
         max_new_tokens, max_steps, temperature: sampling (a gold step is at most 33 tokens with EOS: 40
             leaves room and stops a runaway sample, which holds up its whole generation batch, early).
+        kl_coef: beta of the KL penalty to the start (SFT) policy, ``beta * KL_k3(pi || pi_ref)`` per policy
+            token (GRPO, Shao et al. 2024 eq. 3-4: the unbiased, non-negative k3 estimator
+            ``exp(ref - logp) - (ref - logp) - 1``), aggregated like the policy loss over every row with
+            policy tokens (zero-advantage rows too); 0 (no reference model kept) turns it off.
     """
 
     grouping: Literal["atomic", "trajectory"] = "atomic"
@@ -83,6 +87,7 @@ class WeftTrainConfig:
     max_new_tokens: int = Field(40, ge=1, strict=True)
     max_steps: int = Field(4, ge=1, strict=True)
     temperature: float = Field(1.0, gt=0)
+    kl_coef: float = Field(0.0, ge=0, allow_inf_nan=False)
 
     @classmethod
     def quick(cls, **overrides) -> "WeftTrainConfig":
@@ -220,34 +225,52 @@ def signed_weight(rows, mode: str) -> dict:
     return {"weight_pos": pos, "weight_neg": neg, "neg_share": neg / (pos + neg) if pos + neg else 0.0}
 
 
-def _update(model, opt, rows, pad_id: int, cfg: WeftTrainConfig) -> dict:
-    """Clipped policy loss on the rows with a non-zero advantage; the token-mean denominator counts the
-    policy tokens of every row (zero-advantage rows add no gradient but do count)."""
-    from treadle.grpo.losses import policy_loss
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of ``KL(pi || pi_ref)`` at the sampled tokens: ``exp(d) - d - 1`` with
+    ``d = ref_logp - logp`` (``(B, T)`` float -> ``(B, T)``, >= 0, 0 where the two agree; GRPO, Shao et al.
+    2024 eq. 4)."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1.0
 
+
+def _update(model, opt, rows, pad_id: int, cfg: WeftTrainConfig, ref_model=None) -> dict:
+    """Clipped policy loss on the rows with a non-zero advantage; the token-mean denominator counts the
+    policy tokens of every row (zero-advantage rows add no gradient but do count). With ``cfg.kl_coef > 0``
+    and ``ref_model`` (the frozen start policy), ``kl_coef * k3`` is added on every row's policy tokens
+    (aggregated the same way), so zero-advantage rows then enter the batch too."""
+    from treadle.grpo.losses import aggregate_loss, policy_loss
+
+    use_kl = cfg.kl_coef > 0 and ref_model is not None
     total_tokens = float(sum(sum(r[2]) for r in rows))
     total_seqs = float(sum(any(r[2]) for r in rows))
     live = [r for r in rows if r[3] != 0.0]
     weight = signed_weight(rows, cfg.loss_agg_mode)
+    empty = {"loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "kl_ref": 0.0, "rows_updated": 0, **weight}
     if not live or total_tokens == 0:
-        return {"loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "rows_updated": 0, **weight}
-    ids, mask, adv = _rows_batch(live, pad_id)
+        return empty
+    batch = [r for r in rows if any(r[2])] if use_kl else live
+    ids, mask, adv = _rows_batch(batch, pad_id)
     with torch.no_grad():
         model.eval()
         old = _logprobs(model, ids)
+        ref = _logprobs(ref_model, ids) if use_kl else None
     model.train()
-    stats, loss = {}, torch.zeros(())
+    stats, loss, kl_val = {}, torch.zeros(()), 0.0
+    agg = dict(mode=cfg.loss_agg_mode, global_tokens=total_tokens, global_seqs=total_seqs)
     for _ in range(cfg.num_iterations):
         logp = _logprobs(model, ids)
-        loss, stats = policy_loss(logp, old, adv, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                  mode=cfg.loss_agg_mode, global_tokens=total_tokens, global_seqs=total_seqs)
+        loss, stats = policy_loss(logp, old, adv, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high, **agg)
+        if use_kl:
+            kl = aggregate_loss(kl_k3(logp, ref), mask, **agg)
+            kl_val = float(kl.detach())
+            loss = loss + cfg.kl_coef * kl
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
     model.eval()
     return {"loss": float(loss.detach()), "clipfrac": float(stats["clipfrac"]), "approx_kl": float(stats["approx_kl"]),
-            "rows_updated": len(live), **weight}
+            "kl_ref": kl_val, "rows_updated": len(live), "max_row_len": int(ids.shape[1]), **weight}
 
 
 async def _evaluate(rt, h, model, tok, held, cfg: WeftTrainConfig) -> dict:
@@ -285,8 +308,16 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
     from treadle.weft.rollouts.harnesses import HermesHarness
     from treadle.weft.runtime import Runtime
 
+    if dp is not None and cfg.kl_coef > 0:
+        raise ValueError(f"kl_coef={cfg.kl_coef} needs the single-process update (the data-parallel update keeps "
+                         f"no reference model); set kl_coef=0 for --parallel")
     harness = HermesHarness()
     torch.manual_seed(cfg.seed)
+    ref_model = None
+    if cfg.kl_coef > 0:
+        import copy
+
+        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
     n_eps = cfg.turns_per_step // 2
     records, evals = [], {}
@@ -345,7 +376,10 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
                 extra = {"all_equal_groups": equal, "groups": len(set(keys)), "trajectory_reward": sum(rs) / len(rs),
                          "env_failures": sum(not v for v in valid)}
             t2 = time.perf_counter()
-            upd = (_update if dp is None else dp.update)(model, opt, rows, tok.pad_token_id, cfg)
+            if dp is None:
+                upd = _update(model, opt, rows, tok.pad_token_id, cfg, ref_model)
+            else:
+                upd = dp.update(model, opt, rows, tok.pad_token_id, cfg)
             t_upd = time.perf_counter() - t2
             rec = {"step": step, "grouping": cfg.grouping, "turn_reward": sum(rewards) / max(len(rewards), 1),
                    "segments": len(rows), "t_model_s": sampler.seconds, "t_env_s": t_roll - sampler.seconds,
