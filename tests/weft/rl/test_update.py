@@ -68,6 +68,10 @@ def test_comparison_reuses_finished_runs_of_the_same_config_and_start(tmp_path, 
     kw = dict(steps=1, quick=True, console=quiet, overrides={"eval_episodes": 1}, jobs=1)
     first = run_comparison(tmp_path / "r", (tiny_policy, tok), ("atomic",), [0], **kw)
     log = tmp_path / "r" / "atomic-seed0" / "steps.jsonl"
+    recs = [json.loads(line) for line in log.read_text().splitlines()]
+    g = first["groupings"]["atomic"]  # no-signal groups are counted in the summary
+    assert g["groups"] == sum(r["groups"] for r in recs) > 0
+    assert g["all_equal_groups"] == sum(r["all_equal_groups"] for r in recs)
     log.write_text("marker\n")  # a re-run would rewrite it
     again = run_comparison(tmp_path / "r", (tiny_policy, tok), ("atomic",), [0], **kw)
     assert again["reused_runs"] == ["atomic-seed0"] and log.read_text() == "marker\n"
