@@ -24,6 +24,10 @@ advantages sum to 0) and the update mostly pushed tokens down; 3 seeds x 16 step
 per-turn success by 0.014 / 0.052 / 0.031 with ``token-mean`` (24 held-out episodes) and changed it by
 +0.007 / 0.000 / -0.020 with ``seq-mean-token-mean`` (12 held-out episodes): less harm, no gain beyond
 the seed spread (``neg_share`` in the step log: the negative share of the first iteration's weight).
+Seventh round: the step size was the rest of it. At lr 2e-4 x 2 iterations an update moved the policy by
+``approx_kl`` ~0.05-0.3 per token and lr 5e-4 collapsed it within 2 steps (batch verdict 0); lr 5e-5 x 4
+iterations (``approx_kl`` ~0.01-0.05) is the default now (the README has the 3-seed table). Optional:
+``kl_coef`` (k3 KL to the frozen start policy; off by default, not yet measured to help).
 Held-out evaluation (unseen customers, products, amounts): sampled per-turn success from the gold
 history (:func:`~treadle.weft.rl.sft.evaluate_policy`) and sampled whole-task success (trajectory
 rollouts: every turn must pass), before, every ``eval_every`` steps, and after.
