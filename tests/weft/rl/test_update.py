@@ -129,3 +129,15 @@ def test_kl_penalty_pulls_zero_advantage_rows_back_to_the_reference(tiny_policy)
 def test_bad_kl_coef_is_refused(kw):
     with pytest.raises(ValueError, match="kl_coef"):
         WeftTrainConfig(**kw)
+
+
+def test_kl_penalty_is_refused_under_data_parallel_before_any_work(tiny_policy, tok):
+    import anyio
+
+    from treadle.weft.rl.train import train_policy
+
+    model = copy.deepcopy(tiny_policy)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match="kl_coef"):
+        anyio.run(lambda: train_policy(model, tok, WeftTrainConfig.quick(kl_coef=0.1), dp=object(), progress=False))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
