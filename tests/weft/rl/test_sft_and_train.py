@@ -99,3 +99,33 @@ def test_parallel_runs_give_the_same_numbers_as_sequential_ones(tmp_path, tiny_p
         b = [json.loads(line) for line in (tmp_path / "par" / f"{g}-seed0" / "steps.jsonl").read_text().splitlines()]
         assert [(r["loss"], r["turn_reward"]) for r in a] == [(r["loss"], r["turn_reward"]) for r in b]
     assert (tmp_path / "par" / "curves.png").stat().st_size > 0 and par["jobs"] == 2
+
+
+def test_cached_tool_policy_is_retrained_when_config_or_recipe_changes(tmp_path, monkeypatch):
+    """The default cache slot is keyed by the whole config AND the data recipe (tokenizer, drawn worlds):
+    an unchanged recipe reuses the checkpoint, another config or another recipe retrains it."""
+    import treadle.weft.rl.sft as sft
+
+    monkeypatch.setenv("TREADLE_CACHE", str(tmp_path))
+    cfg = ToolTrainConfig.quick(eval_episodes=1)
+    load_tool_model(None, config=cfg, name="slot")
+    marker = tmp_path / "slot" / "treadle_checkpoint.json"
+    assert json.loads((tmp_path / "slot" / sft.RECIPE_FILE).read_text())["fingerprint"] == sft.recipe_fingerprint(cfg)
+    first = marker.stat().st_mtime_ns
+    load_tool_model(None, config=cfg, name="slot")
+    assert marker.stat().st_mtime_ns == first  # same config and recipe: reused
+    monkeypatch.setattr(sft, "recipe_fingerprint", lambda c, n=24: "another-recipe")
+    load_tool_model(None, config=cfg, name="slot")
+    second = marker.stat().st_mtime_ns
+    assert second != first  # same config, other data: retrained
+    assert json.loads((tmp_path / "slot" / sft.RECIPE_FILE).read_text())["fingerprint"] == "another-recipe"
+    load_tool_model(None, config=ToolTrainConfig.quick(eval_episodes=1, steps=7), name="slot")
+    assert marker.stat().st_mtime_ns != second  # other config: retrained
+
+
+def test_recipe_fingerprint_depends_on_the_drawn_worlds():
+    import treadle.weft.rl.sft as sft
+
+    a = sft.recipe_fingerprint(ToolTrainConfig.quick())
+    assert a == sft.recipe_fingerprint(ToolTrainConfig.quick()) and len(a) == 16
+    assert a != sft.recipe_fingerprint(ToolTrainConfig.quick(seed=1))  # other train worlds

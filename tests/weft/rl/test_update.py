@@ -68,6 +68,10 @@ def test_comparison_reuses_finished_runs_of_the_same_config_and_start(tmp_path, 
     kw = dict(steps=1, quick=True, console=quiet, overrides={"eval_episodes": 1}, jobs=1)
     first = run_comparison(tmp_path / "r", (tiny_policy, tok), ("atomic",), [0], **kw)
     log = tmp_path / "r" / "atomic-seed0" / "steps.jsonl"
+    recs = [json.loads(line) for line in log.read_text().splitlines()]
+    g = first["groupings"]["atomic"]  # no-signal groups are counted in the summary
+    assert g["groups"] == sum(r["groups"] for r in recs) > 0
+    assert g["all_equal_groups"] == sum(r["all_equal_groups"] for r in recs)
     log.write_text("marker\n")  # a re-run would rewrite it
     again = run_comparison(tmp_path / "r", (tiny_policy, tok), ("atomic",), [0], **kw)
     assert again["reused_runs"] == ["atomic-seed0"] and log.read_text() == "marker\n"
@@ -78,3 +82,62 @@ def test_comparison_reuses_finished_runs_of_the_same_config_and_start(tmp_path, 
     third = run_comparison(tmp_path / "r", (other, tok), ("atomic",), [0], **kw)
     assert third["reused_runs"] == [] and log.read_text() != "marker\n"
     assert json.loads((tmp_path / "r" / "atomic-seed0" / "summary.json").read_text())["policy_sha256"]
+
+
+def test_kl_k3_is_zero_at_the_reference_and_positive_elsewhere():
+    from treadle.weft.rl.train import kl_k3
+
+    ref = torch.log(torch.tensor([[0.5, 0.25, 0.125]], dtype=torch.float64))
+    assert kl_k3(ref, ref).abs().max().item() == 0.0
+    logp = ref + torch.tensor([[0.3, -0.2, 0.0]], dtype=torch.float64)
+    k = kl_k3(logp, ref)
+    d = -torch.tensor([0.3, -0.2, 0.0], dtype=torch.float64)
+    assert torch.allclose(k[0], torch.exp(d) - d - 1)
+    assert k[0, 0] > 0 and k[0, 1] > 0 and k[0, 2] == 0
+
+
+def test_kl_penalty_pulls_zero_advantage_rows_back_to_the_reference(tiny_policy):
+    """With only zero-advantage rows the policy gradient is 0: no update without KL; with kl_coef > 0 and a
+    policy that has drifted from the reference, the update moves the row's likelihood back towards it."""
+    ref = copy.deepcopy(tiny_policy)
+    drifted = copy.deepcopy(tiny_policy)
+    row = ((5, 6, 7), (8, 9, 3), (1, 1, 1), 0.0)
+    live = ((5, 6, 7), (20, 3), (1, 1), 1e-12)  # a live row so that the update runs; negligible advantage
+    with torch.no_grad():
+        for p in drifted.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    from treadle.weft.rl.train import kl_k3
+
+    ids, mask, _ = _rows_batch([row], pad_id=0)
+
+    def gap(m):  # the k3 KL to the reference on the row's policy tokens
+        with torch.no_grad():
+            return float((kl_k3(_logprobs(m, ids), _logprobs(ref, ids)) * mask).sum())
+
+    before = gap(drifted)
+    stats = _update(drifted, torch.optim.SGD(drifted.parameters(), lr=0.01), [row, live], 0,
+                    WeftTrainConfig(num_iterations=3, kl_coef=1.0), ref)
+    assert stats["kl_ref"] > 0
+    assert before > 0 and gap(drifted) < 0.9 * before
+    same = copy.deepcopy(tiny_policy)
+    _update(same, torch.optim.SGD(same.parameters(), lr=0.05), [row, live], 0,
+            WeftTrainConfig(num_iterations=3, kl_coef=0.0), ref)
+    assert _policy_logprob(same, row) == pytest.approx(_policy_logprob(tiny_policy, row), abs=1e-6)
+
+
+@pytest.mark.parametrize("kw", [{"kl_coef": -0.1}, {"kl_coef": float("nan")}])
+def test_bad_kl_coef_is_refused(kw):
+    with pytest.raises(ValueError, match="kl_coef"):
+        WeftTrainConfig(**kw)
+
+
+def test_kl_penalty_is_refused_under_data_parallel_before_any_work(tiny_policy, tok):
+    import anyio
+
+    from treadle.weft.rl.train import train_policy
+
+    model = copy.deepcopy(tiny_policy)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match="kl_coef"):
+        anyio.run(lambda: train_policy(model, tok, WeftTrainConfig.quick(kl_coef=0.1), dp=object(), progress=False))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

@@ -152,7 +152,7 @@ def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, qu
                      "cpu_runs_s": sum(r["cpu_s"] for r in runs.values())}
     t = Table(title=f"GRPO on the tiny tool policy: held-out success (T=1), {len(seeds)} seed(s)")
     for col in ("grouping", "per-turn before", "per-turn after", "change mean (sd; range)", "whole-task before",
-                "whole-task after", "env share", "segments/s"):
+                "whole-task after", "all-equal groups", "env share", "segments/s"):
         t.add_column(col, justify="right")
     for grouping in groupings:
         rs = [runs[(grouping, s)] for s in seeds]
@@ -166,6 +166,9 @@ def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, qu
              "turn_gain_beyond_sd": statistics.mean(d_turn) > sd,
              "turn_gain_beyond_range": statistics.mean(d_turn) > max(d_turn) - min(d_turn),
              "task_changes": d_task, "task_change_mean": statistics.mean(d_task),
+             # groups with no signal (every candidate passed, or every one failed): counted, not hidden
+             "all_equal_groups": sum(rec.get("all_equal_groups", 0) for r in rs for rec in r["records"]),
+             "groups": sum(rec.get("groups", 0) for r in rs for rec in r["records"]),
              "time_share": {k: statistics.mean(r["time_share"][k] for r in rs) for k in rs[0]["time_share"]},
              "segments_per_s": statistics.mean(r["segments_per_s"] for r in rs)}
         summary["groupings"][grouping] = g
@@ -173,7 +176,8 @@ def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, qu
         t.add_row(grouping, f"{mean('turn_success', 'before'):.3f}", f"{mean('turn_success', 'after'):.3f}",
                   f"{g['turn_change_mean']:+.3f} ({sd:.3f}; {g['turn_change_range']:.3f})",
                   f"{mean('task_success', 'before'):.3f}",
-                  f"{mean('task_success', 'after'):.3f}", f"{g['time_share']['t_env_s']:.0%}",
+                  f"{mean('task_success', 'after'):.3f}", f"{g['all_equal_groups']}/{g['groups']}",
+                  f"{g['time_share']['t_env_s']:.0%}",
                   f"{g['segments_per_s']:.1f}")
     console.print(t)
     for grouping, g in summary["groupings"].items():

@@ -12,7 +12,10 @@ amounts): each held-out turn starts from the gold history and state and is sampl
 times (:func:`~treadle.weft.rl.sampling.sample_groups`), plus greedy per-turn and whole-task success.
 
 Cached like the math model: ``cache_root() / "tiny-qwen3-tools"``, same completion marker, lock and
-atomic rename (:mod:`treadle.models.tiny`).
+atomic rename (:mod:`treadle.models.tiny`). The cache key is the whole :class:`ToolTrainConfig` plus
+:func:`recipe_fingerprint` (the tokenizer's vocabulary and chat template and the drawn train/held-out
+worlds and gold calls, written to ``tool_recipe.json``): a cached policy trained on other data, another
+vocabulary or other settings is retrained on the next default load, not silently reused.
 """
 from __future__ import annotations
 
@@ -29,9 +32,10 @@ from treadle.models.tiny import (TinyLMConfig, TrainResult, _build_model, _clean
                                  check_checkpoint, pinned_threads)
 
 __all__ = ["ToolTrainConfig", "TOOLS_SLOT", "tool_slot", "train_tool_policy", "load_tool_model", "evaluate_policy",
-           "gold_episodes"]
+           "gold_episodes", "recipe_fingerprint", "RECIPE_FILE"]
 
 TOOLS_SLOT = "tiny-qwen3-tools"
+RECIPE_FILE = "tool_recipe.json"
 
 
 def tool_slot(out: str | os.PathLike | None, quick: bool) -> Path:
@@ -78,6 +82,45 @@ class ToolTrainConfig(TinyLMConfig):
                   max_new_tokens=24, max_steps=2)
         kw.update(overrides)
         return cls(**kw)
+
+
+def recipe_fingerprint(cfg: "ToolTrainConfig", n: int = 24) -> str:
+    """sha256 (16 hex digits) of what the SFT data depends on besides the config: the tool tokenizer's
+    vocabulary and chat template, and the first ``n`` drawn train and held-out episodes (task JSON with
+    gold calls, world SQL). Changes when templates, entity pools, the tool vocabulary or the chat format
+    change (code edits that leave the data alone keep it). Cheap: no runtime, no model."""
+    import hashlib
+    import json
+
+    from treadle.weft.rl.vocab import build_tool_tokenizer
+    from treadle.weft.rl.worlds import episodes
+
+    tok = build_tool_tokenizer()
+    h = hashlib.sha256()
+    h.update(json.dumps(sorted(tok.get_vocab().items())).encode())
+    h.update(str(tok.chat_template).encode())
+    for split, start in (("train", cfg.seed * 1_000_000), ("heldout", cfg.seed * 1_000_000)):
+        for e in episodes(n, split, start=start):
+            h.update(e.task.model_dump_json().encode())
+            h.update(e.seed_sql.encode())
+    return h.hexdigest()[:16]
+
+
+def _recipe_of(path: Path) -> str | None:
+    import json
+
+    try:
+        return json.loads((path / RECIPE_FILE).read_text(encoding="utf-8")).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _write_recipe(dest: Path, fingerprint: str) -> None:
+    import json
+
+    tmp = dest / (RECIPE_FILE + ".tmp")
+    tmp.write_text(json.dumps({"fingerprint": fingerprint}), encoding="utf-8")
+    tmp.replace(dest / RECIPE_FILE)
 
 
 def gold_episodes(n: int, split: str, *, start: int = 0, verify: bool = False):
@@ -236,6 +279,7 @@ def _train_and_save(cfg: ToolTrainConfig, dest: Path, progress: bool, console) -
     acc.update(cpu_seconds=train_cpu, train_wall_seconds=train_wall, eval_seconds=time.perf_counter() - t0 - train_wall)
     seconds = time.perf_counter() - t0
     _save(model, tokenizer, dest, cfg, acc, n_params, ema, seconds)
+    _write_recipe(dest, recipe_fingerprint(cfg))  # after the rename: a kill in between leaves no key -> retrain
     return TrainResult(dest, acc, seconds, n_params, ema)
 
 
@@ -243,7 +287,8 @@ def load_tool_model(path: str | os.PathLike | None = None, *, train_if_missing: 
                     config: ToolTrainConfig | None = None, console=None, progress: bool = False,
                     name: str = TOOLS_SLOT):
     """``(model, tokenizer)`` of the tool policy: ``path`` (a checkpoint folder), else the cached
-    ``cache_root() / name`` (trained with ``config`` when missing or trained with other settings).
+    ``cache_root() / name`` (trained with ``config`` when missing, trained with other settings, or on
+    other data: see :func:`recipe_fingerprint`).
 
     Raises:
         FileNotFoundError: no checkpoint and ``train_if_missing`` is False.
@@ -259,7 +304,7 @@ def load_tool_model(path: str | os.PathLike | None = None, *, train_if_missing: 
                 raise FileNotFoundError(f"no cached tool policy at {p}; run `treadle model train-tiny --task tools`")
             train_tool_policy(cfg, p, console=console, progress=progress)
         info = check_checkpoint(p, require_marker=True)
-        if train_if_missing and info.get("config") != cfg.as_dict():
+        if train_if_missing and (info.get("config") != cfg.as_dict() or _recipe_of(p) != recipe_fingerprint(cfg)):
             train_tool_policy(cfg, p, force=True, console=console, progress=progress)
     else:
         p = Path(path).expanduser()
