@@ -118,6 +118,6 @@ def test_bad_input_and_role_configs_are_one_line_exit_2_before_any_work(inputs, 
     for args, flag, msg in cases:
         res = _evolve(*args)
         assert res.exit_code == 2, (args, res.output)
-        assert res.output.startswith(f"error: {flag}: ") and msg in res.output, (args, res.output)
+        assert res.output.startswith(f"Error: {flag}: ") and msg in res.output, (args, res.output)
         assert res.output.count("\n") == 1, res.output  # one line
     assert not out.exists()

@@ -217,14 +217,14 @@ def test_cli_without_an_endpoint_says_so_and_exits_2(pilot_run, tmp_path):
     run_dir, _ = pilot_run
     r = CliRunner().invoke(app, ["weft", "judge", "--run", str(run_dir), "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1
-    assert r.output.startswith("error: --llm-config:") and "needs an OpenAI-compatible endpoint" in r.output
+    assert r.output.startswith("Error: --llm-config:") and "needs an OpenAI-compatible endpoint" in r.output
     r = CliRunner().invoke(app, ["weft", "judge", "--run", str(tmp_path), "--llm-config", str(tmp_path / "x.toml")])
-    assert r.exit_code == 2 and r.output.startswith("error: --run:")
+    assert r.exit_code == 2 and r.output.startswith("Error: --run:")
     cfg = tmp_path / "llm.toml"
     cfg.write_text('[roles.policy]\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"\n')
     r = CliRunner().invoke(app, ["weft", "judge", "--run", str(run_dir), "--llm-config", str(cfg),
                                  "--out", str(tmp_path / "o")])
-    assert r.exit_code == 2 and r.output.startswith("error: --role: no role 'judge'")
+    assert r.exit_code == 2 and r.output.startswith("Error: --role: no role 'judge'")
     other = tmp_path / "other-run"  # a run of tasks this command has no rubric for
     other.mkdir()
     lines = (run_dir / "trajectories.jsonl").read_text().splitlines()
@@ -233,5 +233,5 @@ def test_cli_without_an_endpoint_says_so_and_exits_2(pilot_run, tmp_path):
     cfg.write_text('[roles.judge]\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"\n')
     r = CliRunner().invoke(app, ["weft", "judge", "--run", str(other), "--llm-config", str(cfg),
                                  "--out", str(tmp_path / "o")])
-    assert r.exit_code == 2 and r.output.startswith("error: --run: no task of this run is known here")
+    assert r.exit_code == 2 and r.output.startswith("Error: --run: no task of this run is known here")
     assert not (tmp_path / "o").exists()

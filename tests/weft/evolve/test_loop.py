@@ -97,5 +97,5 @@ def test_cli_llm_config_without_the_roles(tmp_path):
     cfg = tmp_path / "llm.toml"
     cfg.write_text('[roles.policy]\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"\n')
     res = CliRunner().invoke(app, ["weft", "evolve", "--out", str(tmp_path / "o"), "--llm-config", str(cfg)])
-    assert res.exit_code == 2 and res.output.startswith("error: --llm-config: no role(s) ['grounder', 'verifier']")
+    assert res.exit_code == 2 and res.output.startswith("Error: --llm-config: no role(s) ['grounder', 'verifier']")
     assert not (tmp_path / "o").exists()

@@ -1,5 +1,7 @@
 """`treadle weft groups|train` and `treadle model train-tiny --task`: bad input is one line naming the flag,
 exit 2, before any work (no model is loaded or trained, no folder is written)."""
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -33,14 +35,34 @@ def test_bad_flags_exit_2_naming_the_flag(tmp_path, monkeypatch, args, flag):
 
 
 def test_groups_refuses_a_folder_of_another_config(tmp_path, monkeypatch):
+    from treadle.run_dirs import open_run_dir
+
     monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out"
-    out.mkdir()
+    run = open_run_dir(out, command="weft groups", config={"model": "other"}).start()
     (out / "config.json").write_text('{"model": "other"}')
+    run.end("finished")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
     r = runner.invoke(app, ["groups", "--out", str(out)])
-    assert r.exit_code == 2 and "--out" in r.output and "differs in" in r.output
-    assert (out / "config.json").read_text() == '{"model": "other"}'
+    assert r.exit_code == 2 and "--out" in r.output and "another config" in r.output and "model" in r.output
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert not (tmp_path / "cache").exists()
+
+
+def test_groups_refuses_a_user_folder_and_records_its_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    r = runner.invoke(app, ["groups", "--out", str(mine), "--quick"])
+    assert r.exit_code == 2 and "not a treadle run folder" in r.output, r.output
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"] and not (tmp_path / "cache").exists()
+    # a bad value found after the start (the model path) is recorded as refused, and the folder is reusable
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["groups", "--out", str(out), "--model", str(tmp_path / "no-such-model")])
+    assert r.exit_code == 2 and "--model" in r.output
+    rec = json.loads((out / "run.json").read_text())
+    assert rec["command"] == "weft groups" and rec["status"] == "refused" and rec["config"]["model"].endswith("model")
 
 
 def test_train_refuses_a_finished_comparison_without_overwrite(tmp_path, monkeypatch):
@@ -84,3 +106,21 @@ def test_train_tiny_tools_goes_through_the_one_train_tiny_path(tmp_path, monkeyp
     assert (out / "treadle_checkpoint.json").read_text() == marker
     r = runner.invoke(model_app, ["train-tiny", "--task", "tools", "--seed", "-1", "--out", str(tmp_path / "x")])
     assert r.exit_code == 2 and "--seed" in r.output and not (tmp_path / "x").exists()
+
+
+def test_groups_run_folder_is_recorded_and_resumed(tmp_path, monkeypatch):
+    monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    args = ["groups", "--quick", "--episodes", "1", "-G", "2", "--chunk", "1", "--out", str(out)]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert "chunk 0: 1 groups" in r.output and "chunk 1: 1 groups" in r.output
+    rows = (out / "rows.jsonl").read_text()
+    rec = json.loads((out / "run.json").read_text())
+    assert rec["command"] == "weft groups" and rec["status"] == "finished" and rec["history"] == []
+    assert rec["config"]["G"] == 2 and rec["config"]["episodes"] == 1
+    r = runner.invoke(app, args)  # the same config: resumed, no chunk sampled again, rows unchanged
+    assert r.exit_code == 0 and "chunk 0" not in r.output and "2 groups x G=2" in r.output, r.output
+    assert (out / "rows.jsonl").read_text() == rows
+    rec = json.loads((out / "run.json").read_text())
+    assert rec["status"] == "finished" and len(rec["history"]) == 1

@@ -11,13 +11,13 @@ from pathlib import Path
 import typer
 
 from treadle.cli_output import make_console
+from treadle.cli_runs import usage_exit
 
 console = make_console()
 
 
 def _fail(flag: str, msg: str) -> None:
-    console.print(f"error: {flag}: {msg}", markup=False, highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+    usage_exit(f"{flag}: {msg}")  # one line on stderr, exit 2, as every command
 
 
 def reverify_cmd(run: Path = typer.Option(..., "--run", help="A `treadle weft sample` run folder."),

@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 
 from treadle.cli_output import make_console
-from treadle.cli_runs import usage_error
+from treadle.cli_runs import open_run, recorded, usage_error
 
 console = make_console()
 
@@ -49,11 +49,8 @@ def groups_cmd(
     quick: bool = typer.Option(False, "--quick", help="The seconds-long quick tool policy (a weak model)."),
 ) -> None:
     """Atomic-turn GRPO groups of the tool policy on shop episodes -> groups.jsonl, rows.jsonl, stats.json."""
-    import anyio
-
     from treadle.reference.grpo import ESTIMATORS
-    from treadle.run_dirs import check_out_dir
-    from treadle.weft.rl.run import ConfigMismatchError, check_folder, folder_config, groups_to_folder
+    from treadle.weft.rl.run import ConfigMismatchError, check_folder, folder_config
     from treadle.weft.rl.worlds import SPLITS
 
     if group_size < 2:
@@ -66,14 +63,26 @@ def groups_cmd(
         raise usage_error(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
     if estimator not in ESTIMATORS:
         raise usage_error(f"--estimator must be one of {', '.join(ESTIMATORS)}, got {estimator!r}")
+    doc = folder_config({"model": str(model) if model else ("quick" if quick else "tiny-qwen3-tools"),
+                         "episodes": episodes, "split": split, "estimator": estimator},
+                        G=group_size, seed=seed, chunk=chunk, max_steps=4)
+    # the rule of every command's run folder (run.json: same config resumed, another refused, a non-empty
+    # folder that is not a run refused), then the chunks' own config.json check
+    run = open_run(out, command="weft groups", config=doc)
     try:
-        check_out_dir(out, "--out")
-        doc = folder_config({"model": str(model) if model else ("quick" if quick else "tiny-qwen3-tools"),
-                             "episodes": episodes, "split": split, "estimator": estimator},
-                            G=group_size, seed=seed, chunk=chunk, max_steps=4)
         check_folder(out, doc)
-    except (ValueError, ConfigMismatchError) as err:
+    except ConfigMismatchError as err:
         raise usage_error(f"--out: {err}") from None
+    with recorded(run, console, saved=lambda: "every finished chunk", resumable=True):
+        _groups(out, doc, model, quick, episodes, split, group_size, seed, chunk, estimator)
+
+
+def _groups(out: Path, doc: dict, model, quick: bool, episodes: int, split: str, group_size: int, seed: int,
+            chunk: int, estimator: str) -> None:
+    import anyio
+
+    from treadle.weft.rl.run import groups_to_folder
+
     policy, tok = _policy(model, quick)
 
     async def main():
