@@ -18,6 +18,18 @@ GROUPINGS = ("atomic", "trajectory")
 TOL = dict(rtol=1e-6, atol=1e-7)
 
 
+def assert_same_training(got: dict, ref: dict, label) -> None:
+    """A run's trained parameters (within TOL), evaluations (equal) and step records (within 1e-6 rel.)
+    equal the reference run's (also used by test_weft_resume_distributed.py)."""
+    for n, p in ref["params"].items():
+        torch.testing.assert_close(got["params"][n], p, **TOL, msg=lambda m, n=n: f"{n}: {m}")
+    assert got["evals"] == ref["evals"]
+    for a, b in zip(got["records"], ref["records"], strict=True):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9), (label, k)
+
+
 def _policy():
     from treadle.models.builders import build_tiny_model
     from treadle.weft.rl.vocab import build_tool_tokenizer
@@ -180,10 +192,4 @@ def test_fsdp2_two_ranks_match_one_process(grouping, single, fsdp2_ranks):
         assert got["sharded"]
         full = {n: p.shape[0] for n, p in one["params"].items() if p.dim() == 2}
         assert all(got["local_rows"][n] <= (rows + 1) // 2 for n, rows in full.items())
-        for n, p in one["params"].items():
-            torch.testing.assert_close(got["params"][n], p, **TOL, msg=lambda m, n=n: f"{n}: {m}")
-        assert got["evals"] == one["evals"]
-        for a, b in zip(got["records"], one["records"], strict=True):
-            assert a.keys() == b.keys()
-            for k in a:
-                assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9), (grouping, k)
+        assert_same_training(got, one, grouping)
