@@ -29,8 +29,8 @@ from torch import nn
 
 from treadle.distributed.process_group import collective_device, rank, require_initialized, world_size
 
-__all__ = ["PARALLEL", "check_parallel", "check_data_parallel", "wrap", "share", "no_sync", "full_tensor",
-           "full_optimizer_state", "load_optimizer_state", "all_reduce_sum", "broadcast_object", "full_parameters"]
+__all__ = ["PARALLEL", "check_parallel", "check_data_parallel", "decoder_layers", "wrap", "share", "no_sync",
+           "full_tensor", "full_optimizer_state", "load_optimizer_state", "all_reduce_sum", "broadcast_object", "full_parameters"]
 
 PARALLEL = ("ddp", "fsdp2")
 
@@ -66,6 +66,15 @@ def check_data_parallel(parallel: str, what: str, *, batch_size: int, report_to=
         raise ValueError(f"batch_size ({batch_size}) must be >= the world size ({W}): every rank trains on "
                          f"a part of each global batch")
     return W
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The sub-modules of ``model`` whose class is one of its ``_no_split_modules`` (HF decoder layers):
+    FSDP2's units. Empty when the model names none (then the whole model is one unit)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    for m in model.modules():  # a PEFT wrapper: the HF model inside names them
+        names |= set(getattr(m, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in names]
 
 
 def wrap(module: nn.Module, parallel: str, *, blocks: Sequence[nn.Module] = (), group=None) -> nn.Module:

@@ -34,8 +34,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from treadle.distributed.parallel import (all_reduce_sum, broadcast_object, check_data_parallel, check_parallel, share,
-                                          wrap)
+from treadle.distributed.parallel import (all_reduce_sum, broadcast_object, check_data_parallel, check_parallel,
+                                          decoder_layers, share, wrap)
 from treadle.distributed.process_group import is_main, world_size
 from treadle.scale.stage_two import Replicas
 
@@ -150,10 +150,7 @@ class DataParallel(Replicas):
 
     def wrap(self, peft_model, k, objective) -> None:
         super().wrap(peft_model, k, objective)
-        blocks = []
-        if self.parallel == "fsdp2":
-            base = peft_model.get_base_model() if hasattr(peft_model, "get_base_model") else peft_model
-            blocks = list(getattr(base.get_decoder(), "layers", []))
+        blocks = decoder_layers(peft_model) if self.parallel == "fsdp2" else []
         self.wrapped = wrap(_ScaleStep(peft_model, k, objective), self.parallel, blocks=blocks, group=self.group)
 
     def batch_loss(self, chunk, pad_id, device):

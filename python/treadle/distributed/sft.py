@@ -19,19 +19,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from treadle.distributed.parallel import all_reduce_sum, wrap
+from treadle.distributed.parallel import all_reduce_sum, decoder_layers, wrap
 from treadle.distributed.process_group import world_size
 
-__all__ = ["decoder_layers", "train_fsdp2"]
-
-
-def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The sub-modules of ``model`` whose class is one of its ``_no_split_modules`` (HF decoder layers):
-    FSDP2's units. Empty when the model names none (then the whole model is one unit)."""
-    names = set(getattr(model, "_no_split_modules", None) or ())
-    for m in model.modules():  # a PEFT wrapper: the HF model inside names them
-        names |= set(getattr(m, "_no_split_modules", None) or ())
-    return [m for m in model.modules() if type(m).__name__ in names]
+__all__ = ["train_fsdp2"]
 
 
 def train_fsdp2(trainer, steps: int, on_step: Callable[[int, float, float], None] | None = None) -> list[float]:

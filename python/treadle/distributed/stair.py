@@ -26,8 +26,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from treadle.distributed.parallel import (all_reduce_sum, broadcast_object, check_data_parallel, full_optimizer_state,
-                                          full_parameters, full_tensor, load_optimizer_state, no_sync, share, wrap)
+from treadle.distributed.parallel import (all_reduce_sum, broadcast_object, check_data_parallel, decoder_layers,
+                                          full_optimizer_state, full_parameters, full_tensor, load_optimizer_state,
+                                          no_sync, share, wrap)
 from treadle.distributed.process_group import is_main, world_size
 
 __all__ = ["train_stair"]
@@ -142,7 +143,7 @@ def train_stair(model, tokenizer, config, run_dir, *, parallel: str, group=None,
         else:
             responses = [[p.answer for p in s.problems] for s in pool]
         step_module = _StairStep(ctrl, model)
-        blocks = list(getattr(model.get_decoder(), "layers", [])) if parallel == "fsdp2" else []
+        blocks = decoder_layers(model) if parallel == "fsdp2" else []
         wrapped = wrap(step_module, parallel, blocks=blocks, group=group)
         opt = torch.optim.AdamW(ctrl.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.99))
         if state is not None:

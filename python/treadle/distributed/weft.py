@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 
 from treadle.distributed.grpo import global_group_ids, grpo_advantages_dp
-from treadle.distributed.parallel import all_reduce_sum, broadcast_object, check_parallel, share, wrap
+from treadle.distributed.parallel import all_reduce_sum, broadcast_object, check_parallel, decoder_layers, share, wrap
 from treadle.distributed.process_group import is_main, world_size
 from treadle.weft.rl.sampling import HFSampler
 
@@ -132,11 +132,7 @@ class WeftDataParallel:
         check_parallel(parallel, "WEFT GRPO training")
         self.group, self.world, self.is_main = group, world_size(group), is_main(group)
         self.model, self.parallel = model, parallel
-        blocks = ()
-        if parallel == "fsdp2":
-            from treadle.distributed.sft import decoder_layers
-
-            blocks = decoder_layers(model)
+        blocks = decoder_layers(model) if parallel == "fsdp2" else ()
         self.wrapped = wrap(model, parallel, blocks=blocks, group=group)
         self._unsharded = False
         self.checkpoint, self.log = checkpoint, log
