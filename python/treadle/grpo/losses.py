@@ -120,3 +120,11 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
         stats["clipfrac_lower"] = (lower.to(m.dtype) * m).sum().detach() / n_tok
     stats["approx_kl"] = (-log_ratio * m).sum().detach() / n_tok
     return aggregate_loss(loss_tok, mask, mode, **agg_kwargs), stats
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of ``KL(pi || pi_ref)`` at the sampled tokens: ``exp(d) - d - 1`` with
+    ``d = ref_logp - logp`` (``(B, T)`` float -> ``(B, T)``, >= 0, 0 where the two agree; GRPO, Shao et al.
+    2024 eq. 4)."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1.0

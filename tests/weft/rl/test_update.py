@@ -85,7 +85,7 @@ def test_comparison_reuses_finished_runs_of_the_same_config_and_start(tmp_path, 
 
 
 def test_kl_k3_is_zero_at_the_reference_and_positive_elsewhere():
-    from treadle.weft.rl.train import kl_k3
+    from treadle.grpo.losses import kl_k3
 
     ref = torch.log(torch.tensor([[0.5, 0.25, 0.125]], dtype=torch.float64))
     assert kl_k3(ref, ref).abs().max().item() == 0.0
@@ -106,7 +106,7 @@ def test_kl_penalty_pulls_zero_advantage_rows_back_to_the_reference(tiny_policy)
     with torch.no_grad():
         for p in drifted.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    from treadle.weft.rl.train import kl_k3
+    from treadle.grpo.losses import kl_k3
 
     ids, mask, _ = _rows_batch([row], pad_id=0)
 

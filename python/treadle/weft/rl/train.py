@@ -232,20 +232,12 @@ def signed_weight(rows, mode: str) -> dict:
     return {"weight_pos": pos, "weight_neg": neg, "neg_share": neg / (pos + neg) if pos + neg else 0.0}
 
 
-def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimate of ``KL(pi || pi_ref)`` at the sampled tokens: ``exp(d) - d - 1`` with
-    ``d = ref_logp - logp`` (``(B, T)`` float -> ``(B, T)``, >= 0, 0 where the two agree; GRPO, Shao et al.
-    2024 eq. 4)."""
-    d = ref_logp - logp
-    return torch.exp(d) - d - 1.0
-
-
 def _update(model, opt, rows, pad_id: int, cfg: WeftTrainConfig, ref_model=None) -> dict:
     """Clipped policy loss on the rows with a non-zero advantage; the token-mean denominator counts the
     policy tokens of every row (zero-advantage rows add no gradient but do count). With ``cfg.kl_coef > 0``
     and ``ref_model`` (the frozen start policy), ``kl_coef * k3`` is added on every row's policy tokens
     (aggregated the same way), so zero-advantage rows then enter the batch too."""
-    from treadle.grpo.losses import aggregate_loss, policy_loss
+    from treadle.grpo.losses import aggregate_loss, kl_k3, policy_loss
 
     use_kl = cfg.kl_coef > 0 and ref_model is not None
     total_tokens = float(sum(sum(r[2]) for r in rows))
