@@ -105,8 +105,10 @@ class _RootGroup(TyperGroup):
             click.echo(f"Error: {message}", err=True)
             sys.exit(err.exit_code)
         except Exception as err:
-            # a backend forced by $TREADLE_BACKEND (or backend=) that cannot run some op here: one line
-            if type(err).__name__ not in ("BackendUnavailableError", "UnknownBackendError"):
+            # a backend forced by $TREADLE_BACKEND (or backend=) that cannot run some op here: one line (the
+            # error class is looked up only once raised: dispatch imports torch, the root command does not)
+            dispatch = sys.modules.get("treadle.dispatch")
+            if dispatch is None or not isinstance(err, dispatch.BackendUnavailableError):
                 raise
             hint = (f" ($TREADLE_BACKEND={os.environ['TREADLE_BACKEND']}: unset it, or pick a backend that runs "
                     f"every op on this device)" if os.environ.get("TREADLE_BACKEND") else "")
@@ -221,8 +223,6 @@ def bench(
         rc = run(names, out=out, save=save, compare=compare,
                  report=report, extra=list(extra or []))
     except (FileNotFoundError, ValueError) as err:
-        from treadle.cli_runs import usage_exit
-
         usage_exit(str(err))
     raise typer.Exit(rc)
 
