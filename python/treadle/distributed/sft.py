@@ -15,6 +15,7 @@ a ``Shard(0)`` DTensor (1 / world of it per rank), and only the LoRA A/B are tra
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -25,7 +26,8 @@ from treadle.distributed.process_group import world_size
 __all__ = ["train_fsdp2"]
 
 
-def train_fsdp2(trainer, steps: int, on_step: Callable[[int, float, float], None] | None = None) -> list[float]:
+def train_fsdp2(trainer, steps: int, on_step: Callable[[int, float, float], None] | None = None, *,
+                checkpoint_every: int | None = None, resume_from: str | Path | None = None) -> list[float]:
     """Shard ``trainer.model`` (a PEFT model whose only trainable parameters are LoRA A/B) with FSDP2 and run
     ``steps`` optimizer steps of the trainer's own loss, optimizer and LR schedule on its per-rank
     dataloader. A collective: every rank calls it.
@@ -36,29 +38,46 @@ def train_fsdp2(trainer, steps: int, on_step: Callable[[int, float, float], None
         steps: optimizer steps (``<= `` the dataloader's batches).
         on_step: called on every rank with ``(step, loss, lr)``: the global batch's loss (the mean of the
             ranks' scaled losses, as the Trainer logs it) and the learning rate used by that step.
+        checkpoint_every: write a step checkpoint into ``trainer.args.output_dir`` every that many steps and
+            after the last (:func:`treadle.distributed.sft_checkpoint.save_fsdp2_checkpoint`, the Trainer's
+            format; None: none). The trainer's callbacks get ``on_save`` after each.
+        resume_from: a ``checkpoint-<k>`` folder (written by this loop or by the Trainer, any world size):
+            load it and run steps ``k .. steps - 1``, skipping the first ``k`` global batches (the same data
+            order as an uninterrupted run).
 
     Returns:
-        The per-step losses.
+        The per-step losses of the steps run here.
 
     Raises:
-        ValueError: ``steps`` < 1, gradient accumulation > 1, or the dataloader runs out of batches (no model
-            change in the first two cases).
+        ValueError: ``steps`` < 1, ``checkpoint_every`` < 1, gradient accumulation > 1, or the dataloader runs
+            out of batches (no model change in the first three cases); a checkpoint of another model / LoRA
+            config (:func:`~treadle.distributed.sft_checkpoint.load_fsdp2_checkpoint`).
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
+    if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
+        raise ValueError(f"checkpoint_every must be an int >= 1 (steps between checkpoints), got {checkpoint_every!r}")
     if trainer.args.gradient_accumulation_steps != 1:
         raise ValueError("FSDP2 Stage I runs one micro-batch per step (gradient_accumulation_steps=1), got "
                          f"{trainer.args.gradient_accumulation_steps}")
+    from treadle.distributed.sft_checkpoint import load_fsdp2_checkpoint, save_fsdp2_checkpoint
+
     model = trainer.model
     wrap(model, "fsdp2", blocks=decoder_layers(model))
     trainer.create_optimizer_and_scheduler(num_training_steps=steps)
     opt, sched = trainer.optimizer, trainer.lr_scheduler
+    trainer.state.compute_steps(trainer.args, steps)
+    trainer.state.max_steps, trainer.state.train_batch_size = steps, trainer.args.per_device_train_batch_size
+    first = 0 if resume_from is None else load_fsdp2_checkpoint(trainer, model, resume_from)
     params = [p for p in model.parameters() if p.requires_grad]
     device = next(model.parameters()).device
     batches = iter(trainer.get_train_dataloader())
+    for step in range(first):  # the global batches the checkpoint's steps trained on
+        if not trainer.get_batch_samples(batches, 1, device)[0]:
+            raise ValueError(f"the training data ran out after {step} of the checkpoint's {first} steps")
     W = world_size()
     losses = []
-    for step in range(steps):
+    for step in range(first, steps):
         samples, n_items = trainer.get_batch_samples(batches, 1, device)
         if not samples:
             raise ValueError(f"the training data ran out after {step} of {steps} steps")
@@ -74,5 +93,8 @@ def train_fsdp2(trainer, steps: int, on_step: Callable[[int, float, float], None
         losses.append(total / W)
         if on_step is not None:
             on_step(step, losses[-1], lr)
+        if checkpoint_every is not None and ((step + 1) % checkpoint_every == 0 or step + 1 == steps):
+            save_fsdp2_checkpoint(trainer, model, trainer.args.output_dir, step + 1)
+            trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
     model.eval()
     return losses

@@ -183,6 +183,11 @@ def sft_cmd(
                                                      "sharded; TRL's data, loss and optimizer); --batch-size stays "
                                                      "the global batch (a multiple of N), rank 0 writes the run "
                                                      "folder."),
+    checkpoint_every: int = typer.Option(10, "--checkpoint-every", min=1,
+                                         help="Write a step checkpoint (the HF Trainer's, <out>/trainer/checkpoint-N) "
+                                              "every N steps and after the last, >= 1; an interrupted run rerun "
+                                              "with the same settings continues from the newest one, also on "
+                                              "another number of ranks or another --parallel."),
 ) -> None:
     """Stage I: ordinary LoRA SFT through PEFT (r=16, alpha=16, all linear layers) on worked problems."""
     import contextlib
@@ -221,12 +226,13 @@ def sft_cmd(
         return
     model, tok = _load(model_path, quick, threads)
     _check_target_modules(model, cfg.target_modules)
-    ctx_run = (recorded(run, console, saved=lambda: "the log of the steps done (log.jsonl); no adapter until the end")
+    ctx_run = (recorded(run, console, saved=lambda: "the step checkpoints (trainer/checkpoint-N) and log.jsonl",
+                        resumable=True)
                if main else contextlib.nullcontext())
     with ctx_run:
         try:
             res = sft(model, tok, cfg, out, console=console if main else Console(quiet=True),
-                      progress=main and progress_enabled(), parallel=parallel)
+                      progress=main and progress_enabled(), parallel=parallel, checkpoint_every=checkpoint_every)
         except _ERRORS as err:
             _fail(err)
     if main:
@@ -375,7 +381,7 @@ def _train_parallel(parallel: str, ctx, a: dict) -> None:
         with ctx_run:
             try:
                 summary = train(pm, tok, cfg, out, console=console if main else None,
-                                progress=main and progress_enabled(), parallel=parallel)
+                                progress=main and progress_enabled(), parallel=parallel, checkpoint_every=checkpoint_every)
             except _ERRORS as err:
                 _fail(err)
         if main:

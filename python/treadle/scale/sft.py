@@ -242,14 +242,16 @@ def _per_device_batch(config: SFTConfig) -> int:
     return config.batch_size // world
 
 
-def _trainer_args(config: SFTConfig, output_dir: str, progress: bool):
+def _trainer_args(config: SFTConfig, output_dir: str, progress: bool, checkpoint_every: int | None = None):
     from trl import SFTConfig as TRLSFTConfig
 
-    return TRLSFTConfig(
+    saving = (dict(save_strategy="no") if checkpoint_every is None else
+              dict(save_strategy="steps", save_steps=checkpoint_every, save_total_limit=2, save_only_model=False))
+    return TRLSFTConfig(**saving,
         output_dir=output_dir, max_steps=config.steps, per_device_train_batch_size=_per_device_batch(config),
         gradient_accumulation_steps=1, learning_rate=config.lr, lr_scheduler_type="constant_with_warmup",
         warmup_steps=config.steps // 10, weight_decay=config.weight_decay, max_grad_norm=config.grad_clip,
-        optim="adamw_torch", seed=config.seed, data_seed=config.seed, logging_steps=1, save_strategy="no",
+        optim="adamw_torch", seed=config.seed, data_seed=config.seed, logging_steps=1,
         report_to=config.report_to, disable_tqdm=not progress, completion_only_loss=True, packing=False,
         dataloader_num_workers=0, dataset_num_proc=None, use_cpu=not torch.cuda.is_available(),
         ddp_find_unused_parameters=False,
@@ -257,13 +259,16 @@ def _trainer_args(config: SFTConfig, output_dir: str, progress: bool):
 
 
 def stage_one_trainer(model: nn.Module, tokenizer, config: SFTConfig, output_dir: str | Path, *,
-                      targets: list[str] | None = None, callbacks=(), progress: bool = False):
+                      targets: list[str] | None = None, callbacks=(), progress: bool = False,
+                      checkpoint_every: int | None = None):
     """The ``trl.SFTTrainer`` that :func:`sft` runs (not yet trained): ``model`` wrapped with a fresh
     ``peft.LoraConfig`` (r, alpha, dropout of ``config``; ``targets`` or :func:`linear_targets`), on
     ``config.steps * config.batch_size`` fresh train-split problems (:func:`sft_dataset`).
 
     Use it to run Stage I with TRL features :func:`sft` does not expose (edit ``trainer.args``
-    before ``trainer.train()``: bf16, gradient accumulation, checkpoints and ``resume_from_checkpoint``).
+    before ``trainer.train()``: bf16, gradient accumulation...). ``checkpoint_every``: the Trainer writes a
+    step checkpoint (``output_dir/checkpoint-<step>``, the newest two kept) every that many steps and after
+    the last (:mod:`treadle.distributed.sft_checkpoint`); None: none.
     """
     import peft
     from transformers.trainer_callback import PrinterCallback
@@ -279,7 +284,7 @@ def stage_one_trainer(model: nn.Module, tokenizer, config: SFTConfig, output_dir
     lcfg = peft.LoraConfig(r=config.r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                            target_modules=targets, task_type="CAUSAL_LM")
     with _quiet():
-        args = _trainer_args(config, str(output_dir), progress)
+        args = _trainer_args(config, str(output_dir), progress, checkpoint_every)
         torch.manual_seed(config.seed)  # the LoRA initialisation
         trainer = SFTTrainer(model=model, args=args, train_dataset=train_set, processing_class=tokenizer,
                              peft_config=lcfg, callbacks=list(callbacks))
@@ -302,8 +307,49 @@ def _layout(pm: nn.Module, parallel: str | None) -> dict:
             "only_lora_trainable": all("lora_A" in n or "lora_B" in n for n, p in params if p.requires_grad)}
 
 
+STAGE_ONE = "stage_one.json"  # the config of the checkpoints in <out_dir>/trainer
+
+
+def _resumable(out: Path, config: SFTConfig) -> Path | None:
+    """The newest complete step checkpoint under ``out/trainer`` (None: none), checked to be of ``config``.
+
+    Raises:
+        ValueError: the checkpoints there are of another config (or of an unknown one)."""
+    from treadle.distributed.sft_checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(out / "trainer") if out.is_dir() else None
+    if ckpt is None:
+        return None
+    try:
+        saved = json.loads((out / "trainer" / STAGE_ONE).read_text())
+    except (OSError, ValueError):
+        saved = None
+    mine = json.loads(json.dumps(dataclasses.asdict(config)))
+    if saved != mine:
+        diff = (sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k)) if isinstance(saved, dict)
+                else f"no readable {STAGE_ONE}")
+        raise ValueError(f"out_dir {str(out)!r} holds Stage I step checkpoints of another config (differs in {diff}); "
+                         f"give another out_dir or remove {out / 'trainer'}")
+    return ckpt
+
+
+def _log_before(path: Path, first: int) -> list[str]:
+    """The lines of a ``log.jsonl`` for the steps before ``first`` (a resumed run rewrites the rest)."""
+    if first == 0 or not path.exists():
+        return []
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] < first:
+                kept.append(line + "\n")
+        except (ValueError, KeyError, TypeError):
+            break  # a torn last line
+    return kept
+
+
 def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: str | Path | None = None, *,
-        console=None, progress: bool = False, parallel: str | None = None) -> SFTResult:
+        console=None, progress: bool = False, parallel: str | None = None, checkpoint_every: int | None = None,
+        callbacks=()) -> SFTResult:
     """Stage I of SCALE (sec. 4.3): fine-tune ``model`` with a fresh PEFT LoRA adapter on TRL's ``SFTTrainer``.
 
     Args:
@@ -326,6 +372,15 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
     together and the adapter is gathered into full tensors (a collective) before rank 0 writes it in
     PEFT's single-process format. ``parallel="ddp"`` or None: the trainer's default (DDP under torchrun).
 
+    Step checkpoints and resume (``checkpoint_every``, needs ``out_dir``): a checkpoint every that many
+    steps and after the last, in the HF Trainer's format under ``out_dir/trainer/checkpoint-<step>``
+    (the newest two kept; written once, by rank 0; :mod:`treadle.distributed.sft_checkpoint`). When
+    ``out_dir/trainer`` already holds a complete checkpoint of the same config (``stage_one.json``), the
+    run continues from the newest one (in one process, under DDP or FSDP2, on any world size, whatever
+    wrote it) with the uninterrupted run's data order (the first ``k`` global batches are skipped) and
+    ends with its LoRA weights (float tolerance); ``log.jsonl`` keeps the steps before ``k``.
+    ``callbacks``: extra ``transformers.TrainerCallback`` objects (the FSDP2 loop calls their ``on_save``).
+
     Returns:
         :class:`SFTResult` (probe loss before/after on held-out problems, per-step losses).
 
@@ -334,8 +389,9 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
         ValueError: ``model`` already has LoRA layers; a tokenizer without chat template / EOS / pad;
             no linear module matches ``target_modules`` (PEFT's message); ``out_dir`` is a file, under a
             file, or not writable; under torchrun, ``batch_size`` not a multiple of the world size; an
-            unknown ``parallel``, or ``"fsdp2"`` without an initialised process group. Raised before
-            training and (but for PEFT's message) before ``model`` is changed.
+            unknown ``parallel``, or ``"fsdp2"`` without an initialised process group; ``checkpoint_every``
+            < 1 or without ``out_dir``; ``out_dir/trainer`` holds checkpoints of another config. Raised
+            before training and (but for PEFT's message) before ``model`` is changed.
     """
     from transformers import TrainerCallback
 
@@ -353,14 +409,31 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
         from treadle.distributed.parallel import check_parallel
 
         check_parallel(parallel, "Stage I")
+    if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
+        raise ValueError(f"checkpoint_every must be an int >= 1 (steps between checkpoints), got {checkpoint_every!r}")
+    if checkpoint_every is not None and out_dir is None:
+        raise ValueError("checkpoint_every needs an out_dir (the checkpoints are written under out_dir/trainer)")
     _, writer = _world()
+    resume_from = _resumable(Path(out_dir), config) if out_dir is not None else None  # raises before any change
     out = make_out_dir(out_dir) if out_dir is not None else None  # before the model is wrapped
+    first = 0
+    if resume_from is not None:
+        from treadle.distributed.sft_checkpoint import checkpoint_step
+
+        first = checkpoint_step(resume_from)
     targets = (linear_targets(model) if config.target_modules == "all-linear" else list(config.target_modules))
     weights = {lv: 1.0 for lv in config.levels}
     probe = problem_pairs(tokenizer, ProblemGenerator(config.seed + 10_007).mixture(config.probe_size, weights,
                                                                                   split="heldout"))
-    losses: list[float] = []
-    log = open(out / "log.jsonl", "w") if out is not None and writer else None
+    kept = _log_before(out / "log.jsonl", first) if out is not None else []
+    losses: list[float] = [json.loads(line)["loss"] for line in kept]  # a resumed run's earlier steps
+    log = None
+    if out is not None and writer:
+        (out / "trainer").mkdir(exist_ok=True)
+        (out / "trainer" / STAGE_ONE).write_text(json.dumps(dataclasses.asdict(config), indent=1))
+        log = open(out / "log.jsonl", "w")  # noqa: SIM115
+        log.writelines(kept)
+        log.flush()
 
     def _log_step(step: int, loss: float, lr) -> None:
         losses.append(float(loss))
@@ -378,7 +451,8 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
         if out is None:
             tmp = tempfile.TemporaryDirectory(prefix="treadle-sft-")
         trainer = stage_one_trainer(model, tokenizer, config, str(out / "trainer") if out is not None else tmp.name,
-                                    targets=targets, callbacks=[_Log()], progress=progress)
+                                    targets=targets, callbacks=[_Log(), *callbacks], progress=progress,
+                                    checkpoint_every=checkpoint_every)
         pm = trainer.model
         device = next(pm.parameters()).device
         probe_batch = collate(probe, tokenizer.pad_token_id).to(device)
@@ -389,14 +463,17 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
                 return float(response_loss(pm, probe_batch))
 
         before = probe_loss()
+        if console is not None and writer and resume_from is not None:
+            console.print(f"Stage I resumed at step {first} of {config.steps} from {resume_from}", markup=False)
         t0 = time.perf_counter()
         with _quiet():
             if parallel == "fsdp2":
                 from treadle.distributed.sft import train_fsdp2
 
-                train_fsdp2(trainer, config.steps, on_step=_log_step)
+                train_fsdp2(trainer, config.steps, on_step=_log_step, checkpoint_every=checkpoint_every,
+                            resume_from=resume_from)
             else:
-                trainer.train()
+                trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
         seconds = time.perf_counter() - t0
     finally:
         if log is not None:
@@ -421,7 +498,7 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
         summary = {"config": dataclasses.asdict(config), "base_model": getattr(model, "name_or_path", "") or None,
                    "probe_loss_before": before, "probe_loss_after": after, "seconds": seconds,
                    "trainable": trainable, "adapter": str(adapter), "trainer": "trl.SFTTrainer",
-                   "parallel": _layout(pm, parallel)}
+                   "parallel": _layout(pm, parallel), "resumed_from_step": first if resume_from is not None else None}
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if console is not None and writer:
         console.print(f"Stage I (TRL SFTTrainer, LoRA r={config.r}, alpha={config.lora_alpha}, "
