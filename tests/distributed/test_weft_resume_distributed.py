@@ -127,3 +127,56 @@ def test_checkpoint_of_another_config_is_not_used(runs):
 def test_checkpoint_every_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="every"):
         StepCheckpoint(tmp_path, 0, config={}, steps=2)
+
+
+def _one_process(folder: Path, stop, log=None, sampler: str = "mixed"):
+    """One process: train_policy with the one-process step checkpoints; ``sampler`` "mixed" (gold / sampled
+    rows: groups with reward signal, so every step trains) or "hf" (the CLI's default HFSampler)."""
+    from treadle.distributed.weft_resume import one_process_checkpoint
+    from treadle.weft.rl.train import train_policy
+
+    h = _helpers()
+    cfg = WeftTrainConfig.quick(**CFG)
+    model, tok = h._policy()
+    ckpt = one_process_checkpoint(folder, 1, cfg, "p0", log)
+    if stop:
+        ckpt = _StopAfter(ckpt.folder, 1, stop=stop, config=ckpt.config, steps=cfg.steps, policy_sha256="p0", log=log)
+    stopped = False
+    try:
+        s = anyio.run(lambda: train_policy(model, tok, cfg, progress=False, log=log, checkpoint=ckpt,
+                                           sampler_factory=h._mixed if sampler == "mixed" else None))
+    except* _Stopped:  # raised inside the runtime's task group
+        stopped = True
+    if stopped:
+        return None
+    return {**h._summary(s, model), "resumed_from": ckpt.resumed_from}
+
+
+@pytest.mark.parametrize("sampler", ["mixed", "hf"])
+def test_one_process_stopped_and_resumed_equals_uninterrupted(tmp_path, sampler):
+    """``treadle weft train`` in one process: a run stopped after step 1 of 2 continues from its checkpoint with
+    the uninterrupted run's policy, records, evaluations and step log; the checkpoint records the sampler, so
+    a data-parallel (row-keyed) run does not continue it."""
+    import io
+    import json
+
+    torch.set_num_threads(1)
+    h = _helpers()
+    ref = _one_process(tmp_path / "ref", None, sampler=sampler)
+    assert ref["resumed_from"] is None
+    assert _one_process(tmp_path / "cut", STOP, sampler=sampler) is None
+    saved = torch.load(tmp_path / "cut" / "checkpoint" / StepCheckpoint.FILE, weights_only=False)
+    assert saved["next_step"] == STOP and saved["config"]["sampler"] == "hf"
+    moved = max(float((saved["model"][n] - p).abs().max()) for n, p in ref["params"].items())
+    if sampler == "mixed":  # the resumed step really trains (the untrained policy's own samples all fail)
+        assert moved > 1e-3 and all(r["rows_updated"] > 0 for r in ref["records"])
+    log = io.StringIO()
+    got = _one_process(tmp_path / "cut", None, log, sampler=sampler)
+    assert got["resumed_from"] == STOP
+    h.assert_same_training(got, ref, "one process")
+    assert [json.loads(x)["step"] for x in log.getvalue().splitlines()] == [0, 1]  # the earlier record first
+    dp = StepCheckpoint(tmp_path / "cut" / "checkpoint", 1, config={**WeftTrainConfig.quick(**CFG).as_dict(),
+                                                                    "sampler": "row-keyed"}, steps=2,
+                        policy_sha256="p0")
+    model, _ = h._policy()
+    assert dp.resume(model, torch.optim.AdamW(model.parameters()), [], {}) == 0 and "sampler" in dp.skipped

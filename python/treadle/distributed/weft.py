@@ -340,7 +340,7 @@ def one_run_dp(policy, cfg, sub: Path, *, parallel: str = "ddp", checkpoint_ever
     ``console``: where rank 0 says that it resumed, or why a checkpoint found was not used."""
     import anyio
 
-    from treadle.distributed.weft_resume import StepCheckpoint
+    from treadle.distributed.weft_resume import SAMPLER_KEY, StepCheckpoint
     from treadle.weft.rl.report import policy_fingerprint
 
     model, tok = copy.deepcopy(policy[0]), policy[1]
@@ -351,8 +351,8 @@ def one_run_dp(policy, cfg, sub: Path, *, parallel: str = "ddp", checkpoint_ever
         sub.mkdir(parents=True, exist_ok=True)
     ckpt = None
     if checkpoint_every is not None:
-        ckpt = StepCheckpoint(sub / "checkpoint", checkpoint_every, config=cfg.as_dict(), steps=cfg.steps,
-                              policy_sha256=fp)
+        ckpt = StepCheckpoint(sub / "checkpoint", checkpoint_every,
+                              config={**cfg.as_dict(), SAMPLER_KEY: "row-keyed"}, steps=cfg.steps, policy_sha256=fp)
         if not resume and main and ckpt.path.exists():
             ckpt.path.unlink()
     log = open(sub / "steps.jsonl", "w") if main else None  # noqa: SIM115

@@ -1,7 +1,9 @@
-"""Step checkpoints of a data-parallel WEFT GRPO run, and resuming from them on any world size (issue 18).
+"""Step checkpoints of a WEFT GRPO run (one process or data-parallel), and resuming from them on any world size
+(issue 18).
 
-:class:`StepCheckpoint` is the pair of hooks :class:`treadle.distributed.weft.WeftDataParallel` gives
-:func:`treadle.weft.rl.train.train_policy` (``dp.resume`` before the first step, ``dp.step_done`` after each):
+:class:`StepCheckpoint` is the pair of hooks (``resume`` before the first step, ``step_done`` after each) that
+:func:`treadle.weft.rl.train.train_policy` calls: through :class:`treadle.distributed.weft.WeftDataParallel`
+(``dp=``) in a data-parallel run, directly (``checkpoint=``) in one process:
 
 * **Written once.** Every ``every`` steps (and after the last) rank 0 writes ``<folder>/state.pt``:
   the next step, the policy's full ``state_dict`` and the AdamW state (DDP keeps both whole on every
@@ -21,6 +23,7 @@
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -30,7 +33,7 @@ import torch.distributed as dist
 from treadle.distributed.parallel import broadcast_object, full_optimizer_state, full_tensor, load_optimizer_state
 from treadle.distributed.process_group import is_main
 
-__all__ = ["StepCheckpoint"]
+__all__ = ["StepCheckpoint", "one_process_checkpoint", "SAMPLER_KEY"]
 
 FORMAT = 1
 
@@ -60,7 +63,10 @@ class StepCheckpoint:
         steps: the run's number of steps (the last one is always checkpointed).
         policy_sha256: fingerprint of the start policy (:func:`treadle.weft.rl.report.policy_fingerprint`);
             a checkpoint resumes only the same start.
-        group: process group (None: default).
+        group: process group (None: default); torch.distributed may also be uninitialised (one process:
+            :func:`treadle.weft.rl.train.train_policy`'s ``checkpoint=``).
+        log: rank 0's open step log: a resumed run's earlier records are written to it first (None: not
+            written here).
 
     Raises:
         ValueError: ``every`` < 1.
@@ -69,11 +75,11 @@ class StepCheckpoint:
     FILE = "state.pt"
 
     def __init__(self, folder: str | Path, every: int, *, config: dict, steps: int, policy_sha256: str = "",
-                 group=None):
+                 group=None, log=None):
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"checkpoint every must be an int >= 1 (steps between checkpoints), got {every!r}")
         self.folder, self.every, self.config, self.steps = Path(folder), every, dict(config), steps
-        self.policy_sha256, self.group = policy_sha256, group
+        self.policy_sha256, self.group, self.log = policy_sha256, group, log
         self.resumed_from: int | None = None  # the step a resume started at (None: a fresh run)
         self.skipped: str | None = None  # why a checkpoint found in folder was not used
 
@@ -104,7 +110,9 @@ class StepCheckpoint:
         """Load the checkpoint, if any usable, into ``model`` (the unwrapped policy), ``opt``, ``records``
         and ``evals`` (in place) on every rank. A collective. Returns the step to run next (0: none)."""
         state, why = self._read() if is_main(self.group) else (None, None)
-        state, self.skipped = broadcast_object((state, why), group=self.group)
+        if dist.is_initialized():
+            state, why = broadcast_object((state, why), group=self.group)
+        self.skipped = why
         if state is None:
             return 0
         _load_weights(model, state["model"])
@@ -114,6 +122,10 @@ class StepCheckpoint:
         evals.update({int(k): v for k, v in state["evals"].items()})
         torch.set_rng_state(state["rng"])
         self.resumed_from = int(state["next_step"])
+        if self.log is not None and is_main(self.group):
+            for rec in records:
+                self.log.write(json.dumps(rec) + "\n")
+            self.log.flush()
         return self.resumed_from
 
     # writing ----------------------------------------------------------------------------------------------
@@ -136,3 +148,19 @@ class StepCheckpoint:
             os.replace(tmp, self.path)
         if dist.is_initialized():
             dist.barrier(group=self.group)
+
+
+SAMPLER_KEY = "sampler"  # in a checkpoint's config: which sampler drew the rollouts
+
+
+def one_process_checkpoint(run_folder: str | Path, every: int, cfg, policy_sha256: str, log=None) -> StepCheckpoint:
+    """The step checkpoints of a one-process ``treadle weft train`` run (``run_folder/checkpoint/state.pt``),
+    for :func:`treadle.weft.rl.train.train_policy`'s ``checkpoint=``: ``log`` (the open ``steps.jsonl``)
+    gets a resumed run's earlier records first.
+
+    The one-process trainer samples with :class:`~treadle.weft.rl.sampling.HFSampler` (one random stream per
+    batch), the data-parallel one with the row-keyed sampler: their rollouts differ, so the checkpoint's
+    config records the sampler (``"sampler": "hf"``) and a ``--parallel`` run does not continue it (nor a
+    one-process run a ``--parallel`` checkpoint): each would mix two different runs."""
+    return StepCheckpoint(Path(run_folder) / "checkpoint", every, config={**cfg.as_dict(), SAMPLER_KEY: "hf"},
+                          steps=cfg.steps, policy_sha256=policy_sha256, log=log)

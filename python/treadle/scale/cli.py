@@ -232,7 +232,8 @@ def sft_cmd(
     with ctx_run:
         try:
             res = sft(model, tok, cfg, out, console=console if main else Console(quiet=True),
-                      progress=main and progress_enabled(), parallel=parallel, checkpoint_every=checkpoint_every)
+                      progress=main and progress_enabled(), parallel=parallel,
+                      checkpoint_every=checkpoint_every)
         except _ERRORS as err:
             _fail(err)
     if main:
@@ -381,7 +382,8 @@ def _train_parallel(parallel: str, ctx, a: dict) -> None:
         with ctx_run:
             try:
                 summary = train(pm, tok, cfg, out, console=console if main else None,
-                                progress=main and progress_enabled(), parallel=parallel, checkpoint_every=checkpoint_every)
+                                progress=main and progress_enabled(), parallel=parallel,
+                      checkpoint_every=checkpoint_every)
             except _ERRORS as err:
                 _fail(err)
         if main:

@@ -54,9 +54,11 @@ def policy_fingerprint(model) -> str:
     return h.hexdigest()[:16]
 
 
-def _one_run(policy, cfg, sub: Path, fingerprint: str = "") -> dict:
+def _one_run(policy, cfg, sub: Path, fingerprint: str = "", checkpoint_every: int | None = None) -> dict:
     """Train one (grouping, seed) from ``policy`` (``(model, tokenizer)``, copied, or a checkpoint folder);
-    write ``sub/steps.jsonl`` and ``sub/summary.json``; return the summary (``cpu_s``: process CPU time)."""
+    write ``sub/steps.jsonl`` and ``sub/summary.json``; return the summary (``cpu_s``: process CPU time).
+    ``checkpoint_every``: step checkpoints in ``sub/checkpoint`` (:func:`treadle.distributed.weft_resume.
+    one_process_checkpoint`; an interrupted run continues from there); None: none."""
     import anyio
     import torch
 
@@ -72,7 +74,13 @@ def _one_run(policy, cfg, sub: Path, fingerprint: str = "") -> dict:
     sub.mkdir(parents=True, exist_ok=True)
     c0 = time.process_time()
     with open(sub / "steps.jsonl", "w") as log:
-        s = anyio.run(lambda: train_policy(model, tok, cfg, log=log, progress=False))
+        ckpt = None
+        if checkpoint_every is not None:
+            from treadle.distributed.weft_resume import one_process_checkpoint
+
+            ckpt = one_process_checkpoint(sub, checkpoint_every, cfg, fingerprint, log)
+        s = anyio.run(lambda: train_policy(model, tok, cfg, log=log, progress=False, checkpoint=ckpt))
+    s["resumed_from_step"] = ckpt.resumed_from if ckpt is not None else None
     s["cpu_s"] = time.process_time() - c0
     s["policy_sha256"] = fingerprint
     (sub / "summary.json").write_text(json.dumps(s, indent=1))
@@ -80,7 +88,8 @@ def _one_run(policy, cfg, sub: Path, fingerprint: str = "") -> dict:
 
 
 def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, quick: bool, console,
-                   overrides: dict | None = None, jobs: int = 1, reuse: bool = True, runner=None) -> dict | None:
+                   overrides: dict | None = None, jobs: int = 1, reuse: bool = True, runner=None,
+                   checkpoint_every: int | None = None) -> dict | None:
     """Train every (grouping, seed) from a copy of ``policy = (model, tokenizer)``; write and print results.
 
     ``runner(policy, cfg, run_folder)`` replaces the one-process run (``--parallel``:
@@ -90,7 +99,8 @@ def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, qu
     ``jobs > 1`` runs that many (grouping, seed) runs at once in worker processes (spawned; each loads
     the policy from ``out/start-policy``, one torch thread each): the same runs, the same numbers (each
     run is seeded on its own), in less wall time on a multi-core machine. ``reuse``: keep finished runs of
-    the same config and start policy (module docstring); False trains every run again."""
+    the same config and start policy (module docstring); False trains every run again. ``checkpoint_every``:
+    one-process runs write step checkpoints every that many steps and continue from them (``_one_run``)."""
     from rich.table import Table
 
     from treadle.weft.rl.train import WeftTrainConfig
@@ -138,13 +148,14 @@ def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, qu
         policy[0].save_pretrained(start)
         policy[1].save_pretrained(start)
         with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=multiprocessing.get_context("spawn")) as pool:
-            futs = {key: pool.submit(_one_run, start, cfg, out / f"{key[0]}-seed{key[1]}", fp) for key, cfg in todo}
+            futs = {key: pool.submit(_one_run, start, cfg, out / f"{key[0]}-seed{key[1]}", fp, checkpoint_every)
+                    for key, cfg in todo}
             for key, fut in futs.items():
                 done(key, fut.result())
         worker_cpu = sum(runs[key]["cpu_s"] for key, _ in todo)
     else:
         for key, cfg in todo:
-            done(key, _one_run(policy, cfg, out / f"{key[0]}-seed{key[1]}", fp))
+            done(key, _one_run(policy, cfg, out / f"{key[0]}-seed{key[1]}", fp, checkpoint_every))
         worker_cpu = 0.0
     summary: dict = {"seeds": list(seeds), "groupings": {}, "t_total_s": time.perf_counter() - t_start,
                      "cpu_total_s": time.process_time() - c_start + worker_cpu, "jobs": jobs,

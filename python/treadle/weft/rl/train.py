@@ -289,13 +289,15 @@ async def _evaluate(rt, h, model, tok, held, cfg: WeftTrainConfig) -> dict:
 
 
 async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: bool = True, dp=None,
-                       sampler_factory=None) -> dict:
+                       sampler_factory=None, checkpoint=None) -> dict:
     """Run GRPO on ``model`` in place (see the module docstring); returns the summary dict with
     ``evals`` (step -> held-out success) and ``records`` (one dict per step).
 
     ``dp``: None (one process), or the data-parallel hooks of one rank
     (:class:`treadle.distributed.weft.WeftDataParallel`; use :func:`treadle.distributed.weft.train_policy_dp`),
     which may resume from a step checkpoint (``dp.resume``) and write one after each step (``dp.step_done``).
+    ``checkpoint``: one process (``dp`` None): the same two hooks, e.g. a
+    :class:`treadle.distributed.weft_resume.StepCheckpoint` (None: no step checkpoints).
     ``sampler_factory``: ``f(model, tok, cfg) -> Sampler`` for the rollouts (None: :class:`HFSampler`)."""
     from tqdm.auto import tqdm
 
@@ -321,7 +323,8 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
     n_eps = cfg.turns_per_step // 2
     records, evals = [], {}
-    first = 0 if dp is None else dp.resume(model, opt, records, evals)  # a step checkpoint's next step, else 0
+    hooks = dp if dp is not None else checkpoint
+    first = 0 if hooks is None else hooks.resume(model, opt, records, evals)  # a step checkpoint's next step, else 0
     evaluate = _evaluate if dp is None else dp.main_only(_evaluate)
     async with Runtime() as rt:
         h = await shop_server(rt)
@@ -396,8 +399,8 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
             if log is not None:
                 log.write(json.dumps(rec) + "\n")
                 log.flush()
-            if dp is not None:
-                dp.step_done(step, model, opt, records, evals)
+            if hooks is not None:
+                hooks.step_done(step, model, opt, records, evals)
         evals[cfg.steps] = await evaluate(rt, h, model, tok, held, cfg)
     tot = {k: sum(r[k] for r in records) for k in ("t_model_s", "t_env_s", "t_advantage_s", "t_update_s", "t_step_s")}
     n_seg = sum(r["segments"] for r in records)
