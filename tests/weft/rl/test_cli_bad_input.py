@@ -65,14 +65,17 @@ def test_groups_refuses_a_user_folder_and_records_its_run(tmp_path, monkeypatch)
     assert rec["command"] == "weft groups" and rec["status"] == "refused" and rec["config"]["model"].endswith("model")
 
 
-def test_train_refuses_a_finished_comparison_without_overwrite(tmp_path, monkeypatch):
+def test_train_refuses_a_folder_that_is_not_a_run_folder(tmp_path, monkeypatch):
+    """Results without a run.json (e.g. an older treadle's comparison) are not ours to resume or delete
+    (the run-folder rule; tests/weft/rl/test_train_run_folder.py has the rest)."""
     monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out"
     out.mkdir()
     (out / "summary.json").write_text("{}")
-    r = runner.invoke(app, ["train", "--out", str(out)])
-    assert r.exit_code == 2 and "--overwrite" in r.output
-    assert not (tmp_path / "cache").exists()
+    for extra in ([], ["--overwrite"]):
+        r = runner.invoke(app, ["train", "--out", str(out), *extra])
+        assert r.exit_code == 2 and "not a treadle run folder" in " ".join(r.output.split()), r.output
+    assert not (tmp_path / "cache").exists() and sorted(p.name for p in out.iterdir()) == ["summary.json"]
 
 
 def test_train_refuses_overwrite_with_resume(tmp_path, monkeypatch):

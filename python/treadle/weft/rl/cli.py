@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 
 from treadle.cli_output import make_console
-from treadle.cli_runs import open_run, recorded, usage_error
+from treadle.cli_runs import OUT_HELP_SUFFIX, open_run, recorded, usage_error
 
 console = make_console()
 
@@ -127,8 +127,9 @@ def _seeds(text: str) -> list[int]:
 
 def train_cmd(
     out: Path = typer.Option(Path("runs/weft-train"), "--out", help="Run folder (one sub-folder per grouping and "
-                                                                   "seed; existing results are refused without "
-                                                                   "--overwrite)."),
+                                                                   "seed)." + OUT_HELP_SUFFIX + " Other --seeds or "
+                                                                   "--grouping add to it: finished (grouping, seed) "
+                                                                   "runs of the same settings are kept."),
     grouping: str = typer.Option("both", "--grouping", help="atomic, trajectory or both."),
     seeds: str = typer.Option("0,1,2", "--seeds", help="Comma-separated seeds (one run each)."),
     steps: int = typer.Option(None, "--steps", help="GRPO steps per run, >= 1 (default 16; --quick 2)."),
@@ -137,26 +138,25 @@ def train_cmd(
     model: Path = typer.Option(None, "--model", help="Tool-policy checkpoint to start from (default: the cached tiny "
                                                      "tool policy)."),
     quick: bool = typer.Option(False, "--quick", help="Seconds-long smoke settings on the quick tool policy."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing results in --out (every run again)."),
-    resume: bool = typer.Option(False, "--resume", help="Keep the finished runs in --out that have the same settings "
-                                                        "and start policy (e.g. to add seeds); run the others "
-                                                        "(--parallel: from their step checkpoint, on any number "
-                                                        "of ranks)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run in --out (every run again)."),
+    resume: bool = typer.Option(False, "--resume", hidden=True, help="Kept for old scripts: resuming is the default "
+                                                                     "(the run-folder rule)."),
     jobs: int = typer.Option(2, "--jobs", help="Runs at once (worker processes, one thread each), >= 1; the "
                                                "numbers do not depend on it."),
     parallel: str = typer.Option(None, "--parallel", help="Data-parallel GRPO under torchrun: 'ddp' or 'fsdp2' (e.g. "
                                                          "torchrun --nproc-per-node 2 -m treadle weft train --parallel "
                                                          "ddp; fsdp2 gathers the policy for the rollouts); "
                                                          "each step's episodes are split over the ranks (runs one "
-                                                         "after another; --jobs is not used)."),
-    checkpoint_every: int = typer.Option(1, "--checkpoint-every", help="--parallel: rank 0 writes a step checkpoint "
-                                                                      "(<run>/checkpoint/state.pt) every N steps, "
-                                                                      ">= 1; an interrupted run continues from it."),
+                                                         "after another; --jobs is not used). Its rollouts differ "
+                                                         "from one process's (row-keyed sampling), so a run folder "
+                                                         "is either data-parallel or not; ddp and fsdp2, and any "
+                                                         "number of ranks, continue each other's runs."),
+    checkpoint_every: int = typer.Option(1, "--checkpoint-every", help="Write a step checkpoint "
+                                                                      "(<run>/checkpoint/state.pt, rank 0) every N "
+                                                                      "steps, >= 1; an interrupted run continues from "
+                                                                      "it."),
 ) -> None:
     """GRPO on the tiny tool policy: atomic-turn vs trajectory grouping, held-out success before/after, PNG."""
-    from treadle.run_dirs import check_out_dir
-    from treadle.weft.rl.report import run_comparison
-
     if grouping not in ("atomic", "trajectory", "both"):
         raise usage_error(f"--grouping must be atomic, trajectory or both, got {grouping!r}")
     if steps is not None and steps < 1:
@@ -169,31 +169,66 @@ def train_cmd(
         raise usage_error(f"--checkpoint-every must be >= 1, got {checkpoint_every}")
     if parallel is not None and parallel not in ("ddp", "fsdp2"):
         raise usage_error(f"--parallel must be ddp or fsdp2, got {parallel!r}")
-    seed_list = _seeds(seeds)
-    try:
-        check_out_dir(out, "--out")
-    except ValueError as err:
-        raise usage_error(str(err)) from None
     if overwrite and resume:
-        raise usage_error("--overwrite and --resume exclude each other (re-run everything, or keep finished runs)")
-    if (out / "summary.json").exists() and not (overwrite or resume):
-        raise usage_error(f"--out {str(out)!r} already holds a finished comparison (summary.json); add --overwrite, "
-                          f"--resume or give another --out")
+        raise usage_error("--overwrite and --resume exclude each other (--resume is the default: a run of the same "
+                          "settings in --out is continued)")
+    seed_list = _seeds(seeds)
     groupings = ("atomic", "trajectory") if grouping == "both" else (grouping,)
+    from treadle.weft.rl.train import WeftTrainConfig
+
+    base = WeftTrainConfig.quick() if quick else WeftTrainConfig()
+    doc = {"groupings": list(groupings), "seeds": seed_list, "steps": steps or base.steps,
+           "eval_episodes": eval_episodes or base.eval_episodes,
+           "model": str(model) if model else ("quick" if quick else "tiny-qwen3-tools"), "quick": quick,
+           "sampler": "row-keyed" if parallel else "hf"}
     if parallel is not None:
-        return _train_parallel(parallel, out, groupings, seed_list, steps, model, quick, eval_episodes,
-                               reuse=not overwrite, checkpoint_every=checkpoint_every)
-    policy = _policy(model, quick)
-    run_comparison(out, policy, groupings, seed_list, steps=steps, quick=quick, console=console, jobs=jobs,
-                   reuse=not overwrite, overrides={"eval_episodes": eval_episodes} if eval_episodes else None)
+        return _train_parallel(parallel, out, groupings, seed_list, steps, model, quick, eval_episodes, doc=doc,
+                               overwrite=overwrite, checkpoint_every=checkpoint_every)
+    run = _open_train(out, doc, overwrite)
+    if _show_finished(run, doc):
+        return
+    with recorded(run, console, saved=lambda: "the finished (grouping, seed) runs and each run's step checkpoint",
+                  resumable=True):
+        from treadle.weft.rl.report import run_comparison
+
+        policy = _policy(model, quick)
+        run_comparison(out, policy, groupings, seed_list, steps=steps, quick=quick, console=console, jobs=jobs,
+                       overrides={"eval_episodes": eval_episodes} if eval_episodes else None,
+                       checkpoint_every=checkpoint_every)
+
+
+# a comparison grows by seeds and groupings: finished (grouping, seed) runs are kept by their own config
+_GROWS = ("seeds", "groupings")
+
+
+def _open_train(out: Path, doc: dict, overwrite: bool):
+    """``--out`` under the run-folder rule (:func:`treadle.cli_runs.open_run`; exit 2 before any change)."""
+    return open_run(out, command="weft train", config=doc, overwrite=overwrite, ignore=_GROWS)
+
+
+def _show_finished(run, doc: dict) -> bool:
+    """A finished comparison of exactly these settings: print its results (nothing is run) and return True."""
+    prev = (run.previous or {}).get("config") or {}
+    if not run.finished or any(prev.get(k) != doc[k] for k in _GROWS) or not (run.path / "summary.json").exists():
+        return False
+    summary = json.loads((run.path / "summary.json").read_text())
+    for grouping, g in summary.get("groupings", {}).items():
+        console.print(f"{grouping}: held-out per-turn success change {g['turn_change_mean']:+.3f} (sd "
+                      f"{g['turn_change_sd']:.3f}) over seeds {summary['seeds']}", markup=False)
+    console.print(f"{run.path} already holds this finished comparison (same settings; finished "
+                  f"{run.previous.get('ended')}); results unchanged: {run.path / 'summary.json'}, "
+                  f"{run.path / 'curves.png'}. Add --overwrite to run it again.", markup=False)
+    return True
 
 
 def _train_parallel(parallel: str, out: Path, groupings, seeds, steps, model, quick: bool,
-                    eval_episodes: int | None = None, *, reuse: bool = True, checkpoint_every: int = 1) -> None:
-    """``weft train --parallel ddp|fsdp2``: one rank of a torchrun job. Rank 0 loads (or trains) the start policy
-    first, then the other ranks load it; every run trains on all ranks; rank 0 alone writes and prints.
-    ``reuse``: keep finished runs and continue unfinished ones from their step checkpoints (False:
-    --overwrite, every run from step 0)."""
+                    eval_episodes: int | None = None, *, doc: dict, overwrite: bool = False,
+                    checkpoint_every: int = 1) -> None:
+    """``weft train --parallel ddp|fsdp2``: one rank of a torchrun job. Rank 0 opens ``--out`` (the run-folder
+    rule; its refusal is every rank's one-line error) and loads (or trains) the start policy first, then the
+    other ranks load it; every run trains on all ranks, continuing from its step checkpoint when there is one
+    (any world size, ddp or fsdp2); rank 0 alone writes and prints."""
+    import contextlib
     import functools
 
     import torch.distributed as dist
@@ -206,7 +241,6 @@ def _train_parallel(parallel: str, out: Path, groupings, seeds, steps, model, qu
     from treadle.distributed.process_group import is_main
     from treadle.distributed.weft import one_run_dp
     from treadle.weft.rl.report import run_comparison
-    from treadle.weft.rl.train import WeftTrainConfig
 
     try:
         device = init_from_torchrun(parallel)
@@ -214,31 +248,53 @@ def _train_parallel(parallel: str, out: Path, groupings, seeds, steps, model, qu
         raise usage_error(str(err)) from None
     try:
         W, main = dist.get_world_size(), is_main()
-        overrides = {"eval_episodes": eval_episodes} if eval_episodes else {}
-        per_step = (WeftTrainConfig.quick() if quick else WeftTrainConfig()).turns_per_step
-        if per_step // 2 < W:  # at least one episode per rank and step
-            overrides["turns_per_step"] = 2 * W
-            if main:
-                console.print(f"--parallel on {W} ranks: {2 * W} turn groups per step (one episode per rank) instead "
-                              f"of {per_step}", markup=False)
-        failed = None
-        if main:  # trains the cached policy when missing: once, before the other ranks load it
+        failed, done, run = None, False, None
+        if main:
             try:
-                policy = _policy(model, quick)
+                run = _open_train(out, doc, overwrite)
+                done = _show_finished(run, doc)
             except click.UsageError as err:
                 failed = err.message
-        failed = broadcast_object(failed)
-        if failed is not None:  # every rank stops with rank 0's one-line error
+        failed, done = broadcast_object((failed, done))
+        if failed is not None:  # every rank stops with rank 0's one-line error, nothing written
             raise usage_error(failed)
-        if not main:
-            policy = _policy(model, quick)
-        policy = (policy[0].to(device), policy[1])
-        run_comparison(out, policy, groupings, seeds, steps=steps, quick=quick,
-                       console=console if main else Console(quiet=True), overrides=overrides, jobs=1,
-                       reuse=reuse, runner=functools.partial(one_run_dp, parallel=parallel,
-                                                             checkpoint_every=checkpoint_every, resume=reuse,
-                                                             console=console if main else None))
-        if main:
-            console.print(f"{parallel} on {W} ranks", markup=False)
+        if done:
+            return
+        ctx = (recorded(run, console, saved=lambda: "the finished (grouping, seed) runs and each run's step checkpoint",
+                        resumable=True) if main else contextlib.nullcontext())
+        with ctx:
+            overrides = {"eval_episodes": eval_episodes} if eval_episodes else {}
+            overrides.update(_parallel_overrides(quick, W, main))
+            failed = None
+            if main:  # trains the cached policy when missing: once, before the other ranks load it
+                try:
+                    policy = _policy(model, quick)
+                except click.UsageError as err:
+                    failed = err.message
+            failed = broadcast_object(failed)
+            if failed is not None:
+                raise usage_error(failed)
+            if not main:
+                policy = _policy(model, quick)
+            policy = (policy[0].to(device), policy[1])
+            run_comparison(out, policy, groupings, seeds, steps=steps, quick=quick,
+                           console=console if main else Console(quiet=True), overrides=overrides, jobs=1,
+                           runner=functools.partial(one_run_dp, parallel=parallel, checkpoint_every=checkpoint_every,
+                                                    resume=True, console=console if main else None))
+            if main:
+                console.print(f"{parallel} on {W} ranks", markup=False)
     finally:
         shutdown()
+
+
+def _parallel_overrides(quick: bool, world: int, main: bool) -> dict:
+    """Config overrides of a data-parallel run on ``world`` ranks: at least one episode per rank and step."""
+    from treadle.weft.rl.train import WeftTrainConfig
+
+    per_step = (WeftTrainConfig.quick() if quick else WeftTrainConfig()).turns_per_step
+    if per_step // 2 >= world:
+        return {}
+    if main:
+        console.print(f"--parallel on {world} ranks: {2 * world} turn groups per step (one episode per rank) instead "
+                      f"of {per_step}", markup=False)
+    return {"turns_per_step": 2 * world}

@@ -1,0 +1,103 @@
+"""``treadle weft train``'s run folder follows the project rule (treadle.run_dirs): run.json records the run; a
+finished run of the same settings is shown, not re-run; another config is refused with one line naming --out
+(exit 2, nothing touched); --seeds add to a comparison; a run interrupted mid-way continues from its step
+checkpoint; a refused run leaves the folder reusable."""
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from treadle.cli import app
+
+
+@pytest.fixture(scope="module")
+def start_policy(tmp_path_factory, tiny_policy, tok):
+    d = tmp_path_factory.mktemp("policy") / "tiny"
+    tiny_policy.save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+def _args(out, policy, *extra):
+    return ["weft", "train", "--grouping", "atomic", "--seeds", "0", "--steps", "2", "--eval-episodes", "1",
+            "--jobs", "1", "--quick", "--model", str(policy), "--out", str(out), *extra]
+
+
+def _files(folder):
+    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, start_policy):
+    out = tmp_path_factory.mktemp("weft") / "run"
+    r = CliRunner().invoke(app, _args(out, start_policy), env={"COLUMNS": "300"})
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def test_run_json_records_the_run_and_a_finished_run_is_shown_not_rerun(finished, start_policy):
+    rec = json.loads((finished / "run.json").read_text())
+    assert rec["command"] == "weft train" and rec["status"] == "finished" and rec["ended"]
+    assert rec["config"]["steps"] == 2 and rec["config"]["sampler"] == "hf" and rec["machine"]["cpu_count"]
+    assert "treadle_version" in rec and "git_commit" in rec and rec["argv"]
+    assert (finished / "atomic-seed0" / "checkpoint" / "state.pt").is_file()  # one-process step checkpoints
+    before = _files(finished)
+    r = CliRunner().invoke(app, _args(finished, start_policy), env={"COLUMNS": "300"})
+    assert r.exit_code == 0 and "already holds this finished comparison" in " ".join(r.output.split()), r.output
+    assert _files(finished) == before
+
+
+@pytest.mark.parametrize("change", [["--steps", "3"], ["--eval-episodes", "2"]])
+def test_another_config_is_refused_with_one_line_and_nothing_touched(finished, start_policy, change):
+    before = _files(finished)
+    args = _args(finished, start_policy)
+    i = args.index(change[0])
+    args[i + 1] = change[1]
+    r = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
+    assert r.exit_code == 2, r.output
+    err = r.stderr.strip()
+    assert err.startswith("Error: --out") and "\n" not in err and "another config" in err, err
+    assert change[0].lstrip("-").replace("-", "_") in err and "--overwrite" in err
+    assert _files(finished) == before
+
+
+def test_interrupted_run_continues_from_its_step_checkpoint(tmp_path, finished, start_policy):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    first = json.loads((out / "atomic-seed0" / "summary.json").read_text())
+    # interrupted after the last step's checkpoint, before the run's summary was written
+    (out / "atomic-seed0" / "summary.json").unlink()
+    (out / "summary.json").unlink()
+    rec = json.loads((out / "run.json").read_text())
+    (out / "run.json").write_text(json.dumps({**rec, "status": "interrupted"}))
+    r = CliRunner().invoke(app, _args(out, start_policy), env={"COLUMNS": "300"})
+    assert r.exit_code == 0, r.output
+    again = json.loads((out / "atomic-seed0" / "summary.json").read_text())
+    assert again["resumed_from_step"] == 2 and first["resumed_from_step"] is None
+    assert again["records"] == first["records"] and again["evals"] == first["evals"]
+    assert [json.loads(x)["step"] for x in (out / "atomic-seed0" / "steps.jsonl").read_text().splitlines()] == [0, 1]
+    rec = json.loads((out / "run.json").read_text())
+    assert rec["status"] == "finished" and rec["history"][-1]["status"] == "interrupted"
+
+
+def test_refused_run_leaves_the_folder_reusable(tmp_path, start_policy):
+    from treadle.run_dirs import open_run_dir
+
+    out = tmp_path / "run"
+    r = CliRunner().invoke(app, _args(out, tmp_path / "no-such-policy"), env={"COLUMNS": "300"})
+    assert r.exit_code == 2 and "--model" in r.stderr and "Traceback" not in r.output, r.output
+    assert sorted(p.name for p in out.iterdir()) == ["run.json"]
+    assert json.loads((out / "run.json").read_text())["status"] == "refused"
+    # the corrected command (another config) may take the folder: nothing but run.json was written
+    open_run_dir(out, command="weft train", config={"other": 1})
+
+
+def test_a_non_run_folder_is_refused(tmp_path, start_policy):
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep")
+    r = CliRunner().invoke(app, _args(out, start_policy, "--overwrite"), env={"COLUMNS": "300"})
+    assert r.exit_code == 2 and "not a treadle run folder" in r.stderr, r.output
+    assert _files(out) == {out / "mine.txt": b"keep"}
