@@ -13,6 +13,7 @@ W = 2
 # on the two ranks, with different policy-token counts, so per-rank token means would give another update
 CFG = dict(steps=2, turns_per_step=6, G=4, eval_episodes=1, eval_samples=2, max_new_tokens=8, max_steps=2, lr=1e-2)
 GROUPINGS = ("atomic", "trajectory")
+FEW = {**CFG, "turns_per_step": 2}  # one episode per step: fewer than the ranks
 # the policy is float64 (logits rounded to float32 in the loss): one and two processes differ by rounding
 # (~1e-9 here); an update moves weights by ~lr = 1e-2, a wrong denominator changes it by a like amount
 TOL = dict(rtol=1e-6, atol=1e-7)
@@ -74,12 +75,10 @@ def _summary(s, model):
 def _ranks_worker():
     torch.set_num_threads(1)
     out = {}
-    model, tok = _policy()
-    try:  # 1 episode per step for 2 ranks: refused before any rollout, on every rank
-        anyio.run(lambda: train_policy_dp(model, tok, WeftTrainConfig.quick(turns_per_step=2), progress=False))
-        out["too_few"] = "no error"
-    except ValueError as err:
-        out["too_few"] = str(err)
+    model, tok = _policy()  # 1 episode per step for 2 ranks: rank 1 samples nothing and still trains
+    s = anyio.run(lambda: train_policy_dp(model, tok, WeftTrainConfig.quick(**FEW), progress=False,
+                                          sampler_factory=_mixed))
+    out["few"] = _summary(s, model)
     for g in GROUPINGS:
         model, tok = _policy()
         s = anyio.run(lambda: train_policy_dp(model, tok, WeftTrainConfig.quick(grouping=g, **CFG), progress=False,
@@ -97,6 +96,9 @@ def single():
         s = anyio.run(lambda: train_policy(model, tok, WeftTrainConfig.quick(grouping=g, **CFG), progress=False,
                                            sampler_factory=_mixed))
         out[g] = _summary(s, model)
+    model, tok = _policy()
+    s = anyio.run(lambda: train_policy(model, tok, WeftTrainConfig.quick(**FEW), progress=False, sampler_factory=_mixed))
+    out["few"] = _summary(s, model)
     return out
 
 
@@ -152,9 +154,12 @@ def test_bad_settings_raise_before_any_rollout():
         anyio.run(lambda: train_policy_dp(model, tok, WeftTrainConfig.quick(), parallel="zero3", progress=False))
 
 
-def test_fewer_episodes_than_ranks_is_refused(ranks):
-    msgs = [r["too_few"] for r in ranks]
-    assert all("turns_per_step" in m and "2 ranks" in m for m in msgs), msgs
+def test_fewer_episodes_than_ranks_trains_like_one_process(single, ranks):
+    """1 episode per step on 2 ranks (rank 1 has none: no rollout, no group, a zero-weight update row): the
+    one-process run, so a config (e.g. --quick's) need not depend on the world size."""
+    assert any(r["rows_updated"] > 0 for r in single["few"]["records"])
+    for r in ranks:
+        assert_same_training(r["few"], single["few"], "few")
 
 
 def _fsdp2_worker():

@@ -21,7 +21,8 @@ One GRPO step of :func:`treadle.weft.rl.train.train_policy` over ``W`` ranks:
   a zero-weight row, so every rank makes the same collective calls.
 * **Step checkpoints** (``checkpoint=``, :class:`treadle.distributed.weft_resume.StepCheckpoint`): written
   once by rank 0 every N steps; a run resumes from one on any world size with the uninterrupted run's
-  result (nothing above depends on the world size).
+  result (nothing above depends on the world size; a step may have fewer episodes than ranks, the last
+  ranks then sample nothing and run a zero-weight update row, so no config has to follow the world size).
 * **Evaluation, log and summary once**: held-out evaluation runs on rank 0 (the DDP replicas hold equal
   weights) and its result is broadcast; step records are combined over ranks (counts summed, means
   weighted, wall times the slowest rank's) and written by rank 0 only.
@@ -191,14 +192,15 @@ class WeftDataParallel:
 
     # rollouts ------------------------------------------------------------------------------------------
     def shard(self, items: list) -> list:
-        """This rank's contiguous part of the step's episodes (every rank gets at least one). Under FSDP2 the
+        """This rank's contiguous part of the step's episodes; empty on the last ranks when there are fewer
+        episodes than ranks (such a rank samples nothing, adds no row to the group statistics and runs a
+        zero-weight row in the update, so the numbers do not depend on the world size). Under FSDP2 the
         weights are gathered first (:meth:`gather_weights`): the rollouts that follow are this rank's own."""
         self.gather_weights()
+        if not items:
+            return []
         rows, real = share(len(items), group=self.group)
-        if not real:
-            raise ValueError(f"{len(items)} episode(s) per step cannot be split over {self.world} ranks: give "
-                             f"turns_per_step >= 2 * world size")
-        return list(items)[rows]
+        return list(items)[rows] if real else []
 
     def main_only(self, fn):
         """``await fn(...)`` on rank 0 (evaluation: the replicas hold equal weights); every rank gets its
@@ -307,17 +309,14 @@ async def train_policy_dp(model, tok, cfg, *, parallel: str = "ddp", group=None,
         The summary dict of train_policy (the whole batch's numbers) on every rank.
 
     Raises:
-        NotDistributedError: torch.distributed not initialised. ValueError: ``parallel`` not ``"ddp"`` / ``"fsdp2"``;
-        fewer episodes per step (``turns_per_step / 2``) than ranks. All before any rollout.
+        NotDistributedError: torch.distributed not initialised. ValueError: ``parallel`` not ``"ddp"`` / ``"fsdp2"``
+        (before any rollout). Fewer episodes per step (``turns_per_step / 2``) than ranks is allowed: the
+        last ranks have none (:meth:`WeftDataParallel.shard`), so ``cfg`` need not depend on the world size.
     """
     from treadle.weft.rl.train import train_policy
 
-    W = world_size(group)
     if parallel not in WEFT_PARALLEL:
         raise ValueError(f"parallel must be one of {WEFT_PARALLEL}, got {parallel!r}")
-    if cfg.turns_per_step // 2 < W:
-        raise ValueError(f"turns_per_step={cfg.turns_per_step} gives {cfg.turns_per_step // 2} episode(s) per step, "
-                         f"fewer than the {W} ranks: give turns_per_step >= {2 * W}")
     dp = WeftDataParallel(model, parallel, group=group, checkpoint=checkpoint, log=log if is_main(group) else None)
     try:
         return await train_policy(model, tok, cfg, log=log if dp.is_main else None, progress=progress and dp.is_main,

@@ -1,7 +1,12 @@
 """CLI of WEFT RL: ``treadle weft groups`` and ``treadle weft train`` (``treadle model train-tiny --task tools``
 is :mod:`treadle.models.cli`'s one train-tiny path).
 
-Usage errors are one line naming the flag, exit 2, before any work.
+Usage errors are one line naming the flag, exit 2, before any work. Both follow the project's run-folder rule
+(:mod:`treadle.run_dirs`: ``run.json``; a run of the same settings is resumed, another config refused,
+``--overwrite`` replaces). ``weft train`` resumes at two levels: finished (grouping, seed) runs are kept
+(so ``--seeds`` / ``--grouping`` may grow a comparison), and an unfinished run continues from its step
+checkpoint (``<run>/checkpoint/state.pt``, :mod:`treadle.distributed.weft_resume`): in one process, or
+under ``--parallel ddp|fsdp2`` on any number of ranks.
 """
 from __future__ import annotations
 
@@ -263,8 +268,9 @@ def _train_parallel(parallel: str, out: Path, groupings, seeds, steps, model, qu
         ctx = (recorded(run, console, saved=lambda: "the finished (grouping, seed) runs and each run's step checkpoint",
                         resumable=True) if main else contextlib.nullcontext())
         with ctx:
+            # the config does not depend on W (a rank may have no episode in a step), so a run continues on any
+            # number of ranks, --quick included
             overrides = {"eval_episodes": eval_episodes} if eval_episodes else {}
-            overrides.update(_parallel_overrides(quick, W, main))
             failed = None
             if main:  # trains the cached policy when missing: once, before the other ranks load it
                 try:
@@ -286,15 +292,3 @@ def _train_parallel(parallel: str, out: Path, groupings, seeds, steps, model, qu
     finally:
         shutdown()
 
-
-def _parallel_overrides(quick: bool, world: int, main: bool) -> dict:
-    """Config overrides of a data-parallel run on ``world`` ranks: at least one episode per rank and step."""
-    from treadle.weft.rl.train import WeftTrainConfig
-
-    per_step = (WeftTrainConfig.quick() if quick else WeftTrainConfig()).turns_per_step
-    if per_step // 2 >= world:
-        return {}
-    if main:
-        console.print(f"--parallel on {world} ranks: {2 * world} turn groups per step (one episode per rank) instead "
-                      f"of {per_step}", markup=False)
-    return {"turns_per_step": 2 * world}

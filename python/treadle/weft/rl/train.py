@@ -136,6 +136,8 @@ async def _trajectories(rt, h, golds, G, sampler, tok, harness, *, seed, max_ste
     ``[(episode key, [[segment Candidate + TurnGroup] per turn] per trajectory)]``."""
     from treadle.weft.rl.sampling import sample_segments
 
+    if not golds:  # a data-parallel rank without an episode this step
+        return []
     firsts = [g.starts[0] for g in golds]
     groups, ends = await sample_segments(rt, h, firsts, G, sampler, tok, harness, seed=seed, max_steps=max_steps,
                                          replay_check=False, keep_ends=True)
@@ -372,13 +374,13 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
                 t1 = time.perf_counter()
                 adv = (grpo_advantages if dp is None else dp.grpo_advantages)(
                     torch.tensor(rs, dtype=torch.float32),
-                    group_ids_from_uids(keys) if dp is None else dp.group_ids(keys), valid=torch.tensor(valid))
+                    group_ids_from_uids(keys) if dp is None else dp.group_ids(keys), valid=torch.tensor(valid, dtype=torch.bool))
                 t_adv = time.perf_counter() - t1
                 rows = [(grp.prefix_ids, c.response_ids, c.policy_mask, float(a))
                         for tr, a in zip(segs, adv.tolist()) for grp, c in tr]
                 rewards = [c.r for tr in segs for _, c in tr if c.env_failure is None]
                 equal = sum(len({r for r, k2 in zip(rs, keys) if k2 == k}) == 1 for k in set(keys))
-                extra = {"all_equal_groups": equal, "groups": len(set(keys)), "trajectory_reward": sum(rs) / len(rs),
+                extra = {"all_equal_groups": equal, "groups": len(set(keys)), "trajectory_reward": sum(rs) / max(len(rs), 1),
                          "env_failures": sum(not v for v in valid)}
             t2 = time.perf_counter()
             if dp is None:
