@@ -1,7 +1,8 @@
 """SCALE Stage I step checkpoints (issue 18): a run stopped after k steps and resumed, in one process, on 2 gloo
-ranks, and across DDP <-> FSDP2 (2 FSDP2 ranks -> 1 process, 1 process -> 2 DDP ranks), ends with the
-uninterrupted one-process run's per-step losses and LoRA weights; the checkpoints are the HF Trainer's
-(written once) and checkpoints of another config are refused before any change."""
+ranks, and across the Trainer <-> FSDP2 (2 FSDP2 ranks -> 1 process; 1 process -> 2 FSDP2 ranks and -> 2 DDP
+ranks), ends with the uninterrupted one-process run's per-step losses and LoRA weights (data order: the
+global batches); the checkpoints are the HF Trainer's (written once) and checkpoints of another config are
+refused before any change."""
 import json
 import os
 
@@ -112,10 +113,20 @@ def test_fsdp2_two_ranks_stopped_resume_in_one_process(tmp_path, run_ranks, unin
     _same(_run(out), uninterrupted)  # the HF Trainer (one process) continues the FSDP2 loop's checkpoint
 
 
-def test_one_process_stopped_resume_on_two_ddp_ranks(tmp_path, run_ranks, uninterrupted):
-    out = tmp_path / "run"
-    assert _run(out, stop=True) is None
-    got = run_ranks(_rank, 2, str(out), "ddp", False)
-    for g in got:
-        _same(g, uninterrupted)
-    assert [json.loads(x)["step"] for x in (out / "log.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
+def _resume_both(fsdp2_out, ddp_out):
+    """One 2-rank job resumes two folders: under FSDP2 (our loader of the Trainer's files), then under the
+    Trainer's own DDP."""
+    return {"fsdp2": _rank(fsdp2_out, "fsdp2", False), "ddp": _rank(ddp_out, "ddp", False)}
+
+
+def test_one_process_stopped_resume_on_two_ranks_fsdp2_and_ddp(tmp_path, run_ranks, uninterrupted):
+    for mode in ("fsdp2", "ddp"):
+        assert _run(tmp_path / mode, stop=True) is None
+    got = run_ranks(_resume_both, 2, str(tmp_path / "fsdp2"), str(tmp_path / "ddp"))
+    for rank in got:
+        for mode in ("fsdp2", "ddp"):
+            _same(rank[mode], uninterrupted)
+    for mode in ("fsdp2", "ddp"):
+        steps = [json.loads(x)["step"] for x in (tmp_path / mode / "log.jsonl").read_text().splitlines()]
+        assert steps == [0, 1, 2, 3]  # the first two kept from the stopped run, written once
+        assert json.loads((tmp_path / mode / "summary.json").read_text())["resumed_from_step"] == STOP

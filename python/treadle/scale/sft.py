@@ -415,7 +415,9 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
         raise ValueError("checkpoint_every needs an out_dir (the checkpoints are written under out_dir/trainer)")
     _, writer = _world()
     resume_from = _resumable(Path(out_dir), config) if out_dir is not None else None  # raises before any change
-    out = make_out_dir(out_dir) if out_dir is not None else None  # before the model is wrapped
+    # before the model is wrapped; rank 0 alone checks and creates it (check_out_dir probes by creating and
+    # removing folders, which would race with rank 0's creation on the other torchrun ranks)
+    out = None if out_dir is None else make_out_dir(out_dir) if writer else Path(out_dir).expanduser()
     first = 0
     if resume_from is not None:
         from treadle.distributed.sft_checkpoint import checkpoint_step
