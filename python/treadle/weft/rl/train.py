@@ -374,7 +374,8 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
                 t1 = time.perf_counter()
                 adv = (grpo_advantages if dp is None else dp.grpo_advantages)(
                     torch.tensor(rs, dtype=torch.float32),
-                    group_ids_from_uids(keys) if dp is None else dp.group_ids(keys), valid=torch.tensor(valid, dtype=torch.bool))
+                    group_ids_from_uids(keys) if dp is None else dp.group_ids(keys),
+                    valid=torch.tensor(valid, dtype=torch.bool))  # bool also when this rank has no row
                 t_adv = time.perf_counter() - t1
                 rows = [(grp.prefix_ids, c.response_ids, c.policy_mask, float(a))
                         for tr, a in zip(segs, adv.tolist()) for grp, c in tr]
