@@ -97,7 +97,8 @@ def single():
                                            sampler_factory=_mixed))
         out[g] = _summary(s, model)
     model, tok = _policy()
-    s = anyio.run(lambda: train_policy(model, tok, WeftTrainConfig.quick(**FEW), progress=False, sampler_factory=_mixed))
+    s = anyio.run(lambda: train_policy(model, tok, WeftTrainConfig.quick(**FEW), progress=False,
+                                       sampler_factory=_mixed))
     out["few"] = _summary(s, model)
     return out
 

@@ -381,7 +381,8 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
                         for tr, a in zip(segs, adv.tolist()) for grp, c in tr]
                 rewards = [c.r for tr in segs for _, c in tr if c.env_failure is None]
                 equal = sum(len({r for r, k2 in zip(rs, keys) if k2 == k}) == 1 for k in set(keys))
-                extra = {"all_equal_groups": equal, "groups": len(set(keys)), "trajectory_reward": sum(rs) / max(len(rs), 1),
+                extra = {"all_equal_groups": equal, "groups": len(set(keys)),
+                         "trajectory_reward": sum(rs) / max(len(rs), 1),
                          "env_failures": sum(not v for v in valid)}
             t2 = time.perf_counter()
             if dp is None:
