@@ -215,6 +215,7 @@ def _train_parallel(parallel: str, out: Path, groupings, seeds, steps, model, qu
     try:
         W, main = dist.get_world_size(), is_main()
         overrides = {"eval_episodes": eval_episodes} if eval_episodes else {}
+        overrides["sampling_rounds"] = 1  # dynamic sampling is single-process only (train_policy refuses it with dp)
         per_step = (WeftTrainConfig.quick() if quick else WeftTrainConfig()).turns_per_step
         if per_step // 2 < W:  # at least one episode per rank and step
             overrides["turns_per_step"] = 2 * W
