@@ -123,3 +123,23 @@ def test_dynamic_sampling_is_refused_under_data_parallel(tok, tiny_policy):
 def test_bad_sampling_rounds_is_refused(bad):
     with pytest.raises(ValueError, match="sampling_rounds"):
         WeftTrainConfig(sampling_rounds=bad)
+
+
+def test_comparison_summary_reports_the_sampling_budget(tmp_path, tiny_policy, tok):
+    """summary.json per grouping: segments generated = kept + dropped, summed from the step logs."""
+    import json
+
+    from rich.console import Console
+
+    from treadle.weft.rl.report import run_comparison
+
+    quiet = Console(file=open(tmp_path / "log.txt", "w"))
+    s = run_comparison(tmp_path / "c", (tiny_policy, tok), ("atomic", "trajectory"), [0], steps=1, quick=True,
+                       console=quiet, overrides={"eval_episodes": 1, "sampling_rounds": 2})
+    for g in ("atomic", "trajectory"):
+        recs = [json.loads(x) for x in (tmp_path / "c" / f"{g}-seed0" / "steps.jsonl").read_text().splitlines()]
+        got = s["groupings"][g]
+        assert got["segments_generated"] == sum(r["segments_generated"] for r in recs) > 0
+        assert got["segments_kept"] == sum(r["segments"] for r in recs)
+        assert got["segments_generated"] == got["segments_kept"] + got["segments_dropped"]
+        assert got["all_equal_groups"] == sum(r["all_equal_groups"] for r in recs)

@@ -13,6 +13,11 @@ Per step, with the same rollout budget for both groupings (``turns_per_step * G`
 - ``trajectory``: G whole episodes per drawn episode (turn 2 continues from each candidate's own
   history and state); one group per episode; reward ``R``; every turn's policy tokens get the
   trajectory's advantage (no flags: the baseline as published).
+- dynamic sampling (``sampling_rounds``, default 3; DAPO's "dynamic sampling", verl's ``filter_groups``):
+  groups whose valid rewards are all equal carry no signal; they are dropped and further rounds of fresh
+  episodes are drawn until the batch is full of groups with signal or ``sampling_rounds`` rounds were
+  drawn (the same cap for both groupings). Each step logs ``segments_generated`` / ``_kept`` /
+  ``_dropped``, ``groups`` (generated), ``groups_kept``, ``all_equal_groups`` (over every generated group).
 
 Update: the clipped policy loss (:func:`treadle.grpo.losses.policy_loss`) with ``seq-mean-token-mean``
 aggregation (each candidate weighs the same, whatever its length), ``num_iterations`` optimizer steps
