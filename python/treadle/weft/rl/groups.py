@@ -31,7 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from treadle.weft.rl.sampling import TurnGroup
 
-__all__ = ["token_advantages", "GroupRow", "GroupStats", "group_stats", "has_signal", "group_advantages", "rows_of", "to_verl", "to_trl"]
+__all__ = ["token_advantages", "GroupRow", "GroupStats", "group_stats", "has_signal", "group_advantages", "rows_of",
+           "to_verl", "to_trl"]
 
 
 class GroupRow(BaseModel):
