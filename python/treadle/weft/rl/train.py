@@ -19,7 +19,8 @@ Per step, with the same rollout budget for both groupings (``turns_per_step * G`
   drawn (the same cap for both groupings). Each step logs ``segments_generated`` / ``_kept`` /
   ``_dropped``, ``groups`` (generated), ``groups_kept``, ``all_equal_groups`` (over every generated group).
   Eighth round, measured (same start policy and held-out set, 16 steps, 24 held-out episodes x 6 samples):
-  held-out per-turn change seed 0 +0.042 (was +0.031 with one round), seed 2 +0.021 (was +0.003); ~2.4x
+  held-out per-turn change seed 0 +0.042 (was +0.031 with one round), seed 1 +0.017 (was +0.021), seed 2
+  +0.021 (was +0.003): mean +0.027 > range 0.024 (the README has the table); ~2.4x
   the generated segments (~150 per step for 64 kept) and ~2x the CPU per run (686-696 s vs 328-340 s).
 
 Update: the clipped policy loss (:func:`treadle.grpo.losses.policy_loss`) with ``seq-mean-token-mean``
