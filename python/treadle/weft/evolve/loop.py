@@ -23,7 +23,9 @@ punishing the policy). One round:
    server, or of a revised task, must pass its verifier).
 
 Composed cross-server tasks (:class:`ComposedSlot`) are played by a correct agent (the certified composed
-task's calls, node by node) and judged by their nodes' checks as they are now; a failed one is attributed
+task's calls, node by node) and judged by their nodes' checks as they are now and by the structural checks (a
+run that passes with a wrong binding or edge still fails: execution alone accepts a call on an unbound object
+that also satisfies the check); a failed one is attributed
 by :func:`~treadle.weft.evolve.composed_revise.attribute_composed` (a wrong entity binding or DAG edge:
 ``task``), only the blamed binding argument or node edges are revised
 (:func:`~treadle.weft.evolve.composed_revise.revise_composed`), and the revision is kept only if the
@@ -163,7 +165,7 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
         outcome = await _play_composed(rt, cslot, hashes)
         calls += sum(len(o) for o in outcome.outcomes) if outcome is not None else 0
         errors += sum(not x.ok for o in outcome.outcomes for x in o) if outcome is not None else 0
-        if outcome is not None and outcome.reward == 1.0:
+        if outcome is not None and outcome.reward == 1.0 and not _structural_faults(rt, cslot, hashes):
             passed += 1
         else:
             composed_failed.append((cslot, outcome))
@@ -229,6 +231,15 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
     return rnd
 
 
+def _structural_faults(rt: Any, cslot: ComposedSlot, hashes: dict[str, str]) -> list:
+    """The slot's wrong bindings and DAG edges (a run can pass with them: a call on an unbound object that also
+    satisfies the check, an edge whose loss changes no outcome)."""
+    from treadle.weft.evolve.composed_revise import binding_faults, edge_faults, server_tools
+
+    tools = server_tools(rt, {s: hashes[s] for s in cslot.task.snapshots})
+    return edge_faults(cslot.task, cslot.certified) + binding_faults(cslot.task, tools)
+
+
 async def _play_composed(rt: Any, cslot: ComposedSlot, hashes: dict[str, str]) -> Any:
     """The correct agent's run of a composed slot (None when the task cannot run: a dependency cycle)."""
     from treadle.weft.evolve.compose import run_composed
@@ -248,8 +259,10 @@ async def _revise_composed(rt: Any, cslot: ComposedSlot, hashes: dict[str, str],
 
     h = {s: hashes[s] for s in cslot.task.snapshots}
     verdicts = await attribute_composed(rt, cslot.task, cslot.certified, h, outcome)
-    for v in verdicts:
-        rnd.attributions.append(v.attribution)
+    for v in verdicts:  # checkpoint named <composed task>/<node>, as in the components
+        cp = v.attribution.checkpoint
+        rnd.attributions.append(v.attribution.model_copy(
+            update={"checkpoint": cp if cp == cslot.task.name else f"{cslot.task.name}/{cp}"}))
         if v.fault is not None:
             rnd.blamed.append(f"composed:{cslot.task.name}/{'calls' if v.fault.kind == 'binding' else 'edges'}:"
                               f"{v.fault.node}")
