@@ -123,8 +123,8 @@ def test_a_wrong_binding_that_executes_is_refused_by_certification_and_so_is_a_c
     wrong, text, looped, dropped = anyio.run(main)
     # certification by execution alone accepts both wrong bindings (the faulty task's own reference plan passes its
     # checks, and the baselines hold: the note lands on Ada's own case 1): only the binding check refuses them
-    for cert, why in ((wrong, "add_note.case_id=1 names a case"), (text, "resolve_case.resolution='Replacement sent "
-                                                                         "(contact C-001)' names an object")):
+    text_why = "resolve_case.resolution='Replacement sent (contact C-001)' names an object"
+    for cert, why in ((wrong, "add_note.case_id=1 names a case"), (text, text_why)):
         assert not cert.certified and cert.checks["bindings_hold"] is False
         assert all(v for k, v in cert.checks.items() if k != "bindings_hold")
         assert any(why in r for r in cert.reasons), cert.reasons

@@ -400,8 +400,9 @@ def inject(task: ComposedTask, tools: dict[str, dict[str, dict]], how: str,
         calls = list(target.atomic.checkpoint.gold_calls or [])
         for i in range(len(calls) - 1, -1, -1):
             a2s = ((tools[target.server].get(calls[i].name) or {}).get("contract") or {}).get("args_to_state", {})
-            free = [a for a, v in calls[i].arguments.items() if isinstance(v, str)
-                    and not (contract_column(a2s, a) and ENTITY_MAPS[target.server].attribute_of(contract_column(a2s, a)))]
+            cols = {a: contract_column(a2s, a) for a in calls[i].arguments}
+            free = [a for a, v in calls[i].arguments.items()
+                    if isinstance(v, str) and not (cols[a] and ENTITY_MAPS[target.server].attribute_of(cols[a]))]
             if not free or not subs:
                 continue
             arg, (noun, old, _) = free[-1], subs[0]

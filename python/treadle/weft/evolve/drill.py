@@ -48,7 +48,6 @@ async def drill_system(rt: Any) -> EvolvingSystem:
     """The certified native environments with the three injected faults, and the composed slots of
     :func:`composed_drill` (see the module docstring)."""
     from treadle.weft.envs import crm, crm_tasks, shop, shop_atomic
-
     from treadle.weft.evolve.compose import ServerBundle
 
     sources, slots, bundles, hashes = {}, [], [], {}

@@ -29,7 +29,9 @@ that also satisfies the check); a failed one is attributed
 by :func:`~treadle.weft.evolve.composed_revise.attribute_composed` (a wrong entity binding or DAG edge:
 ``task``), only the blamed binding argument or node edges are revised
 (:func:`~treadle.weft.evolve.composed_revise.revise_composed`), and the revision is kept only if the
-composed task re-certifies by execution (its components are ``composed:<task>/<part>``).
+composed task re-certifies by execution (its components are ``composed:<task>/<part>``); what the certified
+task cannot decide (a cycle among nodes it does not know, a wrong binding with no single bound value) goes to
+the reviser's ``composer`` role when one is given, validated the same way (offline it is left as it is).
 
 Rounds continue until the error rate stops falling (or ``max_rounds``). Every component carries a
 version and a digest; a round records which it revised, and :attr:`Round.untouched_ok` checks that no
@@ -210,7 +212,7 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
                 slot.spec = new
                 slot.versions["verifier"] += 1
     for cslot, outcome in composed_failed:
-        await _revise_composed(rt, cslot, hashes, outcome, rnd)
+        await _revise_composed(rt, cslot, hashes, outcome, rnd, reviser)
     if reviser is not None:
         rnd.revisions = list(reviser.log[logged:])
     after = system.digests()
@@ -253,9 +255,12 @@ async def _play_composed(rt: Any, cslot: ComposedSlot, hashes: dict[str, str]) -
         return None
 
 
-async def _revise_composed(rt: Any, cslot: ComposedSlot, hashes: dict[str, str], outcome: Any, rnd: Round) -> None:
-    """Attribute a failed composed slot; revise only its blamed bindings / edges, kept only if it re-certifies."""
+async def _revise_composed(rt: Any, cslot: ComposedSlot, hashes: dict[str, str], outcome: Any, rnd: Round,
+                           reviser: Any = None) -> None:
+    """Attribute a failed composed slot; revise only its blamed bindings / edges from the certified task, kept only
+    if it re-certifies; what that leaves undecided goes to ``reviser``'s composer role (when given)."""
     from treadle.weft.evolve.composed_revise import attribute_composed, recertify_composed, revise_composed
+    from treadle.weft.evolve.revise import undecided_parts
 
     h = {s: hashes[s] for s in cslot.task.snapshots}
     verdicts = await attribute_composed(rt, cslot.task, cslot.certified, h, outcome)
@@ -266,15 +271,25 @@ async def _revise_composed(rt: Any, cslot: ComposedSlot, hashes: dict[str, str],
         if v.fault is not None:
             rnd.blamed.append(f"composed:{cslot.task.name}/{'calls' if v.fault.kind == 'binding' else 'edges'}:"
                               f"{v.fault.node}")
+    parts = undecided_parts(cslot.task, cslot.certified, verdicts)
+    rnd.blamed.extend(f"composed:{cslot.task.name}/{p}" for p in parts)
     faults = [v.fault for v in verdicts if v.fault is not None]
-    if not faults:
-        return
-    new = revise_composed(cslot.task, cslot.certified, faults)
-    cert = await recertify_composed(rt, new, h)
-    if cert.certified:
-        cslot.task = new
-        cslot.version += 1
-    else:  # kept as it was; the reasons are the certificate's
+    base = cslot.task
+    if faults:
+        new = revise_composed(cslot.task, cslot.certified, faults)
+        cert = await recertify_composed(rt, new, h)
+        if cert.certified:
+            cslot.task = new
+            cslot.version += 1
+            return
+        base = new  # an LLM revision starts from what the certified task could repair
+    if reviser is not None and parts:
+        new = await reviser.composed(rt, h, base, cslot.certified, verdicts)
+        if new is not None:
+            cslot.task = new
+            cslot.version += 1
+            return
+    if faults or parts:  # kept as it was; the reasons are the certificate's / the reviser's log
         rnd.revalidated[f"composed:{cslot.task.name}"] = False
 
 
