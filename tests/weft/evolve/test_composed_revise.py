@@ -133,6 +133,37 @@ def test_a_wrong_binding_that_executes_is_refused_by_certification_and_so_is_a_c
     assert any("case 3 is resolved" in r for r in dropped.reasons)
 
 
+def test_an_id_outside_the_contract_mapping_is_checked_too(certified):
+    """An argument the contract does not map but named like an entity column (``order_ref``), or nested in an
+    object, naming the original object is a binding fault; another object's id is not (it may be legitimate)."""
+    async def main():
+        async with Runtime() as rt:
+            return cr.server_tools(rt, _hashes(rt))
+    tools = anyio.run(main)
+    node = next(n for n in certified.nodes if n.name == CREDIT)
+    [call] = node.atomic.checkpoint.gold_calls
+
+    def with_arg(arg, value):
+        c = call.model_copy(update={"arguments": {**call.arguments, arg: value}})
+        spec = node.atomic.checkpoint.model_copy(update={"gold_calls": [c]})
+        return cr._replace_node(certified, node.model_copy(update={"atomic": node.atomic.model_copy(
+            update={"checkpoint": spec})}))
+
+    cases = [("meta", {"order_ref": 1, "note": "see order 1"}, {"order_ref": 3, "note": "see order 3"}),
+             ("related", [{"contact_id": "C-001"}, {"contact_id": "C-002"}],
+              [{"contact_id": "C-005"}, {"contact_id": "C-002"}]),
+             ("order_ref_2", 1, None), ("meta", {"order_ref": 2}, None), ("flag", True, None),
+             # the credit node concerns no case: a case id or mention is not a bound object there
+             ("case_id", 1, None), ("note", "see case 1", None)]
+    for arg, value, want in cases:
+        faults = cr.binding_faults(with_arg(arg, value), tools)
+        if want is None:
+            assert faults == [], (arg, value)
+        else:
+            [f] = faults
+            assert (f.arg, f.found, f.expected, f.free_text) == (arg, value, want, True), (arg, value)
+
+
 def test_free_text_binding_check_follows_the_composition_rewrite(certified):
     """A free-text argument naming the original object by noun and id, or by e-mail, is a binding fault whose
     expected text holds the bound values; an id without its noun, or another object's id, is not."""

@@ -163,11 +163,51 @@ def _text_subs(task: ComposedTask, node: Node) -> list[tuple[str, str, str]]:
     return out
 
 
+def _attribute_by_name(node: Node, name: str) -> tuple[str, str] | None:
+    """(kind, attribute) of an argument or key named like a column of the server's entity map (``order_ref``,
+    ``case_id``; a bare ``id`` names nothing)."""
+    if name == "id":
+        return None
+    for k in ENTITY_MAPS[node.server].kinds.values():
+        for col, attr in k.columns.items():
+            if col.split(".", 1)[1] == name:
+                return k.kind, attr
+    return None
+
+
+def _rebind_free(task: ComposedTask, node: Node, subs: list, name: str, value: Any, rewrite: Any) -> Any:
+    """``value`` (an argument the contract maps to no entity attribute) with every mention of a bound object's
+    original id or identity replaced by the bound one: in text (noun and id, or an identity such as an e-mail), in a
+    scalar or nested key named like an entity column (``{"order_ref": 1}``), recursively through lists and objects."""
+    if isinstance(value, list):
+        return [_rebind_free(task, node, subs, name, v, rewrite) for v in value]
+    if isinstance(value, dict):
+        return {k: _rebind_free(task, node, subs, k, v, rewrite) for k, v in value.items()}
+    hit = _attribute_by_name(node, name)
+    if hit is None or value is None or isinstance(value, bool):
+        return rewrite(value, subs) if isinstance(value, str) and subs else value
+    kind, attr = hit
+    k = ENTITY_MAPS[node.server].kinds[kind]
+    for b in task.bindings:  # only the original (unbound) object is flagged: another value may be a legitimate object
+        if b.kind != kind or f"{kind}:{b.identity}" not in node.entities:
+            continue
+        if attr == "id" and node.server in b.ids:
+            old, new = b.ids[node.server]
+        elif attr == k.identity or (attr == "id" and k.table is None):
+            old, new = b.identity, b.new_identity
+        else:
+            continue
+        if value == old and old != new:
+            return new
+    return rewrite(value, subs) if isinstance(value, str) and subs else value
+
+
 def binding_faults(task: ComposedTask, tools: dict[str, dict[str, dict]]) -> list[ComposedFault]:
     """Every gold-call argument of every node that names a bound object's attribute (through the tool's contract
-    and the server's entity map) with a value other than the bound one, and every free-text argument (a string
-    the contract maps to no entity attribute) that names a bound object by its original id or identity (its
-    ``expected``: the text with the bound values, as the composition writes it)."""
+    and the server's entity map) with a value other than the bound one, and every argument the contract maps to no
+    entity attribute (``free_text``) that names a bound object by its original id or identity: in text (``"Refund
+    for order 1"``, an e-mail; rewritten as the composition rewrites request texts), or in a value or nested key
+    named like an entity column (``order_ref=1``, ``{"case_id": 1}``); ``expected``: the argument rebound."""
     from treadle.weft.evolve.compose import rewrite_text
 
     out = []
@@ -181,13 +221,13 @@ def binding_faults(task: ComposedTask, tools: dict[str, dict[str, dict]]) -> lis
             for arg, value in call.arguments.items():
                 col = contract_column(a2s, arg)
                 hit = emap.attribute_of(col) if col else None
-                if hit is None and isinstance(value, str) and subs:
-                    fixed = rewrite_text(value, subs)
+                if hit is None:  # free text, a nested value, or an id the contract does not map
+                    fixed = _rebind_free(task, node, subs, arg, value, rewrite_text)
                     if fixed != value:
                         out.append(ComposedFault(kind="binding", node=node.name, call=i, arg=arg, found=value,
                                                  expected=fixed, free_text=True,
                                                  detail=f"{call.name}.{arg}={value!r} names an object the composition "
-                                                        f"did not bind (free text); bound: {fixed!r}"))
+                                                        f"did not bind (not contract-mapped); bound: {fixed!r}"))
                     continue
                 if hit is None or value is None:
                     continue
