@@ -11,9 +11,8 @@ from pathlib import Path
 
 import anyio
 import pytest
-from typer.testing import CliRunner
-
 from treadle.cli import app
+from typer.testing import CliRunner
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
@@ -24,7 +23,6 @@ ROLES = ("designer", "schema", "backend", "checker", "grounder", "verifier", "co
 def served(tmp_path_factory):
     """``(LocalServer, llm.toml with every role on it)``."""
     import torch
-
     from treadle.llm import local_server
     from treadle.llm.tiny_checkpoint import save_untrained_checkpoint
 
@@ -53,7 +51,7 @@ def test_synth_over_http_records_the_junk_at_its_stage(served, tmp_path, S):
                                    "--llm-config", str(cfg), "--out", str(out), "--max-rounds", "1"])
     assert res.exit_code == 1, res.output  # not accepted: said, artefacts written, no traceback
     assert "role answer rejected [design]: designer answer is not the JSON asked for" in res.output
-    assert "not accepted" in res.output and res.exception is None or isinstance(res.exception, SystemExit)
+    assert "not accepted" in res.output and (res.exception is None or isinstance(res.exception, SystemExit))
     assert json.loads((out / "result.json").read_text())["accepted"] is False
     assert {r["role"] for r in _ledger(out / "llm_ledger.jsonl")} == {"designer"}
 
@@ -98,8 +96,8 @@ def test_the_composer_role_over_http_leaves_the_task_as_it_was(served, tmp_path)
             bad = T._late_cycle(await T._certified(rt))
             verdicts = await cr.attribute_composed(rt, bad, bad, h, None)
             reviser = LLMReviser(llm, attempts=1)
-            return bad, await reviser.composed(rt, h, bad, bad, verdicts), reviser.log
-    bad, new, log = anyio.run(main)
+            return await reviser.composed(rt, h, bad, bad, verdicts), reviser.log
+    new, log = anyio.run(main)
     assert new is None and [(a.component, a.role, a.accepted) for a in log] == [("composed:ada-late", "composer",
                                                                                    False)]
     assert all(a.detail.startswith("malformed answer") for a in log)
