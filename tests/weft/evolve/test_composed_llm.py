@@ -1,7 +1,8 @@
 """The composer role: what the certified composed task cannot decide (a cycle among nodes the certified DAG does not
 know) goes to an LLM, through recorded answers (``fixtures/composed_revise_recorded.jsonl``) and the real validation
 path (only the undecided part may change; the result re-certifies by execution). A malformed answer and one touching
-an unblamed part are recorded and fed back, never fatal. Re-record with ``python tests/weft/evolve/test_composed_llm.py``.
+an unblamed part are recorded and fed back, never fatal.
+Re-record with ``python tests/weft/evolve/test_composed_llm.py``.
 """
 import json
 import logging
@@ -134,7 +135,8 @@ def test_the_loop_sends_only_the_undecided_part_to_the_composer_and_without_the_
                 certified = await _certified(rt)
                 src = {"shop": __import__("inspect").getsource(shop), "crm": __import__("inspect").getsource(crm)}
                 system = EvolvingSystem(sources=dict(src), certified=dict(src), tasks=[], composed=[
-                    ComposedSlot(task=_late_cycle(certified), certified=certified.model_copy(update={"name": "ada-late"}))])
+                    ComposedSlot(task=_late_cycle(certified),
+                                 certified=certified.model_copy(update={"name": "ada-late"}))])
                 first = system.digests()
                 r = await run_round(rt, system, 1, rates={}, reviser=LLMReviser(llm, attempts=1))
                 return r, first, system.digests(), system

@@ -32,7 +32,8 @@ def served(tmp_path_factory):
     with local_server(path, startup_timeout_s=300, log=d / "server.log") as srv:
         cfg = d / "llm.toml"
         cfg.write_text("".join(f'[roles.{r}]\nmodel = "{srv.model}"\nbase_url = "{srv.base_url}"\nmax_retries = 0\n'
-                               f'timeout_s = 120\nsampling = {{ temperature = 0.0, max_tokens = 24 }}\n' for r in ROLES))
+                               f'timeout_s = 120\nsampling = {{ temperature = 0.0, max_tokens = 24 }}\n'
+                               for r in ROLES))
         yield srv, cfg
 
 

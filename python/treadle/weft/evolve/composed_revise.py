@@ -7,22 +7,26 @@ runs after the nodes it depends on). When one of them is wrong the task is at fa
 
 - :func:`binding_faults`: a node's gold call names, through its tool contract and the server's entity map,
   an entity of a bound kind whose value is not the bound one (``order_ref=1`` where the binding made the
-  order 3: the call acts on the original customer's object), or a free-text argument (one the contract maps
-  to no entity: a note body, a credit reason) names a bound object by its original id or identity (``"Chipped
-  mug of order 1"``, ``"contact C-001"``, ``ada@example.com``), the way the composition rewrites request texts;
+  order 3: the call acts on the original customer's object); or an argument the contract maps to no entity
+  names a bound object's original id or identity: in free text (a note body, a credit reason: ``"Chipped mug
+  of order 1"``, ``"contact C-001"``, ``ada@example.com``, matched the way the composition rewrites request
+  texts), or as a value or nested key named like an entity column (``{"order_ref": 1}``);
 - :func:`edge_faults`: a node's dependencies differ from those of the certified composed task (an edge
   dropped, so that the node may run before its prerequisite, or an edge added, possibly a cycle).
 
 :func:`attribute_composed` applies both before executing anything (blame ``task``, rules
 ``composed_binding`` and ``composed_edge``); only when the structure holds does it replay the reference
-plan (it fails to execute: ``environment``; it passes: ``policy``). :func:`revise_composed` revises only
-the blamed part (the one argument, from the bindings; the one node's edges, from the certified DAG),
-and :func:`recertify_composed` certifies the result by execution: the reference plan passes every node,
-a do-nothing and a read-only agent score 0, and each node certifies (its check fails on the state it starts
-from, passes after its gold calls) from the state the reference reaches, and no call names an unbound object. A revision that does not
-certify is not kept. :func:`component_digests` names the parts so that a caller can check that nothing unblamed
-changed. :func:`inject` is the fault injector (``wrong_binding``, ``dropped_edge``, ``cycle``) in the style
-of :mod:`~treadle.weft.evolve.faults`.
+plan (it fails to execute: ``environment``; it passes: ``policy``; a cycle the certified DAG cannot repair:
+``undecided``, for the ``composer`` LLM role of :class:`~treadle.weft.evolve.revise.LLMReviser`).
+:func:`revise_composed` revises only the blamed part (the one argument, from the bindings or the certified
+text; the one node's edges, from the certified DAG), and :func:`recertify_composed` certifies the result by
+execution: the reference plan passes every node, a do-nothing and a read-only agent score 0, each node
+certifies (its check fails on the state it starts from, passes after its gold calls) from the state the
+reference reaches, and no call names an unbound object. A revision that does not certify is not kept.
+:func:`component_digests` names the parts so that a caller can check that nothing unblamed changed.
+:func:`inject` is the fault injector (``wrong_binding``, ``unbound_text``, ``dropped_edge``, ``cycle``) in the
+style of :mod:`~treadle.weft.evolve.faults`. Not covered: an id that reaches a call only through another
+call's return value under an argument name the entity map does not know.
 """
 from __future__ import annotations
 

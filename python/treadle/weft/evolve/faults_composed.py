@@ -26,7 +26,8 @@ def _case(task: Any, case_id: str, label: Blame, fault: str, verdicts: list | No
     att = verdicts[0].attribution
     if len(blames) > 1:  # the verdicts disagree: the case is not attributed to one component
         att = Attribution(checkpoint=att.checkpoint, blame=Blame.undecided, rule="composed_disagree",
-                          detail="; ".join(f"{v.attribution.checkpoint}: {v.attribution.blame.value}" for v in verdicts))
+                          detail="; ".join(f"{v.attribution.checkpoint}: {v.attribution.blame.value}"
+                                           for v in verdicts))
     return CaseResult(id=case_id, env=env, task=task.name, label=label, fault=fault, observed=True, attribution=att)
 
 

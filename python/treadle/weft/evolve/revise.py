@@ -24,9 +24,9 @@ cannot decide)                          by execution with its bindings holding
 ========================  ============  =====================================================================
 
 Answers are JSON objects (:class:`~treadle.weft.evolve.synth_validate.Backend`, :class:`StateRevision`,
-:class:`VerifierRevision`, :class:`ComposedRevision`). Each component gets at most ``attempts`` answers; a failed call, an answer that
-is not the JSON asked for, or a revision that fails validation is recorded (:class:`RevisionAttempt`) and
-fed back to the next attempt, never raised. A component whose revision is not accepted stays exactly as it
+:class:`VerifierRevision`, :class:`ComposedRevision`). Each component gets at most ``attempts`` answers; a
+failed call, an answer that is not the JSON asked for, or a revision that fails validation is recorded
+(:class:`RevisionAttempt`) and fed back to the next attempt, never raised. A component whose revision is not accepted stays exactly as it
 was (nothing accepted earlier is lost).
 
 Only *synthesised* environments (:class:`SynthEnv`: their backend is generated code that runs in the
