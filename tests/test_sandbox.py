@@ -416,3 +416,39 @@ def test_process_count_is_capped_where_a_pids_cgroup_can_be_made():
     mine = f"treadle-sandbox-{os.getpid()}-"  # (other processes' sandboxes may be running meanwhile)
     leftovers = [d for d in os.listdir(sandbox._own_pids_cgroup()) if d.startswith(mine)]
     assert leftovers == []  # each run's cgroup is removed
+
+
+@needs_sandbox
+def test_start_process_is_a_long_lived_sandboxed_process_that_kill_removes():
+    """The public API the session worker uses: a process spoken to over pipes, in the sandbox (no network, its own
+    directory), killed with its directory and process group by ``kill`` (idempotent)."""
+    import sys
+
+    code = ("import os, socket, sys\n"
+            "for line in sys.stdin:\n"
+            "    try:\n        socket.create_connection(('1.1.1.1', 80), timeout=1); net = 'net'\n"
+            "    except OSError:\n        net = 'no-net'\n"
+            "    sys.stdout.write(f'{line.strip()} {net} {os.getcwd()}\\n'); sys.stdout.flush()\n")
+    p = sandbox.start_process([sys.executable, "-I", "main.py"], files={"main.py": code},
+                              limits=SandboxLimits(timeout_s=5), cpu_s=30)
+    try:
+        for word in ("a", "b"):  # the same process answers both
+            p.proc.stdin.write(f"{word}\n".encode())
+            p.proc.stdin.flush()
+            assert p.proc.stdout.readline().decode().split() == [word, "no-net", p.work]
+        assert p.alive and os.path.isdir(p.root)
+    finally:
+        p.kill()
+    assert not p.alive and not os.path.exists(p.root)
+    p.kill()  # idempotent
+
+
+def test_start_process_refuses_bad_input_before_starting_anything():
+    before = set(os.listdir(tempfile.gettempdir()))
+    with pytest.raises(ValueError, match="argv"):
+        sandbox.start_process([])
+    with pytest.raises(ValueError, match="files key"):
+        sandbox.start_process(["python3"], files={"../x.py": ""})
+    with pytest.raises(ValueError, match="cpu_s"):
+        sandbox.start_process(["python3"], cpu_s=0)
+    assert not {d for d in set(os.listdir(tempfile.gettempdir())) - before if d.startswith("treadle-sandbox-proc-")}

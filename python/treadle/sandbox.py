@@ -63,8 +63,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["DENIED_SYSCALLS", "ETC_ENTRIES", "SYSTEM_PATHS", "SandboxLimits", "SandboxResult", "SandboxUnavailableError",
-           "default_read_paths", "isolation_mode", "run_command", "run_python"]
+__all__ = ["DENIED_SYSCALLS", "ETC_ENTRIES", "SYSTEM_PATHS", "SandboxLimits", "SandboxProcess", "SandboxResult",
+           "SandboxUnavailableError", "default_read_paths", "isolation_mode", "run_command", "run_python",
+           "start_process"]
 
 IsolationMode = Literal["userns", "root"]
 Termination = Literal["exit", "timeout", "signal", "cpu_limit", "file_size_limit"]
@@ -449,19 +450,9 @@ def run_command(argv: list[str], *, limits: SandboxLimits | None = None, files: 
         SandboxUnavailableError: no isolation works on this machine (see :func:`isolation_mode`).
     """
     limits = limits or SandboxLimits()
-    if not argv or not all(isinstance(a, str) and a for a in argv):
-        raise ValueError(f"argv must be a non-empty list of non-empty strings, got {argv!r}")
-    for name in files or {}:
-        _check_relative(name, "files key")
     for name in collect or []:
         _check_relative(name, "collect entry")
-    extra = []
-    for p in read_paths:
-        if not isinstance(p, str) or not os.path.isabs(p) or os.path.realpath(p) == "/":
-            raise ValueError(f"read_paths entry {p!r} must be an absolute path other than '/'")
-        if not os.path.exists(p):
-            raise ValueError(f"read_paths entry {p!r} does not exist")
-        extra.append(os.path.realpath(p))
+    extra = _checked_inputs(argv, files, read_paths)
     mode = isolation_mode()
     cpu = limits.cpu_s or math.ceil(limits.timeout_s) + 1
     lim = f"{limits.memory_mb << 20},{cpu},{limits.max_open_files},{int(limits.max_file_mb * (1 << 20))}"
@@ -529,6 +520,104 @@ def run_python(source: str, *, limits: SandboxLimits | None = None, files: dict[
     return run_command([sys.executable, *python_args, "main.py"], limits=limits,
                        files={**(files or {}), "main.py": source}, stdin=stdin, env=env, collect=collect,
                        read_paths=read_paths)
+
+
+def _checked_inputs(argv: list[str], files: dict[str, str] | None, read_paths) -> list[str]:
+    """Raise ValueError for a bad ``argv``, ``files`` key or ``read_paths`` entry; the real extra read paths."""
+    if not argv or not all(isinstance(a, str) and a for a in argv):
+        raise ValueError(f"argv must be a non-empty list of non-empty strings, got {argv!r}")
+    for name in files or {}:
+        _check_relative(name, "files key")
+    extra = []
+    for p in read_paths:
+        if not isinstance(p, str) or not os.path.isabs(p) or os.path.realpath(p) == "/":
+            raise ValueError(f"read_paths entry {p!r} must be an absolute path other than '/'")
+        if not os.path.exists(p):
+            raise ValueError(f"read_paths entry {p!r} does not exist")
+        extra.append(os.path.realpath(p))
+    return extra
+
+
+class SandboxProcess:
+    """A long-lived sandboxed process (:func:`start_process`): ``proc`` (its ``stdin`` and ``stdout`` are pipes),
+    ``work`` (its working directory, the only writable place besides its private /tmp), ``stderr_path`` (its
+    standard error, a file). The caller enforces its time limits and calls :meth:`kill` (idempotent): the whole
+    process group (and PID namespace) is killed, its pids cgroup and temporary directory removed."""
+
+    def __init__(self, proc: subprocess.Popen, root: str, work: str, cgroup: str | None) -> None:
+        self.proc, self.root, self.work, self._cgroup = proc, root, work, cgroup
+        self.stderr_path = os.path.join(root, "stderr")
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stderr_tail(self, n: int = 300) -> str:
+        """The last ``n`` bytes of its standard error, as text ('' when gone)."""
+        try:
+            return Path(self.stderr_path).read_bytes()[-n:].decode(errors="replace").strip()
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """Kill the process group, close the pipes, remove the cgroup and the temporary directory."""
+        _kill_group(self.proc)
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                if f is not None:
+                    f.close()
+            except OSError:
+                pass
+        if self._cgroup is not None:
+            _remove_cgroup(self._cgroup)
+            self._cgroup = None
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def start_process(argv: list[str], *, limits: SandboxLimits | None = None, files: dict[str, str] | None = None,
+                  cpu_s: int | None = None, env: dict[str, str] | None = None,
+                  read_paths: list[str] | tuple[str, ...] = ()) -> SandboxProcess:
+    """Start ``argv`` in the same sandbox as :func:`run_command` but without waiting: a long-lived process the caller
+    talks to over ``proc.stdin`` / ``proc.stdout`` (pipes) and stops with :meth:`SandboxProcess.kill`.
+
+    Args:
+        argv, files, env, read_paths: as for :func:`run_command`.
+        limits: :class:`SandboxLimits`: memory, files, file size, /tmp size and processes apply to the process;
+            ``timeout_s`` is NOT enforced here (the caller's per-request limit; kill the process on expiry).
+        cpu_s: RLIMIT_CPU in seconds over the process's life (default ``limits.cpu_s`` or
+            ``ceil(limits.timeout_s) + 1``).
+
+    Raises:
+        ValueError: as :func:`run_command`, or ``cpu_s`` < 1.
+        SandboxUnavailableError: no isolation works on this machine.
+    """
+    limits = limits or SandboxLimits()
+    extra = _checked_inputs(argv, files, read_paths)
+    if cpu_s is not None and cpu_s < 1:
+        raise ValueError(f"cpu_s must be >= 1, got {cpu_s}")
+    mode = isolation_mode()
+    cpu = cpu_s or limits.cpu_s or math.ceil(limits.timeout_s) + 1
+    lim = f"{limits.memory_mb << 20},{cpu},{limits.max_open_files},{int(limits.max_file_mb * (1 << 20))}"
+    root = os.path.realpath(tempfile.mkdtemp(prefix="treadle-sandbox-proc-"))
+    cgroup = None
+    try:
+        work = os.path.join(root, "work")
+        os.mkdir(work, 0o700)
+        for name, text in (files or {}).items():
+            path = Path(work, name)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        cgroup = _pids_cgroup(limits.max_processes)
+        with open(os.path.join(root, "stderr"), "wb") as ferr:
+            proc, _ = _launch(mode, root, work, argv, lim, _fold(default_read_paths() + extra), limits.tmp_mb, cgroup,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=ferr,
+                              env={**_base_env(work), **(env or {})})
+    except BaseException:
+        if cgroup is not None:
+            _remove_cgroup(cgroup)
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return SandboxProcess(proc, root, work, cgroup)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -33,7 +33,14 @@ def test_each_injected_fault_is_blamed_and_only_it_is_revised(rounds_and_digests
     blame = {a.checkpoint: a.blame for a in r1.attributions}
     assert blame[TASK_DEFECT] == Blame.task and blame[EVALUATOR_DEFECT] == Blame.evaluator
     assert blame["shop-ship-order"] == Blame.environment  # get_order crashes under it
-    assert r1.blamed == r1.revised == ["backend:shop", f"task:{TASK_DEFECT}", f"verifier:{EVALUATOR_DEFECT}"]
+    composed = ["composed:ada-cycle/edges:crm:crm-resolve", "composed:ada-unbound-text/calls:crm:crm-credit"]
+    assert r1.blamed == r1.revised == ["backend:shop", *composed, f"task:{TASK_DEFECT}",
+                                       f"verifier:{EVALUATOR_DEFECT}"]
+    rules = {a.checkpoint: (a.blame, a.rule) for a in r1.attributions if a.checkpoint.startswith("ada-")}
+    assert rules == {"ada-unbound-text/crm:crm-credit": (Blame.task, "composed_binding"),
+                     "ada-cycle/crm:crm-resolve": (Blame.task, "composed_edge")}
+    assert r1.revalidated["composed:ada-cycle"] and r1.revalidated["composed:ada-unbound-text"]
+    assert [s.version for s in system.composed] == [2, 2]
     assert all(r.untouched_ok for r in rounds)
     changed = sorted(c for c in first if first[c] != last[c])
     assert changed == r1.revised  # nothing else changed over all rounds
@@ -88,7 +95,9 @@ def test_cli_with_an_llm_reviser_records_rejected_answers_and_goes_on(fake, tmp_
     assert f"round 1: task:{TASK_DEFECT} (grounder, answer 1): rejected: malformed answer" in res.output
     assert f"round 1: verifier:{EVALUATOR_DEFECT} (verifier, answer 1): rejected: malformed answer" in res.output
     rounds = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
-    assert rounds[0]["revised"] == ["backend:shop"]  # the native backend restored; the rest left as it was
+    # the native backend restored and the composed faults repaired deterministically; the rest left as it was
+    assert rounds[0]["revised"] == ["backend:shop", "composed:ada-cycle/edges:crm:crm-resolve",
+                                    "composed:ada-unbound-text/calls:crm:crm-credit"]
     assert f"task:{TASK_DEFECT}" in rounds[1]["blamed"]  # so it is blamed again
     assert len(fake.requests) == 4 and (out / "llm_ledger.jsonl").is_file()
 

@@ -144,7 +144,10 @@ def test_drill_task_and_verifier_revised_by_the_llm_native_backend_restored(fake
             r2 = await run_round(rt, system, 2, rates={}, reviser=reviser)
             return r1, r2, first, system, _missing_rows(task)
     r1, r2, first, system, still_missing = anyio.run(main)
-    assert r1.blamed == r1.revised == ["backend:shop", f"task:{TASK_DEFECT}", f"verifier:{EVALUATOR_DEFECT}"]
+    # the drill's composed faults are repaired from the certified composed task: no LLM asked for them
+    composed = ["composed:ada-cycle/edges:crm:crm-resolve", "composed:ada-unbound-text/calls:crm:crm-credit"]
+    assert r1.blamed == r1.revised == ["backend:shop", *composed, f"task:{TASK_DEFECT}",
+                                       f"verifier:{EVALUATOR_DEFECT}"]
     assert sorted(c for c, d in system.digests().items() if first[c] != d) == r1.revised
     assert system.sources["shop"] == system.certified["shop"]
     components = [json.loads(b["messages"][1]["content"])["component"] for b in fake.bodies]

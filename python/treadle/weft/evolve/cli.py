@@ -149,7 +149,8 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
                seed: int = typer.Option(0, "--seed"),
                llm_config: Path = typer.Option(None, "--llm-config", help="treadle.llm config with the roles grounder "
                                                "and verifier: blamed task states and verifiers are then revised by "
-                                               "the LLM and validated (default: offline revisions)."),
+                                               "the LLM and validated (default: offline revisions); an optional role "
+                                               "composer gets what the certified composed task cannot decide."),
                revise_attempts: int = typer.Option(2, "--revise-attempts", min=1,
                                                    help="LLM answers per blamed component and round."),
                synth: Path = typer.Option(None, "--synth", help="A `treadle weft synth` --out folder: evolve that "

@@ -262,11 +262,11 @@ def _rewrite_call(b: ServerBundle, call: ToolCall, remap: dict[str, dict[Any, An
         if col and col in remap and value in remap[col]:
             args[arg] = remap[col][value]
         elif isinstance(value, str) and not (col and b.emap.attribute_of(col)):  # free text ("Refund for order 2")
-            args[arg] = _rewrite_text(value, subs)
+            args[arg] = rewrite_text(value, subs)
     return ToolCall(name=call.name, arguments=args)
 
 
-def _rewrite_text(text: str, subs: list[tuple[str, str, str]]) -> str:
+def rewrite_text(text: str, subs: list[tuple[str, str, str]]) -> str:
     for noun, old, new in subs:
         if noun:
             text = re.sub(rf"(?i)(\b{re.escape(noun)}s?\s+#?){re.escape(old)}\b", lambda m: m.group(1) + new, text)
@@ -319,7 +319,7 @@ def compose(bundles: Sequence[ServerBundle], members: Sequence[tuple[str, Atomic
     for s, t in members:
         b = by[s]
         calls = [_rewrite_call(b, c, plan.remap.get(s, {}), plan.text.get(s, [])) for c in t.checkpoint.gold_calls or []]
-        request = _rewrite_text(t.request, plan.text.get(s, []))
+        request = rewrite_text(t.request, plan.text.get(s, []))
         spec = t.checkpoint.model_copy(update={"gold_calls": calls, "name": f"{s}:{t.name}"})
         keys = tuple(f"{k}:{i}" for k, i in sorted(ents[f"{s}:{t.name}"], key=str))
         deps = tuple(n.name for n in nodes if set(n.entities) & set(keys)

@@ -7,20 +7,26 @@ runs after the nodes it depends on). When one of them is wrong the task is at fa
 
 - :func:`binding_faults`: a node's gold call names, through its tool contract and the server's entity map,
   an entity of a bound kind whose value is not the bound one (``order_ref=1`` where the binding made the
-  order 3: the call acts on the original customer's object);
+  order 3: the call acts on the original customer's object); or an argument the contract maps to no entity
+  names a bound object's original id or identity: in free text (a note body, a credit reason: ``"Chipped mug
+  of order 1"``, ``"contact C-001"``, ``ada@example.com``, matched the way the composition rewrites request
+  texts), or as a value or nested key named like an entity column (``{"order_ref": 1}``);
 - :func:`edge_faults`: a node's dependencies differ from those of the certified composed task (an edge
   dropped, so that the node may run before its prerequisite, or an edge added, possibly a cycle).
 
 :func:`attribute_composed` applies both before executing anything (blame ``task``, rules
 ``composed_binding`` and ``composed_edge``); only when the structure holds does it replay the reference
-plan (it fails to execute: ``environment``; it passes: ``policy``). :func:`revise_composed` revises only
-the blamed part (the one argument, from the bindings; the one node's edges, from the certified DAG),
-and :func:`recertify_composed` certifies the result by execution: the reference plan passes every node,
-a do-nothing and a read-only agent score 0, and each node certifies (its check fails on the state it starts
-from, passes after its gold calls) from the state the reference reaches. A revision that does not certify
-is not kept. :func:`component_digests` names the parts so that a caller can check that nothing unblamed
-changed. :func:`inject` is the fault injector (``wrong_binding``, ``dropped_edge``, ``cycle``) in the style
-of :mod:`~treadle.weft.evolve.faults`.
+plan (it fails to execute: ``environment``; it passes: ``policy``; a cycle the certified DAG cannot repair:
+``undecided``, for the ``composer`` LLM role of :class:`~treadle.weft.evolve.revise.LLMReviser`).
+:func:`revise_composed` revises only the blamed part (the one argument, from the bindings or the certified
+text; the one node's edges, from the certified DAG), and :func:`recertify_composed` certifies the result by
+execution: the reference plan passes every node, a do-nothing and a read-only agent score 0, each node
+certifies (its check fails on the state it starts from, passes after its gold calls) from the state the
+reference reaches, and no call names an unbound object. A revision that does not certify is not kept.
+:func:`component_digests` names the parts so that a caller can check that nothing unblamed changed.
+:func:`inject` is the fault injector (``wrong_binding``, ``unbound_text``, ``dropped_edge``, ``cycle``) in the
+style of :mod:`~treadle.weft.evolve.faults`. Not covered: an id that reaches a call only through another
+call's return value under an argument name the entity map does not know.
 """
 from __future__ import annotations
 
@@ -42,9 +48,10 @@ __all__ = ["COMPOSED_FAULTS", "ComposedAttribution", "ComposedCertificate", "Com
            "binding_faults", "component_digests", "edge_faults", "inject", "plan_policy", "recertify_composed",
            "revise_composed", "server_tools"]
 
-COMPOSED_FAULTS = ("wrong_binding", "dropped_edge", "cycle")
-"""Fault kinds :func:`inject` makes: a node's call names the unbound (original) object; a node loses its edges to
-its prerequisites on its own server and is declared before them; a prerequisite is made to depend on the node."""
+COMPOSED_FAULTS = ("wrong_binding", "unbound_text", "dropped_edge", "cycle")
+"""Fault kinds :func:`inject` makes: a node's call names the unbound (original) object in an entity-mapped argument,
+or in a free-text one (``reason='Chipped mug of order 1'`` where the order is bound to 3); a node loses its edges
+to its prerequisites on its own server and is declared before them; a prerequisite is made to depend on the node."""
 
 
 class ComposedFault(BaseModel):
@@ -54,7 +61,8 @@ class ComposedFault(BaseModel):
         kind: ``binding`` (a call argument) or ``edge`` (a node's dependencies).
         node: the node it is in.
         call, arg, found, expected: for ``binding``: the index of the gold call in the node, the argument, its
-            value, and the value the bindings give.
+            value, and the value the bindings give (for a free-text argument, ``free_text``: the text with the
+            bound values).
         depends_on, expected_depends_on: for ``edge``: the node's dependencies, and the certified DAG's.
     """
 
@@ -69,6 +77,7 @@ class ComposedFault(BaseModel):
     expected: Any = None
     depends_on: tuple[str, ...] = ()
     expected_depends_on: tuple[str, ...] = ()
+    free_text: bool = False
 
 
 class ComposedAttribution(BaseModel):
@@ -137,19 +146,93 @@ def _bound_values(task: ComposedTask, node: Node, kind: str, attr: str) -> list[
     return out
 
 
+def _text_subs(task: ComposedTask, node: Node) -> list[tuple[str, str, str]]:
+    """``(noun, original, bound)`` text substitutions of the bound objects ``node`` concerns on its server (noun ''
+    for an identity written on its own, e.g. an e-mail): what :func:`~treadle.weft.evolve.compose.compose` applies
+    to request texts and free-text arguments."""
+    emap = ENTITY_MAPS[node.server]
+    out = []
+    for b in task.bindings:
+        k = emap.kinds.get(b.kind)
+        if k is None or f"{b.kind}:{b.identity}" not in node.entities:
+            continue
+        if node.server in b.ids:
+            old, new = b.ids[node.server]
+        else:  # a kind the server only refers to (the CRM's order_ref): the identity is its id here
+            old, new = b.identity, b.new_identity
+        if k.noun and old != new:
+            out.append((k.noun, str(old), str(new)))
+        if k.identity != "id" and isinstance(b.identity, str) and b.identity != b.new_identity:
+            out.append(("", b.identity, str(b.new_identity)))
+    return out
+
+
+def _attribute_by_name(node: Node, name: str) -> tuple[str, str] | None:
+    """(kind, attribute) of an argument or key named like a column of the server's entity map (``order_ref``,
+    ``case_id``; a bare ``id`` names nothing)."""
+    if name == "id":
+        return None
+    for k in ENTITY_MAPS[node.server].kinds.values():
+        for col, attr in k.columns.items():
+            if col.split(".", 1)[1] == name:
+                return k.kind, attr
+    return None
+
+
+def _rebind_free(task: ComposedTask, node: Node, subs: list, name: str, value: Any, rewrite: Any) -> Any:
+    """``value`` (an argument the contract maps to no entity attribute) with every mention of a bound object's
+    original id or identity replaced by the bound one: in text (noun and id, or an identity such as an e-mail), in a
+    scalar or nested key named like an entity column (``{"order_ref": 1}``), recursively through lists and objects."""
+    if isinstance(value, list):
+        return [_rebind_free(task, node, subs, name, v, rewrite) for v in value]
+    if isinstance(value, dict):
+        return {k: _rebind_free(task, node, subs, k, v, rewrite) for k, v in value.items()}
+    hit = _attribute_by_name(node, name)
+    if hit is None or value is None or isinstance(value, bool):
+        return rewrite(value, subs) if isinstance(value, str) and subs else value
+    kind, attr = hit
+    k = ENTITY_MAPS[node.server].kinds[kind]
+    for b in task.bindings:  # only the original (unbound) object is flagged: another value may be a legitimate object
+        if b.kind != kind or f"{kind}:{b.identity}" not in node.entities:
+            continue
+        if attr == "id" and node.server in b.ids:
+            old, new = b.ids[node.server]
+        elif attr == k.identity or (attr == "id" and k.table is None):
+            old, new = b.identity, b.new_identity
+        else:
+            continue
+        if value == old and old != new:
+            return new
+    return rewrite(value, subs) if isinstance(value, str) and subs else value
+
+
 def binding_faults(task: ComposedTask, tools: dict[str, dict[str, dict]]) -> list[ComposedFault]:
     """Every gold-call argument of every node that names a bound object's attribute (through the tool's contract
-    and the server's entity map) with a value other than the bound one."""
+    and the server's entity map) with a value other than the bound one, and every argument the contract maps to no
+    entity attribute (``free_text``) that names a bound object by its original id or identity: in text (``"Refund
+    for order 1"``, an e-mail; rewritten as the composition rewrites request texts), or in a value or nested key
+    named like an entity column (``order_ref=1``, ``{"case_id": 1}``); ``expected``: the argument rebound."""
+    from treadle.weft.evolve.compose import rewrite_text
+
     out = []
     for node in task.nodes:
         emap = ENTITY_MAPS.get(node.server)
         if emap is None:
             continue
+        subs = _text_subs(task, node)
         for i, call in enumerate(node.atomic.checkpoint.gold_calls or []):
             a2s = ((tools.get(node.server, {}).get(call.name) or {}).get("contract") or {}).get("args_to_state", {})
             for arg, value in call.arguments.items():
                 col = contract_column(a2s, arg)
                 hit = emap.attribute_of(col) if col else None
+                if hit is None:  # free text, a nested value, or an id the contract does not map
+                    fixed = _rebind_free(task, node, subs, arg, value, rewrite_text)
+                    if fixed != value:
+                        out.append(ComposedFault(kind="binding", node=node.name, call=i, arg=arg, found=value,
+                                                 expected=fixed, free_text=True,
+                                                 detail=f"{call.name}.{arg}={value!r} names an object the composition "
+                                                        f"did not bind (not contract-mapped); bound: {fixed!r}"))
+                    continue
                 if hit is None or value is None:
                     continue
                 want = _bound_values(task, node, *hit)
@@ -189,17 +272,20 @@ async def attribute_composed(rt: Any, task: ComposedTask, certified: ComposedTas
     the reference plan of the task as it is: it fails -> ``environment`` (``reference_fails``), it passes ->
     ``policy`` (``reference_passes``).
 
+    A passing run is attributed only when a structural fault is found (execution accepts a call on an unbound
+    object when that object also satisfies the check, e.g. a note on the original customer's case).
+
     Raises:
-        ValueError: ``result`` is a passing run (nothing to attribute).
+        ValueError: ``result`` is a passing run and the structure holds (nothing to attribute).
     """
-    if result is not None and result.reward == 1.0:
+    faults = edge_faults(task, certified) + binding_faults(task, server_tools(rt, hashes))
+    if result is not None and result.reward == 1.0 and not faults:
         raise ValueError(f"composed task {task.name!r} passed; only failed runs are attributed")
     failed = _failed_nodes(task, result)
     spans = {n: [] for n in failed}
     if result is not None:
         for name, outs in zip(result.nodes, result.outcomes):
             spans[name] = [str(o.call) for o in outs] if name in spans else []
-    faults = edge_faults(task, certified) + binding_faults(task, server_tools(rt, hashes))
     if faults:
         return [ComposedAttribution(fault=f, attribution=Attribution(
             checkpoint=f.node, blame=Blame.task, rule=f"composed_{f.kind}", detail=f.detail,
@@ -228,7 +314,8 @@ def _replace_node(task: ComposedTask, node: Node) -> ComposedTask:
 
 
 def revise_composed(task: ComposedTask, certified: ComposedTask, faults: Sequence[ComposedFault]) -> ComposedTask:
-    """``task`` with only the parts of ``faults`` revised: a binding fault's argument set to the bound value, an
+    """``task`` with only the parts of ``faults`` revised: a binding fault's argument set to the bound value (a
+    free-text one to the certified task's text of that call when it has one, else to the text with the bound values), an
     edge fault's node given the certified DAG's dependencies (its declaration position and every other node,
     binding and snapshot unchanged). A binding fault with no single bound value is left as it is."""
     by_name = {n.name: n for n in certified.nodes}
@@ -241,7 +328,13 @@ def revise_composed(task: ComposedTask, certified: ComposedTask, faults: Sequenc
                 continue
             calls = list(node.atomic.checkpoint.gold_calls or [])
             old = calls[f.call]
-            calls[f.call] = ToolCall(name=old.name, arguments={**old.arguments, f.arg: f.expected})
+            value = f.expected
+            if f.free_text and f.node in by_name:  # the certified text, when the certified call is the same tool
+                ref = list(by_name[f.node].atomic.checkpoint.gold_calls or [])
+                if f.call < len(ref) and ref[f.call].name == old.name and isinstance(ref[f.call].arguments.get(f.arg),
+                                                                                    str):
+                    value = ref[f.call].arguments[f.arg]
+            calls[f.call] = ToolCall(name=old.name, arguments={**old.arguments, f.arg: value})
             spec = node.atomic.checkpoint.model_copy(update={"gold_calls": calls})
             atomic = node.atomic.model_copy(update={"checkpoint": spec,
                                                     "details": details_of(node.atomic.request, spec)})
@@ -266,7 +359,8 @@ async def recertify_composed(rt: Any, task: ComposedTask, hashes: dict[str, str]
     ``read_only_zero`` (an agent making no call, or only the gold's read calls, scores R = 0), and
     ``nodes_certify``: every node certifies (:func:`~treadle.weft.evolve.certify.certify_task`: its check fails
     on the state it starts from and passes after its gold calls) from the state the reference plan reaches on
-    its server. A cycle makes every check fail (recorded, not raised)."""
+    its server; ``bindings_hold``: no gold call names an unbound object (:func:`binding_faults`: execution alone
+    accepts one that also satisfies the check). A cycle makes every check fail (recorded, not raised)."""
     checks: dict[str, bool] = {}
     reasons: list[str] = []
     try:
@@ -297,6 +391,9 @@ async def recertify_composed(rt: Any, task: ComposedTask, hashes: dict[str, str]
             await rt.close(sid)
     checks["nodes_certify"] = all(c.certified for c in certs)
     reasons.extend(f"{c.task}: {r}" for c in certs for r in c.reasons)
+    unbound = binding_faults(task, tools)
+    checks["bindings_hold"] = not unbound
+    reasons.extend(f"binding: {f.detail}" for f in unbound)
     return ComposedCertificate(task=task.name, checks=checks, nodes=tuple(certs), certified=all(checks.values()),
                                reasons=tuple(reasons))
 
@@ -309,6 +406,8 @@ def inject(task: ComposedTask, tools: dict[str, dict[str, dict]], how: str,
 
     - ``wrong_binding``: the node's last argument naming a bound object gets the object's original value (the
       binding not applied: the call acts on the object the atomic task was certified on);
+    - ``unbound_text``: the node's last free-text argument gets `` (<noun> <original id>)`` appended, naming the
+      first bound object the node concerns by its original id;
     - ``dropped_edge``: the node loses its dependencies on nodes of its own server and is declared first;
     - ``cycle``: the node's last dependency is made to depend on the node.
 
@@ -339,6 +438,24 @@ def inject(task: ComposedTask, tools: dict[str, dict[str, dict]], how: str,
                 atomic = target.atomic.model_copy(update={"checkpoint": spec})
                 return (_replace_node(task, target.model_copy(update={"atomic": atomic})),
                         f"{target.name}: {calls[i].name}.{arg} {value!r} -> {orig!r} (unbound)")
+        return None
+    if how == "unbound_text":
+        subs = [x for x in _text_subs(task, target) if x[0]]
+        calls = list(target.atomic.checkpoint.gold_calls or [])
+        for i in range(len(calls) - 1, -1, -1):
+            a2s = ((tools[target.server].get(calls[i].name) or {}).get("contract") or {}).get("args_to_state", {})
+            cols = {a: contract_column(a2s, a) for a in calls[i].arguments}
+            free = [a for a, v in calls[i].arguments.items()
+                    if isinstance(v, str) and not (cols[a] and ENTITY_MAPS[target.server].attribute_of(cols[a]))]
+            if not free or not subs:
+                continue
+            arg, (noun, old, _) = free[-1], subs[0]
+            text = f"{calls[i].arguments[arg]} ({noun} {old})"
+            calls[i] = ToolCall(name=calls[i].name, arguments={**calls[i].arguments, arg: text})
+            spec = target.atomic.checkpoint.model_copy(update={"gold_calls": calls})
+            atomic = target.atomic.model_copy(update={"checkpoint": spec})
+            return (_replace_node(task, target.model_copy(update={"atomic": atomic})),
+                    f"{target.name}: {calls[i].name}.{arg} -> {text!r} (unbound, free text)")
         return None
     servers = {n.name: n.server for n in task.nodes}
     if how == "dropped_edge":

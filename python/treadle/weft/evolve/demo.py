@@ -2,8 +2,8 @@
 
 Offline and deterministic: certifies the shop's and the CRM's atomic-task candidates (coverage,
 pruned near-duplicates, rejections), composes one task across both servers and runs its reference
-plan, then runs the fault-injection suite (native environments; BFCL classes too when ``bfcl-eval``
-is installed and not ``--quick``) and prints the confusion matrix of deterministic attribution.
+plan, then runs the fault-injection suite (native environments, the composed task's binding / edge /
+cycle faults; BFCL classes too when ``bfcl-eval`` is installed and not ``--quick``) and prints the confusion matrix of deterministic attribution.
 Writes ``certification.jsonl``, ``composed.json``, ``faults.jsonl`` and ``confusion.json``.
 """
 from __future__ import annotations
@@ -21,6 +21,7 @@ async def _main(quick: bool) -> dict[str, Any]:
     from treadle.weft.evolve.certify import certify_server
     from treadle.weft.evolve.compose import ServerBundle, certify_composed, compose, propose_groups, run_composed
     from treadle.weft.evolve.faults import native_suite
+    from treadle.weft.evolve.faults_composed import composed_suite
     from treadle.weft.runtime import Runtime
 
     out: dict[str, Any] = {}
@@ -41,6 +42,7 @@ async def _main(quick: bool) -> dict[str, Any]:
         out["composed"] = ct
         out["composed_run"] = await run_composed(rt, ct, hashes)
         cases = await native_suite(rt, [(shop, reports[0].kept), (crm, reports[1].kept)])
+        cases += await composed_suite(rt, ct, hashes)  # composed cross-server faults: bindings, edges, cycles
         if not quick:
             try:
                 import bfcl_eval  # noqa: F401
@@ -98,3 +100,7 @@ def run(run_dir: Path, quick: bool, console) -> None:
     console.print(t)
     console.print(f"accuracy {r.accuracy:.1%} over {len(r.observed)} observed faults "
                   f"({len(r.cases) - len(r.observed)} injected faults left the checkpoint passing)", markup=False)
+    comp = [c for c in r.observed if c.id.startswith("composed/")]
+    console.print(f"of which composed cross-server ({ct.name}): {sum(c.correct for c in comp)} of {len(comp)} correct "
+                  f"({sum(c.label.value == 'task' for c in comp)} wrong bindings, free-text bindings, dropped edges and "
+                  f"cycles; {sum(c.label.value == 'policy' for c in comp)} skipped nodes)", markup=False)

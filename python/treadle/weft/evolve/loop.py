@@ -23,11 +23,15 @@ punishing the policy). One round:
    server, or of a revised task, must pass its verifier).
 
 Composed cross-server tasks (:class:`ComposedSlot`) are played by a correct agent (the certified composed
-task's calls, node by node) and judged by their nodes' checks as they are now; a failed one is attributed
+task's calls, node by node) and judged by their nodes' checks as they are now and by the structural checks (a
+run that passes with a wrong binding or edge still fails: execution alone accepts a call on an unbound object
+that also satisfies the check); a failed one is attributed
 by :func:`~treadle.weft.evolve.composed_revise.attribute_composed` (a wrong entity binding or DAG edge:
 ``task``), only the blamed binding argument or node edges are revised
 (:func:`~treadle.weft.evolve.composed_revise.revise_composed`), and the revision is kept only if the
-composed task re-certifies by execution (its components are ``composed:<task>/<part>``).
+composed task re-certifies by execution (its components are ``composed:<task>/<part>``); what the certified
+task cannot decide (a cycle among nodes it does not know, a wrong binding with no single bound value) goes to
+the reviser's ``composer`` role when one is given, validated the same way (offline it is left as it is).
 
 Rounds continue until the error rate stops falling (or ``max_rounds``). Every component carries a
 version and a digest; a round records which it revised, and :attr:`Round.untouched_ok` checks that no
@@ -163,7 +167,7 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
         outcome = await _play_composed(rt, cslot, hashes)
         calls += sum(len(o) for o in outcome.outcomes) if outcome is not None else 0
         errors += sum(not x.ok for o in outcome.outcomes for x in o) if outcome is not None else 0
-        if outcome is not None and outcome.reward == 1.0:
+        if outcome is not None and outcome.reward == 1.0 and not _structural_faults(rt, cslot, hashes):
             passed += 1
         else:
             composed_failed.append((cslot, outcome))
@@ -208,7 +212,7 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
                 slot.spec = new
                 slot.versions["verifier"] += 1
     for cslot, outcome in composed_failed:
-        await _revise_composed(rt, cslot, hashes, outcome, rnd)
+        await _revise_composed(rt, cslot, hashes, outcome, rnd, reviser)
     if reviser is not None:
         rnd.revisions = list(reviser.log[logged:])
     after = system.digests()
@@ -229,6 +233,15 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
     return rnd
 
 
+def _structural_faults(rt: Any, cslot: ComposedSlot, hashes: dict[str, str]) -> list:
+    """The slot's wrong bindings and DAG edges (a run can pass with them: a call on an unbound object that also
+    satisfies the check, an edge whose loss changes no outcome)."""
+    from treadle.weft.evolve.composed_revise import binding_faults, edge_faults, server_tools
+
+    tools = server_tools(rt, {s: hashes[s] for s in cslot.task.snapshots})
+    return edge_faults(cslot.task, cslot.certified) + binding_faults(cslot.task, tools)
+
+
 async def _play_composed(rt: Any, cslot: ComposedSlot, hashes: dict[str, str]) -> Any:
     """The correct agent's run of a composed slot (None when the task cannot run: a dependency cycle)."""
     from treadle.weft.evolve.compose import run_composed
@@ -242,26 +255,41 @@ async def _play_composed(rt: Any, cslot: ComposedSlot, hashes: dict[str, str]) -
         return None
 
 
-async def _revise_composed(rt: Any, cslot: ComposedSlot, hashes: dict[str, str], outcome: Any, rnd: Round) -> None:
-    """Attribute a failed composed slot; revise only its blamed bindings / edges, kept only if it re-certifies."""
+async def _revise_composed(rt: Any, cslot: ComposedSlot, hashes: dict[str, str], outcome: Any, rnd: Round,
+                           reviser: Any = None) -> None:
+    """Attribute a failed composed slot; revise only its blamed bindings / edges from the certified task, kept only
+    if it re-certifies; what that leaves undecided goes to ``reviser``'s composer role (when given)."""
     from treadle.weft.evolve.composed_revise import attribute_composed, recertify_composed, revise_composed
+    from treadle.weft.evolve.revise import undecided_parts
 
     h = {s: hashes[s] for s in cslot.task.snapshots}
     verdicts = await attribute_composed(rt, cslot.task, cslot.certified, h, outcome)
-    for v in verdicts:
-        rnd.attributions.append(v.attribution)
+    for v in verdicts:  # checkpoint named <composed task>/<node>, as in the components
+        cp = v.attribution.checkpoint
+        rnd.attributions.append(v.attribution.model_copy(
+            update={"checkpoint": cp if cp == cslot.task.name else f"{cslot.task.name}/{cp}"}))
         if v.fault is not None:
             rnd.blamed.append(f"composed:{cslot.task.name}/{'calls' if v.fault.kind == 'binding' else 'edges'}:"
                               f"{v.fault.node}")
+    parts = undecided_parts(cslot.task, cslot.certified, verdicts)
+    rnd.blamed.extend(f"composed:{cslot.task.name}/{p}" for p in parts)
     faults = [v.fault for v in verdicts if v.fault is not None]
-    if not faults:
-        return
-    new = revise_composed(cslot.task, cslot.certified, faults)
-    cert = await recertify_composed(rt, new, h)
-    if cert.certified:
-        cslot.task = new
-        cslot.version += 1
-    else:  # kept as it was; the reasons are the certificate's
+    base = cslot.task
+    if faults:
+        new = revise_composed(cslot.task, cslot.certified, faults)
+        cert = await recertify_composed(rt, new, h)
+        if cert.certified:
+            cslot.task = new
+            cslot.version += 1
+            return
+        base = new  # an LLM revision starts from what the certified task could repair
+    if reviser is not None and parts:
+        new = await reviser.composed(rt, h, base, cslot.certified, verdicts)
+        if new is not None:
+            cslot.task = new
+            cslot.version += 1
+            return
+    if faults or parts:  # kept as it was; the reasons are the certificate's / the reviser's log
         rnd.revalidated[f"composed:{cslot.task.name}"] = False
 
 

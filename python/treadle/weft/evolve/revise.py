@@ -17,12 +17,16 @@ task initial state        ``grounder``  the three certification baselines from t
                                         read-only agent score 0)
 verifier (evaluator)      ``verifier``  tested on the reference evidence first: the reference plan passes it,
                                         a do-nothing agent does not; its SQL must be read-only
+composed task (what the   ``composer``  only the undecided part changes (:func:`~treadle.weft.evolve.
+deterministic path                      composed_revise.component_digests`), then the composed task re-certifies
+cannot decide)                          by execution with its bindings holding
+                                        (:func:`~treadle.weft.evolve.composed_revise.recertify_composed`)
 ========================  ============  =====================================================================
 
 Answers are JSON objects (:class:`~treadle.weft.evolve.synth_validate.Backend`, :class:`StateRevision`,
-:class:`VerifierRevision`). Each component gets at most ``attempts`` answers; a failed call, an answer that
-is not the JSON asked for, or a revision that fails validation is recorded (:class:`RevisionAttempt`) and
-fed back to the next attempt, never raised. A component whose revision is not accepted stays exactly as it
+:class:`VerifierRevision`, :class:`ComposedRevision`). Each component gets at most ``attempts`` answers; a
+failed call, an answer that is not the JSON asked for, or a revision that fails validation is recorded
+(:class:`RevisionAttempt`) and fed back to the next attempt, never raised. A component whose revision is not accepted stays exactly as it
 was (nothing accepted earlier is lost).
 
 Only *synthesised* environments (:class:`SynthEnv`: their backend is generated code that runs in the
@@ -46,10 +50,10 @@ from treadle.weft.evolve.synth_validate import Backend
 from treadle.weft.state import Snapshot
 from treadle.weft.verify import CheckpointSpec, StateAssertion
 
-__all__ = ["REVISE_ROLES", "LLMReviser", "RevisionAttempt", "StateRevision", "SynthEnv", "VerifierRevision",
-           "read_only_sql"]
+__all__ = ["REVISE_ROLES", "ArgumentRevision", "ComposedRevision", "LLMReviser", "RevisionAttempt", "StateRevision",
+           "SynthEnv", "VerifierRevision", "read_only_sql", "undecided_parts"]
 
-REVISE_ROLES = {"backend": "backend", "task": "grounder", "verifier": "verifier"}
+REVISE_ROLES = {"backend": "backend", "task": "grounder", "verifier": "verifier", "composed": "composer"}
 """Component kind -> the ``treadle.llm`` role asked to revise it."""
 
 
@@ -88,6 +92,43 @@ class VerifierRevision(BaseModel):
     assertions: list[StateAssertion] | None = None
     gold_calls: list[ToolCall] | None = None
     reason: str = ""
+
+
+class ArgumentRevision(BaseModel):
+    """One gold-call argument of a composed task's node set to ``value`` (``call``: the call's index in the node)."""
+
+    model_config = ConfigDict(extra="forbid")
+    node: str
+    call: int = Field(ge=0)
+    arg: str
+    value: Any
+
+
+class ComposedRevision(BaseModel):
+    """A revised composed task: new dependencies for some nodes (``{node: [nodes it runs after]}``) and new values
+    for some gold-call arguments; everything else stays as it is."""
+
+    model_config = ConfigDict(extra="forbid")
+    depends_on: dict[str, list[str]] = Field(default_factory=dict)
+    arguments: list[ArgumentRevision] = Field(default_factory=list)
+    reason: str = ""
+
+
+def undecided_parts(task: Any, certified: Any, verdicts: Sequence[Any]) -> list[str]:
+    """The parts of a composed ``task`` (names of :func:`~treadle.weft.evolve.composed_revise.component_digests`)
+    that ``verdicts`` leave to an LLM: ``edges:<node>`` of the nodes the certified DAG does not know (every node
+    when it knows them all) for an undecided verdict (a cycle the certified DAG cannot repair), and
+    ``calls:<node>`` for a wrong binding with no single bound value. Empty: the deterministic path decides."""
+    known = {n.name for n in certified.nodes}
+    out: set[str] = set()
+    for v in verdicts:
+        f = v.fault
+        if f is None and v.attribution.blame.value == "undecided":
+            unknown = [n.name for n in task.nodes if n.name not in known]
+            out.update(f"edges:{n}" for n in (unknown or [n.name for n in task.nodes]))
+        elif f is not None and f.kind == "binding" and f.expected is None:
+            out.add(f"calls:{f.node}")
+    return sorted(out)
 
 
 class RevisionAttempt(BaseModel):
@@ -315,3 +356,67 @@ class LLMReviser:
         return await self._propose(f"verifier:{slot.task.name}", "verifier", "The verifier is blamed: it fails what the "
                                    "reference plan does. Give the revised fields of the check.", ctx, VerifierRevision,
                                    check)
+
+    async def composed(self, rt: Any, hashes: dict[str, str], task: Any, certified: Any,
+                       verdicts: Sequence[Any]) -> Any:
+        """A revision of the composed ``task`` for what ``verdicts`` leave undecided (:func:`undecided_parts`),
+        accepted when it changes only those parts and the task re-certifies by execution with its bindings holding;
+        the revised :class:`~treadle.weft.evolve.compose.ComposedTask`, else None. Without a ``composer`` role in
+        the client's config the request is recorded as not made (never raised)."""
+        from treadle.weft.callparse import ToolCall
+        from treadle.weft.evolve.composed_revise import component_digests, recertify_composed
+        from treadle.weft.rollouts.tasks import details_of
+
+        parts = undecided_parts(task, certified, verdicts)
+        if not parts:
+            return None
+        component, role = f"composed:{task.name}", REVISE_ROLES["composed"]
+        roles = getattr(getattr(self.client, "config", None), "roles", None)
+        if roles is not None and role not in roles:
+            self.log.append(RevisionAttempt(component=component, role=role, attempt=-1, accepted=False,
+                                            detail=f"not asked: no role {role!r} in the LLM config; left as it was"))
+            return None
+        before = component_digests(task)
+
+        async def check(rev: ComposedRevision):
+            by = {n.name: n for n in task.nodes}
+            unknown = sorted({*rev.depends_on, *(a.node for a in rev.arguments)} - set(by))
+            if unknown:
+                return None, f"no node(s) {unknown}; nodes: {sorted(by)}"
+            nodes = dict(by)
+            for name, deps in rev.depends_on.items():
+                d = tuple(deps)
+                nodes[name] = nodes[name].model_copy(update={"depends_on": d, "atomic": nodes[name].atomic.model_copy(
+                    update={"depends_on": d})})
+            for a in rev.arguments:
+                node = nodes[a.node]
+                calls = list(node.atomic.checkpoint.gold_calls or [])
+                if a.call >= len(calls) or a.arg not in calls[a.call].arguments:
+                    return None, f"node {a.node!r} has no argument {a.arg!r} in call {a.call}"
+                calls[a.call] = ToolCall(name=calls[a.call].name, arguments={**calls[a.call].arguments, a.arg: a.value})
+                spec = node.atomic.checkpoint.model_copy(update={"gold_calls": calls})
+                nodes[a.node] = node.model_copy(update={"atomic": node.atomic.model_copy(
+                    update={"checkpoint": spec, "details": details_of(node.atomic.request, spec)})})
+            new = task.model_copy(update={"nodes": tuple(nodes[n.name] for n in task.nodes)})
+            after = component_digests(new)
+            changed = sorted(k for k in after if after[k] != before.get(k))
+            if not changed:
+                return None, "the answer changes nothing"
+            outside = [c for c in changed if c not in parts]
+            if outside:
+                return None, f"the answer changes {outside}, which are not blamed (only {parts} are)"
+            cert = await recertify_composed(rt, new, hashes)
+            if not cert.certified:
+                return None, "the revised composed task does not certify: " + "; ".join(cert.reasons)[:600]
+            return new, ""
+
+        ctx = {"undecided_parts": parts, "evidence": [v.attribution.model_dump(mode="json", include={
+                   "checkpoint", "blame", "rule", "detail", "span"}) for v in verdicts],
+               "nodes": [{"name": n.name, "server": n.server, "depends_on": list(n.depends_on), "request":
+                          n.atomic.request, "gold_calls": [str(c) for c in n.atomic.checkpoint.gold_calls or []]}
+                         for n in task.nodes],
+               "certified_dag": {n.name: list(n.depends_on) for n in certified.nodes},
+               "bindings": [b.model_dump(mode="json") for b in task.bindings]}
+        return await self._propose(component, "composed", "A composed cross-server task has a fault the certified "
+                                   "DAG and bindings cannot repair. Revise only the undecided parts: node "
+                                   "dependencies and/or gold-call arguments.", ctx, ComposedRevision, check)

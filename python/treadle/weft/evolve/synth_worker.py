@@ -30,14 +30,11 @@ import json
 import math
 import os
 import select
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import weakref
-from pathlib import Path
 from typing import Any
 
 __all__ = ["APPLY_CALL", "WORKER_MAIN", "SandboxWorker", "session_worker"]
@@ -115,7 +112,7 @@ class SandboxWorker:
         self.work: str | None = None
         self.started = 0.0
         self.starts = 0
-        self._cgroup: str | None = None
+        self._process: Any = None  # the treadle.sandbox.SandboxProcess
         self._timer: threading.Timer | None = None
         self._lock = threading.RLock()
 
@@ -137,22 +134,11 @@ class SandboxWorker:
 
         with self._lock:
             self.close()
-            mode = sb.isolation_mode()
-            cpu = math.ceil(self.lifetime_s) + 1
-            lim = f"{self.limits.memory_mb << 20},{cpu},{self.limits.max_open_files}," \
-                  f"{int(self.limits.max_file_mb * (1 << 20))}"
-            root = os.path.realpath(tempfile.mkdtemp(prefix="treadle-synth-worker-"))
-            work = os.path.join(root, "work")
-            os.mkdir(work, 0o700)
-            Path(work, "main.py").write_text(WORKER_MAIN)
-            Path(work, "backend.py").write_text(self.backend)
-            self._cgroup = sb._pids_cgroup(self.limits.max_processes)
-            with open(os.path.join(root, "stderr"), "wb") as ferr:
-                self.proc, _ = sb._launch(mode, root, work, [sys.executable, "-I", "main.py"], lim,
-                                          sb._fold(sb.default_read_paths()), self.limits.tmp_mb, self._cgroup,
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=ferr,
-                                          env=sb._base_env(work))
-            self.root, self.work, self.started = root, work, time.monotonic()
+            self._process = sb.start_process([sys.executable, "-I", "main.py"], limits=self.limits,
+                                             cpu_s=math.ceil(self.lifetime_s) + 1,
+                                             files={"main.py": WORKER_MAIN, "backend.py": self.backend})
+            self.proc, self.root, self.work = self._process.proc, self._process.root, self._process.work
+            self.started = time.monotonic()
             self.starts += 1
             self._timer = threading.Timer(self.lifetime_s, self._expire, args=(self.proc,))
             self._timer.daemon = True
@@ -165,32 +151,18 @@ class SandboxWorker:
 
     def close(self) -> None:
         """Kill the worker's process group (its PID namespace goes with it) and remove its directory."""
-        from treadle import sandbox as sb
-
         with self._lock:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
-            if self.proc is not None:
-                sb._kill_group(self.proc)
-                for f in (self.proc.stdin, self.proc.stdout):
-                    try:
-                        f.close()
-                    except OSError:
-                        pass
-                self.proc = None
-            if self._cgroup is not None:
-                sb._remove_cgroup(self._cgroup)
-                self._cgroup = None
-            if self.root is not None:
-                shutil.rmtree(self.root, ignore_errors=True)
-                self.root = self.work = None
+            if self._process is not None:
+                self._process.kill()
+                self._process = None
+            self.proc = None
+            self.root = self.work = None
 
     def _stderr_tail(self) -> str:
-        try:
-            return Path(self.root, "stderr").read_bytes()[-300:].decode(errors="replace").strip()
-        except (OSError, TypeError):
-            return ""
+        return "" if self._process is None else self._process.stderr_tail()
 
     def call(self, request: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
         """Send one request line and read one reply line within ``limits.timeout_s``: ``(reply, '')``, or
