@@ -176,6 +176,11 @@ def pick_level(model, tokenizer, cfg: GRPODemoConfig, n: int = 32) -> tuple[int,
 def train_grpo(model, tokenizer, cfg: GRPODemoConfig, *, level: int, log=None, progress: bool = True) -> list[dict]:
     """Run ``cfg.steps`` GRPO steps on ``model`` in place; returns one record per step.
 
+    Each record holds ``update_kl``: the per-token k3 estimate of ``KL(pi_old || pi_new)`` (GRPO eq. 4's
+    estimator, :func:`treadle.grpo.losses.kl_k3`) on the batch's own completions, between the policy that
+    sampled them and the policy after the batch's ``num_iterations`` optimizer steps: how far one update
+    moved the policy (``approx_kl`` is the loss's own statistic at the last iteration, before its step).
+
     Raises:
         ValueError: ``level`` out of range (from the generator).
     """
@@ -183,7 +188,7 @@ def train_grpo(model, tokenizer, cfg: GRPODemoConfig, *, level: int, log=None, p
 
     from treadle.data.arithmetic import ProblemGenerator
     from treadle.data.verify import reward
-    from treadle.grpo.losses import policy_loss
+    from treadle.grpo.losses import kl_k3, policy_loss
     from treadle.models.generation import generate
     from treadle.ops import grpo_advantages
 
@@ -220,12 +225,16 @@ def train_grpo(model, tokenizer, cfg: GRPODemoConfig, *, level: int, log=None, p
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
         model.eval()
+        with torch.no_grad():  # how far this batch's num_iterations updates moved the policy
+            new = sequence_logprobs(model, g.prompt_ids, g.prompt_mask, g.completion_ids, cmask)
+        update_kl = (kl_k3(old, new) * cmask).sum().item() / max(int(cmask.sum()), 1)
         t_train = time.perf_counter() - t3
         n_tok = int(cmask.sum())
         grouped = rewards.view(cfg.prompts_per_step, cfg.group_size)
         rec = {"step": step, "level": level, "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
                "groups_all_equal": int((grouped.max(1).values == grouped.min(1).values).sum()),
                "loss": loss.item(), "clipfrac": float(stats["clipfrac"]), "approx_kl": float(stats["approx_kl"]),
+               "update_kl": update_kl,
                "completion_tokens": n_tok, "t_generate_s": t_gen, "t_reward_s": t_reward, "t_advantage_s": t_adv,
                "t_train_s": t_train, "t_step_s": time.perf_counter() - t0}
         records.append(rec)
@@ -323,6 +332,8 @@ def run(run_dir: Path, quick: bool, console, *, model_path: str | None = None,
         "heldout_greedy_acc_change": greedy_change[0], "heldout_greedy_acc_change_ci95": list(greedy_change[1:]),
         "batch_reward_first_quarter": sum(r["reward_mean"] for r in records[:k]) / k,
         "batch_reward_last_quarter": sum(r["reward_mean"] for r in records[-k:]) / k,
+        "update_kl_mean": sum(r["update_kl"] for r in records) / len(records),
+        "update_kl_max": max(r["update_kl"] for r in records),
         "completion_tokens": tok, "generate_tokens_per_s": tok / max(gen_s, 1e-9),
         "rl_tokens_per_s": tok / max(step_s, 1e-9), "t_advantage_op_s": adv_s, "t_rest_of_steps_s": step_s - adv_s,
         "t_model_load_or_train_s": t_model, "t_grpo_s": t_train, "t_total_s": time.perf_counter() - t_start,
@@ -345,6 +356,8 @@ def run(run_dir: Path, quick: bool, console, *, model_path: str | None = None,
     tt = Table(title="throughput and time")
     tt.add_column("what")
     tt.add_column("value", justify="right")
+    tt.add_row("per-update KL(pi_old || pi_new), per token: mean / max over steps",
+               f"{summary['update_kl_mean']:.4f} / {summary['update_kl_max']:.4f}")
     tt.add_row("completion tokens generated", f"{tok}")
     tt.add_row("tokens/s, generation only", f"{summary['generate_tokens_per_s']:.0f}")
     tt.add_row("tokens/s, whole RL step (generate + reward + advantages + update)", f"{summary['rl_tokens_per_s']:.0f}")
