@@ -206,7 +206,7 @@ def bench(
     extra: list[str] = typer.Argument(None, help="Extra arguments passed to pytest."),
 ) -> None:
     """Run the benchmark suites in bench/ (peers side by side in one run) and write a report."""
-    from treadle.bench_report import run
+    from treadle.bench_report import BenchNotRunError, run
     from treadle.cli_runs import usage_exit
 
     names = [o.strip() for o in ops.split(",") if o.strip()]
@@ -224,6 +224,11 @@ def bench(
                  report=report, extra=list(extra or []))
     except (FileNotFoundError, ValueError) as err:
         usage_exit(str(err))
+    except BenchNotRunError as err:
+        if err.rc in (4, 5):  # pytest refused its arguments or they selected nothing: the user's input
+            usage_exit(f"EXTRA (the pytest arguments {' '.join(extra or []) or '(none)'}): {err}")
+        typer.echo(f"Error: {err}", err=True)
+        raise typer.Exit(err.rc) from None
     raise typer.Exit(rc)
 
 
