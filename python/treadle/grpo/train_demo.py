@@ -8,9 +8,10 @@ A thin orchestration over public APIs, meant to be copied:
 3. per step: prompts from :class:`treadle.data.ProblemGenerator`, ``G`` samples per prompt
    (:func:`treadle.models.generation.generate`), 0/1 rewards from math-verify
    (:func:`treadle.data.reward`), advantages from :func:`treadle.ops.grpo_advantages` with group
-   ids = the problems' uids (never positions), the clipped policy loss with ``token-mean``
+   ids = the problems' uids (never positions), the clipped policy loss with ``seq-mean-token-mean``
    aggregation (:func:`treadle.grpo.losses.policy_loss`), ``num_iterations`` optimizer steps per
-   batch (GRPO's mu; DeepSeekMath sec. 4.1.2, Shao et al. 2024);
+   batch (GRPO's mu; DeepSeekMath sec. 4.1.2, Shao et al. 2024), and the per-update KL between the
+   sampling policy and the updated one (``update_kl``: how far each batch moved the policy);
 4. a summary table and a run folder: ``config.json``, ``steps.jsonl`` (one line per step),
    ``reward_curve.png``, ``summary.json``.
 """
@@ -54,14 +55,19 @@ class GRPODemoConfig:
         eval_prompts, eval_samples: held-out prompts x samples for reward before/after.
         max_new_tokens: completion budget.
         loss_agg_mode: loss aggregation, one of :data:`DEMO_LOSS_AGG_MODES`.
+
+    Defaults (since the seventh round): lr 5e-5 x 4 optimizer steps per batch with ``seq-mean-token-mean``
+    (each completion weighs the same). The earlier lr 3e-4 x 2 with ``token-mean`` moved the policy too far
+    per batch on the tiny model: held-out greedy accuracy fell on every seed of the fifth round. With
+    these defaults the held-out sampled reward rose on each of 3 seeds (README "Demo over 3 seeds").
     """
 
     seed: int = Field(0, ge=0, strict=True)
     steps: int = Field(60, ge=1, strict=True)
     prompts_per_step: int = Field(16, ge=1, strict=True)
     group_size: int = Field(8, ge=2, strict=True)
-    num_iterations: int = Field(2, ge=1, strict=True)
-    lr: float = Field(3e-4, gt=0, allow_inf_nan=False)
+    num_iterations: int = Field(4, ge=1, strict=True)
+    lr: float = Field(5e-5, gt=0, allow_inf_nan=False)
     clip_low: float = Field(0.2, ge=0, lt=1)
     clip_high: float = Field(0.28, gt=0, allow_inf_nan=False)
     temperature: float = Field(1.0, gt=0, allow_inf_nan=False)
@@ -69,7 +75,7 @@ class GRPODemoConfig:
     eval_prompts: int = Field(96, ge=1, strict=True)
     eval_samples: int = Field(4, ge=1, strict=True)
     max_new_tokens: int = Field(10, ge=1, strict=True)
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "seq-mean-token-mean"
 
     @field_validator("level")
     @classmethod
