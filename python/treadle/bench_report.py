@@ -21,6 +21,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -82,6 +83,20 @@ def _suites(ops: list[str]) -> list[Path]:
     return files
 
 
+#: pytest exit codes after which the suites ran (0: all passed, 1: some failed): the only ones a report follows
+BENCHMARKS_RAN = (0, 1)
+PYTEST_EXIT_CODES = {2: "interrupted", 3: "internal error", 4: "usage error (a bad pytest argument?)",
+                     5: "no benchmarks collected"}
+
+
+class BenchNotRunError(RuntimeError):
+    """pytest exited without running the suites; no report was written."""
+
+    def __init__(self, rc: int, why: str):
+        super().__init__(f"pytest exited {rc} ({why}); the benchmarks did not run and no report was written")
+        self.rc = rc
+
+
 def run(ops: list[str], out: Path | None = None, save: str = "", compare: bool = True, report: bool = True,
         extra: list[str] | None = None) -> int:
     """Run the suites (all when ``ops`` is empty) and write the report into ``out`` (default
@@ -90,9 +105,12 @@ def run(ops: list[str], out: Path | None = None, save: str = "", compare: bool =
     Raises:
         FileNotFoundError: no ``bench/`` folder (installed without the source checkout).
         ValueError: an unknown suite name in ``ops``.
+        BenchNotRunError: pytest exited with a code other than 0 or 1 (e.g. 4 for a bad argument in
+            ``extra``): no report is written, and a report folder this call created is removed.
     """
     files = _suites(ops)
     out = out or BENCH / "results" / f"report-{time.strftime('%Y%m%d-%H%M%S')}"
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pytest", *map(str, files), "--benchmark-enable", "-p", "no:cacheprovider", "-q",
            "--override-ini", "addopts=", "--override-ini", "testpaths=bench", "-o", "python_files=bench_*.py",
@@ -104,6 +122,12 @@ def run(ops: list[str], out: Path | None = None, save: str = "", compare: bool =
     cmd += list(extra or [])
     env = {**os.environ, "TREADLE_BENCH_RESULTS_DIR": str(out)}
     rc = subprocess.call(cmd, cwd=ROOT, env=env)
+    if rc not in BENCHMARKS_RAN:
+        # pytest never ran the suites (bad arguments, interrupted, internal error, nothing collected): a report
+        # would show an old run's or no numbers as this one's. A folder this call created holds nothing else.
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise BenchNotRunError(rc, PYTEST_EXIT_CODES.get(rc, "unknown exit code"))
     if report:
         paths = write_report(out)
         print(f"report: {', '.join(str(p) for p in paths)}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -75,6 +76,17 @@ class _AreaStub(TyperGroup):
 _BACKEND_NAMES = ("reference", "cpp", "cuda", "triton")
 
 
+#: what pydantic puts before a validator's message (typer checks Literal/Enum choices through pydantic):
+#: "Invalid value for '--category': Value error, 'x' is not one of ..." reads as "... '--category': 'x' ..."
+_PYDANTIC_PREFIX = re.compile(r"(?<=: )(?:Value error|Assertion failed), ")
+
+
+def _plain_message(err: click.exceptions.ClickException) -> str:
+    """A usage error's message on one line, without pydantic's "Value error, " prefix; a bad choice says
+    which values the flag takes: "Invalid value for '--category': 'x' is not one of 'base', 'miss_func'."."""
+    return _PYDANTIC_PREFIX.sub("", " ".join(err.format_message().split()))
+
+
 class _RootGroup(TyperGroup):
     """The root ``treadle`` group: its own commands plus one lazily imported sub-app per area."""
 
@@ -99,7 +111,7 @@ class _RootGroup(TyperGroup):
             err.show()
             sys.exit(err.exit_code)
         except click.exceptions.ClickException as err:
-            message = " ".join(err.format_message().split())
+            message = _plain_message(err)
             if isinstance(err, click.exceptions.UsageError) and "No such command" in message:
                 message += " See 'treadle --help'."
             click.echo(f"Error: {message}", err=True)
@@ -206,7 +218,7 @@ def bench(
     extra: list[str] = typer.Argument(None, help="Extra arguments passed to pytest."),
 ) -> None:
     """Run the benchmark suites in bench/ (peers side by side in one run) and write a report."""
-    from treadle.bench_report import run
+    from treadle.bench_report import BenchNotRunError, run
     from treadle.cli_runs import usage_exit
 
     names = [o.strip() for o in ops.split(",") if o.strip()]
@@ -224,6 +236,11 @@ def bench(
                  report=report, extra=list(extra or []))
     except (FileNotFoundError, ValueError) as err:
         usage_exit(str(err))
+    except BenchNotRunError as err:
+        if err.rc in (4, 5):  # pytest refused its arguments or they selected nothing: the user's input
+            usage_exit(f"EXTRA (the pytest arguments {' '.join(extra or []) or '(none)'}): {err}")
+        typer.echo(f"Error: {err}", err=True)
+        raise typer.Exit(err.rc) from None
     raise typer.Exit(rc)
 
 

@@ -69,6 +69,10 @@ def triton_interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+#: why meta tensors run the reference: no fallback, nothing to warn about
+_META = "meta tensors hold no values: the reference gives the result's shape, dtype and device"
+
+
 def _why_not(op: str, backend: str, device_type: str) -> str | None:
     """None if ``backend`` can run ``op`` on ``device_type`` here, else the reason it cannot."""
     spec = _REGISTRY[op]
@@ -142,6 +146,8 @@ def _choose(op: str, device_type: str, backend: str | None, env_backend: str | N
             if why is None:
                 return "cpp", "C++ kernel from treadle._C"
             return "reference", why
+    if device_type == "meta":
+        return "reference", _META
     return "reference", f"no kernel for {device_type} tensors"
 
 
@@ -149,7 +155,7 @@ def _choose(op: str, device_type: str, backend: str | None, env_backend: str | N
 def resolve(op: str, device: torch.device | str, backend: str | None = None) -> str:
     """Like :func:`choose` but returns the backend only, warning once per op on a fallback."""
     name, reason = choose(op, device, backend)
-    if name == "reference" and backend is None and op not in _warned:
+    if name == "reference" and backend is None and op not in _warned and reason != _META:
         spec = _REGISTRY[op]
         if spec.cpu or spec.gpu:
             _warned.add(op)

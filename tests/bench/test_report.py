@@ -35,3 +35,26 @@ def test_report_has_ratios_machine_and_chart(tmp_path):
 def test_module_main_needs_a_results_folder(tmp_path, capsys):
     assert main([str(tmp_path / "missing")]) == 2
     assert "usage" in capsys.readouterr().err
+
+
+def test_no_report_when_pytest_did_not_run_the_benchmarks(tmp_path):
+    """``treadle bench ... -- <bad pytest arg>``: pytest exits 4 and ran nothing; the report used to be written
+    anyway (from whatever last_*.json the folder held). Now: no report, a created folder removed, one error
+    line naming the pytest arguments, exit 2; an existing folder's earlier report is left as it was."""
+    import subprocess
+    import sys
+
+    fresh = tmp_path / "fresh"
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "report.md").write_text("earlier report")
+    for out, extra, code in ((fresh, ["--no-such-pytest-flag"], 4), (kept, ["--no-such-pytest-flag"], 4),
+                             (kept, ["-k", "no_benchmark_matches_this"], 5)):
+        res = subprocess.run([sys.executable, "-m", "treadle", "bench", "--ops", "grpo", "--out", str(out), "--no-compare",
+                              "--", *extra], capture_output=True, text=True, timeout=300)
+        assert res.returncode == 2, (extra, res.stdout, res.stderr)
+        last = res.stderr.strip().splitlines()[-1]
+        assert last.startswith("Error: EXTRA") and extra[0] in last and f"pytest exited {code}" in last, res.stderr
+        assert "report:" not in res.stdout
+    assert not fresh.exists()
+    assert sorted(p.name for p in kept.iterdir()) == ["report.md"] and (kept / "report.md").read_text() == "earlier report"

@@ -124,3 +124,29 @@ def test_config_is_frozen_and_serialisable():
     assert dataclasses.asdict(cfg)["level"] == 3 and json.dumps(dataclasses.asdict(cfg))
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.lr = 1.0
+
+
+def test_update_kl_is_k3_kl_between_sampling_and_updated_policy(cache):
+    """``update_kl`` (per step) = masked token mean of ``kl_k3(pi_old, pi_new)`` on the step's own batch,
+    recomputed here from a copy of the policy before the step and the policy after it."""
+    import copy
+
+    from treadle.data import ProblemGenerator
+    from treadle.grpo.losses import kl_k3
+    from treadle.models.generation import generate
+
+    model, tok = _tiny_policy(cache)
+    cfg = train_demo.GRPODemoConfig.quick(steps=1, prompts_per_step=4, group_size=4, lr=1e-2, num_iterations=2)
+    old_model = copy.deepcopy(model)
+    rec = train_demo.train_grpo(model, tok, cfg, level=1, progress=False)[0]
+    problems = ProblemGenerator(cfg.seed).batch(1, cfg.prompts_per_step, split="train")
+    g = generate(old_model, tok, [p.prompt for p in problems], n=cfg.group_size, do_sample=True,
+                 temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed * 100_003 + 0)
+    with torch.no_grad():
+        old = train_demo.sequence_logprobs(old_model, g.prompt_ids, g.prompt_mask, g.completion_ids, g.completion_mask)
+        new = train_demo.sequence_logprobs(model, g.prompt_ids, g.prompt_mask, g.completion_ids, g.completion_mask)
+    m = g.completion_mask
+    want = ((kl_k3(old, new) * m).sum() / m.sum()).item()
+    assert rec["update_kl"] == pytest.approx(want, rel=1e-4, abs=1e-7)
+    changed = any(not torch.equal(a, b) for a, b in zip(old_model.parameters(), model.parameters()))
+    assert (want > 0) == changed  # a moved policy has a positive KL; all-equal groups (no update) give 0

@@ -16,8 +16,43 @@ def test_weft_check(tmp_path):
     assert "isolation: isolated" in res.output and "class_attribute_mutation" in res.output
     res = runner.invoke(app, ["weft", "check", str(SERVERS / "notes.py"), "--json"])
     assert res.exit_code == 0 and json.loads(res.output)["isolation"] == "shared"
-    res = runner.invoke(app, ["weft", "check", str(SERVERS / "broken_import.py")])
+    res = runner.invoke(app, ["weft", "check", str(SERVERS / "broken_import.py"), "--import"])
     assert res.exit_code == 2 and "failed to import" in res.output
+    res = runner.invoke(app, ["weft", "check", str(SERVERS / "broken_import.py")])  # not run: nothing fails
+    assert res.exit_code == 0 and "the file was not run" in res.output, res.output
+
+
+def test_weft_check_does_not_run_the_file(tmp_path):
+    marker = tmp_path / "ran"
+    server = tmp_path / "sneaky.py"
+    server.write_text(f"""from pathlib import Path
+from treadle.weft.server import WeftServer
+Path({str(marker)!r}).write_text("user code ran")
+server = WeftServer("sneaky", backend="sqlite", schema="CREATE TABLE t (a);")
+
+
+@server.tool(writes=("t",), returns="nothing")
+def put(db, a: int) -> None:
+    db.execute("INSERT INTO t VALUES (?)", (a,))
+""")
+    res = runner.invoke(app, ["weft", "check", str(server), "--json"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)
+    assert not marker.exists() and got["executed"] is False
+    assert (got["name"], got["backend"], [t["name"] for t in got["tools"]]) == ("sneaky", "sqlite", ["put"])
+    assert (got["tools"][0]["writes"], got["tools"][0]["arguments"]) == (["t"], ["a"])
+    res = runner.invoke(app, ["weft", "check", str(server), "--import"])  # said plainly: --import runs it
+    assert res.exit_code == 0 and marker.read_text() == "user code ran" and "its code ran" in res.output
+
+
+def test_weft_check_bad_files_are_one_line_errors(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f(:\n")
+    _one_line_error(runner.invoke(app, ["weft", "check", str(bad)]), "does not parse")
+    none = tmp_path / "none.py"
+    none.write_text("x = 1\n")
+    _one_line_error(runner.invoke(app, ["weft", "check", str(none)]), "WeftServer")
+    _one_line_error(runner.invoke(app, ["weft", "check", str(tmp_path / "missing.py")]), "cannot read")
 
 
 def test_weft_shop_and_demo_section(tmp_path):

@@ -8,9 +8,10 @@ A thin orchestration over public APIs, meant to be copied:
 3. per step: prompts from :class:`treadle.data.ProblemGenerator`, ``G`` samples per prompt
    (:func:`treadle.models.generation.generate`), 0/1 rewards from math-verify
    (:func:`treadle.data.reward`), advantages from :func:`treadle.ops.grpo_advantages` with group
-   ids = the problems' uids (never positions), the clipped policy loss with ``token-mean``
+   ids = the problems' uids (never positions), the clipped policy loss with ``seq-mean-token-mean``
    aggregation (:func:`treadle.grpo.losses.policy_loss`), ``num_iterations`` optimizer steps per
-   batch (GRPO's mu; DeepSeekMath sec. 4.1.2, Shao et al. 2024);
+   batch (GRPO's mu; DeepSeekMath sec. 4.1.2, Shao et al. 2024), and the per-update KL between the
+   sampling policy and the updated one (``update_kl``: how far each batch moved the policy);
 4. a summary table and a run folder: ``config.json``, ``steps.jsonl`` (one line per step),
    ``reward_curve.png``, ``summary.json``.
 """
@@ -54,22 +55,28 @@ class GRPODemoConfig:
         eval_prompts, eval_samples: held-out prompts x samples for reward before/after.
         max_new_tokens: completion budget.
         loss_agg_mode: loss aggregation, one of :data:`DEMO_LOSS_AGG_MODES`.
+
+    Defaults (since the seventh round): lr 5e-5 x 4 optimizer steps per batch with ``seq-mean-token-mean``
+    (each completion weighs the same). The earlier lr 3e-4 x 2 with ``token-mean`` moved the policy too far
+    per batch on the tiny model: held-out greedy accuracy fell on every seed of the fifth round. With
+    these defaults the held-out sampled reward rose on each of 3 seeds (README "Demo over 3 seeds");
+    384 held-out prompts (was 96; a few seconds of generation) halve the paired interval's width.
     """
 
     seed: int = Field(0, ge=0, strict=True)
     steps: int = Field(60, ge=1, strict=True)
     prompts_per_step: int = Field(16, ge=1, strict=True)
     group_size: int = Field(8, ge=2, strict=True)
-    num_iterations: int = Field(2, ge=1, strict=True)
-    lr: float = Field(3e-4, gt=0, allow_inf_nan=False)
+    num_iterations: int = Field(4, ge=1, strict=True)
+    lr: float = Field(5e-5, gt=0, allow_inf_nan=False)
     clip_low: float = Field(0.2, ge=0, lt=1)
     clip_high: float = Field(0.28, gt=0, allow_inf_nan=False)
     temperature: float = Field(1.0, gt=0, allow_inf_nan=False)
     level: int | None = Field(None, strict=True)
-    eval_prompts: int = Field(96, ge=1, strict=True)
+    eval_prompts: int = Field(384, ge=1, strict=True)
     eval_samples: int = Field(4, ge=1, strict=True)
     max_new_tokens: int = Field(10, ge=1, strict=True)
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "seq-mean-token-mean"
 
     @field_validator("level")
     @classmethod
@@ -176,6 +183,11 @@ def pick_level(model, tokenizer, cfg: GRPODemoConfig, n: int = 32) -> tuple[int,
 def train_grpo(model, tokenizer, cfg: GRPODemoConfig, *, level: int, log=None, progress: bool = True) -> list[dict]:
     """Run ``cfg.steps`` GRPO steps on ``model`` in place; returns one record per step.
 
+    Each record holds ``update_kl``: the per-token k3 estimate of ``KL(pi_old || pi_new)`` (GRPO eq. 4's
+    estimator, :func:`treadle.grpo.losses.kl_k3`) on the batch's own completions, between the policy that
+    sampled them and the policy after the batch's ``num_iterations`` optimizer steps: how far one update
+    moved the policy (``approx_kl`` is the loss's own statistic at the last iteration, before its step).
+
     Raises:
         ValueError: ``level`` out of range (from the generator).
     """
@@ -183,7 +195,7 @@ def train_grpo(model, tokenizer, cfg: GRPODemoConfig, *, level: int, log=None, p
 
     from treadle.data.arithmetic import ProblemGenerator
     from treadle.data.verify import reward
-    from treadle.grpo.losses import policy_loss
+    from treadle.grpo.losses import kl_k3, policy_loss
     from treadle.models.generation import generate
     from treadle.ops import grpo_advantages
 
@@ -220,12 +232,16 @@ def train_grpo(model, tokenizer, cfg: GRPODemoConfig, *, level: int, log=None, p
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
         model.eval()
+        with torch.no_grad():  # how far this batch's num_iterations updates moved the policy
+            new = sequence_logprobs(model, g.prompt_ids, g.prompt_mask, g.completion_ids, cmask)
+        update_kl = (kl_k3(old, new) * cmask).sum().item() / max(int(cmask.sum()), 1)
         t_train = time.perf_counter() - t3
         n_tok = int(cmask.sum())
         grouped = rewards.view(cfg.prompts_per_step, cfg.group_size)
         rec = {"step": step, "level": level, "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
                "groups_all_equal": int((grouped.max(1).values == grouped.min(1).values).sum()),
                "loss": loss.item(), "clipfrac": float(stats["clipfrac"]), "approx_kl": float(stats["approx_kl"]),
+               "update_kl": update_kl,
                "completion_tokens": n_tok, "t_generate_s": t_gen, "t_reward_s": t_reward, "t_advantage_s": t_adv,
                "t_train_s": t_train, "t_step_s": time.perf_counter() - t0}
         records.append(rec)
@@ -323,6 +339,8 @@ def run(run_dir: Path, quick: bool, console, *, model_path: str | None = None,
         "heldout_greedy_acc_change": greedy_change[0], "heldout_greedy_acc_change_ci95": list(greedy_change[1:]),
         "batch_reward_first_quarter": sum(r["reward_mean"] for r in records[:k]) / k,
         "batch_reward_last_quarter": sum(r["reward_mean"] for r in records[-k:]) / k,
+        "update_kl_mean": sum(r["update_kl"] for r in records) / len(records),
+        "update_kl_max": max(r["update_kl"] for r in records),
         "completion_tokens": tok, "generate_tokens_per_s": tok / max(gen_s, 1e-9),
         "rl_tokens_per_s": tok / max(step_s, 1e-9), "t_advantage_op_s": adv_s, "t_rest_of_steps_s": step_s - adv_s,
         "t_model_load_or_train_s": t_model, "t_grpo_s": t_train, "t_total_s": time.perf_counter() - t_start,
@@ -345,6 +363,8 @@ def run(run_dir: Path, quick: bool, console, *, model_path: str | None = None,
     tt = Table(title="throughput and time")
     tt.add_column("what")
     tt.add_column("value", justify="right")
+    tt.add_row("per-update KL(pi_old || pi_new), per token: mean / max over steps",
+               f"{summary['update_kl_mean']:.4f} / {summary['update_kl_max']:.4f}")
     tt.add_row("completion tokens generated", f"{tok}")
     tt.add_row("tokens/s, generation only", f"{summary['generate_tokens_per_s']:.0f}")
     tt.add_row("tokens/s, whole RL step (generate + reward + advantages + update)", f"{summary['rl_tokens_per_s']:.0f}")

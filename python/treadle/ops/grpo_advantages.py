@@ -18,6 +18,7 @@ import torch
 from treadle.distributed.dtensor import refuse_dtensor as _refuse_dtensor
 from treadle import dispatch
 from treadle.ops import _amp
+from treadle.ops._values import values_readable
 from treadle.reference.grpo import ESTIMATORS, grpo_advantages_reference
 
 OP = "grpo_advantages"
@@ -223,7 +224,8 @@ def grpo_advantages(
     if check_finite is not None and not isinstance(check_finite, bool):
         raise TypeError(f"check_finite must be True, False or None, got {check_finite!r}")
     if check_finite is None:  # the check is data-dependent: skipped on CUDA and inside torch.compile
-        check_finite = rewards.device.type != "cuda" and not torch.compiler.is_compiling()
+        check_finite = rewards.device.type != "cuda"
+    check_finite = check_finite and values_readable(rewards, valid)  # meta tensors / tracing: no values
     if nonfinite == "raise" and check_finite and n > 0 and not math.isfinite(_quick_sum(rewards)):
         # fast path above: any NaN/inf makes the sum NaN/inf, so a finite sum means every reward is
         # finite (a sum that overflows only costs the exact check below)

@@ -22,6 +22,7 @@ from torch._subclasses.fake_tensor import is_fake
 from treadle.distributed.dtensor import refuse_dtensor as _refuse_dtensor
 from treadle import dispatch
 from treadle.ops import _amp
+from treadle.ops._values import values_readable
 from treadle.reference.stair import MODES, stair_readout_reference
 
 OP = "stair_readout"
@@ -301,7 +302,7 @@ def stair_readout(
             raise ValueError(f"bank_lengths must have shape (B={B},), got {tuple(bank_lengths.shape)}")
         if bank_lengths.device != q.device:
             raise ValueError(f"bank_lengths is on {bank_lengths.device} but q is on {q.device}")
-    tracing = torch.compiler.is_compiling() or is_fake(q)  # no data to look at
+    tracing = not values_readable(q, k_bank, v_bank, normals, bank_lengths) or is_fake(q)  # no data to look at
     checks = not tracing and (q.device.type == "cpu" or debug)
     if checks:
         if bank_lengths is not None and B > 0:

@@ -33,11 +33,41 @@ app.command("train")(train_cmd)
 
 @app.command("check")
 def check_cmd(path: Path = typer.Argument(..., help="A server module (.py) defining `server = WeftServer(...)`."),
-              as_json: bool = typer.Option(False, "--json", help="Print the spec as JSON.")) -> None:
-    """Register a server module: content hash, isolation level (static side-effect check), tools."""
+              as_json: bool = typer.Option(False, "--json", help="Print the spec as JSON."),
+              do_import: bool = typer.Option(False, "--import", help="Also import the module (this RUNS its "
+                                             "code) for the content hash and the tools' JSON schemas.")) -> None:
+    """Check a server module WITHOUT running it: name, backend, tools, isolation level (static side-effect
+    check). With --import the module is imported (its code runs) and registered: content hash, schemas."""
     from rich.table import Table
 
     from treadle.weft.errors import ServerImportError
+    from treadle.weft.static_check import read_server
+
+    try:
+        source = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise usage_error(f"PATH {str(path)!r}: cannot read it: {err}") from None
+    try:
+        static = read_server(source, str(path))
+    except ServerImportError as err:
+        raise usage_error(f"PATH {str(path)!r}: {err}") from None
+    if not do_import:
+        if as_json:
+            console.print_json(static.model_dump_json())
+            return
+        console.print(f"server [bold]{static.name}[/bold] ({static.backend}); static check: the file was not run "
+                      f"(--import runs it for the content hash and the tools' schemas)")
+        console.print(f"isolation: [bold]{static.isolation}[/bold]")
+        for f in static.report.findings:
+            console.print(f"  line {f.line}: {f.kind}: {f.detail}")
+        t = Table(title="tools (as written; ? = not a literal)")
+        for col in ("tool", "reads", "writes", "returns", "arguments"):
+            t.add_column(col)
+        for tool in static.tools:
+            t.add_row(tool.name, ",".join(tool.reads), ",".join(tool.writes), tool.returns, ",".join(tool.arguments))
+        console.print(t)
+        return
+
     from treadle.weft.registry import Registry
 
     reg = Registry()
@@ -49,7 +79,7 @@ def check_cmd(path: Path = typer.Argument(..., help="A server module (.py) defin
     if as_json:
         console.print_json(spec.model_dump_json(exclude={"source"}))
         return
-    console.print(f"server [bold]{spec.name}[/bold] ({spec.backend}) hash {h}")
+    console.print(f"server [bold]{spec.name}[/bold] ({spec.backend}) hash {h} (imported: its code ran)")
     console.print(f"isolation: [bold]{spec.isolation}[/bold]")
     for f in spec.report.findings:
         console.print(f"  line {f.line}: {f.kind}: {f.detail}")
