@@ -424,6 +424,24 @@ def _check_relative(name: str, what: str) -> None:
         raise ValueError(f"{what} {name!r} must be a relative path inside the sandbox directory (no '..')")
 
 
+def _rlimit_spec(limits, cpu_s) -> str:
+    """The child's resource limits as ``"memory bytes,cpu seconds,open files,file bytes"`` (CPU seconds default
+    to the wall-clock limit rounded up, plus one)."""
+    cpu = cpu_s or math.ceil(limits.timeout_s) + 1
+    return f"{limits.memory_mb << 20},{cpu},{limits.max_open_files},{int(limits.max_file_mb * (1 << 20))}"
+
+
+def _work_dir(root: str, files) -> str:
+    """Create ``root/work`` (mode 0700) holding ``files`` (relative name -> text); return its path."""
+    work = os.path.join(root, "work")
+    os.mkdir(work, 0o700)
+    for name, text in (files or {}).items():
+        path = Path(work, name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return work
+
+
 def run_command(argv: list[str], *, limits: SandboxLimits | None = None, files: dict[str, str] | None = None,
                 stdin: str = "", env: dict[str, str] | None = None, collect: list[str] | None = None,
                 read_paths: list[str] | tuple[str, ...] = ()) -> SandboxResult:
@@ -454,16 +472,10 @@ def run_command(argv: list[str], *, limits: SandboxLimits | None = None, files: 
         _check_relative(name, "collect entry")
     extra = _checked_inputs(argv, files, read_paths)
     mode = isolation_mode()
-    cpu = limits.cpu_s or math.ceil(limits.timeout_s) + 1
-    lim = f"{limits.memory_mb << 20},{cpu},{limits.max_open_files},{int(limits.max_file_mb * (1 << 20))}"
+    lim = _rlimit_spec(limits, limits.cpu_s)
     with tempfile.TemporaryDirectory(prefix="treadle-sandbox-") as root:
         root = os.path.realpath(root)
-        work = os.path.join(root, "work")
-        os.mkdir(work, 0o700)
-        for name, text in (files or {}).items():
-            path = Path(work, name)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+        work = _work_dir(root, files)
         out_path, err_path, in_path = (os.path.join(root, n) for n in ("stdout", "stderr", "stdin"))
         Path(in_path).write_text(stdin)
         read = _fold(default_read_paths() + extra)
@@ -596,17 +608,11 @@ def start_process(argv: list[str], *, limits: SandboxLimits | None = None, files
     if cpu_s is not None and cpu_s < 1:
         raise ValueError(f"cpu_s must be >= 1, got {cpu_s}")
     mode = isolation_mode()
-    cpu = cpu_s or limits.cpu_s or math.ceil(limits.timeout_s) + 1
-    lim = f"{limits.memory_mb << 20},{cpu},{limits.max_open_files},{int(limits.max_file_mb * (1 << 20))}"
+    lim = _rlimit_spec(limits, cpu_s or limits.cpu_s)
     root = os.path.realpath(tempfile.mkdtemp(prefix="treadle-sandbox-proc-"))
     cgroup = None
     try:
-        work = os.path.join(root, "work")
-        os.mkdir(work, 0o700)
-        for name, text in (files or {}).items():
-            path = Path(work, name)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+        work = _work_dir(root, files)
         cgroup = _pids_cgroup(limits.max_processes)
         with open(os.path.join(root, "stderr"), "wb") as ferr:
             proc, _ = _launch(mode, root, work, argv, lim, _fold(default_read_paths() + extra), limits.tmp_mb, cgroup,

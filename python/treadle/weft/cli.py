@@ -38,7 +38,6 @@ def check_cmd(path: Path = typer.Argument(..., help="A server module (.py) defin
                                              "code) for the content hash and the tools' JSON schemas.")) -> None:
     """Check a server module WITHOUT running it: name, backend, tools, isolation level (static side-effect
     check). With --import the module is imported (its code runs) and registered: content hash, schemas."""
-    from rich.table import Table
 
     from treadle.weft.errors import ServerImportError
     from treadle.weft.static_check import read_server
@@ -60,12 +59,9 @@ def check_cmd(path: Path = typer.Argument(..., help="A server module (.py) defin
         console.print(f"isolation: [bold]{static.isolation}[/bold]")
         for f in static.report.findings:
             console.print(f"  line {f.line}: {f.kind}: {f.detail}")
-        t = Table(title="tools (as written; ? = not a literal)")
-        for col in ("tool", "reads", "writes", "returns", "arguments"):
-            t.add_column(col)
-        for tool in static.tools:
-            t.add_row(tool.name, ",".join(tool.reads), ",".join(tool.writes), tool.returns, ",".join(tool.arguments))
-        console.print(t)
+        console.print(_tools_table("tools (as written; ? = not a literal)",
+                                   [(tool.name, tool.reads, tool.writes, tool.returns, tool.arguments)
+                                    for tool in static.tools]))
         return
 
     from treadle.weft.registry import Registry
@@ -83,14 +79,21 @@ def check_cmd(path: Path = typer.Argument(..., help="A server module (.py) defin
     console.print(f"isolation: [bold]{spec.isolation}[/bold]")
     for f in spec.report.findings:
         console.print(f"  line {f.line}: {f.kind}: {f.detail}")
-    t = Table(title="tools")
+    console.print(_tools_table("tools", [(tool["name"], tool["contract"]["reads"], tool["contract"]["writes"],
+                                          tool["contract"]["returns"], tool["input_schema"].get("properties", {}))
+                                         for tool in spec.tools]))
+
+
+def _tools_table(title: str, rows):
+    """``weft check``'s table (a rich ``Table``): one row per ``(tool, reads, writes, returns, arguments)``."""
+    from rich.table import Table
+
+    t = Table(title=title)
     for col in ("tool", "reads", "writes", "returns", "arguments"):
         t.add_column(col)
-    for tool in spec.tools:
-        c = tool["contract"]
-        t.add_row(tool["name"], ",".join(c["reads"]), ",".join(c["writes"]), c["returns"],
-                  ",".join(tool["input_schema"].get("properties", {})))
-    console.print(t)
+    for name, reads, writes, returns, args in rows:
+        t.add_row(name, ",".join(reads), ",".join(writes), returns, ",".join(args))
+    return t
 
 
 _OUT_ALIAS = typer.Option(None, "--run-dir", hidden=True, help="Old name of --out.")

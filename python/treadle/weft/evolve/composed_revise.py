@@ -313,6 +313,12 @@ def _replace_node(task: ComposedTask, node: Node) -> ComposedTask:
     return task.model_copy(update={"nodes": tuple(node if n.name == node.name else n for n in task.nodes)})
 
 
+def _with_gold_calls(task: ComposedTask, node: Node, calls) -> ComposedTask:
+    """``task`` with ``node``'s checkpoint gold calls replaced by ``calls`` (everything else unchanged)."""
+    spec = node.atomic.checkpoint.model_copy(update={"gold_calls": calls})
+    return _replace_node(task, node.model_copy(update={"atomic": node.atomic.model_copy(update={"checkpoint": spec})}))
+
+
 def revise_composed(task: ComposedTask, certified: ComposedTask, faults: Sequence[ComposedFault]) -> ComposedTask:
     """``task`` with only the parts of ``faults`` revised: a binding fault's argument set to the bound value (a
     free-text one to the certified task's text of that call when it has one, else to the text with the bound values), an
@@ -434,9 +440,7 @@ def inject(task: ComposedTask, tools: dict[str, dict[str, dict]], how: str,
                 if orig == value:
                     continue
                 calls[i] = ToolCall(name=calls[i].name, arguments={**calls[i].arguments, arg: orig})
-                spec = target.atomic.checkpoint.model_copy(update={"gold_calls": calls})
-                atomic = target.atomic.model_copy(update={"checkpoint": spec})
-                return (_replace_node(task, target.model_copy(update={"atomic": atomic})),
+                return (_with_gold_calls(task, target, calls),
                         f"{target.name}: {calls[i].name}.{arg} {value!r} -> {orig!r} (unbound)")
         return None
     if how == "unbound_text":
@@ -452,9 +456,7 @@ def inject(task: ComposedTask, tools: dict[str, dict[str, dict]], how: str,
             arg, (noun, old, _) = free[-1], subs[0]
             text = f"{calls[i].arguments[arg]} ({noun} {old})"
             calls[i] = ToolCall(name=calls[i].name, arguments={**calls[i].arguments, arg: text})
-            spec = target.atomic.checkpoint.model_copy(update={"gold_calls": calls})
-            atomic = target.atomic.model_copy(update={"checkpoint": spec})
-            return (_replace_node(task, target.model_copy(update={"atomic": atomic})),
+            return (_with_gold_calls(task, target, calls),
                     f"{target.name}: {calls[i].name}.{arg} -> {text!r} (unbound, free text)")
         return None
     servers = {n.name: n.server for n in task.nodes}
