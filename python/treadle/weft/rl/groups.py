@@ -31,7 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from treadle.weft.rl.sampling import TurnGroup
 
-__all__ = ["token_advantages", "GroupRow", "GroupStats", "group_stats", "group_advantages", "rows_of", "to_verl", "to_trl"]
+__all__ = ["token_advantages", "GroupRow", "GroupStats", "group_stats", "has_signal", "group_advantages", "rows_of",
+           "to_verl", "to_trl"]
 
 
 class GroupRow(BaseModel):
@@ -68,6 +69,12 @@ class GroupStats(BaseModel):
     flagged_rows: int
     flagged_successful_rows: int = Field(description="Flagged rows with reward 1 (clamped to advantage <= 0).")
     mean_reward: float
+
+
+def has_signal(rewards: Sequence[float]) -> bool:
+    """True when a group's valid rewards (environment failures left out) can give a non-zero advantage: at
+    least two of them and not all equal (DAPO's dynamic sampling keeps only such groups)."""
+    return len(rewards) >= 2 and len(set(rewards)) > 1
 
 
 def group_stats(groups: Sequence[TurnGroup]) -> GroupStats:

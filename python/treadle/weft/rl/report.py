@@ -163,7 +163,7 @@ def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, qu
                      "cpu_runs_s": sum(r["cpu_s"] for r in runs.values())}
     t = Table(title=f"GRPO on the tiny tool policy: held-out success (T=1), {len(seeds)} seed(s)")
     for col in ("grouping", "per-turn before", "per-turn after", "change mean (sd; range)", "whole-task before",
-                "whole-task after", "all-equal groups", "env share", "segments/s"):
+                "whole-task after", "all-equal groups", "segments generated (dropped)", "env share", "segments/s"):
         t.add_column(col, justify="right")
     for grouping in groupings:
         rs = [runs[(grouping, s)] for s in seeds]
@@ -180,6 +180,11 @@ def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, qu
              # groups with no signal (every candidate passed, or every one failed): counted, not hidden
              "all_equal_groups": sum(rec.get("all_equal_groups", 0) for r in rs for rec in r["records"]),
              "groups": sum(rec.get("groups", 0) for r in rs for rec in r["records"]),
+             # dynamic sampling's budget (WeftTrainConfig.sampling_rounds): every generated segment, those the
+             # update used, those dropped with their no-signal groups
+             **{f"segments_{k}": sum(rec.get(f"segments_{k}", rec["segments"] if k != "dropped" else 0)
+                                     for r in rs for rec in r["records"]) for k in ("generated", "kept", "dropped")},
+             "cpu_s_per_run": [r.get("cpu_s") for r in rs],
              "time_share": {k: statistics.mean(r["time_share"][k] for r in rs) for k in rs[0]["time_share"]},
              "segments_per_s": statistics.mean(r["segments_per_s"] for r in rs)}
         summary["groupings"][grouping] = g
@@ -188,6 +193,7 @@ def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, qu
                   f"{g['turn_change_mean']:+.3f} ({sd:.3f}; {g['turn_change_range']:.3f})",
                   f"{mean('task_success', 'before'):.3f}",
                   f"{mean('task_success', 'after'):.3f}", f"{g['all_equal_groups']}/{g['groups']}",
+                  f"{g['segments_generated']} ({g['segments_dropped']})",
                   f"{g['time_share']['t_env_s']:.0%}",
                   f"{g['segments_per_s']:.1f}")
     console.print(t)
