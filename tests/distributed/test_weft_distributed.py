@@ -14,6 +14,9 @@ W = 2
 CFG = dict(steps=2, turns_per_step=6, G=4, eval_episodes=1, eval_samples=2, max_new_tokens=8, max_steps=2, lr=1e-2)
 GROUPINGS = ("atomic", "trajectory")
 FEW = {**CFG, "turns_per_step": 2}  # one episode per step: fewer than the ranks
+# dynamic sampling: G 2 leaves about half the groups all-equal, so steps draw further rounds and the last
+# round is cut inside (a rank keeps part of its groups with signal, or none)
+DYN = {**CFG, "G": 2, "sampling_rounds": 4}
 # the policy is float64 (logits rounded to float32 in the loss): one and two processes differ by rounding
 # (~1e-9 here); an update moves weights by ~lr = 1e-2, a wrong denominator changes it by a like amount
 TOL = dict(rtol=1e-6, atol=1e-7)
@@ -67,7 +70,8 @@ def _mixed(model, tok, cfg):
 
 def _summary(s, model):
     keep = ("turn_reward", "segments", "groups", "all_equal_groups", "env_failures", "rows_updated", "loss",
-            "clipfrac", "approx_kl", "trajectory_reward", "flagged_rows")
+            "clipfrac", "approx_kl", "trajectory_reward", "flagged_rows", "groups_kept", "segments_generated",
+            "segments_kept", "segments_dropped", "sampling_rounds_used")
     return {"records": [{k: r[k] for k in keep if k in r} for r in s["records"]], "evals": s["evals"],
             "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
 
@@ -80,10 +84,11 @@ def _ranks_worker():
                                           sampler_factory=_mixed))
     out["few"] = _summary(s, model)
     for g in GROUPINGS:
-        model, tok = _policy()
-        s = anyio.run(lambda: train_policy_dp(model, tok, WeftTrainConfig.quick(grouping=g, **CFG), progress=False,
-                                              sampler_factory=_mixed))
-        out[g] = _summary(s, model)
+        for label, cfg in ((g, CFG), (f"{g}-dynamic", DYN)):
+            model, tok = _policy()
+            s = anyio.run(lambda: train_policy_dp(model, tok, WeftTrainConfig.quick(grouping=g, **cfg),
+                                                  progress=False, sampler_factory=_mixed))
+            out[label] = _summary(s, model)
     return out
 
 
@@ -92,10 +97,11 @@ def single():
     torch.set_num_threads(1)
     out = {}
     for g in GROUPINGS:
-        model, tok = _policy()
-        s = anyio.run(lambda: train_policy(model, tok, WeftTrainConfig.quick(grouping=g, **CFG), progress=False,
-                                           sampler_factory=_mixed))
-        out[g] = _summary(s, model)
+        for label, cfg in ((g, CFG), (f"{g}-dynamic", DYN)):
+            model, tok = _policy()
+            s = anyio.run(lambda: train_policy(model, tok, WeftTrainConfig.quick(grouping=g, **cfg), progress=False,
+                                               sampler_factory=_mixed))
+            out[label] = _summary(s, model)
     model, tok = _policy()
     s = anyio.run(lambda: train_policy(model, tok, WeftTrainConfig.quick(**FEW), progress=False,
                                        sampler_factory=_mixed))
@@ -131,6 +137,20 @@ def test_two_ranks_match_one_process(grouping, single, ranks):
             for k in a:
                 assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9), (grouping, k)
     assert one["records"][0]["segments"] == (6 * 4 if grouping == "atomic" else 3 * 4 * 2)
+
+
+@pytest.mark.parametrize("grouping", GROUPINGS)
+def test_dynamic_sampling_on_two_ranks_matches_one_process(grouping, single, ranks):
+    """Dynamic sampling (``sampling_rounds`` > 1) under data parallelism: the ranks agree on every extra
+    round and keep, between them, exactly the groups one process keeps (the first groups with signal in
+    round-then-episode order), so the trained policy and the step records are the one process's."""
+    one = single[f"{grouping}-dynamic"]
+    assert any(r["sampling_rounds_used"] > 1 for r in one["records"]), "no step drew a second round"
+    assert any(r["segments_dropped"] > 0 for r in one["records"])
+    assert all(r["groups_kept"] == DYN["turns_per_step"] // (1 if grouping == "atomic" else 2)
+               or r["sampling_rounds_used"] == DYN["sampling_rounds"] for r in one["records"])
+    for r in ranks:
+        assert_same_training(r[f"{grouping}-dynamic"], one, f"{grouping}-dynamic")
 
 
 def test_row_keyed_sampler_does_not_depend_on_the_batch():

@@ -49,6 +49,7 @@ from pathlib import Path
 import torch
 
 from treadle.distributed.grpo import global_group_ids, grpo_advantages_dp
+from treadle.distributed.process_group import rank as dist_rank
 from treadle.distributed.parallel import all_reduce_sum, broadcast_object, check_parallel, decoder_layers, share, wrap
 from treadle.distributed.process_group import is_main, world_size
 from treadle.weft.rl.sampling import HFSampler
@@ -59,7 +60,7 @@ WEFT_PARALLEL = ("ddp", "fsdp2")
 
 # record keys summed over ranks, and wall times (the slowest rank's)
 _SUMS = ("segments", "all_equal_groups", "singleton_groups", "flagged_rows", "flagged_successful_rows",
-         "env_failures", "groups")
+         "env_failures", "groups", "groups_kept", "segments_generated", "segments_kept", "segments_dropped")
 _TIMES = ("t_model_s", "t_env_s", "t_advantage_s", "t_update_s", "t_step_s")
 
 
@@ -210,6 +211,15 @@ class WeftDataParallel:
             res = await fn(*args, **kwargs) if self.is_main else None
             return broadcast_object(res, group=self.group)
         return run
+
+    def first_of_round(self, n: int, room: int) -> tuple[int, int]:
+        """Dynamic sampling over ranks (``WeftTrainConfig.sampling_rounds``): of this rank's ``n`` groups with
+        signal in a round, how many fall among the round's first ``room`` over every rank (counted in rank
+        order: the episodes are contiguous shards), and the round's total over ranks. A collective."""
+        me = dist_rank(self.group)
+        counts = all_reduce_sum([n if i == me else 0 for i in range(self.world)], group=self.group)
+        before = int(sum(counts[:me]))
+        return max(0, min(n, room - before)), int(sum(counts))
 
     # advantages ----------------------------------------------------------------------------------------
     def group_ids(self, uids) -> torch.Tensor:

@@ -113,12 +113,6 @@ def test_step_record_accounts_for_every_generated_segment(tok, tiny_policy, monk
     assert rec["segments_kept"] >= rec["rows_updated"] >= sum(c.r == 0 for g in kept for c in g.candidates) > 0
 
 
-def test_dynamic_sampling_is_refused_under_data_parallel(tok, tiny_policy):
-    with pytest.raises(ValueError, match="sampling_rounds"):
-        anyio.run(lambda: train_policy(tiny_policy, tok, WeftTrainConfig.quick(sampling_rounds=2), dp=object(),
-                                       progress=False))
-
-
 @pytest.mark.parametrize("bad", [0, 17, 2.0])
 def test_bad_sampling_rounds_is_refused(bad):
     with pytest.raises(ValueError, match="sampling_rounds"):

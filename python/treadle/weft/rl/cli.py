@@ -271,7 +271,6 @@ def _train_parallel(parallel: str, out: Path, groupings, seeds, steps, model, qu
             # the config does not depend on W (a rank may have no episode in a step), so a run continues on any
             # number of ranks, --quick included
             overrides = {"eval_episodes": eval_episodes} if eval_episodes else {}
-            overrides["sampling_rounds"] = 1  # dynamic sampling is one-process only (train_policy refuses it with dp)
             failed = None
             if main:  # trains the cached policy when missing: once, before the other ranks load it
                 try:

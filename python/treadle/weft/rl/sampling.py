@@ -152,15 +152,43 @@ class HFSampler:
         was = self.model.training
         self.model.eval()
         dev = next(self.model.parameters()).device  # a policy on a GPU (torchrun --parallel ddp with NCCL)
-        out = self.model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev),
-                                  max_new_tokens=self.max_new_tokens, pad_token_id=pad, eos_token_id=self.eos_id,
-                                  **generate_kwargs)
+        ids, mask = ids.to(dev), mask.to(dev)
+        out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=self.max_new_tokens,
+                                  pad_token_id=pad, eos_token_id=self.eos_id, **generate_kwargs,
+                                  **self._shared_prefill(rows, ids, mask))
         self.model.train(was)
         res = []
         for row in out[:, ids.shape[1]:].tolist():
             cut = row.index(self.eos_id) + 1 if self.eos_id in row else len(row)
             res.append(row[:cut])
         return res
+
+
+    def _shared_prefill(self, rows, ids: torch.Tensor, mask: torch.Tensor) -> dict:
+        """``generate`` keyword arguments with the K/V of every context but its last token computed once per
+        distinct context (the G candidates of a group start from one context; the prefill was ~60% of a
+        sampling call here) and gathered to the rows (``Cache.batch_select_indices``); ``{}`` when every
+        context differs. ``generate`` then runs from the last context token as it would after its own
+        prefill: same positions (from the attention mask, as ``generate`` computes them), same masks, same
+        sampling draws."""
+        import inspect
+
+        first: dict[tuple, int] = {}
+        index = [first.setdefault(tuple(r[2]), i) for i, r in enumerate(rows)]
+        if len(first) == len(rows) or ids.shape[1] < 2:
+            return {}
+        uniq = sorted(first.values())
+        at = {row: j for j, row in enumerate(uniq)}
+        u_ids, u_mask = ids[uniq, :-1], mask[uniq, :-1]
+        pos = (u_mask.cumsum(-1) - 1).masked_fill(u_mask == 0, 1)
+        out = self.model(input_ids=u_ids, attention_mask=u_mask, position_ids=pos, use_cache=True)
+        cache = getattr(out, "cache", None)
+        if cache is None:
+            cache = out.past_key_values
+        cache.batch_select_indices(torch.tensor([at[i] for i in index], device=ids.device))
+        # transformers 5.x names it ``cache`` (``past_key_values`` deprecated); 4.57 ``past_key_values``
+        name = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        return {name: cache}
 
 
 class ReplaySampler:

@@ -237,6 +237,54 @@ def _logprobs(model, ids: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
 
 
+def _row_logprobs(model, rows, width: int) -> torch.Tensor:
+    """:func:`_logprobs` of :func:`_rows_batch`'s ``ids`` on the policy positions, ``(B, width - 1)`` float32
+    (0 before a row's response and after its end), computed with every distinct prefix run once.
+
+    The G candidates of an atomic-turn group share their history (a few hundred tokens) and differ only in
+    their turn (tens): the prefix's forward runs once and its K/V, with their autograd graph, are repeated
+    over the responses that follow it (``Cache.batch_repeat_interleave``), so the backward reaches the
+    prefix's weights through every candidate, as in the full forward (same maths; the tokens computed fall
+    from ``sum(len(prefix) + len(response))`` to ``sum over prefixes of len(prefix) + sum len(response)``).
+    Right padding needs no attention mask: a real token never attends to the padding after it."""
+    import inspect
+
+    dev = next(model.parameters()).device
+    # transformers 5.x names the K/V argument and output ``cache`` (``past_key_values`` deprecated); 4.57 does not
+    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    by_prefix: dict[tuple, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_prefix.setdefault(tuple(r[0]), []).append(i)
+    out: list = [None] * len(rows)
+    for prefix, idx in by_prefix.items():
+        resp = [list(rows[i][1]) for i in idx]
+        n_p = len(prefix)
+        pre = model(input_ids=torch.tensor([prefix], device=dev), use_cache=True)
+        first = torch.log_softmax(pre.logits[0, -1].float(), -1)  # predicts each response's first token
+        cache = getattr(pre, "cache", None)
+        if cache is None:
+            cache = pre.past_key_values
+        if len(idx) > 1:
+            cache.batch_repeat_interleave(len(idx))
+        longest = max(len(x) for x in resp)
+        rest = None
+        if longest > 1:  # the responses' own next-token predictions, after the shared K/V
+            ids = torch.zeros((len(idx), longest), dtype=torch.long, device=dev)
+            for j, x in enumerate(resp):
+                ids[j, :len(x)] = torch.tensor(x, device=dev)
+            logits = model(input_ids=ids, use_cache=True, **{cache_kw: cache}).logits[:, :-1].float()
+            rest = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        for j, (i, x) in enumerate(zip(idx, resp)):
+            parts = [first.new_zeros(n_p - 1)]
+            if x:
+                parts.append(first[x[0]].view(1))
+            if len(x) > 1:
+                parts.append(rest[j, :len(x) - 1])
+            parts.append(first.new_zeros(width - 1 - (n_p - 1) - len(x)))
+            out[i] = torch.cat(parts)
+    return torch.stack(out)
+
+
 def signed_weight(rows, mode: str) -> dict:
     """How much of the first-iteration gradient weight comes from positive vs negative advantages: the sum
     of ``|A|`` times each row's weight in the aggregation (its policy-token count under ``token-mean``, 1
@@ -271,13 +319,13 @@ def _update(model, opt, rows, pad_id: int, cfg: WeftTrainConfig, ref_model=None)
     ids, mask, adv = _rows_batch(batch, pad_id)
     with torch.no_grad():
         model.eval()
-        old = _logprobs(model, ids)
-        ref = _logprobs(ref_model, ids) if use_kl else None
+        old = _row_logprobs(model, batch, ids.shape[1])
+        ref = _row_logprobs(ref_model, batch, ids.shape[1]) if use_kl else None
     model.train()
     stats, loss, kl_val = {}, torch.zeros(()), 0.0
     agg = dict(mode=cfg.loss_agg_mode, global_tokens=total_tokens, global_seqs=total_seqs)
     for _ in range(cfg.num_iterations):
-        logp = _logprobs(model, ids)
+        logp = _row_logprobs(model, batch, ids.shape[1])
         loss, stats = policy_loss(logp, old, adv, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high, **agg)
         if use_kl:
             kl = aggregate_loss(kl_k3(logp, ref), mask, **agg)
@@ -319,6 +367,17 @@ def _round_episodes(cfg: WeftTrainConfig, step: int, r: int):
     return episodes(n_eps, "train", start=start), cfg.seed * 1_000_003 + step + r * 100_019
 
 
+def _first_with_signal(signal: list, have: int, cap: int, dp) -> tuple[list, int]:
+    """``(this round's groups to keep, groups kept so far over every rank)``: the first ``cap - have`` groups
+    with signal of a round in the one-process order (round, then episode; the ranks hold contiguous shards
+    in rank order, so the ranks agree on the count and a rank keeps the same groups as one process would)."""
+    if dp is None:
+        take = signal[:max(cap - have, 0)]
+        return take, have + len(take)
+    n, total = dp.first_of_round(len(signal), cap - have)
+    return signal[:n], min(have + total, cap)
+
+
 async def _atomic_batch(rt, h, cfg: WeftTrainConfig, step: int, sampler, tok, harness, dp):
     """``(kept groups, every generated group, rounds used)`` of one step (dynamic sampling: see
     :class:`WeftTrainConfig`)."""
@@ -326,7 +385,7 @@ async def _atomic_batch(rt, h, cfg: WeftTrainConfig, step: int, sampler, tok, ha
     from treadle.weft.rl.groups import has_signal
     from treadle.weft.rl.sampling import sample_groups
 
-    kept, generated = [], []
+    kept, generated, have = [], [], 0
     for r in range(cfg.sampling_rounds):
         eps, seed = _round_episodes(cfg, step, r)
         golds = [await play_gold(rt, h, e, harness, verify=False) for e in (eps if dp is None else dp.shard(eps))]
@@ -335,10 +394,13 @@ async def _atomic_batch(rt, h, cfg: WeftTrainConfig, step: int, sampler, tok, ha
         generated += groups
         if cfg.sampling_rounds == 1:
             return groups, generated, 1
-        kept += [g for g in groups if has_signal([c.r for c in g.candidates if c.env_failure is None])]
-        if len(kept) >= cfg.turns_per_step:
+        take, have = _first_with_signal(
+            [g for g in groups if has_signal([c.r for c in g.candidates if c.env_failure is None])], have,
+            cfg.turns_per_step, dp)
+        kept += take
+        if have >= cfg.turns_per_step:
             break
-    return kept[:cfg.turns_per_step], generated, r + 1
+    return kept, generated, r + 1
 
 
 @dataclasses.dataclass
@@ -357,7 +419,7 @@ async def _trajectory_batch(rt, h, cfg: WeftTrainConfig, step: int, sampler, tok
     from treadle.weft.rl.groups import has_signal
 
     n_eps = cfg.turns_per_step // 2
-    kept, generated = [], []
+    kept, generated, have = [], [], 0
     for r in range(cfg.sampling_rounds):
         eps, seed = _round_episodes(cfg, step, r)
         golds = [await play_gold(rt, h, e, harness, verify=False) for e in (eps if dp is None else dp.shard(eps))]
@@ -369,10 +431,12 @@ async def _trajectory_batch(rt, h, cfg: WeftTrainConfig, step: int, sampler, tok
         generated += groups
         if cfg.sampling_rounds == 1:
             return groups, generated, 1
-        kept += [g for g in groups if has_signal([x for x, ok in zip(g.rewards, g.valid) if ok])]
-        if len(kept) >= n_eps:
+        take, have = _first_with_signal([g for g in groups if has_signal([x for x, ok in zip(g.rewards, g.valid) if ok])],
+                                        have, n_eps, dp)
+        kept += take
+        if have >= n_eps:
             break
-    return kept[:n_eps], generated, r + 1
+    return kept, generated, r + 1
 
 
 async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: bool = True, dp=None,
@@ -400,9 +464,6 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
     if dp is not None and cfg.kl_coef > 0:
         raise ValueError(f"kl_coef={cfg.kl_coef} needs the single-process update (the data-parallel update keeps "
                          f"no reference model); set kl_coef=0 for --parallel")
-    if dp is not None and cfg.sampling_rounds > 1:
-        raise ValueError(f"sampling_rounds={cfg.sampling_rounds} (dynamic sampling) needs the single-process loop "
-                         f"(the ranks would have to agree on each extra round); set sampling_rounds=1 for --parallel")
     harness = HermesHarness()
     torch.manual_seed(cfg.seed)
     ref_model = None
@@ -429,8 +490,9 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
                 groups, gen_groups, n_rounds = await _atomic_batch(rt, h, cfg, step, sampler, tok, harness, dp)
                 t_roll = time.perf_counter() - t0
                 t1 = time.perf_counter()
-                adv = (torch.zeros(0) if not groups else
-                       group_advantages(groups) if dp is None else dp.group_advantages(groups))
+                # under dp every rank joins the collective, also one with no group this step (it would hang)
+                adv = (dp.group_advantages(groups) if dp is not None else
+                       group_advantages(groups) if groups else torch.zeros(0))
                 t_adv = time.perf_counter() - t1
                 rows, i = [], 0
                 for g in groups:
@@ -453,7 +515,7 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
                     valid += e.valid
                     segs += e.trajs
                 t1 = time.perf_counter()
-                adv = torch.zeros(0) if not rs else (grpo_advantages if dp is None else dp.grpo_advantages)(
+                adv = torch.zeros(0) if dp is None and not rs else (grpo_advantages if dp is None else dp.grpo_advantages)(
                     torch.tensor(rs, dtype=torch.float32),
                     group_ids_from_uids(keys) if dp is None else dp.group_ids(keys),
                     valid=torch.tensor(valid, dtype=torch.bool))  # bool also when this rank has no row
@@ -467,11 +529,8 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
                          "groups": len(gen_eps), "groups_kept": len(kept),
                          "trajectory_reward": sum(all_r) / max(len(all_r), 1),
                          "env_failures": sum(not v for e in gen_eps for v in e.valid)}
-            if dp is None:  # (one process: the data-parallel loop samples one round, each rank its shard)
-                extra.update(segments_generated=generated, segments_kept=len(rows),
-                             segments_dropped=generated - len(rows), sampling_rounds_used=n_rounds)
-            else:
-                extra.pop("groups_kept")
+            extra.update(segments_generated=generated, segments_kept=len(rows),  # (a rank's part under dp: summed)
+                         segments_dropped=generated - len(rows), sampling_rounds_used=n_rounds)
             t2 = time.perf_counter()
             if dp is None:
                 upd = _update(model, opt, rows, tok.pad_token_id, cfg, ref_model)
@@ -483,7 +542,7 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
                    "t_advantage_s": t_adv, "t_update_s": t_upd, "t_step_s": time.perf_counter() - t0, **extra, **upd}
             if dp is not None:  # the whole batch's numbers (weights: rows behind each mean)
                 rec = dp.reduce_record(rec, {"turn_reward": len(rewards), "trajectory_reward":
-                                               len(rs) if cfg.grouping == "trajectory" else 0})
+                                               len(all_r) if cfg.grouping == "trajectory" else 0})
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
                 evals[step + 1] = await evaluate(rt, h, model, tok, held, cfg)
                 rec["heldout"] = evals[step + 1]
