@@ -15,6 +15,10 @@ One GRPO step of :func:`treadle.weft.rl.train.train_policy` over ``W`` ranks:
 * **Group statistics** through :func:`treadle.distributed.grpo.grpo_advantages_dp` (rewards, valid and
   flag bits of every rank gathered; the whole batch's advantages computed once) with group ids
   numbered over ranks (:func:`~treadle.distributed.grpo.global_group_ids`): equal to one process's.
+* **Dynamic sampling** (``sampling_rounds`` > 1): after each round the ranks all-reduce their counts of
+  groups with signal (:meth:`WeftDataParallel.first_of_round`); counted in rank order, which is the
+  episodes' order, each rank keeps its part of the first groups one process would keep, and every rank
+  stops after the same round.
 * **Loss**: the clipped policy loss with the global denominators (policy tokens of every row of every
   rank for ``token-mean``; live non-empty rows for the ``seq-mean-*`` modes), all-reduced, and
   ``dp_size = W``; gradients averaged by ``DistributedDataParallel``. A rank with no row to update runs

@@ -16,6 +16,7 @@ def run(run_dir: Path, quick: bool, console) -> dict:
 
     cfg = ToolTrainConfig.quick() if quick else ToolTrainConfig()
     policy = load_tool_model(None, config=cfg, console=console, name=tool_slot(None, quick).name)
-    small = {} if quick else {"turns_per_step": 4, "G": 4, "eval_episodes": 6, "max_new_tokens": 40, "max_steps": 4}
+    small = {} if quick else {"turns_per_step": 4, "G": 4, "eval_episodes": 6, "max_new_tokens": 40, "max_steps": 4,
+                              "sampling_rounds": 3}  # dynamic sampling, as the full runs
     return run_comparison(Path(run_dir), policy, ("atomic", "trajectory"), [0], steps=2 if quick else 3,
                           quick=True, console=console, overrides=small)
