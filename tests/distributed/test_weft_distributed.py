@@ -100,11 +100,11 @@ def single():
         for label, cfg in ((g, CFG), (f"{g}-dynamic", DYN)):
             model, tok = _policy()
             s = anyio.run(lambda: train_policy(model, tok, WeftTrainConfig.quick(grouping=g, **cfg), progress=False,
-                                               sampler_factory=_mixed))
+                                               sampler_factory=_mixed, shared_prefix=False))
             out[label] = _summary(s, model)
     model, tok = _policy()
     s = anyio.run(lambda: train_policy(model, tok, WeftTrainConfig.quick(**FEW), progress=False,
-                                       sampler_factory=_mixed))
+                                       sampler_factory=_mixed, shared_prefix=False))
     out["few"] = _summary(s, model)
     return out
 

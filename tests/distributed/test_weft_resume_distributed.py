@@ -144,7 +144,8 @@ def _one_process(folder: Path, stop, log=None, sampler: str = "mixed"):
     stopped = False
     try:
         s = anyio.run(lambda: train_policy(model, tok, cfg, progress=False, log=log, checkpoint=ckpt,
-                                           sampler_factory=h._mixed if sampler == "mixed" else None))
+                                           sampler_factory=h._mixed if sampler == "mixed" else None,
+                                           shared_prefix=False))  # the ranks' update: bit for bit
     except* _Stopped:  # raised inside the runtime's task group
         stopped = True
     if stopped:

@@ -309,7 +309,7 @@ def signed_weight(rows, mode: str) -> dict:
     return {"weight_pos": pos, "weight_neg": neg, "neg_share": neg / (pos + neg) if pos + neg else 0.0}
 
 
-def _update(model, opt, rows, pad_id: int, cfg: WeftTrainConfig, ref_model=None) -> dict:
+def _update(model, opt, rows, pad_id: int, cfg: WeftTrainConfig, ref_model=None, *, shared_prefix: bool = True) -> dict:
     """Clipped policy loss on the rows with a non-zero advantage; the token-mean denominator counts the
     policy tokens of every row (zero-advantage rows add no gradient but do count). With ``cfg.kl_coef > 0``
     and ``ref_model`` (the frozen start policy), ``kl_coef * k3`` is added on every row's policy tokens
@@ -328,13 +328,16 @@ def _update(model, opt, rows, pad_id: int, cfg: WeftTrainConfig, ref_model=None)
     ids, mask, adv = _rows_batch(batch, pad_id)
     with torch.no_grad():
         model.eval()
-        old = _row_logprobs(model, batch, ids.shape[1])
-        ref = _row_logprobs(ref_model, batch, ids.shape[1]) if use_kl else None
+        def logprobs(m):
+            return _row_logprobs(m, batch, ids.shape[1]) if shared_prefix else _logprobs(m, ids)
+
+        old = logprobs(model)
+        ref = logprobs(ref_model) if use_kl else None
     model.train()
     stats, loss, kl_val = {}, torch.zeros(()), 0.0
     agg = dict(mode=cfg.loss_agg_mode, global_tokens=total_tokens, global_seqs=total_seqs)
     for _ in range(cfg.num_iterations):
-        logp = _row_logprobs(model, batch, ids.shape[1])
+        logp = logprobs(model)
         loss, stats = policy_loss(logp, old, adv, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high, **agg)
         if use_kl:
             kl = aggregate_loss(kl_k3(logp, ref), mask, **agg)
@@ -449,7 +452,7 @@ async def _trajectory_batch(rt, h, cfg: WeftTrainConfig, step: int, sampler, tok
 
 
 async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: bool = True, dp=None,
-                       sampler_factory=None, checkpoint=None) -> dict:
+                       sampler_factory=None, checkpoint=None, shared_prefix: bool = True) -> dict:
     """Run GRPO on ``model`` in place (see the module docstring); returns the summary dict with
     ``evals`` (step -> held-out success) and ``records`` (one dict per step).
 
@@ -458,7 +461,11 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
     which may resume from a step checkpoint (``dp.resume``) and write one after each step (``dp.step_done``).
     ``checkpoint``: one process (``dp`` None): the same two hooks, e.g. a
     :class:`treadle.distributed.weft_resume.StepCheckpoint` (None: no step checkpoints).
-    ``sampler_factory``: ``f(model, tok, cfg) -> Sampler`` for the rollouts (None: :class:`HFSampler`)."""
+    ``sampler_factory``: ``f(model, tok, cfg) -> Sampler`` for the rollouts (None: :class:`HFSampler`).
+    ``shared_prefix``: one process: the update's forward runs once per distinct prefix (:func:`_row_logprobs`;
+    the same maths, other float rounding); False runs the whole padded batch in one forward, as the
+    data-parallel update always does (its ranks must make the same forward calls: DDP broadcasts buffers
+    and FSDP2 all-gathers in each one), e.g. to compare the two bit for bit."""
     from tqdm.auto import tqdm
 
     from treadle.grpo.grouping import group_ids_from_uids
@@ -542,7 +549,7 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
                          segments_dropped=generated - len(rows), sampling_rounds_used=n_rounds)
             t2 = time.perf_counter()
             if dp is None:
-                upd = _update(model, opt, rows, tok.pad_token_id, cfg, ref_model)
+                upd = _update(model, opt, rows, tok.pad_token_id, cfg, ref_model, shared_prefix=shared_prefix)
             else:
                 upd = dp.update(model, opt, rows, tok.pad_token_id, cfg)
             t_upd = time.perf_counter() - t2
