@@ -1,8 +1,9 @@
-"""Shared prefixes in WEFT GRPO. The sampler's prefill once per distinct context (``HFSampler``): the same
-tokens as ``generate``'s own prefill of every row. The update's log-probs with each distinct prefix run once (``_row_logprobs``: the prefix's K/V
-repeated over the candidates that follow it) equal the full right-padded forward (``_logprobs`` on
-``_rows_batch``) on every policy position, outputs and gradients, in float64 and float32; ragged groups,
-one-token and empty responses, a prefix of one token and a lone candidate included."""
+"""Shared prefixes in WEFT GRPO. The sampler's prefill once per distinct context (``HFSampler``): the
+same tokens as ``generate``'s own prefill of every row. The update's log-probs with each distinct prefix
+run once (``_row_logprobs``: the prefix's K/V repeated over the candidates that follow it) equal the full
+right-padded forward (``_logprobs`` on ``_rows_batch``) on every policy position, outputs and gradients,
+in float64 and float32; ragged groups, one-token and empty responses, a prefix of one token and a lone
+candidate included."""
 import pytest
 import torch
 

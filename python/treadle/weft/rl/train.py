@@ -443,8 +443,8 @@ async def _trajectory_batch(rt, h, cfg: WeftTrainConfig, step: int, sampler, tok
         generated += groups
         if cfg.sampling_rounds == 1:
             return groups, generated, 1
-        take, have = _first_with_signal([g for g in groups if has_signal([x for x, ok in zip(g.rewards, g.valid) if ok])],
-                                        have, n_eps, dp)
+        signal = [g for g in groups if has_signal([x for x, ok in zip(g.rewards, g.valid) if ok])]
+        take, have = _first_with_signal(signal, have, n_eps, dp)
         kept += take
         if have >= n_eps:
             break
@@ -531,7 +531,8 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
                     valid += e.valid
                     segs += e.trajs
                 t1 = time.perf_counter()
-                adv = torch.zeros(0) if dp is None and not rs else (grpo_advantages if dp is None else dp.grpo_advantages)(
+                advantages = grpo_advantages if dp is None else dp.grpo_advantages  # dp: every rank joins
+                adv = torch.zeros(0) if dp is None and not rs else advantages(
                     torch.tensor(rs, dtype=torch.float32),
                     group_ids_from_uids(keys) if dp is None else dp.group_ids(keys),
                     valid=torch.tensor(valid, dtype=torch.bool))  # bool also when this rank has no row
