@@ -67,6 +67,12 @@ def main() -> None:
              sorted(p.name for p in args.run_folder.glob("*-seed*") if (p / "checkpoint" / "state.pt").exists()))
     if not names:
         ap.error(f"no finished run with a step checkpoint under {args.run_folder}")
+    missing = [n for n in names if "-seed" not in n or not (args.run_folder / n / "checkpoint" / "state.pt").exists()]
+    if missing:  # before any work: runs trained without step checkpoints keep no final policy
+        ap.error(f"no step checkpoint (<run>/checkpoint/state.pt) for {', '.join(missing)} under {args.run_folder}; "
+                 f"expected <grouping>-seed<k> runs of `treadle weft train` (it writes one every step by default)")
+    if not (args.run_folder / "start-policy").is_dir():
+        ap.error(f"{args.run_folder / 'start-policy'} is missing: not a `treadle weft train` run folder")
     torch.set_num_threads(1)
     res = anyio.run(evaluate_runs, args.run_folder, args.episodes, names)
     for grouping in sorted({n.rsplit("-seed", 1)[0] for n in res}):
