@@ -124,6 +124,20 @@ def left_padded(rows, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
+def kv_cache_of(out):
+    """The K/V cache a HF forward returned (transformers 5.x: ``out.cache``; 4.57: ``out.past_key_values``)."""
+    cache = getattr(out, "cache", None)
+    return out.past_key_values if cache is None else cache
+
+
+def kv_cache_arg(model) -> str:
+    """The name ``model.forward`` takes a K/V cache under: ``"cache"`` (transformers 5.x, where
+    ``past_key_values`` is deprecated) or ``"past_key_values"`` (4.57)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class HFSampler:
     """A HF causal LM sampled with ``model.generate`` (left padding, KV cache, multinomial at
     ``temperature``; greedy when ``temperature == 0``); seeded by ``seed`` per call."""
@@ -171,8 +185,6 @@ class HFSampler:
         context differs. ``generate`` then runs from the last context token as it would after its own
         prefill: same positions (from the attention mask, as ``generate`` computes them), same masks, same
         sampling draws."""
-        import inspect
-
         first: dict[tuple, int] = {}
         index = [first.setdefault(tuple(r[2]), i) for i, r in enumerate(rows)]
         if len(first) == len(rows) or ids.shape[1] < 2:
@@ -182,13 +194,9 @@ class HFSampler:
         u_ids, u_mask = ids[uniq, :-1], mask[uniq, :-1]
         pos = (u_mask.cumsum(-1) - 1).masked_fill(u_mask == 0, 1)
         out = self.model(input_ids=u_ids, attention_mask=u_mask, position_ids=pos, use_cache=True)
-        cache = getattr(out, "cache", None)
-        if cache is None:
-            cache = out.past_key_values
+        cache = kv_cache_of(out)
         cache.batch_select_indices(torch.tensor([at[i] for i in index], device=ids.device))
-        # transformers 5.x names it ``cache`` (``past_key_values`` deprecated); 4.57 ``past_key_values``
-        name = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
-        return {name: cache}
+        return {kv_cache_arg(self.model): cache}
 
 
 class ReplaySampler:

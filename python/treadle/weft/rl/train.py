@@ -256,11 +256,10 @@ def _row_logprobs(model, rows, width: int) -> torch.Tensor:
     prefix's weights through every candidate, as in the full forward (same maths; the tokens computed fall
     from ``sum(len(prefix) + len(response))`` to ``sum over prefixes of len(prefix) + sum len(response)``).
     Right padding needs no attention mask: a real token never attends to the padding after it."""
-    import inspect
+    from treadle.weft.rl.sampling import kv_cache_arg, kv_cache_of
 
     dev = next(model.parameters()).device
-    # transformers 5.x names the K/V argument and output ``cache`` (``past_key_values`` deprecated); 4.57 does not
-    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    cache_kw = kv_cache_arg(model)
     by_prefix: dict[tuple, list[int]] = {}
     for i, r in enumerate(rows):
         by_prefix.setdefault(tuple(r[0]), []).append(i)
@@ -270,9 +269,7 @@ def _row_logprobs(model, rows, width: int) -> torch.Tensor:
         n_p = len(prefix)
         pre = model(input_ids=torch.tensor([prefix], device=dev), use_cache=True)
         first = torch.log_softmax(pre.logits[0, -1].float(), -1)  # predicts each response's first token
-        cache = getattr(pre, "cache", None)
-        if cache is None:
-            cache = pre.past_key_values
+        cache = kv_cache_of(pre)
         if len(idx) > 1:
             cache.batch_repeat_interleave(len(idx))
         longest = max(len(x) for x in resp)
