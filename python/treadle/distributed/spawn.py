@@ -31,6 +31,9 @@ def _entry(local_rank: int, path: str, name: str, world: int, out_dir: str, args
     try:
         result = _load(path, name)(*args)
         torch.save(result, os.path.join(out_dir, f"rank{local_rank}.pt"))
+        # every rank done before any tears down: a rank leaving while gloo still serves another rank's
+        # traffic aborted once in CI ("terminate called without an active exception", SIGABRT)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
