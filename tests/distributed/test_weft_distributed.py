@@ -17,6 +17,9 @@ FEW = {**CFG, "turns_per_step": 2}  # one episode per step: fewer than the ranks
 # dynamic sampling: G 2 leaves about half the groups all-equal, so steps draw further rounds and the last
 # round is cut inside (a rank keeps part of its groups with signal, or none)
 DYN = {**CFG, "G": 2, "sampling_rounds": 4}
+# the KL penalty to the start policy (the reference model is a frozen whole copy on every rank); a large
+# coefficient so that the KL term moves the update by more than the tolerance
+KL = {**CFG, "kl_coef": 0.5}
 # the policy is float64 (logits rounded to float32 in the loss): one and two processes differ by rounding
 # (~1e-9 here); an update moves weights by ~lr = 1e-2, a wrong denominator changes it by a like amount
 TOL = dict(rtol=1e-6, atol=1e-7)
@@ -71,7 +74,7 @@ def _mixed(model, tok, cfg):
 def _summary(s, model):
     keep = ("turn_reward", "segments", "groups", "all_equal_groups", "env_failures", "rows_updated", "loss",
             "clipfrac", "approx_kl", "trajectory_reward", "flagged_rows", "groups_kept", "segments_generated",
-            "segments_kept", "segments_dropped", "sampling_rounds_used")
+            "segments_kept", "segments_dropped", "sampling_rounds_used", "kl_ref")
     return {"records": [{k: r[k] for k in keep if k in r} for r in s["records"]], "evals": s["evals"],
             "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
 
@@ -89,6 +92,10 @@ def _ranks_worker():
             s = anyio.run(lambda: train_policy_dp(model, tok, WeftTrainConfig.quick(grouping=g, **cfg),
                                                   progress=False, sampler_factory=_mixed))
             out[label] = _summary(s, model)
+    model, tok = _policy()
+    s = anyio.run(lambda: train_policy_dp(model, tok, WeftTrainConfig.quick(**KL), progress=False,
+                                          sampler_factory=_mixed))
+    out["kl"] = _summary(s, model)
     return out
 
 
@@ -106,6 +113,11 @@ def single():
     s = anyio.run(lambda: train_policy(model, tok, WeftTrainConfig.quick(**FEW), progress=False,
                                        sampler_factory=_mixed, shared_prefix=False))
     out["few"] = _summary(s, model)
+    for label, cfg in (("kl", KL), ("kl-off", CFG)):
+        model, tok = _policy()
+        s = anyio.run(lambda: train_policy(model, tok, WeftTrainConfig.quick(**cfg), progress=False,
+                                           sampler_factory=_mixed, shared_prefix=False))
+        out[label] = _summary(s, model)
     return out
 
 
@@ -183,6 +195,18 @@ def test_fewer_episodes_than_ranks_trains_like_one_process(single, ranks):
         assert_same_training(r["few"], single["few"], "few")
 
 
+def test_kl_penalty_on_two_ranks_matches_one_process(single, ranks):
+    """``kl_coef > 0`` under DDP: each rank keeps a frozen whole copy of the start policy, every row with
+    policy tokens (zero-advantage rows too) enters the update with the global denominators, and the trained
+    policy, records (``kl_ref`` included) and evaluations are the one process's."""
+    one, off = single["kl"], single["kl-off"]
+    assert any(r["kl_ref"] > 0 for r in one["records"]) and all(r["kl_ref"] == 0 for r in off["records"])
+    moved = max(float((one["params"][n] - p).abs().max()) for n, p in off["params"].items())
+    assert moved > 1e-4  # the penalty changes the trained policy by far more than TOL
+    for r in ranks:
+        assert_same_training(r["kl"], one, "kl")
+
+
 def _fsdp2_worker():
     from torch.distributed.tensor import DTensor
 
@@ -197,6 +221,11 @@ def _fsdp2_worker():
         out[g]["sharded"] = all(isinstance(p, DTensor) for p in params.values())
         out[g]["params"] = {n: p.full_tensor().detach().clone() for n, p in params.items()}
         out[g]["local_rows"] = {n: p.to_local().shape[0] for n, p in params.items() if p.dim() == 2}
+    model, tok = _policy()
+    s = anyio.run(lambda: train_policy_dp(model, tok, WeftTrainConfig.quick(**KL), parallel="fsdp2",
+                                          progress=False, sampler_factory=_mixed))
+    out["kl"] = _summary(s, model)
+    out["kl"]["params"] = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
     return out
 
 
@@ -219,3 +248,10 @@ def test_fsdp2_two_ranks_match_one_process(grouping, single, fsdp2_ranks):
         full = {n: p.shape[0] for n, p in one["params"].items() if p.dim() == 2}
         assert all(got["local_rows"][n] <= (rows + 1) // 2 for n, rows in full.items())
         assert_same_training(got, one, grouping)
+
+
+def test_fsdp2_kl_penalty_matches_one_process(single, fsdp2_ranks):
+    """FSDP2 with ``kl_coef > 0``: the reference is copied before sharding (a whole frozen replica per rank,
+    no collective in its forwards); the result is the one process's."""
+    for r in fsdp2_ranks:
+        assert_same_training(r["kl"], single["kl"], "kl")

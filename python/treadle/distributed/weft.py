@@ -132,12 +132,16 @@ class WeftDataParallel:
         ``"fsdp2"``.
     """
 
-    def __init__(self, model, parallel: str = "ddp", *, group=None, checkpoint=None, log=None):
+    def __init__(self, model, parallel: str = "ddp", *, group=None, checkpoint=None, log=None,
+                 reference: bool = False):
         if parallel not in WEFT_PARALLEL:
             raise ValueError(f"parallel must be one of {WEFT_PARALLEL}, got {parallel!r}")
         check_parallel(parallel, "WEFT GRPO training")
         self.group, self.world, self.is_main = group, world_size(group), is_main(group)
         self.model, self.parallel = model, parallel
+        # the frozen start policy of the KL penalty (kl_coef > 0), copied before wrapping: a whole replica
+        # on every rank (also under FSDP2: it runs no_grad forwards only, with no collective)
+        self.ref_model = copy.deepcopy(model).eval().requires_grad_(False) if reference else None
         blocks = decoder_layers(model) if parallel == "fsdp2" else ()
         self.wrapped = wrap(model, parallel, blocks=blocks, group=group)
         self._unsharded = False
@@ -241,21 +245,25 @@ class WeftDataParallel:
                                   group=self.group, **options)
 
     # update --------------------------------------------------------------------------------------------
-    def update(self, model, opt, rows, pad_id: int, cfg) -> dict:
+    def update(self, model, opt, rows, pad_id: int, cfg, ref_model=None) -> dict:
         """:func:`treadle.weft.rl.train._update` over the rows of every rank: global denominators
-        (all-reduced), DDP-averaged gradients; returns the whole batch's loss and statistics."""
-        from treadle.grpo.losses import policy_loss
+        (all-reduced), DDP-averaged gradients; returns the whole batch's loss and statistics. With
+        ``cfg.kl_coef > 0`` and ``ref_model`` (:attr:`ref_model`), ``kl_coef * k3`` to the start policy is
+        added on every row's policy tokens, as in one process (zero-advantage rows enter the batch)."""
+        from treadle.grpo.losses import aggregate_loss, kl_k3, policy_loss
         from treadle.weft.rl.train import _logprobs, _rows_batch
 
         self.shard_weights()  # FSDP2: every rank runs the same forwards / backwards from here
+        use_kl = cfg.kl_coef > 0 and ref_model is not None
         live = [r for r in rows if r[3] != 0.0]
         tokens, seqs, n_live = all_reduce_sum([sum(sum(r[2]) for r in rows), sum(any(r[2]) for r in rows),
                                                len(live)], group=self.group)
         if n_live == 0 or tokens == 0:
-            return {"loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "rows_updated": 0}
-        real = bool(live)
+            return {"loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "kl_ref": 0.0, "rows_updated": 0}
+        batch = [r for r in rows if any(r[2])] if use_kl else live
+        real = bool(batch)
         if real:
-            ids, mask, adv = _rows_batch(live, pad_id)
+            ids, mask, adv = _rows_batch(batch, pad_id)
         else:  # a zero-weight row: this rank still joins DDP's gradient all-reduce
             ids = torch.full((1, 2), pad_id, dtype=torch.long)
             mask, adv = torch.zeros((1, 1)), torch.zeros(1)
@@ -264,24 +272,28 @@ class WeftDataParallel:
         with torch.no_grad():
             model.eval()
             old = _logprobs(model, ids)
+            ref = _logprobs(ref_model, ids) if use_kl else None
         model.train()
-        loss, stats = torch.zeros(()), {}
+        loss, stats, kl_val = torch.zeros(()), {}, 0.0
+        agg = dict(mode=cfg.loss_agg_mode, global_tokens=tokens, global_seqs=max(seqs, 1.0), dp_size=self.world)
         for _ in range(cfg.num_iterations):
             logp = _logprobs(self.wrapped, ids)
-            loss, stats = policy_loss(logp, old, adv, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                      mode=cfg.loss_agg_mode, global_tokens=tokens, global_seqs=max(seqs, 1.0),
-                                      dp_size=self.world)
+            loss, stats = policy_loss(logp, old, adv, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high, **agg)
+            if use_kl:
+                kl = aggregate_loss(kl_k3(logp, ref), mask, **agg)
+                kl_val = float(kl.detach()) / self.world if real else 0.0  # this rank's share of the batch's KL
+                loss = loss + cfg.kl_coef * kl
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
         model.eval()
         n_tok = float(mask.sum()) if real else 0.0
-        tot_loss, clip_tok, kl_tok, live_tok = all_reduce_sum(
+        tot_loss, clip_tok, kl_tok, live_tok, kl_ref = all_reduce_sum(
             [float(loss.detach()) / self.world if real else 0.0, float(stats["clipfrac"]) * n_tok,
-             float(stats["approx_kl"]) * n_tok, n_tok], group=self.group)
+             float(stats["approx_kl"]) * n_tok, n_tok, kl_val], group=self.group)
         return {"loss": tot_loss, "clipfrac": clip_tok / max(live_tok, 1.0), "approx_kl": kl_tok / max(live_tok, 1.0),
-                "rows_updated": int(n_live)}
+                "kl_ref": kl_ref, "rows_updated": int(n_live)}
 
     # records -------------------------------------------------------------------------------------------
     def reduce_record(self, rec: dict, weights: dict[str, float]) -> dict:
@@ -331,7 +343,8 @@ async def train_policy_dp(model, tok, cfg, *, parallel: str = "ddp", group=None,
 
     if parallel not in WEFT_PARALLEL:
         raise ValueError(f"parallel must be one of {WEFT_PARALLEL}, got {parallel!r}")
-    dp = WeftDataParallel(model, parallel, group=group, checkpoint=checkpoint, log=log if is_main(group) else None)
+    dp = WeftDataParallel(model, parallel, group=group, checkpoint=checkpoint, log=log if is_main(group) else None,
+                          reference=cfg.kl_coef > 0)
     try:
         return await train_policy(model, tok, cfg, log=log if dp.is_main else None, progress=progress and dp.is_main,
                                   dp=dp, sampler_factory=sampler_factory or keyed_sampler)

@@ -101,3 +101,30 @@ def test_a_non_run_folder_is_refused(tmp_path, start_policy):
     r = CliRunner().invoke(app, _args(out, start_policy, "--overwrite"), env={"COLUMNS": "300"})
     assert r.exit_code == 2 and "not a treadle run folder" in r.stderr, r.output
     assert _files(out) == {out / "mine.txt": b"keep"}
+
+
+def test_kl_coef_reaches_the_runs_and_is_part_of_the_config(tmp_path, finished, start_policy):
+    """``--kl-coef`` sets the runs' ``kl_coef`` (the KL term is logged per step as ``kl_ref``) and is part of
+    the comparison's config: adding it to a finished comparison of the same other settings is refused."""
+    before = _files(finished)
+    r = CliRunner().invoke(app, _args(finished, start_policy, "--kl-coef", "0.04"), env={"COLUMNS": "300"})
+    assert r.exit_code == 2 and "kl_coef" in r.stderr and "\n" not in r.stderr.strip(), r.output
+    assert _files(finished) == before
+    out = tmp_path / "kl"
+    r = CliRunner().invoke(app, _args(out, start_policy, "--kl-coef", "0.5"), env={"COLUMNS": "300"})
+    assert r.exit_code == 0, r.output
+    summary = json.loads((out / "atomic-seed0" / "summary.json").read_text())
+    assert summary["config"]["kl_coef"] == 0.5
+    steps = [json.loads(x) for x in (out / "atomic-seed0" / "steps.jsonl").read_text().splitlines()]
+    # the untrained policy's groups are all-fail (no update): the KL term's effect is tested on the API
+    # (tests/weft/rl/test_update.py, tests/distributed/test_weft_distributed.py); here the wiring
+    assert len(steps) == 2 and all("kl_ref" in s for s in steps)
+    assert json.loads((out / "run.json").read_text())["config"]["kl_coef"] == 0.5
+
+
+@pytest.mark.parametrize("value", ["-0.1", "nan", "inf"])
+def test_bad_kl_coef_is_one_line_before_any_work(tmp_path, start_policy, value):
+    out = tmp_path / "run"
+    r = CliRunner().invoke(app, _args(out, start_policy, "--kl-coef", value), env={"COLUMNS": "300"})
+    assert r.exit_code == 2 and "--kl-coef" in r.stderr and "Traceback" not in r.output, r.output
+    assert not out.exists()

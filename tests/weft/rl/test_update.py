@@ -131,13 +131,18 @@ def test_bad_kl_coef_is_refused(kw):
         WeftTrainConfig(**kw)
 
 
-def test_kl_penalty_is_refused_under_data_parallel_before_any_work(tiny_policy, tok):
+def test_kl_penalty_needs_the_data_parallel_reference_before_any_work(tiny_policy, tok):
+    """Data-parallel hooks built without a reference model (``WeftDataParallel(reference=False)``; the
+    trainer ``train_policy_dp`` builds it with one when ``kl_coef > 0``) are refused before any work."""
+    import types
+
     import anyio
 
     from treadle.weft.rl.train import train_policy
 
     model = copy.deepcopy(tiny_policy)
     before = [p.detach().clone() for p in model.parameters()]
-    with pytest.raises(ValueError, match="kl_coef"):
-        anyio.run(lambda: train_policy(model, tok, WeftTrainConfig.quick(kl_coef=0.1), dp=object(), progress=False))
+    with pytest.raises(ValueError, match="kl_coef.*reference"):
+        anyio.run(lambda: train_policy(model, tok, WeftTrainConfig.quick(kl_coef=0.1),
+                                       dp=types.SimpleNamespace(ref_model=None), progress=False))
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

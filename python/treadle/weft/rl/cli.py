@@ -160,6 +160,8 @@ def train_cmd(
                                                                       "(<run>/checkpoint/state.pt, rank 0) every N "
                                                                       "steps, >= 1; an interrupted run continues from "
                                                                       "it."),
+    kl_coef: float = typer.Option(None, "--kl-coef", help="Beta of the k3 KL penalty to the start policy, >= 0 "
+                                                          "(default 0: off; GRPO's paper used 0.04)."),
 ) -> None:
     """GRPO on the tiny tool policy: atomic-turn vs trajectory grouping, held-out success before/after, PNG."""
     if grouping not in ("atomic", "trajectory", "both"):
@@ -172,6 +174,8 @@ def train_cmd(
         raise usage_error(f"--jobs must be >= 1, got {jobs}")
     if checkpoint_every < 1:
         raise usage_error(f"--checkpoint-every must be >= 1, got {checkpoint_every}")
+    if kl_coef is not None and not 0 <= kl_coef < float("inf"):
+        raise usage_error(f"--kl-coef must be a finite number >= 0, got {kl_coef}")
     if parallel is not None and parallel not in ("ddp", "fsdp2"):
         raise usage_error(f"--parallel must be ddp or fsdp2, got {parallel!r}")
     if overwrite and resume:
@@ -186,8 +190,11 @@ def train_cmd(
            "eval_episodes": eval_episodes or base.eval_episodes,
            "model": str(model) if model else ("quick" if quick else "tiny-qwen3-tools"), "quick": quick,
            "sampler": "row-keyed" if parallel else "hf"}
+    overrides = {k: v for k, v in (("eval_episodes", eval_episodes), ("kl_coef", kl_coef)) if v}
+    if kl_coef:  # (absent when off, so that run folders of earlier versions keep matching)
+        doc["kl_coef"] = kl_coef
     if parallel is not None:
-        return _train_parallel(parallel, out, groupings, seed_list, steps, model, quick, eval_episodes, doc=doc,
+        return _train_parallel(parallel, out, groupings, seed_list, steps, model, quick, overrides, doc=doc,
                                overwrite=overwrite, checkpoint_every=checkpoint_every)
     run = _open_train(out, doc, overwrite)
     if _show_finished(run, doc):
@@ -198,8 +205,7 @@ def train_cmd(
 
         policy = _policy(model, quick)
         run_comparison(out, policy, groupings, seed_list, steps=steps, quick=quick, console=console, jobs=jobs,
-                       overrides={"eval_episodes": eval_episodes} if eval_episodes else None,
-                       checkpoint_every=checkpoint_every)
+                       overrides=overrides or None, checkpoint_every=checkpoint_every)
 
 
 # a comparison grows by seeds and groupings: finished (grouping, seed) runs are kept by their own config
@@ -227,7 +233,7 @@ def _show_finished(run, doc: dict) -> bool:
 
 
 def _train_parallel(parallel: str, out: Path, groupings, seeds, steps, model, quick: bool,
-                    eval_episodes: int | None = None, *, doc: dict, overwrite: bool = False,
+                    overrides: dict | None = None, *, doc: dict, overwrite: bool = False,
                     checkpoint_every: int = 1) -> None:
     """``weft train --parallel ddp|fsdp2``: one rank of a torchrun job. Rank 0 opens ``--out`` (the run-folder
     rule; its refusal is every rank's one-line error) and loads (or trains) the start policy first, then the
@@ -270,7 +276,7 @@ def _train_parallel(parallel: str, out: Path, groupings, seeds, steps, model, qu
         with ctx:
             # the config does not depend on W (a rank may have no episode in a step), so a run continues on any
             # number of ranks, --quick included
-            overrides = {"eval_episodes": eval_episodes} if eval_episodes else {}
+            overrides = dict(overrides or {})
             failed = None
             if main:  # trains the cached policy when missing: once, before the other ranks load it
                 try:

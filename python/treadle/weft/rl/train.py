@@ -44,7 +44,8 @@ the seed spread (``neg_share`` in the step log: the negative share of the first 
 Seventh round: the step size was the rest of it. At lr 2e-4 x 2 iterations an update moved the policy by
 ``approx_kl`` ~0.05-0.3 per token and lr 5e-4 collapsed it within 2 steps (batch verdict 0); lr 5e-5 x 4
 iterations (``approx_kl`` ~0.01-0.05) is the default now (the README has the 3-seed table). Optional:
-``kl_coef`` (k3 KL to the frozen start policy; off by default, not yet measured to help).
+``kl_coef`` (k3 KL to the frozen start policy; off by default: measured once, ninth round, see the
+README; one process and ``--parallel ddp|fsdp2`` alike, the latter with a whole frozen copy per rank).
 Held-out evaluation (unseen customers, products, amounts): sampled per-turn success from the gold
 history (:func:`~treadle.weft.rl.sft.evaluate_policy`) and sampled whole-task success (trajectory
 rollouts: every turn must pass), before, every ``eval_every`` steps, and after.
@@ -92,7 +93,8 @@ class WeftTrainConfig:
         kl_coef: beta of the KL penalty to the start (SFT) policy, ``beta * KL_k3(pi || pi_ref)`` per policy
             token (GRPO, Shao et al. 2024 eq. 3-4: the unbiased, non-negative k3 estimator
             ``exp(ref - logp) - (ref - logp) - 1``), aggregated like the policy loss over every row with
-            policy tokens (zero-advantage rows too); 0 (no reference model kept) turns it off.
+            policy tokens (zero-advantage rows too); 0 (no reference model kept) turns it off. CLI:
+            ``treadle weft train --kl-coef``.
         sampling_rounds: dynamic sampling (DAPO, Yu et al. 2025, sec. 3.2; verl's ``filter_groups``): with
             ``> 1``, groups with no signal (valid rewards all equal, or fewer than two) are dropped and up to
             ``sampling_rounds - 1`` further rounds of ``turns_per_step / 2`` fresh episodes are drawn per step
@@ -474,16 +476,16 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
     from treadle.weft.rollouts.harnesses import HermesHarness
     from treadle.weft.runtime import Runtime
 
-    if dp is not None and cfg.kl_coef > 0:
-        raise ValueError(f"kl_coef={cfg.kl_coef} needs the single-process update (the data-parallel update keeps "
-                         f"no reference model); set kl_coef=0 for --parallel")
+    if dp is not None and cfg.kl_coef > 0 and dp.ref_model is None:
+        raise ValueError(f"kl_coef={cfg.kl_coef} needs a reference model in the data-parallel hooks: build "
+                         f"WeftDataParallel(..., reference=True) (train_policy_dp does when kl_coef > 0)")
     harness = HermesHarness()
     torch.manual_seed(cfg.seed)
     ref_model = None
-    if cfg.kl_coef > 0:
+    if cfg.kl_coef > 0:  # the frozen start policy (before a step checkpoint is loaded)
         import copy
 
-        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        ref_model = dp.ref_model if dp is not None else copy.deepcopy(model).eval().requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
     records, evals = [], {}
     hooks = dp if dp is not None else checkpoint
@@ -549,7 +551,7 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
             if dp is None:
                 upd = _update(model, opt, rows, tok.pad_token_id, cfg, ref_model, shared_prefix=shared_prefix)
             else:
-                upd = dp.update(model, opt, rows, tok.pad_token_id, cfg)
+                upd = dp.update(model, opt, rows, tok.pad_token_id, cfg, ref_model)
             t_upd = time.perf_counter() - t2
             rec = {"step": step, "grouping": cfg.grouping, "turn_reward": sum(rewards) / max(len(rewards), 1),
                    "segments": len(rows), "t_model_s": sampler.seconds, "t_env_s": t_roll - sampler.seconds,
