@@ -63,20 +63,42 @@ def machine_info() -> dict:
     except Exception as err:  # noqa: BLE001
         info["backends"] = f"unavailable: {err}"
     try:
-        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+        try:
+            src = find_bench().parent  # the checkout whose suites run (not site-packages after `pip install .`)
+        except FileNotFoundError:
+            src = ROOT
+        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=src, capture_output=True,
                                         text=True, timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         info["commit"] = None
     return info
 
 
-def _suites(ops: list[str]) -> list[Path]:
-    if not BENCH.is_dir():
-        raise FileNotFoundError(f"bench/ not found next to the package ({BENCH}); run from a source checkout")
-    have = sorted(p for p in BENCH.glob("bench_*.py"))
+def find_bench(cwd: Path | None = None) -> Path:
+    """The ``bench/`` folder of the suites: next to the package (an editable install or a source tree), else
+    in the current directory or one of its parents (a source checkout whose package was ``pip install``-ed
+    into a venv: the package then lives in site-packages, far from the clone).
+
+    Raises:
+        FileNotFoundError: none of those holds a ``bench/`` with ``bench_*.py`` (the message names where it
+            looked).
+    """
+    here = Path.cwd() if cwd is None else Path(cwd)
+    candidates = [BENCH, *(d / "bench" for d in (here, *here.parents))]
+    for c in candidates:
+        if c.is_dir() and any(c.glob("bench_*.py")):
+            return c
+    looked = [str(BENCH), str(here / "bench")] + ([f"{here.parent}/.../bench"] if here.parent != here else [])
+    raise FileNotFoundError(f"no bench/ folder with bench_*.py suites found; looked next to the package and in the "
+                            f"current directory and its parents ({', '.join(looked)}); run from a source checkout")
+
+
+def _suites(ops: list[str], bench: Path | None = None) -> list[Path]:
+    bench = find_bench() if bench is None else bench
+    have = sorted(p for p in bench.glob("bench_*.py"))
     if not ops:
         return have
-    files = [BENCH / f"bench_{o}.py" for o in ops]
+    files = [bench / f"bench_{o}.py" for o in ops]
     missing = [f.name for f in files if not f.exists()]
     if missing:
         raise ValueError(f"--ops: no such benchmark suite {missing}; have {[p.stem.removeprefix('bench_') for p in have]}")
@@ -108,20 +130,22 @@ def run(ops: list[str], out: Path | None = None, save: str = "", compare: bool =
         BenchNotRunError: pytest exited with a code other than 0 or 1 (e.g. 4 for a bad argument in
             ``extra``): no report is written, and a report folder this call created is removed.
     """
-    files = _suites(ops)
-    out = out or BENCH / "results" / f"report-{time.strftime('%Y%m%d-%H%M%S')}"
+    bench = find_bench()
+    files = _suites(ops, bench)
+    baselines = bench / "baselines"
+    out = out or bench / "results" / f"report-{time.strftime('%Y%m%d-%H%M%S')}"
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pytest", *map(str, files), "--benchmark-enable", "-p", "no:cacheprovider", "-q",
            "--override-ini", "addopts=", "--override-ini", "testpaths=bench", "-o", "python_files=bench_*.py",
-           f"--benchmark-json={out / 'pytest-benchmark.json'}", f"--benchmark-storage=file://{BASELINES}"]
+           f"--benchmark-json={out / 'pytest-benchmark.json'}", f"--benchmark-storage=file://{baselines}"]
     if save or not ops:  # a full run always keeps a baseline
         cmd.append(f"--benchmark-save={save or 'full'}")
-    if compare and _has_baseline():
+    if compare and _has_baseline(baselines):
         cmd.append("--benchmark-compare")  # reported, never gating (no --benchmark-compare-fail)
     cmd += list(extra or [])
     env = {**os.environ, "TREADLE_BENCH_RESULTS_DIR": str(out)}
-    rc = subprocess.call(cmd, cwd=ROOT, env=env)
+    rc = subprocess.call(cmd, cwd=bench.parent, env=env)
     if rc not in BENCHMARKS_RAN:
         # pytest never ran the suites (bad arguments, interrupted, internal error, nothing collected): a report
         # would show an old run's or no numbers as this one's. A folder this call created holds nothing else.
@@ -134,8 +158,8 @@ def run(ops: list[str], out: Path | None = None, save: str = "", compare: bool =
     return rc
 
 
-def _has_baseline() -> bool:
-    return BASELINES.is_dir() and any(BASELINES.glob("*/*.json"))
+def _has_baseline(baselines: Path = BASELINES) -> bool:
+    return baselines.is_dir() and any(baselines.glob("*/*.json"))
 
 
 def _fmt_ms(s: float) -> str:

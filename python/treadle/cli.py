@@ -191,13 +191,16 @@ def demo(
 ) -> None:
     """Run the main job on the embedded defaults: every section, each a thin use of public APIs."""
     from treadle.cli_runs import open_run, pick_out, recorded
-    from treadle.demo import resolve_sections, run_demo
+    from treadle.demo import check_env_model, resolve_sections, run_demo
 
     out = pick_out(out, run_dir, "runs/demo-quick" if quick else "runs/demo")
     try:
         chosen = resolve_sections(sections)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--sections") from None
+    bad_model = check_env_model(chosen, quick=quick)  # before any section runs or anything is written
+    if bad_model is not None:
+        raise bad_model
     run = open_run(out, command="demo", config={"sections": chosen, "quick": quick}, overwrite=overwrite)
     if run.finished:
         console.print(f"{out} already holds this finished demo run (sections {', '.join(chosen)}, "
@@ -244,7 +247,27 @@ def bench(
     raise typer.Exit(rc)
 
 
+def _sigterm_as_interrupt() -> None:
+    """Make SIGTERM (``kill PID``, ``timeout``, a batch scheduler, torchrun stopping its ranks) act as Ctrl-C:
+    it raises KeyboardInterrupt in the main thread, so every command's interrupt path runs (run.json
+    "interrupted", what was saved and how to resume, child processes such as ``transformers serve``
+    stopped). A second SIGTERM ends the process at once. A SIGTERM that the parent set to be ignored, or a
+    handler someone else installed, is left as it is."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return
+
+    def _handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the next SIGTERM is not caught: stop waiting for cleanup
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _handler)
+
+
 def main() -> None:
+    _sigterm_as_interrupt()
     app()
 
 

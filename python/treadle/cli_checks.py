@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import typer
 
-__all__ = ["field_check", "build_config", "config_class"]
+__all__ = ["field_check", "build_config", "config_class", "given", "refuse_ignored", "model_problem", "env_model_error"]
 
 
 def config_class(target: str):
@@ -113,3 +113,99 @@ def refuse_ignored(ctx, rules) -> None:
     for name, flag, applies, why in rules:
         if given(ctx, name) and not applies:
             raise typer.BadParameter(f"ignored here: it applies {why}", param_hint=flag)
+
+
+#: files that hold a tokenizer's chat template besides ``tokenizer_config.json``'s ``chat_template`` key
+_CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+
+
+def _has_chat_template(p) -> bool:
+    import json
+
+    if any((p / name).is_file() for name in _CHAT_TEMPLATE_FILES) or (p / "additional_chat_templates").is_dir():
+        return True
+    try:
+        return bool(json.loads((p / "tokenizer_config.json").read_text()).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def model_problem(path, *, chat_template: bool = True, needs=()) -> str | None:
+    """What makes the checkpoint folder ``path`` unusable, as one line, or None when it looks usable.
+
+    Cheap: nothing is trained and no weights are loaded. Checks that the folder exists and is a complete
+    checkpoint (treadle's completion marker and SHA-256s, else the safetensors files' lengths), that it is a
+    causal LM (``config.json``), that it has tokenizer files (and a chat template when ``chat_template``),
+    and each ``(what, check)`` of ``needs``: ``check(model)`` on the model built from its config on the
+    ``meta`` device (no memory, no weights); an exception it raises is the problem, prefixed by ``what``
+    (e.g. ``("section stair", stair_check)``).
+    """
+    from pathlib import Path
+
+    from treadle.models.tiny import (MARKER, TOKENIZER_FILES, CheckpointError, check_checkpoint, check_weight_files,
+                                     has_tokenizer_files)
+
+    p = Path(path).expanduser()
+    try:
+        check_checkpoint(p)
+    except (CheckpointError, FileNotFoundError) as err:
+        return str(err)
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        cfg = AutoConfig.from_pretrained(p)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"{p} is not a loadable Hugging Face model config: {err}"
+    if cfg.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return (f"{p} holds a {cfg.model_type!r} model ({type(cfg).__name__}), which is not a causal LM "
+                f"(AutoModelForCausalLM cannot load it)")
+    if not (p / MARKER).exists():  # a foreign checkpoint: weights present and not cut short (treadle's: SHA-256)
+        try:
+            check_weight_files(p)
+        except CheckpointError as err:
+            return str(err)
+    if not has_tokenizer_files(p):
+        return (f"{p} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); save the model's tokenizer "
+                f"into the folder (tokenizer.save_pretrained)")
+    if chat_template and not _has_chat_template(p):
+        return (f"{p}: its tokenizer has no chat template; treadle's prompts are chat turns, so give a chat/instruct "
+                f"checkpoint (or add a chat_template to its tokenizer_config.json)")
+    if needs:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        try:
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(cfg)
+        except Exception as err:  # noqa: BLE001 -- any failure to build it is this checkpoint's problem
+            return f"{p}: cannot build its {cfg.model_type!r} model from config.json: {err}"
+        for what, check in needs:
+            try:
+                check(model)
+            except (ValueError, TypeError) as err:  # UnsupportedModelError is a ValueError
+                return f"{what} cannot use it: {err}"
+    return None
+
+
+def env_model_error(var: str = "TREADLE_MODEL", *, chat_template: bool = True, needs=(), hint: str = ""):
+    """The one-line usage error (exit 2) for an unusable checkpoint named by ``$var`` (see
+    :func:`model_problem`), or None when ``$var`` is unset or usable. Raise it before any work::
+
+        err = env_model_error(needs=[("section stair", stair_check)])
+        if err is not None:
+            raise err
+
+    ``hint`` (e.g. "or leave out the stair section") is appended to the message.
+    """
+    import os
+
+    from treadle.cli_runs import usage_error
+
+    value = os.environ.get(var)
+    if not value:
+        return None
+    problem = model_problem(value, chat_template=chat_template, needs=needs)
+    if problem is None:
+        return None
+    return usage_error(f"${var} {value!r}: {problem}; fix it or unset ${var}{hint}")

@@ -22,6 +22,43 @@ SECTIONS: list[tuple[str, str]] = [
 ]
 
 
+def _stair_check(model) -> None:
+    """What the stair section needs of a model: a STAIR architecture with softmax layers to control."""
+    from treadle.stair.controller import default_layers
+
+    default_layers(model)  # raises UnsupportedModelError naming the supported architectures
+
+
+def _scale_check(model) -> None:
+    """What the scale section needs of a model: nn.Linear modules for LoRA (Stage I ``all-linear``)."""
+    from treadle.scale.sft import linear_targets
+
+    linear_targets(model)
+
+
+#: sections that load the model named by $TREADLE_MODEL: name -> (whether they do under --quick, a check of
+#: the architecture they need or None). Under --quick stair, scale and rsi use the quick tiny model instead.
+MODEL_SECTIONS: dict[str, tuple[bool, object]] = {
+    "grpo-train": (True, None),
+    "stair": (False, _stair_check),
+    "scale": (False, _scale_check),
+    "rsi": (False, None),
+}
+
+
+def check_env_model(chosen: list[str], *, quick: bool):
+    """The one-line usage error for a ``$TREADLE_MODEL`` that a chosen section would fail on (missing, an
+    incomplete checkpoint, not a causal LM, no tokenizer or chat template, an architecture a section does not
+    support), or None. Runs before any section, so nothing is trained or written first."""
+    users = [n for n in chosen if n in MODEL_SECTIONS and (MODEL_SECTIONS[n][0] or not quick)]
+    if not users:
+        return None
+    from treadle.cli_checks import env_model_error
+
+    needs = [(f"section {n}", MODEL_SECTIONS[n][1]) for n in users if MODEL_SECTIONS[n][1] is not None]
+    return env_model_error(needs=needs, hint=f" (it is used by section(s) {', '.join(users)}; --sections picks others)")
+
+
 def resolve_sections(sections: str) -> list[str]:
     """Names chosen by ``sections`` (``"all"`` or comma-separated).
 

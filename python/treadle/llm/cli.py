@@ -47,6 +47,12 @@ def serve_cmd(
                     time.sleep(3600)
             except KeyboardInterrupt:
                 console.print("stopping", style="dim")
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM while the server was starting: local_server stopped it
+        from treadle.cli_runs import resume_hint
+
+        console.print(f"Interrupted while the server was starting; it was stopped. Saved: nothing (serving keeps no "
+                      f"state); rerun {resume_hint()} to start it again.", markup=False)
+        raise typer.Exit(130) from None
     except (CheckpointError, FileNotFoundError) as err:
         usage_exit(f"--model: {err}")
     except ServerStartError as err:

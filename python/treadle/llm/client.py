@@ -198,11 +198,15 @@ class LLMClient:
         return cfg, payload, request_key(payload, kind="completion", sample_index=sample_index)
 
     async def _run(self, kind: str, role: str, tag: str, cfg: RoleConfig, payload: dict, key: str,
-                   sample_index: int) -> ChatResult | Failure:
+                   sample_index: int, judge=None) -> ChatResult | Failure:
+        """One request through cache, budget, retries and the ledger. ``judge(result)``, when given, returns the
+        :class:`FailureKind` the caller will return for this reply (e.g. ``invalid_output`` for the last
+        structured reply that did not validate), or None: the reply's ledger line then says ``ok=False`` with
+        that kind, so the ledger's failures count what the caller got."""
         if self.cache is not None and self.cache_mode == "use":
             hit = self.cache.get(key)
             if hit is not None:
-                self._account(role, tag, kind, key, hit, cfg, attempts=1)
+                self._account(role, tag, kind, key, hit, cfg, attempts=1, failed=judge(hit) if judge else None)
                 return hit
         over = self._over_budget()
         if over:
@@ -239,7 +243,8 @@ class LLMClient:
                 self.recorder.add(key, kind, payload, data)
             if self.cache is not None and self.cache_mode != "off":
                 self.cache.put(result)
-            self._account(role, tag, kind, key, result, cfg, attempts=attempts)
+            self._account(role, tag, kind, key, result, cfg, attempts=attempts,
+                          failed=judge(result) if judge else None)
             return result
 
     def _over_budget(self) -> str | None:
@@ -253,7 +258,7 @@ class LLMClient:
         return None
 
     def _account(self, role, tag, kind, key, outcome, cfg: RoleConfig, *, attempts: int,
-                 latency_s: float | None = None):
+                 latency_s: float | None = None, failed: FailureKind | None = None):
         if isinstance(outcome, ChatResult) and not outcome.cached and not outcome.recorded:
             self.usage["tokens"] += outcome.usage.prompt_tokens + outcome.usage.completion_tokens
             if cfg.prices:
@@ -272,7 +277,8 @@ class LLMClient:
         cost = cfg.prices.cost(tin, tout) if cfg.prices else 0.0
         self.ledger.record(role=role, tag=tag, model=cfg.model, kind=kind, key=key, tokens_in=tin, tokens_out=tout,
                            latency_s=outcome.latency_s, cache_hit=outcome.cached, recorded=outcome.recorded,
-                           cost_usd=cost, ok=True, attempts=attempts)
+                           cost_usd=cost, ok=failed is None, failure=failed.value if failed is not None else None,
+                           attempts=attempts)
 
     # ---------------------------------------------------------------- public calls
     async def chat(self, messages: Sequence[dict], *, role: str = "default", tag: str = "",
@@ -347,10 +353,18 @@ class LLMClient:
         for attempt in range(1, repairs + 2):
             cfg_, payload, key = self.build_chat(msgs, role=role, sampling=sampling, response_format=rf,
                                                  sample_index=sample_index)
-            out = await self._run("chat", role, tag, cfg_, payload, key, sample_index)
+            checked: dict = {}
+
+            def judge(result: ChatResult, final: bool = attempt == repairs + 1, checked: dict = checked):
+                # validated before the ledger line is written: the final reply that does not validate is the
+                # structured call's invalid_output failure, and its line says so (earlier ones led to a repair)
+                checked["v"] = extract_and_validate(result.text, schema)
+                return FailureKind.invalid_output if final and checked["v"][0] is None else None
+
+            out = await self._run("chat", role, tag, cfg_, payload, key, sample_index, judge=judge)
             if isinstance(out, Failure):
                 return out
-            value, error = extract_and_validate(out.text, schema)
+            value, error = checked["v"]
             if value is not None:
                 return StructuredResult(value=value, result=out, attempts=attempt)
             last = out.text

@@ -33,7 +33,8 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 __all__ = ["TinyLMConfig", "TinyTrainConfig", "TrainResult", "CheckpointError", "CorruptCheckpointError", "NotACausalLMError",
            "build_tokenizer", "cache_root", "pinned_threads", "default_checkpoint_dir", "train_tiny", "load_default_model",
-           "check_checkpoint", "checkpoint_vocab_size", "accuracy_table", "MARKER", "PARTIAL"]
+           "check_checkpoint", "check_weight_files", "has_tokenizer_files", "TOKENIZER_FILES", "checkpoint_vocab_size",
+           "accuracy_table", "MARKER", "PARTIAL"]
 
 MARKER = "treadle_checkpoint.json"
 PARTIAL = ".treadle-partial"
@@ -263,8 +264,15 @@ def check_checkpoint(path: str | os.PathLike, *, require_marker: bool = False) -
                                      f"delete it, or run {_retrain_hint(p)}")
     if not marker.exists():
         if require_marker:
-            raise CorruptCheckpointError(f"{p} has no completion marker ({MARKER}): a half-written or damaged "
-                                         f"checkpoint; delete it, or run {_retrain_hint(p)}")
+            if not any(p.iterdir()):  # an empty folder: --overwrite trains into it
+                raise CorruptCheckpointError(f"{p} is an empty folder, not a checkpoint (no {MARKER}); delete it, "
+                                             f"or run {_retrain_hint(p)}")
+            # non-empty without a marker: the user's files, or a checkpoint whose marker was removed; either way
+            # refuse_foreign_folder keeps --overwrite from replacing it, so never suggest --overwrite here
+            raise CorruptCheckpointError(f"{p} has no completion marker ({MARKER}): it is not a treadle checkpoint "
+                                         f"(or a damaged one), and treadle never replaces such a non-empty folder, "
+                                         f"even with --overwrite; move its files away or delete it yourself, or use "
+                                         f"another folder")
         if not (p / "config.json").exists():
             raise NotACausalLMError(f"{p} has no config.json: not a Hugging Face model checkpoint")
         return None
@@ -283,6 +291,55 @@ def check_checkpoint(path: str | os.PathLike, *, require_marker: bool = False) -
             raise CorruptCheckpointError(f"{f} does not match the size/SHA-256 recorded when it was saved (truncated or "
                                          f"modified); delete {p} and retrain ({_retrain_hint(p)})")
     return info
+
+
+#: files from which ``AutoTokenizer`` builds a real tokenizer; without any of them transformers silently builds
+#: a tokenizer of one token (no error), so a checkpoint needs at least one
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "sentencepiece.bpe.model",
+                   "tokenizer_config.json")
+
+
+def has_tokenizer_files(path: str | os.PathLike) -> bool:
+    """Whether checkpoint folder ``path`` holds any of :data:`TOKENIZER_FILES`."""
+    p = Path(path).expanduser()
+    return any((p / name).is_file() for name in TOKENIZER_FILES)
+
+
+def check_weight_files(path: str | os.PathLike) -> None:
+    """Check, without loading them, that a checkpoint folder's weights are present and complete: some weight
+    file exists, every shard an index lists exists, and each ``*.safetensors`` file is as long as its header
+    says (a copy cut short fails here, not halfway through loading).
+
+    Raises:
+        CorruptCheckpointError: no weights, a missing shard, or a truncated / unreadable safetensors file.
+    """
+    p = Path(path).expanduser()
+    for index in p.glob("*.index.json"):
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise CorruptCheckpointError(f"{index} is not a readable weight index ({err})") from None
+        missing = sorted(s for s in shards if not (p / s).is_file())
+        if missing:
+            raise CorruptCheckpointError(f"{p} is missing the weight shard(s) {', '.join(missing)} listed in "
+                                         f"{index.name}")
+    weights = sorted(p.glob("*.safetensors"))
+    if not weights and not any(p.glob("*.bin")) and not any(p.glob("*.pt")) and not any(p.glob("*.pth")):
+        raise CorruptCheckpointError(f"{p} has no weight files (*.safetensors, pytorch_model*.bin)")
+    for f in weights:
+        size = f.stat().st_size
+        try:
+            with open(f, "rb") as fh:
+                n = int.from_bytes(fh.read(8), "little")
+                header = json.loads(fh.read(n)) if 8 + n <= size else None
+            if header is None:
+                raise ValueError("its header runs past the end of the file")
+            end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+            raise CorruptCheckpointError(f"{f} is not a readable safetensors file (truncated or damaged: "
+                                         f"{err})") from None
+        if 8 + n + end > size:
+            raise CorruptCheckpointError(f"{f} is truncated: {size} bytes, its header describes {8 + n + end}")
 
 
 def refuse_foreign_folder(dest: str | os.PathLike) -> None:
@@ -635,10 +692,15 @@ def load_default_model(path: str | os.PathLike | None = None, *, train_if_missin
     if cfg.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise NotACausalLMError(f"{p} holds a {cfg.model_type!r} model ({type(cfg).__name__}), which is not a causal LM "
                                 f"(AutoModelForCausalLM cannot load it)")
+    if not (p / MARKER).exists():
+        check_weight_files(p)  # a foreign checkpoint: weights present and not cut short (treadle's: SHA-256 above)
     try:
         model = AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32)
     except (OSError, ValueError, RuntimeError) as err:
         raise CorruptCheckpointError(f"could not load the weights in {p}: {err}") from None
+    if not has_tokenizer_files(p):
+        raise CheckpointError(f"{p} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); save the model's "
+                              f"tokenizer into the folder (tokenizer.save_pretrained)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(p)
     except (OSError, ValueError, TypeError) as err:

@@ -109,7 +109,7 @@ def _keep_rounds(path: Path, upto: int) -> list[dict]:
 def run(out_dir, seeds: list[MathTask], heldout: list[MathTask] = (), loop: LoopConfig | None = None,
         solver: SolverSpec | None = None, *, resume: bool = True, solver_obj: Solver | None = None,
         on_round=None, decontamination: tuple[str, ...] = (), embedding_threshold: float | None = None,
-        embedder=None, ray_address: str | None = None) -> dict:
+        embedder=None, ray_address: str | None = None, chains=None) -> dict:
     """Run (or resume) the offline loop into ``out_dir``; returns the summary (also ``summary.json``).
 
     ``decontamination``: benchmark files (see :class:`treadle.rsi.decontam.BenchmarkIndex`); a verified
@@ -117,6 +117,8 @@ def run(out_dir, seeds: list[MathTask], heldout: list[MathTask] = (), loop: Loop
     (reason ``contaminated``). ``embedding_threshold``: also drop problems whose cosine similarity to a
     benchmark item reaches it (:class:`treadle.rsi.embedding.EmbeddingIndex` with ``embedder``, default the
     offline :class:`~treadle.rsi.embedding.MiniLMEmbedder`; reason ``contaminated_embedding``).
+    ``chains``: an already connected :class:`treadle.rsi.ray_tasks.RayChains` (instead of ``ray_address``;
+    the CLI connects before it writes anything).
 
     Raises:
         ValueError: no seeds, duplicated ids, a held-out id that is also a training id, an
@@ -139,8 +141,7 @@ def run(out_dir, seeds: list[MathTask], heldout: list[MathTask] = (), loop: Loop
     both = sorted(set(ids) & {t.seed_id for t in heldout})
     if both:
         raise ValueError(f"seed ids both in training and held-out seeds: {both}")
-    chains = None
-    if ray_address is not None:
+    if chains is None and ray_address is not None:
         from treadle.rsi.ray_tasks import RayChains
 
         chains = RayChains(ray_address)
@@ -286,17 +287,18 @@ def plot_curves(curves: dict[str, list[float]], path, title: str, cis: dict | No
 
 
 def ablate(out_dir, seeds: list[MathTask], base: LoopConfig, solver: SolverSpec, run_seeds=(0, 1, 2),
-           on_run=None) -> list[dict]:
+           on_run=None, solver_obj: Solver | None = None) -> list[dict]:
     """The paper's ablation in miniature: Full / Task-only / Online-only / Post-batch-only, each for every
     seed in ``run_seeds``, same seeds and budget; rows of final-round accuracy and cost per operator,
-    ``ablation.json`` and ``ablation.png`` (mean curve per variant)."""
+    ``ablation.json`` and ``ablation.png`` (mean curve per variant). ``solver_obj``: the solver of
+    ``solver``, already built (e.g. a loaded tiny model, shared by every run instead of loaded per run)."""
     out = Path(out_dir)
     rows, curves = [], {}
     for variant, flags in ABLATIONS.items():
         per = []
         for s in run_seeds:
             cfg = base.model_copy(update={**flags, "seed": s})
-            summ = run(out / f"{variant}-seed{s}", seeds, (), cfg, solver)
+            summ = run(out / f"{variant}-seed{s}", seeds, (), cfg, solver, solver_obj=solver_obj)
             ops = summ["ledger"]["by_operator"]
             row = {"variant": variant, "seed": s, "final_accuracy": summ["curve"][-1],
                    "cost_online": summ["ledger"]["by_phase"].get("online", 0.0),

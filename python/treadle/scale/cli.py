@@ -75,12 +75,44 @@ def _show_finished(run, what: str) -> bool:
     return True
 
 
-def _load(model_path, quick: bool, threads: int = 0):
+def _model_choice(model_path) -> tuple:
+    """``(checkpoint, source)``: the rule for the model of every ``scale`` command (and ``stair``'s): ``--model``,
+    else ``$TREADLE_MODEL`` (its default, also under ``--quick``: quick settings on that checkpoint), else
+    the embedded tiny model (``--quick``: the quick one); ``(None, ...)`` for a tiny model."""
+    if model_path is not None:
+        return model_path, "--model"
+    env = os.environ.get("TREADLE_MODEL") or None
+    return (env, "$TREADLE_MODEL") if env else (None, "--model")
+
+
+def _load(model_path, quick: bool, threads: int = 0, source: str | None = None):
     """``(model, tokenizer)``: ``model_path``, else ``$TREADLE_MODEL``, else the embedded tiny model
-    (``--quick``: the seconds-long quick one). Exits 2 on an unusable checkpoint."""
+    (``--quick``: the seconds-long quick one). Exits 2 on an unusable checkpoint, naming where it came from."""
     from treadle.cli_models import load_model
 
-    return load_model(model_path, quick, console, threads=threads)
+    if source is None:
+        model_path, source = _model_choice(model_path)
+    return load_model(model_path, quick, console, threads=threads, source=source)
+
+
+def _model_text(model_path, source: str, quick: bool) -> str:
+    """Where the model came from, for messages: ``--model 'x'``, ``$TREADLE_MODEL 'x'``, a tiny model."""
+    if model_path is not None:
+        return f"{source} {str(model_path)!r}"
+    return "the quick tiny model" if quick else "the embedded tiny model"
+
+
+def _check_lora_targets(model, target_modules, where: str) -> None:
+    """Stage I needs something for LoRA to target: checked on the loaded model, before the run starts."""
+    from treadle.scale.sft import linear_targets
+
+    if target_modules == "all-linear":
+        try:
+            linear_targets(model)
+        except ValueError as err:
+            _fail(f"{where}: {err}; give a transformer checkpoint with Linear projections")
+    else:
+        _check_target_modules(model, target_modules)
 
 
 def _base_of(adapter: Path):
@@ -106,26 +138,62 @@ def _check_adapter(adapter: Path) -> None:
         _fail(f"--adapter {adapter} is not a PEFT adapter folder (no adapter_config.json)")
 
 
-def _stage_one(model_path, quick: bool, adapter, out: Path, threads: int):
-    """``(peft model, tokenizer, adapter folder, base model folder)``: load ``adapter`` onto the base, or
-    run a default Stage I into ``out / "sft"`` when no adapter is given."""
-    from treadle.scale.sft import sft
+def _used_model(model_path, adapter) -> str | None:
+    """The base checkpoint a train/sweep run uses (recorded in its config): ``--model``, else the adapter's
+    recorded base, else ``$TREADLE_MODEL``; None for a tiny model."""
+    if model_path is not None:
+        return model_path
+    if adapter is not None:
+        try:
+            base = json.loads((Path(adapter).expanduser() / "adapter_config.json").read_text()).get(
+                "base_model_name_or_path")
+        except (OSError, json.JSONDecodeError, AttributeError):
+            base = None
+        if base:
+            return None  # the adapter's base: given by the adapter (recorded as "adapter")
+    return _model_choice(None)[0]
+
+
+def _load_base(model_path, quick: bool, adapter, threads: int):
+    """Load the base model (and the Stage-I ``adapter`` onto it, when given) BEFORE the run starts, so an
+    unusable checkpoint or an adapter that does not fit it is one line naming the flags, nothing written.
+    Returns ``(model or peft model, tokenizer, adapter folder or None)``."""
     from treadle.scale.training import load_stage_one
 
+    source = "--model"
     if adapter is not None:
         adapter = Path(adapter).expanduser()
         _check_adapter(adapter)
         if model_path is None:
             model_path = _base_of(adapter)
             if model_path is not None:
-                console.print(f"base model (from the adapter's config): {model_path}", markup=False)
-    model, tok = _load(model_path, quick, threads)
+                source = "the adapter's base model"
+    if model_path is None:
+        model_path, source = _model_choice(None)
+    model, tok = _load(model_path, quick, threads, source=source)
+    if source == "the adapter's base model":
+        console.print(f"base model (from the adapter's config): {model_path}", markup=False)
+    if adapter is None:
+        return model, tok, None
+    try:
+        return load_stage_one(model, adapter), tok, adapter
+    except _ERRORS as err:
+        _fail(f"--adapter {str(adapter)!r} does not fit the base model ({_model_text(model_path, source, quick)}); "
+              f"pass the base model it was trained on with --model: {err}")
+
+
+def _stage_one(model, tok, quick: bool, adapter, out: Path):
+    """``(peft model, tokenizer, adapter folder, base model folder)``: the loaded adapter (see
+    :func:`_load_base`), or a default Stage I run into ``out / "sft"`` when no adapter is given."""
+    from treadle.scale.sft import sft
+
     if adapter is None:
         console.print(f"no --adapter: running Stage I first ({'quick' if quick else 'default'} settings) into "
                       f"{out / 'sft'}", markup=False)
         res = sft(model, tok, _sft_cfg(quick), out / "sft", console=console, progress=progress_enabled())
         return res.model, tok, res.adapter_path, model.name_or_path
-    return load_stage_one(model, adapter), tok, adapter, model.name_or_path
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return model, tok, adapter, base.name_or_path
 
 
 def _sft_cfg(quick: bool, **given):
@@ -149,7 +217,8 @@ def _asdict(cfg) -> dict:
 _OUT_ALIAS = typer.Option(None, "--run-dir", hidden=True, help="Old name of --out.")
 _OVERWRITE = typer.Option(False, "--overwrite", help="Replace a run of another config in --out (deleting it).")
 _THREADS = typer.Option(None, min=0, max=MAX_THREADS, help=THREADS_HELP)
-_QUICK = typer.Option(False, help="Quick settings (and the quick tiny model, in its own cache slot, when no --model).")
+_QUICK = typer.Option(False, help="Quick settings (and the quick tiny model, in its own cache slot, when neither "
+                                  "--model nor $TREADLE_MODEL gives a checkpoint).")
 _REPORT_TO = typer.Option("none", "--report-to", help="Log metrics to 'tensorboard', 'wandb' (comma-separated), "
                                                       "'all' (those installed) or 'none'.")
 
@@ -218,14 +287,16 @@ def sft_cmd(
     main = parallel is None or is_main()
     run, done = None, False
     if main:
-        run = _open(out, "scale sft", {**_asdict(cfg), "model": model_path, "quick": quick}, overwrite)
+        run = _open(out, "scale sft", {**_asdict(cfg), "model": _model_choice(model_path)[0], "quick": quick},
+                    overwrite)
         done = _show_finished(run, "Stage I")
         if done:
             console.print(f"adapter: {out / 'adapter'}", markup=False)
     if broadcast_object(done) if parallel else done:
         return
-    model, tok = _load(model_path, quick, threads)
-    _check_target_modules(model, cfg.target_modules)
+    model_path, source = _model_choice(model_path)
+    model, tok = _load(model_path, quick, threads, source=source)
+    _check_lora_targets(model, cfg.target_modules, _model_text(model_path, source, quick))
     ctx_run = (recorded(run, console, saved=lambda: "the step checkpoints (trainer/checkpoint-N) and log.jsonl",
                         resumable=True)
                if main else contextlib.nullcontext())
@@ -304,7 +375,7 @@ def train_cmd(
                      eval_size=eval_size, max_new_tokens=max_new_tokens, seed=seed)
     if adapter is not None:
         _check_adapter(Path(adapter).expanduser())
-    run = _open(out, "scale train", {**_asdict(cfg), "model": model_path, "quick": quick,
+    run = _open(out, "scale train", {**_asdict(cfg), "model": _used_model(model_path, adapter), "quick": quick,
                                      "adapter": str(adapter) if adapter is not None else None}, overwrite)
     if _show_finished(run, "Stage II"):
         summary_file = out / "summary.json"
@@ -312,9 +383,12 @@ def train_cmd(
             for t in summary_tables(json.loads(summary_file.read_text())):
                 console.print(t)
         return
+    model, tok, adapter = _load_base(model_path, quick, adapter, threads)
+    if adapter is None:
+        _check_lora_targets(model, _sft_cfg(quick).target_modules, _model_text(*_model_choice(model_path), quick))
     with recorded(run, console, saved=_stage_two_saved, resumable=True):
         try:
-            pm, tok, adapter_dir, _ = _stage_one(model_path, quick, adapter, out, threads)
+            pm, tok, adapter_dir, _ = _stage_one(model, tok, quick, adapter, out)
             summary = train(pm, tok, cfg, out, console=console, progress=progress_enabled(), report_to=reporters)
         except _ERRORS as err:
             _fail(err)
@@ -365,7 +439,8 @@ def _train_parallel(parallel: str, ctx, a: dict) -> None:
         main = is_main()
         run, done = None, False
         if main:
-            run = _open(out, "scale train", {**_asdict(cfg), "model": a["model_path"], "quick": a["quick"],
+            run = _open(out, "scale train", {**_asdict(cfg), "model": _used_model(a["model_path"], adapter),
+                                             "quick": a["quick"],
                                              "adapter": str(adapter), "parallel": parallel}, a["overwrite"])
             done = _show_finished(run, "Stage II")
         if broadcast_object(done):
@@ -374,7 +449,7 @@ def _train_parallel(parallel: str, ctx, a: dict) -> None:
         if not main:
             console = Console(quiet=True)  # _stage_one prints through the module console
         try:
-            pm, tok, _, _ = _stage_one(a["model_path"], a["quick"], adapter, out, a["threads"])
+            pm, tok, _ = _load_base(a["model_path"], a["quick"], adapter, a["threads"])
         finally:
             console = shown
         pm = pm.to(device)
@@ -382,8 +457,7 @@ def _train_parallel(parallel: str, ctx, a: dict) -> None:
         with ctx_run:
             try:
                 summary = train(pm, tok, cfg, out, console=console if main else None,
-                                progress=main and progress_enabled(), parallel=parallel,
-                      checkpoint_every=checkpoint_every)
+                                progress=main and progress_enabled(), parallel=parallel)
             except _ERRORS as err:
                 _fail(err)
         if main:
@@ -438,6 +512,16 @@ def sweep_cmd(
         if bad:
             raise typer.BadParameter(f"every {field} must be {'< 0' if field == 'L' else '> 1'} (L < 0 < 1 < U); "
                                      f"bad values {bad}", param_hint=flag)
+        twice = sorted({v for v in grid if grid.count(v) > 1})
+        if twice:
+            raise typer.BadParameter(f"each {field} once: {', '.join(f'{v:g}' for v in twice)} given more than once "
+                                     f"in {[float(v) for v in grid]}", param_hint=flag)
+    tasks = len(grid_L) * len(grid_U) + 1  # the cells and the Stage-I baseline
+    cap, bounded = min(tasks, os.cpu_count() or 1), None
+    if jobs is not None and jobs > cap:  # more workers than tasks or CPUs would only wait or contend
+        bounded = (f"--jobs {jobs}: using {cap} worker(s) ({tasks} tasks: {tasks - 1} cell(s) and the Stage-I "
+                   f"baseline; {os.cpu_count() or 1} CPU(s))")
+        jobs = cap
     if objective == "ce" and responses != "dataset":
         raise typer.BadParameter("'ce' (the CE-calibration ablation) trains on the dataset's responses: use "
                                  "--responses dataset", param_hint="--objective")
@@ -449,14 +533,19 @@ def sweep_cmd(
     if adapter is not None:
         _check_adapter(Path(adapter).expanduser())
     run = _open(out, "scale sweep", {**_asdict(cfg), "Ls": list(grid_L), "Us": list(grid_U),
-                                     "metric": metric, "model": model_path, "quick": quick,
+                                     "metric": metric, "model": _used_model(model_path, adapter), "quick": quick,
                                      "adapter": str(adapter) if adapter is not None else None}, overwrite)
     if _show_finished(run, "sweep"):
         res = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else None
     else:
+        model, tok, adapter = _load_base(model_path, quick, adapter, threads)
+        if adapter is None:
+            _check_lora_targets(model, _sft_cfg(quick).target_modules, _model_text(*_model_choice(model_path), quick))
+        if bounded:
+            console.print(bounded, markup=False)
         with recorded(run, console, saved=lambda: "the cells finished so far (cells/)"):
             try:
-                _, _, adapter_dir, base = _stage_one(model_path, quick, adapter, out, threads)
+                _, _, adapter_dir, base = _stage_one(model, tok, quick, adapter, out)
                 res = sweep(base, adapter_dir, grid_L, grid_U, cfg, out, jobs=jobs, metric=metric, console=console,
                             progress=progress_enabled())
             except _ERRORS as err:

@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -61,6 +62,15 @@ def _load(model_path: str, adapter: str | None):
     if torch.cuda.is_available():
         model = model.cuda()
     return (load_stage_one(model, adapter) if adapter is not None else model), tok
+
+
+def _inherit_warning_filters(filters: list) -> None:
+    """Worker initializer: use the parent's warning filters (see :func:`sweep`)."""
+    warnings.filters[:] = filters
+    for name in ("_filters_mutated", "_filters_mutated_lock_held"):  # invalidate the per-module caches
+        if callable(getattr(warnings, name, None)):
+            getattr(warnings, name)()
+            break
 
 
 def _run_cell(task: dict) -> dict:
@@ -195,7 +205,11 @@ def sweep(model_path: str | Path, adapter: str | Path, Ls, Us, config=None, out_
                 results.append(_run_cell(t))
                 bar.advance(job)
         else:
-            with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+            # spawned workers start with Python's default warning filters: give them this process's (the
+            # CLI silences third-party deprecation noise; a library caller's own filters apply alike)
+            with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"),
+                                        initializer=_inherit_warning_filters,
+                                        initargs=(list(warnings.filters),)) as pool:
                 futures = [pool.submit(_run_cell, t) for t in tasks]
                 for f in cf.as_completed(futures):
                     f.result()

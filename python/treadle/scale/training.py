@@ -327,6 +327,11 @@ def _recorded_base(adapter: Path) -> str | None:
 def _short_load_error(err: Exception) -> str:
     """One line for PEFT's load errors: the first size mismatch and how many more (not dozens of lines)."""
     text = str(err)
+    missing = re.search(r"Target modules \{([^}]*)\} not found in the base model", text)
+    if missing:
+        names = sorted(n.strip().strip("'\"") for n in missing.group(1).split(",") if n.strip())
+        return (f"the base model has none of the adapter's {len(names)} target modules (e.g. "
+                f"{', '.join(names[:2])}): it is not the model the adapter was trained on")
     mism = re.findall(r"size mismatch for (\S+?): copying a param with shape (torch\.Size\(\[[^\]]*\]\)) from "
                       r"checkpoint, the shape in current model is (torch\.Size\(\[[^\]]*\]\))", text)
     if not mism:

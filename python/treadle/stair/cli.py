@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -48,8 +49,8 @@ def _levels(text: str) -> list:
     return list(parse_list(text, "--levels", example="1,2"))
 
 
-def _check_normals(path, hint: str, kind: str) -> None:
-    """``path`` must be a STAIR weights file of ``kind`` (checked before any work)."""
+def _check_normals(path, hint: str, kind: str) -> dict:
+    """``path`` must be a STAIR weights file of ``kind`` (checked before any work); returns its config."""
     from treadle.stair.controller import NormalsFileError, read_normals_config
 
     try:
@@ -58,6 +59,46 @@ def _check_normals(path, hint: str, kind: str) -> None:
         raise typer.BadParameter(str(err), param_hint=hint) from None
     if cfg.get("kind") != kind:
         raise typer.BadParameter(f"{path} holds kind={cfg.get('kind')!r} weights, expected {kind!r}", param_hint=hint)
+    return cfg
+
+
+def _check_model_choice(model_path, quick: bool) -> str | None:
+    """The rule for the model of every ``stair`` command: ``--model``, else ``$TREADLE_MODEL`` (its default),
+    else the embedded tiny model; ``--quick`` picks the quick tiny model instead of the embedded one and
+    does nothing else here, so giving it with a checkpoint (either way) is an error (it would be ignored).
+    Returns the checkpoint the run uses (recorded in the run folder's config), None for a tiny model."""
+    env = os.environ.get("TREADLE_MODEL") or None
+    if quick and model_path is not None:
+        raise typer.BadParameter("ignored here: --quick picks the quick tiny model, and --model gives a checkpoint; "
+                                 "drop --quick or --model", param_hint="--quick")
+    if quick and env is not None:
+        raise typer.BadParameter(f"ignored here: --quick picks the quick tiny model, and $TREADLE_MODEL gives a "
+                                 f"checkpoint ({env!r}); unset TREADLE_MODEL or drop --quick", param_hint="--quick")
+    return model_path if model_path is not None else env
+
+
+def _layer_mismatch(layers: tuple, files: dict, hint: str = "--layers") -> None:
+    """Every weights file (``{flag: (path, its layers)}``) must hold the ``layers`` the run uses."""
+    for flag, (path, fl) in files.items():
+        if fl is not None and tuple(fl) != tuple(layers):
+            raise typer.BadParameter(f"layers {list(layers)} differ from the layers {list(fl)} the {flag} file {path} "
+                                     f"was trained for; drop --layers (the file's layers are used) or give "
+                                     f"--layers {','.join(map(str, fl))}", param_hint=hint)
+
+
+def _check_fit(model, files: dict, layers: tuple, source: str) -> None:
+    """Load each weights file (``{flag: (path, kind)}``) into a throw-away controller on ``model``, so that
+    weights of another model or shape fail here (one line naming the flag), not midway through the run."""
+    from treadle.stair.controller import attach
+
+    for flag, (path, kind) in files.items():
+        ctrl = attach(model, layers=layers, kind=kind)
+        try:
+            ctrl.load(path)
+        except (ValueError, TypeError, OSError) as err:
+            raise typer.BadParameter(f"{path} does not fit the model ({source}): {err}", param_hint=flag) from None
+        finally:
+            ctrl.detach()
 
 
 def _resolve_layers(layers: str, model) -> tuple:
@@ -119,8 +160,8 @@ def train_cmd(
     report_to: str = typer.Option("none", "--report-to", help="Log metrics to 'tensorboard', 'wandb' "
                                                               "(comma-separated), 'all' (those installed) or 'none'."),
     threads: int = typer.Option(None, min=0, max=MAX_THREADS, help=THREADS_HELP),
-    quick: bool = typer.Option(False, help="Use the seconds-long quick tiny model (its own cache slot) when no "
-                                           "--model is given."),
+    quick: bool = typer.Option(False, help="Use the seconds-long quick tiny model (its own cache slot); not with "
+                                           "--model or $TREADLE_MODEL."),
     parallel: Literal["ddp", "fsdp2"] = typer.Option(None, "--parallel", help="Data-parallel training under "
                                                      "torchrun: 'ddp' or 'fsdp2' (e.g. torchrun --nproc-per-node 2 "
                                                      "-m treadle stair train --parallel ddp); --batch-size is the "
@@ -129,6 +170,7 @@ def train_cmd(
     """Train STAIR normals: CE + lambda_kl * KL(native || stair) on teacher-forced turns 2..n."""
     if parallel is not None:
         return _train_parallel(parallel, locals())
+    used_model = _check_model_choice(model_path, quick)
     from treadle.cli_models import load_model
     from treadle.reporting import parse_report_to
     from treadle.stair.training import StairTrainConfig, read_log, train
@@ -142,8 +184,9 @@ def train_cmd(
                        levels=lv, batch_size=batch_size, grad_accum=grad_accum, lr=lr, lambda_kl=lambda_kl,
                        responses=responses, seed=seed, save_every=max(1, min(25, steps)))
     run = open_run(out, command="stair train", overwrite=overwrite, ignore=("steps", "save_every"),
-                   config={**dataclasses.asdict(cfg), "layers": layers.strip(), "model": model_path,
+                   config={**dataclasses.asdict(cfg), "layers": layers.strip(), "model": used_model,
                            "quick": quick, "steps": steps, "save_every": cfg.save_every})
+    _refuse_no_resume(run, resume)
     if run.finished and _checkpoint_step(out) >= steps:
         log = read_log(out)
         console.print(f"{out} already holds this finished run ({_checkpoint_step(out)} steps, same config); "
@@ -152,6 +195,7 @@ def train_cmd(
         return
     model, tok = load_model(model_path, quick, console, threads=threads)
     cfg = dataclasses.replace(cfg, layers=_resolve_layers(layers, model))
+    _check_checkpoint_layers(run, resume, cfg.layers)
 
     def saved() -> str:
         step = _checkpoint_step(out)
@@ -171,6 +215,33 @@ def train_cmd(
                   f"{result['probe_loss_after']:.4f} | saved {result['path']}", markup=False)
 
 
+def _refuse_no_resume(run, resume: bool) -> None:
+    """``--no-resume`` starts from step 0; in a folder holding a run that would replace it, which only
+    ``--overwrite`` may do (the run rule): refused, before any work."""
+    from treadle.run_dirs import RUN_RECORD
+
+    if resume or run.overwrite or run.previous is None:
+        return
+    if any(c.name != RUN_RECORD for c in run.path.iterdir()):
+        raise typer.BadParameter(f"--out {str(run.path)!r} holds a run ({run.previous.get('status')}); --no-resume "
+                                 f"would train again from step 0 and replace it: add --overwrite to replace it, or "
+                                 f"give another --out", param_hint="--no-resume")
+
+
+def _check_checkpoint_layers(run, resume: bool, layers: tuple) -> None:
+    """A checkpoint to resume must be of the layers the run resolved ('auto' may resolve otherwise)."""
+    if not (resume and run.resumed):
+        return
+    try:
+        old = json.loads((run.path / "config.json").read_text()).get("layers")
+    except (OSError, ValueError, AttributeError):
+        return
+    if old is not None and (run.path / "normals.safetensors").exists() and tuple(old) != tuple(layers):
+        raise typer.BadParameter(f"--out {str(run.path)!r} holds a checkpoint of layers {list(old)}, this run resolves "
+                                 f"layers {list(layers)}; give --layers {','.join(map(str, old))} to resume it, or "
+                                 f"add --overwrite to replace it", param_hint="--layers")
+
+
 def _train_parallel(parallel: str, a: dict) -> None:
     """``stair train --parallel``: one rank of a torchrun job. Rank 0 alone checks and records the run
     folder and prints; every rank loads the model and trains its part of each global batch."""
@@ -187,6 +258,7 @@ def _train_parallel(parallel: str, a: dict) -> None:
     if a["report_to"].strip().lower() != "none":
         raise typer.BadParameter("metric sinks are single-process for now; log.jsonl holds every step",
                                  param_hint="--report-to")
+    used_model = _check_model_choice(a["model_path"], a["quick"])
     try:
         device = init_from_torchrun(parallel)
     except LaunchError as err:
@@ -205,9 +277,10 @@ def _train_parallel(parallel: str, a: dict) -> None:
         run, done = None, False
         if main:
             run = open_run(out, command="stair train", overwrite=a["overwrite"], ignore=("steps", "save_every"),
-                           config={**dataclasses.asdict(cfg), "layers": a["layers"].strip(), "model": a["model_path"],
+                           config={**dataclasses.asdict(cfg), "layers": a["layers"].strip(), "model": used_model,
                                    "quick": a["quick"], "steps": steps, "save_every": cfg.save_every,
                                    "parallel": parallel})
+            _refuse_no_resume(run, a["resume"])
             done = run.finished and _checkpoint_step(out) >= steps
             if done:
                 console.print(f"{out} already holds this finished run ({_checkpoint_step(out)} steps, same config); "
@@ -263,18 +336,25 @@ def eval_cmd(
     run_dir: Path = _OUT_ALIAS,
     overwrite: bool = _OVERWRITE,
     threads: int = typer.Option(None, min=0, max=MAX_THREADS, help=THREADS_HELP),
-    quick: bool = typer.Option(False, help="Use the quick tiny model (its own cache slot) when no --model is given."),
+    quick: bool = typer.Option(False, help="Use the quick tiny model (its own cache slot); not with --model or "
+                                           "$TREADLE_MODEL."),
 ) -> None:
     """Evaluate Vanilla / Native / STAIR and the controls; table, JSONL and a PNG bar chart."""
-    from treadle.cli_models import load_model
-    from treadle.stair.evaluation import EvalConfig, evaluate, results_table
+    from treadle.cli_checks import given
+    from treadle.cli_models import load_model, model_source
+    from treadle.stair.evaluation import CONDITIONS, EvalConfig, evaluate, results_table
 
+    used_model = _check_model_choice(model_path, quick)
     out = pick_out(out, run_dir, "runs/stair-eval-quick" if quick else "runs/stair-eval")
     lv = _levels(levels)
+    given_layers = None
     if layers and layers.strip() != "auto":
-        parse_layers(layers, None)  # syntax only (ranges need the model)
+        given_layers = parse_layers(layers, None)  # syntax only (ranges need the model)
     budget_list = parse_list(budgets, "--budgets", example="16,64", minimum=1, allow_empty=True)
     chosen = {c.strip() for c in conditions.split(",") if c.strip()}
+    if not chosen:
+        raise typer.BadParameter(f"no condition given; name at least one of {', '.join(CONDITIONS)}",
+                                 param_hint="--conditions")
     refuse_ignored(ctx, [
         ("normals", "--normals", bool(chosen & {"stair", "shuffled", "reflected"}),
          "to the stair, shuffled and reflected conditions, none of which is in --conditions"),
@@ -291,15 +371,31 @@ def eval_cmd(
         if default.exists():  # what `treadle stair train` (same --quick) wrote
             normals = default
             picked = f"normals: {default} (from `treadle stair train`{' --quick' if quick else ''})"
+    if given(ctx, "conditions"):  # conditions asked for by name are run, never skipped (only the default list skips)
+        need = sorted(chosen & {"stair", "shuffled", "reflected"}, key=CONDITIONS.index)
+        if need and normals is None:
+            raise typer.BadParameter(f"the condition(s) {', '.join(need)} in --conditions need trained normals: give "
+                                     f"--normals PATH (written by `treadle stair train`) or drop them from --conditions",
+                                     param_hint="--normals")
+        if "bank_free" in chosen and bank_free is None:
+            raise typer.BadParameter("the bank_free condition in --conditions needs its trained weights: give "
+                                     "--bank-free PATH (`treadle stair train --kind bank_free`) or drop it from "
+                                     "--conditions", param_hint="--bank-free")
+    files = {}  # flag -> (path, the layers it was trained for)
     if normals is not None:
-        _check_normals(normals, "--normals", "stair")
+        files["--normals"] = (normals, _check_normals(normals, "--normals", "stair").get("layers"))
     if bank_free is not None:
-        _check_normals(bank_free, "--bank-free", "bank_free")
+        files["--bank-free"] = (bank_free, _check_normals(bank_free, "--bank-free", "bank_free").get("layers"))
+    if given_layers is not None:
+        _layer_mismatch(given_layers, files)
+    elif not layers and len(files) == 2 and files["--normals"][1] != files["--bank-free"][1]:
+        _layer_mismatch(tuple(files["--normals"][1] or ()), {"--bank-free": files["--bank-free"]},
+                        hint="--bank-free")
     cfg = build_config(EvalConfig, {}, sessions=sessions, turns=turns, levels=lv, k=k, temperature=temperature,
                        max_new_tokens=max_new_tokens, seed=seed,
                        conditions=tuple(c.strip() for c in conditions.split(",") if c.strip()), budgets=budget_list)
     run = open_run(out, command="stair eval", overwrite=overwrite,
-                   config={**dataclasses.asdict(cfg), "model": model_path, "quick": quick,
+                   config={**dataclasses.asdict(cfg), "model": used_model, "quick": quick,
                            "normals": str(normals) if normals else None, "layers": layers,
                            "bank_free": str(bank_free) if bank_free else None})
     if picked:
@@ -313,6 +409,15 @@ def eval_cmd(
     model, tok = load_model(model_path, quick, console, threads=threads)
     lay = _resolve_layers(layers, model) if layers else (None if normals or bank_free else
                                                           _resolve_layers("auto", model))
+    if lay is not None:
+        _layer_mismatch(lay, files)  # --layers auto resolved on the model
+    run_layers = lay if lay is not None else next((fl for _, fl in files.values() if fl), None)
+    used = {flag: (path, "stair" if flag == "--normals" else "bank_free") for flag, (path, _) in files.items()
+            if chosen & ({"stair", "shuffled", "reflected"} if flag == "--normals" else {"bank_free"})}
+    if run_layers and used:
+        source = ("the quick tiny model" if quick else
+                  f"{model_source(model_path)} {used_model}" if used_model else "the embedded tiny model")
+        _check_fit(model, used, tuple(run_layers), source)
     with recorded(run, console, saved=lambda: "nothing (results are written at the end)"):
         try:
             res = evaluate(model, tok, cfg, normals=normals, bank_free=bank_free, layers=lay, console=console,

@@ -57,12 +57,11 @@ def test_groups_refuses_a_user_folder_and_records_its_run(tmp_path, monkeypatch)
     r = runner.invoke(app, ["groups", "--out", str(mine), "--quick"])
     assert r.exit_code == 2 and "not a treadle run folder" in r.output, r.output
     assert [p.name for p in mine.iterdir()] == ["notes.txt"] and not (tmp_path / "cache").exists()
-    # a bad value found after the start (the model path) is recorded as refused, and the folder is reusable
+    # --model is checked (folder, config, tokenizer) before the run folder is written
     out = tmp_path / "out"
     r = runner.invoke(app, ["groups", "--out", str(out), "--model", str(tmp_path / "no-such-model")])
     assert r.exit_code == 2 and "--model" in r.output
-    rec = json.loads((out / "run.json").read_text())
-    assert rec["command"] == "weft groups" and rec["status"] == "refused" and rec["config"]["model"].endswith("model")
+    assert not out.exists()
 
 
 def test_train_refuses_a_folder_that_is_not_a_run_folder(tmp_path, monkeypatch):

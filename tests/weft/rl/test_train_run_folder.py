@@ -88,9 +88,10 @@ def test_refused_run_leaves_the_folder_reusable(tmp_path, start_policy):
     out = tmp_path / "run"
     r = CliRunner().invoke(app, _args(out, tmp_path / "no-such-policy"), env={"COLUMNS": "300"})
     assert r.exit_code == 2 and "--model" in r.stderr and "Traceback" not in r.output, r.output
-    assert sorted(p.name for p in out.iterdir()) == ["run.json"]
-    assert json.loads((out / "run.json").read_text())["status"] == "refused"
-    # the corrected command (another config) may take the folder: nothing but run.json was written
+    assert not out.exists()  # --model is checked before the run folder is written
+    # a run refused once it started (nothing but run.json written) leaves the folder to the corrected command
+    run = open_run_dir(out, command="weft train", config={"model": "bad"}).start()
+    run.end("refused", error="--model: bad")
     open_run_dir(out, command="weft train", config={"other": 1})
 
 

@@ -90,7 +90,7 @@ def test_resume_with_other_concurrency(tmp_path):
     assert r.exit_code == 0, r.output
     assert len((tmp_path / "trajectories.jsonl").read_text().splitlines()) == 2
     r = runner.invoke(app, [*args[:-3], "--k", "2", "--method", "prefix", "--no-sft"])
-    assert r.exit_code == 2 and "['ks']" in r.output
+    assert r.exit_code == 2 and "ks: [1] -> [1, 2]" in r.output and "--overwrite" in r.output  # run.json's rule
 
 
 def test_cli_policy_rates_and_run_folder_flag(tmp_path):

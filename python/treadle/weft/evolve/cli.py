@@ -10,14 +10,34 @@ from pathlib import Path
 
 import typer
 
+from typer import _click as click  # typer vendors click
+
 from treadle.cli_output import make_console
-from treadle.cli_runs import usage_exit
+from treadle.cli_runs import OUT_HELP_SUFFIX, open_run, recorded, usage_error, usage_exit
 
 console = make_console()
 
 
 def _fail(flag: str, msg: str) -> None:
     usage_exit(f"{flag}: {msg}")  # one line on stderr, exit 2, as every command
+
+
+def _open(out: Path, command: str, config: dict, overwrite: bool):
+    """``--out`` under the run-folder rule (run.json; same config resumed or shown, another refused,
+    ``--overwrite`` replaces); a refusal is one line, exit 2, nothing written."""
+    try:
+        return open_run(out, command=command, config=config, overwrite=overwrite)
+    except click.exceptions.UsageError as err:
+        usage_exit(err.message)
+
+
+def _shown(run, what: str) -> bool:
+    """A finished run of the same config: say where its results are (nothing is redone) and return True."""
+    if not run.finished:
+        return False
+    console.print(f"{run.path} already holds this finished {what} (same settings; finished "
+                  f"{run.previous.get('ended')}); results unchanged. Add --overwrite to run it again.", markup=False)
+    return True
 
 
 def reverify_cmd(run: Path = typer.Option(..., "--run", help="A `treadle weft sample` run folder."),
@@ -68,8 +88,11 @@ def synth_cmd(docs: Path = typer.Option(..., "--docs", help="Tool documentation:
               requirement: str = typer.Option(..., "--requirement", help="The business requirement, in words."),
               llm_config: Path = typer.Option(None, "--llm-config", help="treadle.llm config with the roles designer, "
                                               "schema, backend and checker (an OpenAI-compatible endpoint)."),
-              out: Path = typer.Option(Path("runs/weft-synth"), "--out", help="Folder for the artefacts."),
-              max_rounds: int = typer.Option(3, "--max-rounds", min=1, help="Validation / revision rounds.")) -> None:
+              out: Path = typer.Option(Path("runs/weft-synth"), "--out", help="Run folder for the artefacts."
+                                       + OUT_HELP_SUFFIX),
+              max_rounds: int = typer.Option(3, "--max-rounds", min=1, help="Validation / revision rounds."),
+              overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run of other settings in --out "
+                                                                        "(deleting it).")) -> None:
     """Synthesise an environment (design, schema, backend, checks) with LLM roles, validated in the sandbox."""
     import json
 
@@ -102,15 +125,24 @@ def synth_cmd(docs: Path = typer.Option(..., "--docs", help="Tool documentation:
     missing = [r for r in ROLES if r not in cfg.roles]
     if missing:
         _fail("--llm-config", f"no role(s) {missing} in {str(llm_config)!r}; expected {list(ROLES)}")
-    if out.exists() and not out.is_dir():
-        _fail("--out", f"{str(out)!r} is a file, expected a folder")
-    out.mkdir(parents=True, exist_ok=True)
+    import hashlib
+
+    run = _open(out, "weft synth", {"docs": str(docs), "docs_sha256": hashlib.sha256(text.encode()).hexdigest(),
+                                    "requirement": requirement, "llm_config": str(llm_config),
+                                    "max_rounds": max_rounds}, overwrite)
+    if _shown(run, "synthesis"):
+        return
 
     async def main():
         async with LLMClient(cfg, cache=out / "llm_cache.sqlite", ledger=out / "llm_ledger.jsonl") as llm:
             return await synthesize(llm, text, requirement, max_rounds=max_rounds)
 
-    res = anyio.run(main)
+    with recorded(run, console, saved=lambda: "the LLM answers (llm_cache.sqlite: a rerun does not pay again)"):
+        _synth_run(out, anyio.run(main))
+
+
+def _synth_run(out: Path, res) -> None:
+    """``weft synth``'s artefacts and report; exits 0 (accepted) or 1."""
     (out / "result.json").write_text(res.model_dump_json(indent=1, by_alias=True), encoding="utf-8")
     if res.backend is not None:
         (out / "backend.py").write_text(res.backend.source, encoding="utf-8")
@@ -140,8 +172,8 @@ def synth_cmd(docs: Path = typer.Option(..., "--docs", help="Tool documentation:
     raise typer.Exit(0 if res.accepted else 1)
 
 
-def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help="Folder for rounds.jsonl, "
-                                        "attributions.jsonl and error_rate.png."),
+def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help="Run folder for rounds.jsonl, "
+                                        "attributions.jsonl and error_rate.png." + OUT_HELP_SUFFIX),
                rate: list[str] = typer.Option(["wrong_argument=0.15"], "--rate",
                                               help="Replay-policy perturbation NAME=RATE (repeatable)."),
                k: int = typer.Option(2, "--k", min=1, help="Attempts per task and round (the first pass is selected)."),
@@ -160,17 +192,14 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
                tasks_file: Path = typer.Option(None, "--tasks", help="With --synth: atomic tasks, JSON Lines "
                                                '{"name", "request", "gold": [{"name", "arguments"}]}.'),
                backend_file: Path = typer.Option(None, "--backend", help="With --synth: the backend source served "
-                                                 "now (default: the synthesised one), e.g. one edited since.")
+                                                 "now (default: the synthesised one), e.g. one edited since."),
+               overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run of other settings in --out "
+                                                                         "(deleting it).")
                ) -> None:
     """Attribution and revision rounds on the offline drill (certified shop and CRM with one injected fault of
     each kind), or on a synthesised environment (``--synth``), until the tool-call error rate of the selected
     trajectories stops falling. The drill's native backends are trusted code: a blamed one is restored to its
     certified source, never rewritten by an LLM; a synthesised backend is revised by the ``backend`` role."""
-    import json
-    import logging
-
-    import anyio
-
     from treadle.weft.rollouts.policies import PERTURBATIONS
 
     rates: dict[str, float] = {}
@@ -184,8 +213,6 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
             _fail("--rate", f"unknown perturbation {name.strip()!r}; expected one of {list(PERTURBATIONS)}")
     if any(not 0 <= v <= 1 for v in rates.values()) or sum(rates.values()) > 1:
         _fail("--rate", f"rates must be in [0, 1] and sum to <= 1, got {rates}")
-    if out.exists() and not out.is_dir():
-        _fail("--out", f"{str(out)!r} is a file, expected a folder")
     for flag, given in (("--tasks", tasks_file), ("--backend", backend_file)):
         if given is not None and synth is None:
             _fail(flag, "only with --synth (the drill's tasks and backends are built in)")
@@ -208,6 +235,52 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
         if missing:
             _fail("--llm-config", f"no role(s) {missing} in {str(llm_config)!r}; expected {' and '.join(need)}"
                   + (" (with --synth the blamed backend goes to the role backend)" if synth is not None else ""))
+    if revise_attempts != 2 and cfg is None:  # the offline revisions make one answer each
+        _fail("--revise-attempts", "only with --llm-config (LLM answers per blamed component)")
+    import hashlib
+
+    def digest(path):
+        try:
+            return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path is not None else None
+        except OSError:
+            return None
+
+    run = _open(out, "weft evolve", {"rates": rates, "k": k, "max_rounds": max_rounds, "seed": seed,
+                                     "llm_config": str(llm_config) if llm_config else None,
+                                     "revise_attempts": revise_attempts if cfg is not None else None,
+                                     "synth": str(synth) if synth else None,
+                                     "synth_result": digest(Path(synth) / "result.json") if synth else None,
+                                     "tasks": digest(tasks_file), "backend": digest(backend_file)}, overwrite)
+    if _shown(run, "evolution"):
+        return
+    fresh = not out.exists()
+    try:
+        with recorded(run, console, saved=lambda: "nothing but the LLM answers (rounds are written at the end)"):
+            _evolve_run(out, rates, k, max_rounds, seed, cfg, revise_attempts, synth_env)
+    except click.exceptions.UsageError as err:  # found once it started (a task that does not certify): one line
+        _drop_if_empty(out, fresh)
+        usage_exit(err.message)
+
+
+def _drop_if_empty(out: Path, fresh: bool) -> None:
+    """Remove ``out`` when this command created it and wrote nothing but ``run.json`` (a refused start leaves no
+    folder behind); a folder that existed keeps its record of the refusal."""
+    import shutil
+
+    from treadle.run_dirs import RUN_RECORD
+
+    if fresh and out.is_dir() and all(p.name == RUN_RECORD for p in out.iterdir()):
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _evolve_run(out: Path, rates: dict, k: int, max_rounds: int, seed: int, cfg, revise_attempts: int,
+                synth_env) -> None:
+    """``weft evolve``'s rounds, artefacts and report (in its started run folder)."""
+    import json
+    import logging
+
+    import anyio
+
     from treadle.weft.evolve.drill import drill_system
     from treadle.weft.evolve.loop import evolve, plot_rounds
     from treadle.weft.runtime import Runtime
@@ -254,10 +327,10 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
 
     rounds = anyio.run(main)
     if "sandbox" in holder:
-        _fail("--synth", f"the synthesised backend runs only in the sandbox, unavailable here: {holder['sandbox']}")
+        raise usage_error(f"--synth: the synthesised backend runs only in the sandbox, unavailable here: "
+                          f"{holder['sandbox']}")
     if "error" in holder:
-        _fail("--tasks", holder["error"])
-    out.mkdir(parents=True, exist_ok=True)
+        raise usage_error(f"--tasks: {holder['error']}")
     (out / "rounds.jsonl").write_text("".join(r.model_dump_json(exclude={"attributions"}) + "\n" for r in rounds),
                                       encoding="utf-8")
     (out / "attributions.jsonl").write_text("".join(json.dumps({"round": r.round, **a.model_dump(mode="json")}) + "\n"

@@ -11,6 +11,7 @@ under ``--parallel ddp|fsdp2`` on any number of ranks.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import typer
@@ -27,6 +28,34 @@ def _tool_config(quick: bool):
     return ToolTrainConfig.quick() if quick else ToolTrainConfig()
 
 
+def _default_out(out: Path | None, name: str, quick: bool) -> Path:
+    """``--out``, else ``runs/<name>`` (``runs/<name>-quick`` for ``--quick``: a quick run never lands where the
+    full results live, as ``treadle demo --quick`` -> ``runs/demo-quick``)."""
+    return Path(out) if out is not None else Path("runs") / (name + ("-quick" if quick else ""))
+
+
+def _check_model(model: Path | None) -> None:
+    """``--model`` checked as the tool policy (folder, causal-LM config, tokenizer: pad and eos tokens, chat
+    template, vocabulary) without loading its weights: a one-line usage error before any folder is written."""
+    if model is None:
+        return
+    from treadle.models.tiny import CheckpointError
+    from treadle.weft.rl.sft import check_tool_model
+
+    try:
+        check_tool_model(model)
+    except (CheckpointError, FileNotFoundError, OSError, ValueError) as err:
+        raise usage_error(f"--model {str(model)!r}: {err}") from None
+
+
+def _cpus() -> int:
+    """CPUs this process may run on (its affinity mask, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _policy(model: Path | None, quick: bool):
     from treadle.models.tiny import CheckpointError
     from treadle.weft.rl.sft import load_tool_model, tool_slot
@@ -41,8 +70,9 @@ def _policy(model: Path | None, quick: bool):
 
 
 def groups_cmd(
-    out: Path = typer.Option(Path("runs/weft-groups"), "--out", help="Run folder (resumed when it holds the same "
-                                                                    "config; another config is refused)."),
+    out: Path = typer.Option(None, "--out", show_default=False,
+                             help="Run folder (default runs/weft-groups; with --quick runs/weft-groups-quick)."
+                                  + OUT_HELP_SUFFIX),
     model: Path = typer.Option(None, "--model", help="Tool-policy checkpoint (default: the cached tiny tool policy, "
                                                      "trained on first use)."),
     episodes: int = typer.Option(8, "--episodes", help="Episodes (two atomic turns each), >= 1."),
@@ -51,7 +81,10 @@ def groups_cmd(
     seed: int = typer.Option(0, "--seed", help="Seed of the episodes and the sampling."),
     chunk: int = typer.Option(8, "--chunk", help="Groups sampled per batch (the resume unit), >= 1."),
     estimator: str = typer.Option("grpo", "--estimator", help="grpo, dr_grpo, rloo or reinforce_baseline."),
-    quick: bool = typer.Option(False, "--quick", help="The seconds-long quick tool policy (a weak model)."),
+    quick: bool = typer.Option(False, "--quick", help="The seconds-long quick tool policy (a weak model; not with "
+                                                      "--model)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run of other settings in --out (deleting "
+                                                              "it)."),
 ) -> None:
     """Atomic-turn GRPO groups of the tool policy on shop episodes -> groups.jsonl, rows.jsonl, stats.json."""
     from treadle.reference.grpo import ESTIMATORS
@@ -68,16 +101,21 @@ def groups_cmd(
         raise usage_error(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
     if estimator not in ESTIMATORS:
         raise usage_error(f"--estimator must be one of {', '.join(ESTIMATORS)}, got {estimator!r}")
+    if quick and model is not None:  # --quick only picks the quick cached policy: with --model it would be ignored
+        raise usage_error(f"--quick picks the quick tool policy, --model {str(model)!r} another one: give one of them")
+    out = _default_out(out, "weft-groups", quick)
+    _check_model(model)
     doc = folder_config({"model": str(model) if model else ("quick" if quick else "tiny-qwen3-tools"),
                          "episodes": episodes, "split": split, "estimator": estimator},
                         G=group_size, seed=seed, chunk=chunk, max_steps=4)
     # the rule of every command's run folder (run.json: same config resumed, another refused, a non-empty
     # folder that is not a run refused), then the chunks' own config.json check
-    run = open_run(out, command="weft groups", config=doc)
-    try:
-        check_folder(out, doc)
-    except ConfigMismatchError as err:
-        raise usage_error(f"--out: {err}") from None
+    run = open_run(out, command="weft groups", config=doc, overwrite=overwrite)
+    if not run.overwrite:  # (--overwrite empties the folder at the start)
+        try:
+            check_folder(out, doc)
+        except ConfigMismatchError as err:
+            raise usage_error(f"--out: {err}") from None
     with recorded(run, console, saved=lambda: "every finished chunk", resumable=True):
         _groups(out, doc, model, quick, episodes, split, group_size, seed, chunk, estimator)
 
@@ -131,8 +169,9 @@ def _seeds(text: str) -> list[int]:
 
 
 def train_cmd(
-    out: Path = typer.Option(Path("runs/weft-train"), "--out", help="Run folder (one sub-folder per grouping and "
-                                                                   "seed)." + OUT_HELP_SUFFIX + " Other --seeds or "
+    out: Path = typer.Option(None, "--out", show_default=False,
+                             help="Run folder, one sub-folder per grouping and seed (default runs/weft-train; with "
+                                  "--quick runs/weft-train-quick)." + OUT_HELP_SUFFIX + " Other --seeds or "
                                                                    "--grouping add to it: finished (grouping, seed) "
                                                                    "runs of the same settings are kept."),
     grouping: str = typer.Option("both", "--grouping", help="atomic, trajectory or both."),
@@ -146,8 +185,10 @@ def train_cmd(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the run in --out (every run again)."),
     resume: bool = typer.Option(False, "--resume", hidden=True, help="Kept for old scripts: resuming is the default "
                                                                      "(the run-folder rule)."),
-    jobs: int = typer.Option(2, "--jobs", help="Runs at once (worker processes, one thread each), >= 1; the "
-                                               "numbers do not depend on it."),
+    jobs: int = typer.Option(None, "--jobs", show_default=False,
+                             help="Runs at once (worker processes, one thread each), 1 to the CPUs available "
+                                  "(default 2, at most the CPUs); the numbers do not depend on it. Not with "
+                                  "--parallel."),
     parallel: str = typer.Option(None, "--parallel", help="Data-parallel GRPO under torchrun: 'ddp' or 'fsdp2' (e.g. "
                                                          "torchrun --nproc-per-node 2 -m treadle weft train --parallel "
                                                          "ddp; fsdp2 gathers the policy for the rollouts); "
@@ -170,8 +211,13 @@ def train_cmd(
         raise usage_error(f"--steps must be >= 1, got {steps}")
     if eval_episodes is not None and eval_episodes < 1:
         raise usage_error(f"--eval-episodes must be >= 1, got {eval_episodes}")
-    if jobs < 1:
-        raise usage_error(f"--jobs must be >= 1, got {jobs}")
+    cpus = _cpus()
+    if jobs is not None and not 1 <= jobs <= cpus:  # more worker processes than CPUs only slows every run down
+        raise usage_error(f"--jobs must be in 1..{cpus} (the CPUs available; each run is one single-thread "
+                          f"process), got {jobs}")
+    if jobs is not None and parallel is not None:
+        raise usage_error(f"--jobs is not used with --parallel {parallel} (the runs go one after another over the "
+                          f"ranks); drop one of them")
     if checkpoint_every < 1:
         raise usage_error(f"--checkpoint-every must be >= 1, got {checkpoint_every}")
     if kl_coef is not None and not 0 <= kl_coef < float("inf"):
@@ -181,7 +227,10 @@ def train_cmd(
     if overwrite and resume:
         raise usage_error("--overwrite and --resume exclude each other (--resume is the default: a run of the same "
                           "settings in --out is continued)")
+    jobs = jobs if jobs is not None else min(2, cpus)
     seed_list = _seeds(seeds)
+    out = _default_out(out, "weft-train", quick)
+    _check_model(model)
     groupings = ("atomic", "trajectory") if grouping == "both" else (grouping,)
     from treadle.weft.rl.train import WeftTrainConfig
 

@@ -32,7 +32,8 @@ from treadle.models.tiny import (TinyLMConfig, TrainResult, _build_model, _clean
                                  check_checkpoint, pinned_threads)
 
 __all__ = ["ToolTrainConfig", "TOOLS_SLOT", "tool_slot", "train_tool_policy", "load_tool_model", "evaluate_policy",
-           "gold_episodes", "recipe_fingerprint", "RECIPE_FILE"]
+           "gold_episodes", "recipe_fingerprint", "RECIPE_FILE", "ToolModelError", "check_tool_model",
+           "check_tool_tokenizer"]
 
 TOOLS_SLOT = "tiny-qwen3-tools"
 RECIPE_FILE = "tool_recipe.json"
@@ -283,6 +284,78 @@ def _train_and_save(cfg: ToolTrainConfig, dest: Path, progress: bool, console) -
     return TrainResult(dest, acc, seconds, n_params, ema)
 
 
+class ToolModelError(ValueError):
+    """A checkpoint cannot be the tool policy: its tokenizer lacks what the sampler, the chat rendering or the
+    update need (pad / eos token, chat template), or the model is not a causal LM of a large enough vocabulary.
+    The message says what is missing."""
+
+
+# one conversation of the shapes the tool policy renders: user, assistant call, tool result, assistant answer
+_PROBE = [{"role": "user", "content": "Find customer ada@example.com"},
+          {"role": "assistant", "content": '<tool_call>{"name": "find_customer", "arguments": {}}</tool_call>'},
+          {"role": "tool", "content": '{"id": 1}'},
+          {"role": "assistant", "content": "done"}]
+
+
+def check_tool_tokenizer(tok) -> None:
+    """Raise :class:`ToolModelError` unless ``tok`` has what the tool policy uses: a pad token (left padding of
+    the sampler's batches and the update's), an eos token that ends the assistant turns the chat template
+    renders (the sampler stops on it, :func:`~treadle.weft.rollouts.tokens.tokenize_conversation` cuts turns at
+    it), and a chat template that renders user, assistant and ``tool`` messages, with a generation prompt."""
+    missing = []
+    if tok.pad_token_id is None:
+        missing.append("no pad token (the sampler left-pads its batches; set tokenizer.pad_token, e.g. to the eos "
+                       "token, and save it again)")
+    if tok.eos_token_id is None or not tok.eos_token:
+        missing.append("no eos token (the sampler stops an assistant step on it)")
+    if not getattr(tok, "chat_template", None):
+        missing.append("no chat template (the conversations are rendered with it; tokenizer_config.json has no "
+                       "chat_template)")
+    if missing:
+        raise ToolModelError("the tokenizer has " + "; ".join(missing))
+    try:
+        text = tok.apply_chat_template(_PROBE, tokenize=False, add_generation_prompt=False)
+        tok.apply_chat_template(_PROBE[:3], tokenize=False, add_generation_prompt=True)
+    except Exception as err:  # jinja errors (e.g. a template that refuses the 'tool' role) are not one class
+        raise ToolModelError(f"the chat template cannot render a tool conversation (user, assistant, tool "
+                             f"messages): {type(err).__name__}: {' '.join(str(err).split())}") from None
+    if tok.eos_token not in text:
+        raise ToolModelError(f"the chat template does not end assistant turns with the eos token "
+                             f"{tok.eos_token!r} (the sampler stops on it)")
+
+
+def check_tool_model(path: str | os.PathLike) -> None:
+    """Check a checkpoint folder as the tool policy WITHOUT loading its weights: the folder
+    (:func:`treadle.models.tiny.check_checkpoint`), a causal-LM config whose vocabulary holds every token id of
+    the tokenizer, and the tokenizer (:func:`check_tool_tokenizer`). Cheap: meant before any run folder is
+    written.
+
+    Raises:
+        FileNotFoundError / CheckpointError: as :func:`~treadle.models.tiny.check_checkpoint`.
+        ToolModelError: what the model or its tokenizer lacks.
+    """
+    from transformers import AutoConfig, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    p = Path(path).expanduser()
+    check_checkpoint(p)
+    try:
+        config = AutoConfig.from_pretrained(p)
+    except (OSError, ValueError, KeyError) as err:
+        raise ToolModelError(f"config.json cannot be read as a model config: {' '.join(str(err).split())}") from None
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ToolModelError(f"model type {config.model_type!r} is not a causal language model")
+    try:
+        tok = AutoTokenizer.from_pretrained(p)
+    except (OSError, ValueError, TypeError) as err:
+        raise ToolModelError(f"no usable tokenizer in the folder: {' '.join(str(err).split())}") from None
+    check_tool_tokenizer(tok)
+    vocab = getattr(config.get_text_config() if hasattr(config, "get_text_config") else config, "vocab_size", None)
+    if isinstance(vocab, int) and len(tok) > vocab:
+        raise ToolModelError(f"the tokenizer has {len(tok)} tokens but the model's vocabulary only {vocab} "
+                             f"(ids beyond it have no embedding)")
+
+
 def load_tool_model(path: str | os.PathLike | None = None, *, train_if_missing: bool = True,
                     config: ToolTrainConfig | None = None, console=None, progress: bool = False,
                     name: str = TOOLS_SLOT):
@@ -293,6 +366,7 @@ def load_tool_model(path: str | os.PathLike | None = None, *, train_if_missing: 
     Raises:
         FileNotFoundError: no checkpoint and ``train_if_missing`` is False.
         CheckpointError and subclasses: see :func:`treadle.models.tiny.check_checkpoint`.
+        ToolModelError: ``path``'s model or tokenizer lacks what the tool policy needs (:func:`check_tool_model`).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -308,7 +382,8 @@ def load_tool_model(path: str | os.PathLike | None = None, *, train_if_missing: 
             train_tool_policy(cfg, p, force=True, console=console, progress=progress)
     else:
         p = Path(path).expanduser()
-        check_checkpoint(p)
+        check_tool_model(p)
     model = AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(p)
+    check_tool_tokenizer(tok)
     return model.eval(), tok

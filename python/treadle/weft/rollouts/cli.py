@@ -1,7 +1,9 @@
 """``treadle weft sample``: prefix-preserving (and end-to-end) rejection sampling into a run folder.
 
-Bad input is one line naming the flag, exit code 2, before any rollout; a rerun on the same run
-folder resumes. Writes ``config.json``, ``trajectories.jsonl``, ``metrics.jsonl``, ``summary.png`` and, with
+Bad input is one line naming the flag, exit code 2, before any rollout. The run folder follows the rule of
+every command (:mod:`treadle.run_dirs`: ``run.json`` records the version, commit, command line, times and
+machine; a rerun of the same settings resumes, another config is refused, ``--overwrite`` replaces it).
+Writes ``run.json``, ``config.json``, ``trajectories.jsonl``, ``metrics.jsonl``, ``summary.png`` and, with
 ``--sft``, ``sft.jsonl`` (TRL ``SFTTrainer`` conversational format: ``messages`` + ``tools``).
 """
 from __future__ import annotations
@@ -9,8 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from treadle.cli_runs import usage_exit
+from typer import _click as click  # typer vendors click
+
 from treadle.cli_output import make_console
+from treadle.cli_runs import OUT_HELP_SUFFIX, open_run, recorded, usage_error, usage_exit
 
 app = typer.Typer(help="WEFT rollouts: rejection sampling of SFT trajectories.", add_completion=False)
 console = make_console()
@@ -29,18 +33,31 @@ def _fail(flag: str, msg: str) -> None:
     usage_exit(f"{flag}: {msg}")
 
 
+def _pydantic_msg(e: dict) -> str:
+    """A pydantic error's message without the ``Value error, `` prefix pydantic puts before a validator's text."""
+    msg = str(e["msg"])
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(prefix):
+            return msg[len(prefix):]
+    return msg
+
+
 @app.command("sample")
 def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
                                               help="Run folder (same as --out; kept for scripts)."),
                out: Path = typer.Option(None, "--out", "--run-dir", show_default=False,
-                                        help="Run folder (created; a rerun resumes). Default: runs/weft-sample."),
+                                        help="Run folder (default runs/weft-sample)." + OUT_HELP_SUFFIX),
+               overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run of other settings in the "
+                                                                        "run folder (deleting it)."),
                env: str = typer.Option("shop", "--env", help="Environment (tasks): shop | bfcl (BFCL v4 multi-turn, "
                                                            "single-class entries; needs bfcl-eval)."),
                bfcl_category: str = typer.Option("base", "--bfcl-category", help="BFCL multi-turn category (--env bfcl)."),
                bfcl_limit: int = typer.Option(None, "--bfcl-limit", show_default=False,
                                               help="At most this many BFCL entries (--env bfcl; default all eligible)."),
                view: str = typer.Option("agentic", "--view", help="agentic | simuser | simuser-llm (an LLM user: --llm-config)."),
-               disclosure: str = typer.Option("full", "--disclosure", help="SimUser disclosure: vague | partial | full."),
+               disclosure: str = typer.Option(None, "--disclosure", show_default=False,
+                                              help="SimUser disclosure: vague | partial | full (default full; "
+                                                   "--view simuser or simuser-llm)."),
                harness: str = typer.Option("hermes", "--harness", help="hermes | react | native | openclaw."),
                openclaw_workspace: Path | None = typer.Option(None, "--openclaw-workspace",
                                                               help="openclaw harness: folder of bootstrap files "
@@ -53,11 +70,14 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
                seed: int = typer.Option(0, "--seed"),
                concurrency: int = typer.Option(4, "--concurrency", help="Rollouts in flight."),
                llm_config: Path | None = typer.Option(None, "--llm-config", help="treadle.llm config (llm policy)."),
-               role: str = typer.Option("policy", "--role", help="Role of the llm config to sample from."),
-               user_role: str = typer.Option("user", "--user-role", help="Role of the llm config that plays the "
-                                                                          "user (--view simuser-llm)."),
-               sft: bool = typer.Option(True, "--sft/--no-sft", help="Also write accepted prefix trajectories "
-                                                                     "as sft.jsonl."),
+               role: str = typer.Option(None, "--role", show_default=False,
+                                        help="Role of the llm config to sample from (--policy llm; default policy)."),
+               user_role: str = typer.Option(None, "--user-role", show_default=False,
+                                             help="Role of the llm config that plays the user (--view simuser-llm; "
+                                                  "default user)."),
+               sft: bool = typer.Option(None, "--sft/--no-sft", show_default=False,
+                                        help="Also write accepted prefix trajectories as sft.jsonl (default on; "
+                                             "needs --method prefix)."),
                ray: str = typer.Option(None, "--ray", help="Run the rollouts on Ray actors: auto (the running "
                                                            "cluster), local, ray://HOST:PORT or HOST:PORT "
                                                            "(needs Ray, the ray extra; same trajectories)."),
@@ -94,8 +114,21 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
         _fail("--bfcl-category" if bfcl_category != "base" else "--bfcl-limit", f"only with --env bfcl (--env is {env!r})")
     if bfcl_limit is not None and not 1 <= bfcl_limit <= 10_000:
         _fail("--bfcl-limit", f"expected an int in [1, 10000], got {bfcl_limit}")
-    if disclosure not in DISCLOSURES:
+    if disclosure is not None and disclosure not in DISCLOSURES:
         _fail("--disclosure", f"expected one of {list(DISCLOSURES)}, got {disclosure!r}")
+    # options that the other settings would ignore are errors, not silently dropped
+    if role is not None and policy != "llm":
+        _fail("--role", f"ignored here: the role is the llm policy's model (--policy llm); --policy is {policy!r}")
+    if user_role is not None and view != "simuser-llm":
+        _fail("--user-role", f"ignored here: the user role plays the user in --view simuser-llm; --view is {view!r}")
+    if disclosure is not None and view == "agentic":
+        _fail("--disclosure", "ignored here: the agentic view gives the whole brief up front; disclosure levels "
+                              "apply to --view simuser and simuser-llm")
+    if sft and "prefix" not in method:
+        _fail("--sft", f"sft.jsonl holds accepted prefix trajectories; --method is {method} (add --method prefix "
+                       f"or drop --sft)")
+    role, user_role = role or "policy", user_role or "user"
+    disclosure, sft = disclosure or "full", ("prefix" in method) if sft is None else sft
     if ray_workers is not None and ray is None:
         _fail("--ray-workers", "only with --ray")
     if ray is not None:
@@ -157,14 +190,15 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
                            concurrency=concurrency)
     except ValidationError as err:
         e = err.errors()[0]
-        _fail("--" + str(e["loc"][0]).rstrip("s").replace("_", "-"), e["msg"])
+        _fail("--" + str(e["loc"][0]).rstrip("s").replace("_", "-"), _pydantic_msg(e))
     if env == "bfcl":
         try:
             from treadle.weft.rollouts.bfcl_tasks import from_bfcl
 
             base_tasks = from_bfcl(bfcl_category, limit=bfcl_limit, disclosure=disclosure)
         except ModuleNotFoundError as err:
-            _fail("--env", f"bfcl needs the bfcl-eval package (pip install --no-deps bfcl-eval): {err}")
+            _fail("--env", f"bfcl needs the bfcl-eval package, not installed here ({err.name or err}): "
+                           f"pip install --no-deps bfcl-eval")
         except ValueError as err:
             _fail("--bfcl-category", str(err))
     else:
@@ -173,9 +207,33 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
         tasks = replicate(base_tasks, replicas)
     except ValidationError as err:
         e = err.errors()[0]
-        _fail("--" + str(e["loc"][0]).rstrip("s").replace("_", "-"), e["msg"])
+        _fail("--" + str(e["loc"][0]).rstrip("s").replace("_", "-"), _pydantic_msg(e))
     except ValueError as err:
         _fail("--replicas", str(err))
+    # the run-folder rule (run.json): what changes the trajectories is the config; concurrency may change
+    run_config = {**cfg.model_dump(mode="json"), "env": env, "disclosure": disclosure, "replicas": replicas,
+                  **({"bfcl_category": bfcl_category, "bfcl_limit": bfcl_limit} if env == "bfcl" else {})}
+    try:
+        run = open_run(run_dir, command="weft sample", config=run_config, overwrite=overwrite, ignore=("concurrency",))
+    except click.exceptions.UsageError as err:  # names --out (RUN_DIR is its positional form)
+        usage_exit(err.message)
+
+    if llm_roles:  # the endpoints answer, before the run folder is touched
+        from treadle.llm import LLMClient
+        from treadle.llm.backends import EndpointError
+
+        async def probe():
+            async with LLMClient(llm_cfg) as probe_client:
+                for _, r in llm_roles:
+                    try:
+                        await probe_client.probe(r)
+                    except EndpointError as err:
+                        return f"role {r!r}: {err}".replace("\n", " ")
+            return None
+
+        bad = anyio.run(probe)
+        if bad is not None:
+            _fail("--llm-config", bad)
 
     async def go():
         on_ray = {"ray_address": ray, "ray_workers": ray_workers, "llm_config": llm_cfg} if ray is not None else {}
@@ -183,34 +241,34 @@ def sample_cmd(run_dir: Path = typer.Argument(None, show_default=False,
             return await sample_async(run_dir, tasks, cfg, console=console, **on_ray)
         from treadle.llm import LLMClient
 
-        from treadle.llm.backends import EndpointError
-
-        async with LLMClient(llm_cfg) as probe_client:  # before the run folder is touched
-            for _, r in llm_roles:
-                try:
-                    await probe_client.probe(r)
-                except EndpointError as err:
-                    _fail("--llm-config", f"role {r!r}: {err}".replace("\n", " "))
         async with LLMClient(llm_cfg, cache=run_dir / "llm_cache.sqlite",
                              ledger=run_dir / "llm_ledger.jsonl") as client:
             return await sample_async(run_dir, tasks, cfg, client=client, console=console, **on_ray)
     try:
-        trs = anyio.run(go)
-    except ConnectionError as err:
-        from treadle.ray_cluster import no_cluster_message
+        # usage errors found once the run started (no Ray cluster, bad component arguments) are recorded in
+        # run.json as refused (the corrected command may reuse the folder), then printed as one line
+        with recorded(run, console, saved=lambda: f"every finished rollout ({run_dir / 'trajectories.jsonl'})",
+                      resumable=True):
+            try:
+                trs = anyio.run(go)
+            except ConnectionError as err:
+                from treadle.ray_cluster import no_cluster_message
 
-        _fail("--ray", no_cluster_message(ray, err))
-    except (ConfigMismatchError, RunDirError) as err:
-        _fail(dir_flag, str(err))
-    except DependencyCycleError as err:
-        _fail("--env", str(err))
-    except ValueError as err:  # component arguments, raised before any rollout
-        msg = str(err)
-        _fail("--rate" if "perturbation" in msg else "--role" if "role" in msg else "--policy", msg)
-    rows = summarize(trs)
-    write_jsonl(rows, run_dir / "metrics.jsonl")
-    print_table(rows, console)
-    plot_summary(rows, run_dir / "summary.png")
-    if sft:
-        n = write_sft([t for t in trs if t.accepted and t.method == "prefix"], run_dir / "sft.jsonl")
-        console.print(f"{n} accepted trajectories -> {run_dir / 'sft.jsonl'}")
+                raise usage_error(f"--ray: {no_cluster_message(ray, err)}") from None
+            except (ConfigMismatchError, RunDirError) as err:
+                raise usage_error(f"{dir_flag}: {err}") from None
+            except DependencyCycleError as err:
+                raise usage_error(f"--env: {err}") from None
+            except ValueError as err:  # component arguments, raised before any rollout
+                msg = str(err)
+                flag = "--rate" if "perturbation" in msg else "--role" if "role" in msg else "--policy"
+                raise usage_error(f"{flag}: {msg}") from None
+            rows = summarize(trs)
+            write_jsonl(rows, run_dir / "metrics.jsonl")
+            print_table(rows, console)
+            plot_summary(rows, run_dir / "summary.png")
+            if sft:
+                n = write_sft([t for t in trs if t.accepted and t.method == "prefix"], run_dir / "sft.jsonl")
+                console.print(f"{n} accepted trajectories -> {run_dir / 'sft.jsonl'}")
+    except click.exceptions.UsageError as err:
+        usage_exit(err.message)
