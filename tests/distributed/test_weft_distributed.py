@@ -25,16 +25,19 @@ KL = {**CFG, "kl_coef": 0.5}
 TOL = dict(rtol=1e-6, atol=1e-7)
 
 
-def assert_same_training(got: dict, ref: dict, label) -> None:
+def assert_same_training(got: dict, ref: dict, label, *, loose: dict | None = None) -> None:
     """A run's trained parameters (within TOL), evaluations (equal) and step records (within 1e-6 rel.)
-    equal the reference run's (also used by test_weft_resume_distributed.py)."""
+    equal the reference run's (also used by test_weft_resume_distributed.py). ``loose``: record keys with
+    their own absolute tolerance (``approx_kl`` is a mean of float32 differences of nearly equal
+    log-probabilities: rank-local padding widths move it by ~1e-8 absolute)."""
     for n, p in ref["params"].items():
         torch.testing.assert_close(got["params"][n], p, **TOL, msg=lambda m, n=n: f"{n}: {m}")
     assert got["evals"] == ref["evals"]
+    loose = loose or {}
     for a, b in zip(got["records"], ref["records"], strict=True):
         assert a.keys() == b.keys()
         for k in a:
-            assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9), (label, k)
+            assert a[k] == pytest.approx(b[k], rel=1e-6, abs=loose.get(k, 1e-9)), (label, k)
 
 
 def _policy():
@@ -204,7 +207,7 @@ def test_kl_penalty_on_two_ranks_matches_one_process(single, ranks):
     moved = max(float((one["params"][n] - p).abs().max()) for n, p in off["params"].items())
     assert moved > 1e-4  # the penalty changes the trained policy by far more than TOL
     for r in ranks:
-        assert_same_training(r["kl"], one, "kl")
+        assert_same_training(r["kl"], one, "kl", loose={"approx_kl": 1e-7})
 
 
 def _fsdp2_worker():
@@ -254,4 +257,4 @@ def test_fsdp2_kl_penalty_matches_one_process(single, fsdp2_ranks):
     """FSDP2 with ``kl_coef > 0``: the reference is copied before sharding (a whole frozen replica per rank,
     no collective in its forwards); the result is the one process's."""
     for r in fsdp2_ranks:
-        assert_same_training(r["kl"], single["kl"], "kl")
+        assert_same_training(r["kl"], single["kl"], "kl", loose={"approx_kl": 1e-7})
