@@ -334,15 +334,24 @@ def calibrate(names: list[str], passes: int, rounds: int, round_ms: float, path:
         meds = [round(r[name]["ratio"], 3) for r in runs]
         c = BY_NAME[name]
         min_ratio, spread, margin = threshold_from(meds, c.kind)
-        checks[name] = {"kind": c.kind, "treadle": c.ours, "peer": c.peer, "min_ratio": min_ratio,
-                        "calibration": {"medians": meds, "spread": spread, "margin": margin, "rounds": rounds,
-                                        "round_ms": round_ms,
-                                        "clock": [k for k, v in CLOCKS.items() if v is _clock][0],
-                                        "load_avg_1min": [round(x, 1) for x in load],  # before, after
-                                        **machine()}}
+        cal = {"medians": meds, "spread": spread, "margin": margin, "rounds": rounds, "round_ms": round_ms,
+               "clock": [k for k, v in CLOCKS.items() if v is _clock][0],
+               "load_avg_1min": [round(x, 1) for x in load],  # before, after
+               "min_ratio": min_ratio, **machine()}
+        # one calibration per CPU model (the newest of each); the threshold is the lowest of them, so the
+        # guard holds on every CPU it was calibrated on (ratios against a peer differ between CPUs)
+        prev = old.get(name, {})
+        cals = [x for x in prev.get("calibrations", [prev["calibration"]] if "calibration" in prev else [])
+                if x.get("cpu") != cal["cpu"]] + [cal]
+        for x in cals:  # entries written before per-CPU calibrations hold min_ratio beside them
+            x.setdefault("min_ratio", threshold_from(x["medians"], c.kind)[0])
+        checks[name] = {"kind": c.kind, "treadle": c.ours, "peer": c.peer,
+                        "min_ratio": min(x["min_ratio"] for x in cals), "calibration": cal, "calibrations": cals}
     doc = ("ratio = peer / treadle (time: median over interleaved rounds; memory: naive peak / treadle peak). "
-           "min_ratio = min(calibration medians) * (1 - margin), margin = max(floor, 2 * spread), spread = "
-           "(max - min) / median of the calibration medians, floor 0.15 (time) / 0.35 (memory). "
+           "Per calibration (one per CPU model, in 'calibrations'; 'calibration' is the newest): min_ratio = "
+           "min(calibration medians) * (1 - margin), margin = max(floor, 2 * spread), spread = "
+           "(max - min) / median of the calibration medians, floor 0.15 (time) / 0.35 (memory); a check's "
+           "min_ratio is the lowest over its CPUs. "
            "Recalibrate with `python bench/guard.py --calibrate 3` on an idle machine; see bench/guard.py.")
     path.write_text(json.dumps({"_doc": doc, "checks": checks}, indent=1) + "\n")
     return checks
