@@ -81,10 +81,10 @@ def test_cli_reports_kept_and_dropped_with_reasons(tmp_path):
     rows += [{"task": "broken", "judge": "great", "executable": 1}] * 9
     p = tmp_path / "scores.jsonl"
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    res = CliRunner().invoke(app, ["weft", "filter", "--scores", str(p), "--out", str(tmp_path / "d.jsonl")])
+    res = CliRunner().invoke(app, ["weft", "filter", "--scores", str(p), "--out", str(tmp_path / "d")])
     assert res.exit_code == 0, res.output
     assert "kept 1 of 3 tasks" in res.output and "evaluator attribution" in res.output
-    got = {json.loads(x)["task"]: json.loads(x) for x in (tmp_path / "d.jsonl").read_text().splitlines()}
+    got = {json.loads(x)["task"]: json.loads(x) for x in (tmp_path / "d" / "filter.jsonl").read_text().splitlines()}
     assert got["good"]["kept"] and not got["noisy"]["kept"] and got["broken"]["reasons"][0].startswith("malformed")
     p.write_text("not json\n")
     res = CliRunner().invoke(app, ["weft", "filter", "--scores", str(p)])

@@ -203,9 +203,10 @@ def test_cli_judges_pilots_and_filters(fake, pilot_run, tmp_path):
     assert "kept 2 of 6 tasks" in r.output and "1 malformed or failed judge answers" in r.output
     # the recorded scores filter again offline, to the same decisions
     r2 = CliRunner().invoke(app, ["weft", "filter", "--scores", str(out / "judge-scores.jsonl"),
-                                  "--out", str(tmp_path / "again.jsonl")])
+                                  "--out", str(tmp_path / "again")])
     assert r2.exit_code == 0, r2.output
-    again = {x["task"]: x["kept"] for x in map(json.loads, (tmp_path / "again.jsonl").read_text().splitlines())}
+    again = (tmp_path / "again" / "filter.jsonl").read_text().splitlines()  # --out is a run folder
+    again = {x["task"]: x["kept"] for x in map(json.loads, again)}
     assert again == {t: x["kept"] for t, x in d.items()}
 
 

@@ -63,7 +63,7 @@ def test_bad_revisions_are_refused_before_any_work(tmp_path, run):
         res = CliRunner().invoke(app, ["weft", "reverify", "--run", str(d), "--revision", str(p)])
         assert res.exit_code == 2 and "--revision" in res.output and len(res.output.strip().splitlines()) == 1, \
             (name, res.output)
-    assert not list(d.glob("reverify-*.jsonl"))
+    assert not list(d.glob("reverify-*"))  # no run folder made, nothing written
     res = CliRunner().invoke(app, ["weft", "reverify", "--run", str(tmp_path), "--revision", str(p)])
     assert res.exit_code == 2 and "--run" in res.output
 
@@ -72,7 +72,9 @@ def test_cli_writes_the_rescores(tmp_path, run):
     d, trajs = run
     p = tmp_path / "rev.json"
     p.write_text(json.dumps({"version": "v3", "checkpoints": {CLOSE: {"forbidden_tools": []}}}))
-    res = CliRunner().invoke(app, ["weft", "reverify", "--run", str(d), "--revision", str(p), "--out", str(tmp_path)])
+    out = tmp_path / "rv"  # a run folder (run.json + reverify-<version>.jsonl); default <run>/reverify-<version>/
+    res = CliRunner().invoke(app, ["weft", "reverify", "--run", str(d), "--revision", str(p), "--out", str(out)])
     assert res.exit_code == 0, res.output
-    lines = (tmp_path / "reverify-v3.jsonl").read_text().splitlines()
+    assert json.loads((out / "run.json").read_text())["status"] == "finished"
+    lines = (out / "reverify-v3.jsonl").read_text().splitlines()
     assert len(lines) == len(trajs) and json.loads(lines[0])["verifier_version"] == "v3"

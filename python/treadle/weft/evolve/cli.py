@@ -1,8 +1,17 @@
 """``treadle weft reverify | synth | evolve | filter | judge``: the WEFT evolution commands (see each command's help).
 
 Bad input is one line naming the flag, exit code 2, before any work (reverify only reads its run folder).
+Every command that writes results follows the run-folder rule (:mod:`treadle.run_dirs`): its ``--out`` holds a
+``run.json`` (version, commit, command line, machine, times, status, and the config: the SHA-256 of each input file
+plus the options); a finished run of the same config is shown again without recomputing, another config is refused
+(one line naming --out, the differences listed, exit 2, nothing touched), ``--overwrite`` replaces it.
+
 ``reverify`` writes ``reverify-<version>.jsonl`` (one :class:`~treadle.weft.evolve.reverify.Rescore` per trajectory)
-into ``--out`` (default: the run folder) and prints old vs new rewards. ``synth`` writes the synthesised artefacts (and, when accepted, ``server.py``: the tool layer the runtime serves, see :mod:`~treadle.weft.evolve.synth_serve`) and ``evolve`` the rounds (JSONL) and a PNG into ``--out``.
+into ``--out`` (default: ``<run>/reverify-<version>/``) and prints old vs new rewards. ``judge`` writes
+``judge-scores.jsonl``, ``filter.jsonl`` and the LLM cache and ledger into ``--out`` (default: ``<run>/judge/``);
+``filter`` writes ``filter.jsonl`` into ``--out`` when given (a folder; without it only the table is printed).
+``synth`` writes the synthesised artefacts (and, when accepted, ``server.py``: the tool layer the runtime serves, see
+:mod:`~treadle.weft.evolve.synth_serve`) and ``evolve`` the rounds (JSONL) and a PNG into ``--out``.
 """
 from __future__ import annotations
 
@@ -40,15 +49,45 @@ def _shown(run, what: str) -> bool:
     return True
 
 
+def _sha256(path: Path) -> str:
+    """SHA-256 hex of a file's bytes (an input the run's results depend on; recorded in its run.json config)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _stored(out: Path, name: str, model) -> list:
+    """The records of ``out/name`` (a finished run's results, shown again); exits 2 naming --out when the file is
+    missing or unreadable (then only --overwrite redoes the run)."""
+    from pydantic import ValidationError
+
+    try:
+        lines = (out / name).read_text(encoding="utf-8").splitlines()
+        return [model.model_validate_json(x) for x in lines if x.strip()]
+    except (OSError, UnicodeDecodeError, ValidationError) as err:
+        _fail("--out", f"{str(out)!r} holds a finished run whose {name} is missing or unreadable "
+                       f"({str(err).splitlines()[0]}); add --overwrite to run it again")
+
+
 def reverify_cmd(run: Path = typer.Option(..., "--run", help="A `treadle weft sample` run folder."),
                  revision: Path = typer.Option(..., "--revision", help="Verifier revision JSON: "
                                                "{version, checkpoints: {name: {field: value}}}."),
-                 out: Path = typer.Option(None, "--out", help="Where reverify-<version>.jsonl goes (default: --run).")
-                 ) -> None:
+                 out: Path = typer.Option(None, "--out", show_default=False,
+                                          help="Run folder for reverify-<version>.jsonl and run.json (default: "
+                                               "<--run>/reverify-<version>/; the config is the SHA-256 of the "
+                                               "trajectories and the revision file)." + OUT_HELP_SUFFIX),
+                 overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run of other settings in --out "
+                                                                           "(deleting it).")) -> None:
     """Re-score stored rollouts with a revised verifier: recorded calls are replayed, no policy is called."""
+    import re
+
     import anyio
 
-    from treadle.weft.evolve.reverify import load_revision, reverify
+    from treadle.weft.evolve.reverify import Rescore, load_revision, reverify
     from treadle.weft.rollouts.batch import ENVS, TRAJECTORIES, read_trajectories
     from treadle.weft.rollouts.tasks import from_shop
 
@@ -63,18 +102,27 @@ def reverify_cmd(run: Path = typer.Option(..., "--run", help="A `treadle weft sa
         rev = load_revision(revision, [a.name for t in tasks for a in t.atomic])
     except ValueError as err:
         _fail("--revision", str(err))
-    dest = Path(out) if out is not None else Path(run)
-    if dest.exists() and not dest.is_dir():
-        _fail("--out", f"{str(dest)!r} is a file, expected a folder")
-    rows = anyio.run(lambda: reverify(trajs, tasks, rev, ENVS))
-    dest.mkdir(parents=True, exist_ok=True)
-    target = dest / f"reverify-{rev.version}.jsonl"
-    tmp = target.with_suffix(".tmp")
-    tmp.write_text("".join(r.model_dump_json() + "\n" for r in rows), encoding="utf-8")
-    tmp.replace(target)
+    tag = re.sub(r"[^A-Za-z0-9._-]", "-", rev.version)  # a folder and file name, whatever the version says
+    dest = Path(out) if out is not None else Path(run) / f"reverify-{tag}"
+    target = dest / f"reverify-{tag}.jsonl"
+    runf = _open(dest, "weft reverify", {"trajectories_sha256": _sha256(path), "revision_sha256": _sha256(revision),
+                                         "verifier_version": rev.version}, overwrite)
+    if _shown(runf, "re-scoring run"):
+        _print_rescores(_stored(dest, target.name, Rescore), rev.version, target)
+        return
+    with recorded(runf, console, saved=lambda: "nothing (the re-scores are written at the end)"):
+        rows = anyio.run(lambda: reverify(trajs, tasks, rev, ENVS))
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text("".join(r.model_dump_json() + "\n" for r in rows), encoding="utf-8")
+        tmp.replace(target)
+        _print_rescores(rows, rev.version, target)
+
+
+def _print_rescores(rows, version: str, target: Path) -> None:
+    """``weft reverify``'s table (old vs new rewards per trajectory) and the changed count."""
     from rich.table import Table
 
-    t = Table(title=f"re-scored with verifier {rev.version} ({len(rows)} trajectories, no new rollouts)")
+    t = Table(title=f"re-scored with verifier {version} ({len(rows)} trajectories, no new rollouts)")
     for col in ("task", "old r_k", "new r_k", "old R", "new R"):
         t.add_column(col)
     for r in rows:
@@ -397,12 +445,23 @@ def filter_cmd(scores: Path = typer.Option(..., "--scores", help="JSONL, one pil
                min_spearman: float = typer.Option(0.5, "--min-spearman", min=-1, max=1),
                min_rollouts: int = typer.Option(8, "--min-rollouts", min=3),
                confidence: float = typer.Option(0.95, "--confidence", min=0.5, max=0.999),
-               out: Path = typer.Option(None, "--out", help="Write the decisions as JSONL here.")) -> None:
+               out: Path = typer.Option(None, "--out", show_default=False,
+                                        help="Run folder for the decisions (filter.jsonl) and run.json (default: "
+                                             "none, the table is only printed). A path ending in .jsonl (the "
+                                             "old one-file form) is refused: give a folder. The config is the "
+                                             "SHA-256 of --scores and the thresholds." + OUT_HELP_SUFFIX),
+               overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run of other settings in --out "
+                                                                         "(deleting it).")) -> None:
     """RL task filtering: keep tasks whose judge and executable scores agree (Pearson and Spearman, with CIs)."""
     import json
 
-    from treadle.weft.evolve.filtering import FilterConfig, filter_tasks
+    from treadle.weft.evolve.filtering import FilterConfig, FilterDecision, filter_tasks
 
+    if out is not None and Path(out).suffix.lower() == ".jsonl" and not Path(out).is_dir():
+        _fail("--out", f"{str(out)!r} names a file; --out is a run folder (filter.jsonl and run.json go inside): "
+                       f"give a folder, e.g. --out {str(Path(out).with_suffix(''))!r}")
+    if overwrite and out is None:
+        _fail("--overwrite", "only with --out (without it nothing is written)")
     try:
         lines = Path(scores).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as err:
@@ -426,13 +485,22 @@ def filter_cmd(scores: Path = typer.Option(..., "--scores", help="JSONL, one pil
         _fail("--scores", f"{str(scores)!r} holds no pilot rollouts")
     cfg = FilterConfig(min_pearson=min_pearson, min_spearman=min_spearman, min_rollouts=min_rollouts,
                        confidence=confidence)
-    decisions = filter_tasks({t: (("missing",) if t in bad else j, e) for t, (j, e) in per.items()}, cfg)
-    if out is not None:
-        if out.exists() and out.is_dir():
-            _fail("--out", f"{str(out)!r} is a folder, expected a file path")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("".join(d.model_dump_json() + "\n" for d in decisions), encoding="utf-8")
-    _print_decisions(decisions, cfg, bad)
+    if out is None:  # nothing written: no run folder
+        _print_decisions(filter_tasks({t: (("missing",) if t in bad else j, e) for t, (j, e) in per.items()}, cfg),
+                         cfg, bad)
+        return
+    run = _open(Path(out), "weft filter", {"scores_sha256": _sha256(scores), "min_pearson": min_pearson,
+                                           "min_spearman": min_spearman, "min_rollouts": min_rollouts,
+                                           "confidence": confidence}, overwrite)
+    if _shown(run, "filter run"):
+        _print_decisions(_stored(Path(out), "filter.jsonl", FilterDecision), cfg, bad)
+        return
+    with recorded(run, console, saved=lambda: "nothing (the decisions are written at the end)"):
+        decisions = filter_tasks({t: (("missing",) if t in bad else j, e) for t, (j, e) in per.items()}, cfg)
+        (Path(out) / "filter.jsonl").write_text("".join(d.model_dump_json() + "\n" for d in decisions),
+                                                encoding="utf-8")
+        _print_decisions(decisions, cfg, bad)
+        console.print(f"written to {Path(out) / 'filter.jsonl'}", markup=False)
 
 
 def _print_decisions(decisions, cfg, bad: dict[str, str]) -> None:
@@ -466,13 +534,21 @@ def judge_cmd(run: Path = typer.Option(..., "--run", help="A `treadle weft sampl
               min_spearman: float = typer.Option(0.5, "--min-spearman", min=-1, max=1),
               min_rollouts: int = typer.Option(8, "--min-rollouts", min=3),
               confidence: float = typer.Option(0.95, "--confidence", min=0.5, max=0.999),
-              out: Path = typer.Option(None, "--out", help="Folder for judge-scores.jsonl, filter.jsonl and the LLM "
-                                       "cache and ledger (default: --run).")) -> None:
+              out: Path = typer.Option(None, "--out", show_default=False,
+                                       help="Run folder for judge-scores.jsonl, filter.jsonl, the LLM cache and "
+                                            "ledger and run.json (default: <--run>/judge/; the config is the SHA-256 "
+                                            "of the trajectories and the LLM config, --role and the thresholds)."
+                                            + OUT_HELP_SUFFIX + " When only the thresholds changed, --overwrite "
+                                            "keeps the LLM cache: the judge is not called again."),
+              overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run of other settings in --out "
+                                                                        "(deleting it).")) -> None:
     """RL task filtering with the rubric-guided LLM judge: grade every pilot rollout of a run against its task's
     rubric (never shown the executable verdict), then keep the tasks whose judge and executable scores agree."""
+    import json
+
     import anyio
 
-    from treadle.weft.evolve.filtering import FilterConfig, filter_tasks
+    from treadle.weft.evolve.filtering import FilterConfig, FilterDecision, filter_tasks
     from treadle.weft.evolve.judge import atomic_tasks_of, pilot_scores, pilots_of, rubric_of
     from treadle.weft.rollouts.batch import TRAJECTORIES, read_trajectories
 
@@ -495,9 +571,6 @@ def judge_cmd(run: Path = typer.Option(..., "--run", help="A `treadle weft sampl
         _fail("--llm-config", str(err))
     if role not in cfg.roles:
         _fail("--role", f"no role {role!r} in {str(llm_config)!r}; its roles are {sorted(cfg.roles)}")
-    dest = Path(out) if out is not None else Path(run)
-    if dest.exists() and not dest.is_dir():
-        _fail("--out", f"{str(dest)!r} is a file, expected a folder")
     try:
         tasks = atomic_tasks_of(trajs)
     except (ValueError, ModuleNotFoundError) as err:
@@ -508,28 +581,82 @@ def judge_cmd(run: Path = typer.Option(..., "--run", help="A `treadle weft sampl
         _fail("--run", f"no task of this run is known here (rubrics come from the shop and BFCL tasks): {no_rubric}")
     fcfg = FilterConfig(min_pearson=min_pearson, min_spearman=min_spearman, min_rollouts=min_rollouts,
                         confidence=confidence)
-    dest.mkdir(parents=True, exist_ok=True)
+    dest = Path(out) if out is not None else Path(run) / "judge"
+    config = {"trajectories_sha256": _sha256(path), "llm_config_sha256": _sha256(llm_config), "role": role,
+              "min_pearson": min_pearson, "min_spearman": min_spearman, "min_rollouts": min_rollouts,
+              "confidence": confidence}
+    runf = _open(dest, "weft judge", config, overwrite)
+
+    def report(graded_errors: list, n_graded: int, decisions) -> None:
+        bad = {}
+        for task, error in graded_errors:
+            if error is not None:
+                bad.setdefault(task, error)
+        _print_decisions(decisions, fcfg, bad)
+        if no_rubric:
+            console.print(f"no rubric (task not known here), not judged: {no_rubric}", markup=False)
+        console.print(f"{n_graded} pilot rollouts judged, {sum(e is not None for _, e in graded_errors)} malformed or "
+                      f"failed judge answers (recorded; their tasks dropped); written to {dest / 'judge-scores.jsonl'} "
+                      f"and {dest / 'filter.jsonl'}", markup=False)
+
+    if _shown(runf, "judge run (no judge call made)"):
+        try:
+            rows = [json.loads(x) for x in (dest / "judge-scores.jsonl").read_text(encoding="utf-8").splitlines()
+                    if x.strip()]
+            errors = [(str(x["task"]), x.get("error")) for x in rows]
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+            _fail("--out", f"{str(dest)!r} holds a finished run whose judge-scores.jsonl is missing or unreadable "
+                           f"({str(err).splitlines()[0]}); add --overwrite to run it again")
+        report(errors, len(rows), _stored(dest, "filter.jsonl", FilterDecision))
+        return
+    kept = _keep_llm_cache(runf, dest, config)
 
     async def main():
         async with LLMClient(cfg, cache=dest / "llm_cache.sqlite", ledger=dest / "llm_ledger.jsonl") as llm:
             return await pilot_scores(llm, [rubric_of(tasks[n]) for n in sorted({p.task for p in pilots})], pilots,
                                       role=role)
 
-    scores, graded = anyio.run(main)
-    import json
+    try:
+        with recorded(runf, console, saved=lambda: "the judge's answers so far (llm_cache.sqlite: a rerun does not "
+                                                   "pay for them again)"):
+            kept()
+            scores, graded = anyio.run(main)
+            lines = [json.dumps({"task": g.task, "judge": g.score, "executable": p.r, "reason": g.reason,
+                                 "error": g.error}) for g, p in zip(graded, pilots)]
+            (dest / "judge-scores.jsonl").write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+            decisions = filter_tasks(scores, fcfg)
+            (dest / "filter.jsonl").write_text("".join(d.model_dump_json() + "\n" for d in decisions),
+                                               encoding="utf-8")
+            report([(g.task, g.error) for g in graded], len(graded), decisions)
+    finally:
+        kept()  # also when the start failed: the cache is never left aside
 
-    lines = [json.dumps({"task": g.task, "judge": g.score, "executable": p.r, "reason": g.reason, "error": g.error})
-             for g, p in zip(graded, pilots)]
-    (dest / "judge-scores.jsonl").write_text("".join(x + "\n" for x in lines), encoding="utf-8")
-    decisions = filter_tasks(scores, fcfg)
-    (dest / "filter.jsonl").write_text("".join(d.model_dump_json() + "\n" for d in decisions), encoding="utf-8")
-    bad = {}
-    for g in graded:
-        if g.error is not None:
-            bad.setdefault(g.task, g.error)
-    _print_decisions(decisions, fcfg, bad)
-    if no_rubric:
-        console.print(f"no rubric (task not known here), not judged: {no_rubric}", markup=False)
-    console.print(f"{len(graded)} pilot rollouts judged, {sum(g.error is not None for g in graded)} malformed or failed "
-                  f"judge answers (recorded; their tasks dropped); written to {dest / 'judge-scores.jsonl'} and "
-                  f"{dest / 'filter.jsonl'}", markup=False)
+
+#: the run-config keys of ``weft judge`` that change the judge's answers (the thresholds do not)
+_JUDGE_CALLS = ("trajectories_sha256", "llm_config_sha256", "role")
+
+
+def _keep_llm_cache(run, dest: Path, config: dict):
+    """With ``--overwrite`` of a judge run whose judge calls would be the same (only the thresholds changed): move
+    the LLM cache aside before the folder is emptied; returns the function that puts it back once the run started
+    (so the judge is not paid again). Otherwise a no-op."""
+    import os
+    import tempfile
+
+    old = (run.previous or {}).get("config") or {}
+    files = [p for p in dest.glob("llm_cache.sqlite*")] if run.overwrite and dest.is_dir() else []
+    if not files or any(old.get(k) != config[k] for k in _JUDGE_CALLS):
+        return lambda: None
+    aside = Path(tempfile.mkdtemp(prefix=".treadle-judge-cache-", dir=dest.parent))
+    for p in files:
+        os.replace(p, aside / p.name)
+
+    def put_back():  # idempotent
+        if not aside.is_dir():
+            return
+        dest.mkdir(parents=True, exist_ok=True)
+        for p in aside.iterdir():
+            os.replace(p, dest / p.name)
+        aside.rmdir()
+
+    return put_back
