@@ -57,6 +57,16 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture
+def cli_env(tmp_path, monkeypatch):
+    """A CLI test's environment: ``$TREADLE_CACHE`` in the test's tmp folder (never the user's cache),
+    ``$TREADLE_MODEL`` unset, 300 columns (no wrapped error lines). Use with
+    ``pytestmark = pytest.mark.usefixtures("cli_env")``."""
+    monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("TREADLE_MODEL", raising=False)
+    monkeypatch.setenv("COLUMNS", "300")
+
+
 @pytest.fixture(scope="module")
 def tok():
     """The embedded character-level chat tokenizer (built locally, no download)."""

@@ -37,18 +37,11 @@ def _cpp_built() -> bool:
     return True
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread, as ``guard.main`` pins (``--threads 1``) before it measures: these tests call the
-    guard's measuring functions directly, and with the suite's 2 threads the process CPU time of a
-    shared machine varied 0.1x-5x per round (the peer measured against itself at 2.13-2.63 on an AMD
-    EPYC beside the CI's other jobs, tenth round; 0.97-1.05 per round on one thread)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# one torch thread (tests/conftest.py), as ``guard.main`` pins (``--threads 1``) before it measures: these tests
+# call the guard's measuring functions directly, and with the suite's 2 threads the process CPU time of a
+# shared machine varied 0.1x-5x per round (the peer measured against itself at 2.13-2.63 on an AMD EPYC
+# beside the CI's other jobs, tenth round; 0.97-1.05 per round on one thread)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture

@@ -8,11 +8,7 @@ from typer.testing import CliRunner
 from treadle.cli import app
 
 
-@pytest.fixture(autouse=True)
-def _env(tmp_path, monkeypatch):
-    monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("TREADLE_MODEL", raising=False)
-    monkeypatch.setenv("COLUMNS", "300")
+pytestmark = pytest.mark.usefixtures("cli_env")  # tests/conftest.py
 
 
 def _refused(argv, *words):

@@ -14,11 +14,11 @@ from treadle.models import build_tiny_model
 from treadle.models.tiny import MARKER, build_tokenizer
 
 
+pytestmark = pytest.mark.usefixtures("cli_env")  # tests/conftest.py
+
+
 @pytest.fixture(autouse=True)
-def _env(tmp_path, monkeypatch):
-    monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("TREADLE_MODEL", raising=False)
-    monkeypatch.setenv("COLUMNS", "300")
+def _in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 

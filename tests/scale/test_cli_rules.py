@@ -16,14 +16,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from treadle.cli import app  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(autouse=True)
-def _env(tmp_path, monkeypatch):
-    monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("TREADLE_MODEL", raising=False)
-    monkeypatch.setenv("COLUMNS", "300")
+pytestmark = pytest.mark.usefixtures("one_thread", "cli_env")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
