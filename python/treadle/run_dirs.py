@@ -69,6 +69,21 @@ class RunDirError(ValueError):
     The message names the CLI flag and says what to do."""
 
 
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 hex digest of a file's bytes, read in 1 MiB blocks: what a run's config records of an input
+    file (so that another input is another config) and what checkpoint markers record of their weights.
+
+    Raises:
+        OSError: the file cannot be read."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def _git_commit() -> str | None:
     """The commit of the source checkout treadle runs from (None for an installed wheel)."""
     import subprocess

@@ -135,3 +135,21 @@ def require_module(name: str):
         if err.name == top:
             skip_or_fail(f"optional dependency {top!r} is not installed (needed for {name!r})")
         raise
+
+
+def assert_usage_error(result, *words: str) -> str:
+    """Check that a CLI call (a ``typer.testing.CliRunner`` result) ended the way every treadle usage error
+    must: exit code 2, no Python exception or traceback, exactly one non-empty output line starting with
+    ``Error: `` and containing each of ``words`` (e.g. the flag's name). Returns that line.
+
+    Raises:
+        AssertionError: any of the above does not hold (the message shows the output)."""
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+

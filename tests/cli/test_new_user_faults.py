@@ -48,13 +48,9 @@ def ckpts(tmp_path_factory):
 
 
 def _one_line_error(r, *words):
-    assert r.exit_code == 2, r.output
-    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
-    lines = [ln for ln in r.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), r.output
-    for w in words:
-        assert w in lines[0], lines[0]
-    return lines[0]
+    from treadle.testing import assert_usage_error
+
+    return assert_usage_error(r, *words)
 
 
 @pytest.mark.parametrize("model, sections, words", [

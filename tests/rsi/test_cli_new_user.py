@@ -44,16 +44,12 @@ def _invoke(args):
 
 
 def _refused(args, out, *words):
-    r = _invoke(args)
-    assert r.exit_code == 2, r.output
-    assert "Traceback" not in r.output and (r.exception is None or isinstance(r.exception, SystemExit))
-    lines = [ln for ln in r.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), r.output
-    for w in words:
-        assert w in lines[0], lines[0]
+    from treadle.testing import assert_usage_error
+
+    line = assert_usage_error(_invoke(args), *words)
     if out is not None:
         assert not out.exists(), sorted(p.name for p in out.iterdir())
-    return lines[0]
+    return line
 
 
 def _ok(args):

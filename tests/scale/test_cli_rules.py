@@ -44,16 +44,12 @@ def ckpts(tmp_path_factory):
 
 
 def _refused(args, *words, out=None):
-    r = CliRunner().invoke(app, ["scale", *args])
-    assert r.exit_code == 2, r.output
-    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
-    lines = [ln for ln in r.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), r.output
-    for w in words:
-        assert w in lines[0], lines[0]
+    from treadle.testing import assert_usage_error
+
+    line = assert_usage_error(CliRunner().invoke(app, ["scale", *args]), *words)
     if out is not None:
         assert not out.exists(), "a refused command wrote its run folder"
-    return lines[0]
+    return line
 
 
 def test_sft_on_a_model_without_linear_layers_names_model(ckpts, tmp_path):

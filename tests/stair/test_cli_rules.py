@@ -32,16 +32,12 @@ def _env(tmp_path, monkeypatch):
 
 
 def _refused(args, *words, out=None):
-    r = CliRunner().invoke(app, ["stair", *args])
-    assert r.exit_code == 2, r.output
-    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
-    lines = [ln for ln in r.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), r.output
-    for w in words:
-        assert w in lines[0], lines[0]
+    from treadle.testing import assert_usage_error
+
+    line = assert_usage_error(CliRunner().invoke(app, ["stair", *args]), *words)
     if out is not None:
         assert not out.exists(), "a refused command wrote its run folder"
-    return lines[0]
+    return line
 
 
 @pytest.fixture(scope="module")

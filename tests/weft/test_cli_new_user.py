@@ -17,12 +17,9 @@ def weft(args):
 
 
 def _one_line(r, *parts):
-    assert r.exit_code == 2, r.output
-    lines = r.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: "), r.output
-    for p in parts:
-        assert p in lines[0], r.output
-    return lines[0]
+    from treadle.testing import assert_usage_error
+
+    return assert_usage_error(r, *parts)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -228,11 +227,9 @@ def default_checkpoint_dir(name: str = DEFAULT_NAME) -> Path:
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    from treadle.run_dirs import file_sha256
+
+    return file_sha256(path)
 
 
 def check_checkpoint(path: str | os.PathLike, *, require_marker: bool = False) -> dict | None:

@@ -51,13 +51,9 @@ def _shown(run, what: str) -> bool:
 
 def _sha256(path: Path) -> str:
     """SHA-256 hex of a file's bytes (an input the run's results depend on; recorded in its run.json config)."""
-    import hashlib
+    from treadle.run_dirs import file_sha256
 
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return file_sha256(path)
 
 
 def _stored(out: Path, name: str, model) -> list:
