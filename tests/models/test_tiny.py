@@ -226,3 +226,13 @@ def test_checkpoint_vocab_size_reads_nested_text_configs(tmp_path, trained):
     assert checkpoint_vocab_size(tmp_path / "vl") == 123
     with pytest.raises(NotACausalLMError, match="not a loadable"):
         checkpoint_vocab_size(tmp_path)
+
+
+def test_no_progress_bar_into_a_file_or_pipe(tmp_path, capfd):
+    """``progress=True`` (the default of load_default_model, e.g. in the GRPO demo) draws a tqdm bar only
+    when stderr is a terminal: a `make demo > log` once filled its log with train-tiny bars. Same rule for
+    every treadle bar (``treadle.cli_output.progress_enabled``)."""
+    train_tiny(TinyTrainConfig.quick(steps=2, eval_per_level=1), tmp_path / "t", progress=True)
+    out, err = capfd.readouterr()
+    # (transformers' own "Writing model shards" bar is silenced by the CLI: treadle.cli_output.quiet_third_party)
+    assert "train-tiny" not in err and "train-tiny" not in out, err

@@ -98,6 +98,7 @@ def train_stair(model, tokenizer, config, run_dir, *, parallel: str, group=None,
             of another config; a ``report_to`` sink. All before any change to ``run_dir``.
     """
     from tqdm.auto import tqdm
+    from treadle.cli_output import progress_enabled  # a bar only on a terminal
 
     from treadle.stair.session import has_recurrent_layers
     from treadle.stair.training import _truncate_log, freeze_and_attach, make_training_sessions, self_responses
@@ -164,7 +165,8 @@ def train_stair(model, tokenizer, config, run_dir, *, parallel: str, group=None,
         first = last = None
         t0 = time.perf_counter()
         bar = tqdm(range(start, config.steps), desc=f"stair-train[{config.kind}, {parallel}]",
-                   disable=not (progress and main), dynamic_ncols=True, initial=start, total=config.steps)
+                   disable=not (progress_enabled(progress) and main), dynamic_ncols=True, initial=start,
+                   total=config.steps)
         log = open(run_dir / "log.jsonl", "a") if main else None
         try:
             for step in bar:

@@ -192,6 +192,7 @@ def train_grpo(model, tokenizer, cfg: GRPODemoConfig, *, level: int, log=None, p
         ValueError: ``level`` out of range (from the generator).
     """
     from tqdm.auto import tqdm
+    from treadle.cli_output import progress_enabled  # a bar only on a terminal
 
     from treadle.data.arithmetic import ProblemGenerator
     from treadle.data.verify import reward
@@ -203,7 +204,7 @@ def train_grpo(model, tokenizer, cfg: GRPODemoConfig, *, level: int, log=None, p
     gen_problems.batch(level, 0)  # validates the level before any work
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
     records = []
-    for step in tqdm(range(cfg.steps), desc="grpo", disable=not progress, dynamic_ncols=True):
+    for step in tqdm(range(cfg.steps), desc="grpo", disable=not progress_enabled(progress), dynamic_ncols=True):
         t0 = time.perf_counter()
         problems = gen_problems.batch(level, cfg.prompts_per_step, split="train")
         g = generate(model, tokenizer, [p.prompt for p in problems], n=cfg.group_size, do_sample=True,

@@ -528,6 +528,7 @@ def train_tiny(config: TinyTrainConfig | None = None, out_dir: str | os.PathLike
 
 def _train_and_save(cfg: TinyTrainConfig, dest: Path, progress: bool, console) -> TrainResult:
     from tqdm.auto import tqdm
+    from treadle.cli_output import progress_enabled  # a bar only on a terminal
     from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
     from treadle.data.arithmetic import ProblemGenerator
@@ -553,7 +554,7 @@ def _train_and_save(cfg: TinyTrainConfig, dest: Path, progress: bool, console) -
     final = {int(k): float(v) for k, v in (cfg.final_level_weights or {}).items() if v > 0}
     model.train()
     ema = float("nan")
-    bar = tqdm(range(cfg.steps), desc="train-tiny", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(range(cfg.steps), desc="train-tiny", disable=not progress_enabled(progress), dynamic_ncols=True)
     first_final = cfg.steps - cfg.final_steps
     for step in bar:
         mix = final if step >= first_final else weights

@@ -129,6 +129,7 @@ def run(peft_model: nn.Module, tokenizer, config, out_dir, replicas: Replicas, *
         resume: bool = True, save_every: int | None = 10) -> dict:
     """Stage II with ``replicas`` (arguments, files and summary: :func:`treadle.scale.training.train`)."""
     from tqdm.auto import tqdm
+    from treadle.cli_output import progress_enabled  # a bar only on a terminal
 
     from treadle.distributed.parallel import full_optimizer_state, full_tensor, load_optimizer_state
     from treadle.reporting import Reporter, resolve_report_to
@@ -226,7 +227,7 @@ def run(peft_model: nn.Module, tokenizer, config, out_dir, replicas: Replicas, *
             load_optimizer_state(opt, state["optim"])
         shuffle = torch.Generator().manual_seed(config.seed + 1)
         device = next(peft_model.parameters()).device
-        bar = tqdm(total=steps, initial=start, disable=not (progress and main),
+        bar = tqdm(total=steps, initial=start, disable=not (progress_enabled(progress) and main),
                    desc="scale stage II" + (f" ({replicas.parallel})" if replicas.parallel else ""))
         t0 = time.perf_counter()
         step = start

@@ -183,6 +183,7 @@ def evaluate(model, tokenizer, cfg: EvalConfig, *, normals=None, bank_free=None,
         ValueError: no layers given or recorded; see attach().
     """
     from tqdm.auto import tqdm
+    from treadle.cli_output import progress_enabled  # a bar only on a terminal
 
     from treadle.stair.controller import attach, read_normals_config
     from treadle.stair.training import make_training_sessions, self_responses
@@ -210,7 +211,7 @@ def evaluate(model, tokenizer, cfg: EvalConfig, *, normals=None, bank_free=None,
     if normals is not None and "stair" in cfg.conditions:
         plan += [(f"stair@{b}", b) for b in cfg.budgets]
     results, raw = {}, {}
-    bar = tqdm(plan, desc="stair-eval", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(plan, desc="stair-eval", disable=not progress_enabled(progress), dynamic_ncols=True)
     for name, budget in bar:
         bar.set_postfix(condition=name)
         kind = "bank_free" if name == "bank_free" else "stair"

@@ -264,6 +264,7 @@ def train(model, tokenizer, config: StairTrainConfig, run_dir, *, resume: bool =
         return train_stair(model, tokenizer, config, run_dir, parallel=parallel, group=group, resume=resume,
                            progress=progress, console=console, backend=backend, report_to=report_to)
     from tqdm.auto import tqdm
+    from treadle.cli_output import progress_enabled  # a bar only on a terminal
 
     from treadle.reporting import Reporter, resolve_report_to
 
@@ -307,7 +308,8 @@ def train(model, tokenizer, config: StairTrainConfig, run_dir, *, resume: bool =
         probe_start = probe_loss()
         t0 = time.perf_counter()
         reporter = Reporter(report_to, run_dir, config=cfg_json, name=f"stair-{config.kind}")
-        bar = tqdm(range(start, config.steps), desc=f"stair-train[{config.kind}]", disable=not progress,
+        bar = tqdm(range(start, config.steps), desc=f"stair-train[{config.kind}]",
+                   disable=not progress_enabled(progress),
                    dynamic_ncols=True, initial=start, total=config.steps)
         with open(run_dir / "log.jsonl", "a") as log:
             for step in bar:

@@ -236,6 +236,8 @@ def _train_and_save(cfg: ToolTrainConfig, dest: Path, progress: bool, console) -
     import random
 
     from tqdm.auto import tqdm
+
+    from treadle.cli_output import progress_enabled  # a bar only on a terminal
     from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
     from treadle.weft.rl.vocab import build_tool_tokenizer
@@ -260,7 +262,7 @@ def _train_and_save(cfg: ToolTrainConfig, dest: Path, progress: bool, console) -
     rng = random.Random(cfg.seed)
     model.train()
     ema = float("nan")
-    bar = tqdm(range(cfg.steps), desc="train-tiny tools", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(range(cfg.steps), desc="train-tiny tools", disable=not progress_enabled(progress), dynamic_ncols=True)
     for _ in bar:
         ids, labels = _batch(rng.choices(samples, k=cfg.batch_size), tokenizer.pad_token_id)
         loss = model(input_ids=ids, labels=labels).loss  # right padding, labels -100 on pads: no mask needed

@@ -466,6 +466,7 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
     data-parallel update always does (its ranks must make the same forward calls: DDP broadcasts buffers
     and FSDP2 all-gathers in each one), e.g. to compare the two bit for bit."""
     from tqdm.auto import tqdm
+    from treadle.cli_output import progress_enabled  # a bar only on a terminal
 
     from treadle.grpo.grouping import group_ids_from_uids
     from treadle.ops import grpo_advantages
@@ -497,7 +498,8 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
                 for e in episodes(cfg.eval_episodes, "heldout", start=900_000)]
         if 0 not in evals:
             evals[0] = await evaluate(rt, h, model, tok, held, cfg)
-        for step in tqdm(range(first, cfg.steps), desc=f"weft grpo ({cfg.grouping})", disable=not progress):
+        for step in tqdm(range(first, cfg.steps), desc=f"weft grpo ({cfg.grouping})",
+                         disable=not progress_enabled(progress)):
             t0 = time.perf_counter()
             sampler = _Timed(HFSampler(model, tok, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
                              if sampler_factory is None else sampler_factory(model, tok, cfg))
