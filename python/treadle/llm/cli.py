@@ -39,10 +39,10 @@ def serve_cmd(
     try:
         with local_server(model, port=port, device=device, startup_timeout_s=startup_timeout,
                           continuous_batching=continuous_batching) as srv:
-            console.print(f"base URL: {srv.base_url}", markup=False)
-            console.print(f"model:    {srv.model}", markup=False)
-            console.print("Ctrl-C to stop", style="dim")
-            try:
+            try:  # from here on an interrupt (also one right after the URL is printed) is a normal stop: exit 0
+                console.print(f"base URL: {srv.base_url}", markup=False)
+                console.print(f"model:    {srv.model}", markup=False)
+                console.print("Ctrl-C to stop", style="dim")
                 while True:
                     time.sleep(3600)
             except KeyboardInterrupt:
