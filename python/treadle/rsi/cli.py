@@ -36,6 +36,14 @@ app = typer.Typer(help="RSI: harness self-improvement for reasoning-data synthes
 console = make_console()
 
 
+
+# help of the fixed-solver options shared by `rsi run` and `rsi ablate`
+_SOLVER_HELP = ("Fixed solver: capacity (programmatic) or tiny-model ($TREADLE_MODEL, else the embedded tiny model, "
+                "trained on first use: minutes on a CPU).")
+_QUICK_HELP = ("With --solver tiny-model: the quick tiny model (trained in seconds, its own cache slot; a weak solver "
+               "for smoke tests).")
+
+
 def _fail(flag: str, msg: str) -> None:
     usage_exit(f"{flag}: {msg}")
 
@@ -247,11 +255,8 @@ def run_cmd(
                                               help="Also drop seeds and problems whose MiniLM cosine similarity to "
                                                    "a --decontaminate item reaches this (needs treadle[embed])."),
     seed: int = typer.Option(0, "--seed", help="Seeds every random choice."),
-    solver: str = typer.Option("capacity", "--solver",
-                               help="Fixed solver: capacity (programmatic) or tiny-model ($TREADLE_MODEL, else the "
-                                    "embedded tiny model, trained on first use: minutes on a CPU)."),
-    quick: bool = typer.Option(False, "--quick", help="With --solver tiny-model: the quick tiny model (trained in "
-                                                      "seconds, its own cache slot; a weak solver for smoke tests)."),
+    solver: str = typer.Option("capacity", "--solver", help=_SOLVER_HELP),
+    quick: bool = typer.Option(False, "--quick", help=_QUICK_HELP),
     online: bool = typer.Option(True, "--online/--no-online", help="Online skill admission."),
     post_batch: bool = typer.Option(True, "--post-batch/--no-post-batch", help="Post-batch proposals + Critic."),
     margin: float = typer.Option(0.02, "--margin", min=0.0, max=1.0,
@@ -372,11 +377,8 @@ def ablate_cmd(
     rounds: int = typer.Option(3, "--rounds", min=1, max=100),
     n_seeds: int = typer.Option(12, "--seeds", min=1, max=10000, help="Training seeds (same for every variant)."),
     runs: int = typer.Option(3, "--runs", min=1, max=20, help="Random seeds per variant."),
-    solver: str = typer.Option("capacity", "--solver",
-                               help="Fixed solver: capacity (programmatic) or tiny-model ($TREADLE_MODEL, else the "
-                                    "embedded tiny model, trained on first use: minutes on a CPU)."),
-    quick: bool = typer.Option(False, "--quick", help="With --solver tiny-model: the quick tiny model (trained in "
-                                                      "seconds, its own cache slot; a weak solver for smoke tests)."),
+    solver: str = typer.Option("capacity", "--solver", help=_SOLVER_HELP),
+    quick: bool = typer.Option(False, "--quick", help=_QUICK_HELP),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the ablation in --out (every run again)."),
 ) -> None:
     """Full vs Task-only vs Online-only vs Post-batch-only: final accuracy and cost per operator."""
