@@ -35,8 +35,6 @@ app = typer.Typer(help="RSI: harness self-improvement for reasoning-data synthes
                   no_args_is_help=True, add_completion=False)
 console = make_console()
 
-
-
 # help of the fixed-solver options shared by `rsi run` and `rsi ablate`
 _SOLVER_HELP = ("Fixed solver: capacity (programmatic) or tiny-model ($TREADLE_MODEL, else the embedded tiny model, "
                 "trained on first use: minutes on a CPU).")
