@@ -7,7 +7,7 @@ PIP        := $(PY) -m pip
 STAMP      := $(VENV)/.treadle-installed
 SOURCES    := $(shell find csrc triton_kernels python -name '*.py' -o -name '*.cpp' -o -name '*.cu' -o -name '*.h' 2>/dev/null) setup.py pyproject.toml MANIFEST.in CMakeLists.txt requirements-dev.txt
 
-.PHONY: setup demo test bench bench-guard check-cuda dist clean mutate
+.PHONY: setup demo test bench bench-guard check-cuda dist clean mutate docs docs-build
 
 setup: $(STAMP)
 
@@ -28,6 +28,13 @@ demo: setup
 
 test: setup
 	TRITON_INTERPRET=1 $(PY) -m pytest -q tests
+
+# The docs site: build/site, served on http://127.0.0.1:8000 (docs-build: build only, strict)
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve --strict
+
+docs-build: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 bench: setup
 	$(VENV)/bin/treadle bench --report

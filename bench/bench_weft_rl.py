@@ -32,13 +32,13 @@ ROUNDS = 5
 
 
 def _policy():
-    from treadle.models.tiny import _build_model
+    from treadle.models.tiny import build_model
     from treadle.weft.rl.sft import ToolTrainConfig
     from treadle.weft.rl.vocab import build_tool_tokenizer
 
     tok = build_tool_tokenizer()
     torch.manual_seed(0)
-    model = _build_model(ToolTrainConfig(), tok).eval()
+    model = build_model(ToolTrainConfig(), tok).eval()
     return model, tok
 
 

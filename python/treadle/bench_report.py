@@ -201,7 +201,11 @@ def write_report(results_dir: Path, machine: dict | None = None) -> list[Path]:
     machine = machine or machine_info()
     rows = ratio_rows(suites)
     device = "GPU" if machine.get("gpu") else "CPU"
-    lines = [f"# treadle benchmark report ({device})", "",
+    where = (f"{machine['gpu']}; " if machine.get("gpu") else "") + f"{machine['cpu']}, {machine['cores']} cores"
+    # front matter read by the docs' Benchmarks page (docs/benchresults.py): command, device, date
+    lines = ["---", f"title: Every {device} suite vs its peers", f"command: {machine.get('command', 'treadle bench --report')}",
+             f"device: {where}; torch {machine['torch']}", f"date: {machine['date'][:10]}", "---",
+             f"# treadle benchmark report ({device})", "",
              f"- date: {machine['date']}; commit: {machine.get('commit')}",
              f"- CPU: {machine['cpu']} ({machine['cores']} cores, torch threads {machine['torch_threads']})"
              + (f"; GPU: {machine['gpu']}" if machine.get("gpu") else "; no GPU"),

@@ -7,7 +7,7 @@ import torch
 from treadle.data.arithmetic import ProblemGenerator
 from treadle.models import TinyTrainConfig, build_tokenizer, train_tiny
 from treadle.models.packing import last_mlp_on_loss_positions, loss_positions, packed_sft_batch
-from treadle.models.tiny import _build_model, sft_batch
+from treadle.models.tiny import build_model, sft_batch
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def problems():
 
 def _model(tok, seed=0):
     cfg = TinyTrainConfig.quick(seed=seed, hidden_size=24, num_heads=2, num_kv_heads=1, intermediate_size=40)
-    return _build_model(cfg, tok).double().train()
+    return build_model(cfg, tok).double().train()
 
 
 def _grads(model, loss):

@@ -201,16 +201,16 @@ def test_lock_errors_are_checkpoint_errors(tmp_path):
     from filelock import FileLock
 
     from treadle.models import CheckpointError
-    from treadle.models.tiny import _lock
+    from treadle.models.tiny import cache_lock
 
     (tmp_path / "file").write_text("x")
     with pytest.raises(CheckpointError, match="cannot write the checkpoint folder"):
         train_tiny(CFG, tmp_path / "file" / "tiny", progress=False)
     with FileLock(str(tmp_path / ".busy.lock")):
         with pytest.raises(CheckpointError, match="another process"):
-            with _lock(tmp_path / "busy", timeout=0.05):
+            with cache_lock(tmp_path / "busy", timeout=0.05):
                 pass
-    with _lock(tmp_path / "busy", timeout=0.05):  # released: free again
+    with cache_lock(tmp_path / "busy", timeout=0.05):  # released: free again
         pass
 
 

@@ -101,12 +101,12 @@ def test_seed_file_errors(tmp_path):
 def test_tiny_model_solver_plumbing():
     """n answers per task, deterministic for a seed (a randomly initialised tiny Qwen3: plumbing only)."""
     import torch
-    from treadle.models.tiny import TinyTrainConfig, _build_model, build_tokenizer
+    from treadle.models.tiny import TinyTrainConfig, build_model, build_tokenizer
     from treadle.rsi.solvers import Solver, TinyModelSolver
 
     torch.set_num_threads(1)
     tok = build_tokenizer()
-    model = _build_model(TinyTrainConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+    model = build_model(TinyTrainConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                                          intermediate_size=32), tok)
     s = TinyModelSolver(model=model, tokenizer=tok, max_new_tokens=4, batch_size=2)
     assert isinstance(s, Solver)

@@ -14,7 +14,7 @@ from treadle.weft.verify import (
     CheckpointSpec,
     FailureReason,
     StateAssertion,
-    _filtered,
+    filter_diff,
     _public,
     contains,
     judge_checkpoint,
@@ -59,13 +59,13 @@ def test_filtered_drops_ignored_tables_and_private_paths():
         "attributes": TableDiff(added={"x": 1, "_y": 2}, changed={"a._p": RowChange(before=1, after=2)}),
         "log": TableDiff(removed={"[1]": {}}),
     })
-    assert _filtered(d, ["log"]).touched() == {"attributes"}
-    pub = _filtered(d, [], compare_private=False)
+    assert filter_diff(d, ["log"]).touched() == {"attributes"}
+    pub = filter_diff(d, [], compare_private=False)
     assert pub.tables["attributes"].added == {"x": 1} and not pub.tables["attributes"].changed
     assert pub.touched() == {"attributes", "log"}
     only_private = StateDiff(tables={"attributes": TableDiff(added={"_y": 2})})
-    assert _filtered(only_private, [], compare_private=False).empty
-    assert not _filtered(only_private, []).empty
+    assert filter_diff(only_private, [], compare_private=False).empty
+    assert not filter_diff(only_private, []).empty
 
 
 def out(name, result=None, kind=None, text=""):

@@ -73,7 +73,7 @@ def test_merge_of_no_part_passes_and_bad_parts_are_refused():
 # -- judge_checkpoint's details, word for word (what a reader of a failed verdict sees) ---------------------------
 
 from treadle.weft.sqlite_state import SqliteState, snapshot_from_sql  # noqa: E402
-from treadle.weft.verify import (CheckpointSpec, StateAssertion, _filtered, contains,  # noqa: E402
+from treadle.weft.verify import (CheckpointSpec, StateAssertion, filter_diff, contains,  # noqa: E402
                                  judge_checkpoint, trajectory_reward)
 
 DDL = "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT);"
@@ -207,11 +207,11 @@ def test_filtered_keeps_public_paths_of_every_kind():
         added={"a": 1, "_a": 1}, removed={"b.c": 2, "b._c": 2},
         changed={"x.y": RowChange(before=1, after=2), "_x.y": RowChange(before=1, after=2)}),
         "gone": TableDiff(added={"_only": 1}), "t": TableDiff(added={"[1]": {}})})
-    pub = _filtered(d, ["t"], compare_private=False)
+    pub = filter_diff(d, ["t"], compare_private=False)
     assert pub.tables == {"attributes": TableDiff(added={"a": 1}, removed={"b.c": 2},
                                                   changed={"x.y": RowChange(before=1, after=2)})}
-    assert _filtered(d, ["t"]).tables == {k: v for k, v in d.tables.items() if k != "t"}
-    assert _filtered(d, ("t", "gone", "attributes")).tables == {}
+    assert filter_diff(d, ["t"]).tables == {k: v for k, v in d.tables.items() if k != "t"}
+    assert filter_diff(d, ("t", "gone", "attributes")).tables == {}
 
 
 def test_judge_detail_names_of_callables_without_a_name_and_sql_on_object_state():

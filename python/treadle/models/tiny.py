@@ -368,7 +368,7 @@ LOCK_TIMEOUT = 1800.0
 
 
 @contextlib.contextmanager
-def _lock(dest: Path, timeout: float | None = None):
+def cache_lock(dest: Path, timeout: float | None = None):
     """Hold ``<parent>/.<name>.lock`` (``filelock.FileLock``) while training or checking ``dest``.
 
     Raises:
@@ -395,7 +395,8 @@ def _lock(dest: Path, timeout: float | None = None):
         lock.release()
 
 
-def _clean_stale_tmp(dest: Path, console) -> None:
+def clean_stale_tmp(dest: Path, console) -> None:
+    """Remove ``<dest>.tmp-<pid>`` folders left by training processes that no longer run."""
     for stale in dest.parent.glob(f"{dest.name}.tmp-*"):
         pid = stale.name.rsplit("-", 1)[-1]
         alive = pid.isdigit() and int(pid) != os.getpid() and Path(f"/proc/{pid}").exists()
@@ -408,7 +409,8 @@ def _clean_stale_tmp(dest: Path, console) -> None:
 # --------------------------------------------------------------------------------------------
 # training
 # --------------------------------------------------------------------------------------------
-def _build_model(cfg: TinyLMConfig, tokenizer):
+def build_model(cfg: TinyLMConfig, tokenizer):
+    """A freshly initialised tiny causal LM of ``cfg``'s architecture for ``tokenizer``'s vocabulary."""
     from treadle.models.builders import build_tiny_model
 
     model = build_tiny_model(
@@ -512,12 +514,12 @@ def train_tiny(config: TinyTrainConfig | None = None, out_dir: str | os.PathLike
     dest = Path(out_dir).expanduser() if out_dir is not None else default_checkpoint_dir()
     if force:
         refuse_foreign_folder(dest)  # before any work: the user's files are never replaced
-    with _lock(dest):
+    with cache_lock(dest):
         if dest.exists() and not force:
             info = check_checkpoint(dest, require_marker=True)
             return TrainResult(dest, {int(k): v for k, v in info.get("accuracy", {}).items()}, 0.0,
                                info.get("params", 0), info.get("final_loss", float("nan")))
-        _clean_stale_tmp(dest, console)
+        clean_stale_tmp(dest, console)
         with pinned_threads(cfg.threads):
             result = _train_and_save(cfg, dest, progress, console)
     if console is not None:
@@ -537,7 +539,7 @@ def _train_and_save(cfg: TinyTrainConfig, dest: Path, progress: bool, console) -
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
     tokenizer = build_tokenizer()
-    model = _build_model(cfg, tokenizer)
+    model = build_model(cfg, tokenizer)
     n_params = sum(p.numel() for p in model.parameters())
     if console is not None:
         console.print(f"training tiny Qwen3 ({n_params / 1e6:.2f}M parameters, {cfg.steps} steps x "
@@ -570,12 +572,13 @@ def _train_and_save(cfg: TinyTrainConfig, dest: Path, progress: bool, console) -
     model.eval()
     accuracy = accuracy_by_level(model, tokenizer, _heldout_sets(cfg), max_new_tokens=cfg.max_new_tokens)
     seconds = time.perf_counter() - t0
-    _save(model, tokenizer, dest, cfg, accuracy, n_params, ema, seconds)
+    save_checkpoint(model, tokenizer, dest, cfg, accuracy, n_params, ema, seconds)
     return TrainResult(dest, accuracy, seconds, n_params, ema)
 
 
-def _save(model, tokenizer, dest: Path, cfg: TinyTrainConfig, accuracy: dict, n_params: int, loss: float,
-          seconds: float) -> None:
+def save_checkpoint(model, tokenizer, dest: Path, cfg: TinyTrainConfig, accuracy: dict, n_params: int, loss: float,
+                    seconds: float) -> None:
+    """Write a trained tiny model into ``dest`` whole or not at all (a temporary folder, then a rename)."""
     tmp = dest.parent / f"{dest.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

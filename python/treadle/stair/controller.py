@@ -500,7 +500,7 @@ def attach(model, layers="auto", eps: float = 0.0, bank: str = "assistant", *, m
         UnsupportedModelError: unsupported architecture, out-of-range or non-softmax layers.
         AlreadyAttachedError: a controller is already attached.
         ValueError: ``eps`` outside ``[0, 1)``, unknown ``bank``/``mode``/``kind``, ``budget < 1``.
-        Nothing of the model is altered when it raises.
+            Nothing of the model is altered when it raises.
     """
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0.0 <= float(eps) < 1.0:
         raise ValueError(f"eps must be a number in [0, 1), got {eps!r}")

@@ -160,6 +160,11 @@ def current_env() -> SessionEnv:
     return env
 
 
+def bound_env() -> SessionEnv | None:
+    """The session env bound to the running tool call, or None outside one (never raises)."""
+    return _CURRENT.get()
+
+
 def bind_env(env: SessionEnv | None) -> Any:
     """Make ``env`` the current session env (returns the token for :func:`unbind_env`); runtime-internal."""
     return _CURRENT.set(env)

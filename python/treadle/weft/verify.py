@@ -119,7 +119,8 @@ def _public(key: str) -> bool:
     return not any(part.startswith("_") for part in key.split("."))
 
 
-def _filtered(diff: StateDiff, ignore: Sequence[str], compare_private: bool = True) -> StateDiff:
+def filter_diff(diff: StateDiff, ignore: Sequence[str], compare_private: bool = True) -> StateDiff:
+    """``diff`` without the ``ignore`` tables and, unless ``compare_private``, without private keys (``_x``)."""
     tables = {k: v for k, v in diff.tables.items() if k not in set(ignore)}
     if not compare_private:
         tables = {k: TableDiff(added={p: x for p, x in v.added.items() if _public(p)},
@@ -183,7 +184,7 @@ def judge_checkpoint(spec: CheckpointSpec, state: StateBackend, outcomes: Sequen
         if o.call.name in spec.forbidden_tools:
             fail(FailureReason.forbidden_call, f"called forbidden tool {o.call.name}")
     if expected_state is not None and spec.compare_state:
-        diff = _filtered(state.diff(expected_state), spec.ignore_tables, spec.compare_private)
+        diff = filter_diff(state.diff(expected_state), spec.ignore_tables, spec.compare_private)
         if not diff.empty:
             fail(FailureReason.state_mismatch, f"state differs from gold: {diff.counts()}")
     for a in spec.assertions:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from treadle.weft.callparse import parse_call
-from treadle.weft.rollouts.tasks import AtomicTask, details_of
+from treadle.weft.tasks import AtomicTask, details_of
 from treadle.weft.verify import CheckpointSpec
 
 

@@ -7,7 +7,7 @@ read-only agent needs, a near-duplicate tool chain) so that certification has so
 from __future__ import annotations
 
 from treadle.weft.envs.atomic import candidate
-from treadle.weft.rollouts.tasks import AtomicTask
+from treadle.weft.tasks import AtomicTask
 
 
 def candidates() -> list[AtomicTask]:

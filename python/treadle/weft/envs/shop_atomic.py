@@ -7,7 +7,7 @@ gold that cannot execute (cancelling a shipped order) and a near-duplicate tool 
 from __future__ import annotations
 
 from treadle.weft.envs.atomic import candidate
-from treadle.weft.rollouts.tasks import AtomicTask
+from treadle.weft.tasks import AtomicTask
 from treadle.weft.verify import StateAssertion
 
 

@@ -97,9 +97,9 @@ class Attribution(BaseModel):
 
 
 def _public(diff: Any) -> Any:
-    from treadle.weft.verify import _filtered
+    from treadle.weft.verify import filter_diff
 
-    return _filtered(diff, (), compare_private=False)
+    return filter_diff(diff, (), compare_private=False)
 
 
 async def record_evidence(rt: Any, server_hash: str, start: Snapshot, name: str,

@@ -209,7 +209,7 @@ def delete_nested(start: Snapshot, gold: Sequence[ToolCall]) -> tuple[Snapshot, 
 def corrupt_verifier(spec: CheckpointSpec, how: str) -> CheckpointSpec | None:
     """A defective copy of a generated verifier (``how`` in ``wrong_expected_value``, ``wrong_expected_return``,
     ``wrong_gold_argument``), or None when the spec has nothing of that kind to corrupt."""
-    from treadle.weft.rollouts.policies import _mutate
+    from treadle.weft.rollouts.policies import mutate_call
 
     if how == "wrong_expected_value":
         for i, a in enumerate(spec.assertions):
@@ -235,7 +235,7 @@ def corrupt_verifier(spec: CheckpointSpec, how: str) -> CheckpointSpec | None:
         gold = list(spec.gold_calls or [])
         if not gold:
             return None
-        return spec.model_copy(update={"gold_calls": [*gold[:-1], _mutate(gold[-1])]})
+        return spec.model_copy(update={"gold_calls": [*gold[:-1], mutate_call(gold[-1])]})
     raise ValueError(f"unknown verifier corruption {how!r}")
 
 

@@ -113,10 +113,10 @@ def _execute(spec: dict[str, Any], call: dict[str, Any]) -> tuple[dict[str, Any]
     """One call of the generated backend: in the session's long-lived worker (``spec["worker"] == "session"``
     and the call is served by the runtime, which binds the session), else in a fresh sandbox."""
     if spec.get("worker") == "session":
-        from treadle.weft.determinism import _CURRENT
+        from treadle.weft.determinism import bound_env
         from treadle.weft.evolve.synth_worker import session_worker
 
-        session = _CURRENT.get()
+        session = bound_env()
         if session is not None:
             return session_worker(session, spec["backend"], _limits(spec),
                                   lifetime_s=spec.get("worker_lifetime_s", 600.0)).call(call)

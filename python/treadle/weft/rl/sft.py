@@ -28,7 +28,7 @@ import torch
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from treadle.models.tiny import (TinyLMConfig, TrainResult, _build_model, _clean_stale_tmp, _lock, _save, cache_root,
+from treadle.models.tiny import (TinyLMConfig, TrainResult, build_model, clean_stale_tmp, cache_lock, save_checkpoint, cache_root,
                                  check_checkpoint, pinned_threads)
 
 __all__ = ["ToolTrainConfig", "TOOLS_SLOT", "tool_slot", "train_tool_policy", "load_tool_model", "evaluate_policy",
@@ -214,12 +214,12 @@ def train_tool_policy(config: ToolTrainConfig | None = None, out_dir: str | os.P
     if not isinstance(cfg, ToolTrainConfig):
         raise TypeError(f"config must be a ToolTrainConfig, got {type(cfg).__name__}")
     dest = Path(out_dir).expanduser() if out_dir is not None else cache_root() / TOOLS_SLOT
-    with _lock(dest):
+    with cache_lock(dest):
         if dest.exists() and not force:
             info = check_checkpoint(dest, require_marker=True)
             return TrainResult(dest, info.get("accuracy", {}), 0.0, info.get("params", 0),
                                info.get("final_loss", float("nan")))
-        _clean_stale_tmp(dest, console)
+        clean_stale_tmp(dest, console)
         with pinned_threads(cfg.threads):
             result = _train_and_save(cfg, dest, progress, console)
     if console is not None:
@@ -246,7 +246,7 @@ def _train_and_save(cfg: ToolTrainConfig, dest: Path, progress: bool, console) -
     t0, c0 = time.perf_counter(), time.process_time()
     torch.manual_seed(cfg.seed)
     tokenizer = build_tool_tokenizer()
-    model = _build_model(cfg, tokenizer)
+    model = build_model(cfg, tokenizer)
     n_params = sum(p.numel() for p in model.parameters())
     golds = gold_episodes(cfg.train_episodes, "train", start=cfg.seed * 1_000_000)
     samples = [s for g in golds for s in tokenize_conversation(g.messages, None, tokenizer)]
@@ -281,7 +281,7 @@ def _train_and_save(cfg: ToolTrainConfig, dest: Path, progress: bool, console) -
                           max_new_tokens=cfg.max_new_tokens, max_steps=cfg.max_steps)
     acc.update(cpu_seconds=train_cpu, train_wall_seconds=train_wall, eval_seconds=time.perf_counter() - t0 - train_wall)
     seconds = time.perf_counter() - t0
-    _save(model, tokenizer, dest, cfg, acc, n_params, ema, seconds)
+    save_checkpoint(model, tokenizer, dest, cfg, acc, n_params, ema, seconds)
     _write_recipe(dest, recipe_fingerprint(cfg))  # after the rename: a kill in between leaves no key -> retrain
     return TrainResult(dest, acc, seconds, n_params, ema)
 

@@ -80,7 +80,8 @@ class LLMPolicy:
                             token_ids=r.token_ids)
 
 
-def _mutate(call: ToolCall) -> ToolCall:
+def mutate_call(call: ToolCall) -> ToolCall:
+    """The same call with its first argument (by name) perturbed, or an unexpected argument if it has none."""
     if not call.arguments:
         return ToolCall(name=call.name, arguments={"unexpected": 1})
     key = sorted(call.arguments)[0]
@@ -136,7 +137,7 @@ class ReplayPolicy:
             if p == "skipped_call":
                 labels.append(p)
             elif p == "wrong_argument":
-                batch.append(_mutate(call))
+                batch.append(mutate_call(call))
                 labels.append(p)
             elif p == "extra_call":
                 batch.extend([call, call])

@@ -40,7 +40,7 @@ class RolloutActor:
 
     def __init__(self, env_names: Sequence[str], setup: Any = None, cfg_json: str | None = None,
                  llm_config: Any = None):
-        from treadle.weft.rollouts.batch import SampleConfig, build_setup, env_builder
+        from treadle.weft.rollouts.config import SampleConfig, build_setup, env_builder
         from treadle.weft.runtime import Runtime
 
         self._portal_cm = anyio.from_thread.start_blocking_portal()
