@@ -162,3 +162,22 @@ def test_cli_embedding_threshold_needs_benchmark_files(tmp_path):
                                    "--embedding-threshold", "0.85"])
     assert res.exit_code == 2 and "--embedding-threshold" in res.output and "--decontaminate" in res.output
     assert not (tmp_path / "o").exists()
+
+
+def test_a_benchmark_problem_behind_distractor_sentences_is_contained():
+    from treadle.rsi.embedding import windows
+
+    bench = "A baker makes 36 loaves each morning and sells 29 of them; how many loaves are left after a week?"
+    reworded = "A baker bakes 36 loaves every morning and sells 29; how many loaves remain after a week?"
+    noise = ("The shop opened in 1998. Its sign is painted blue. The owner likes jazz music. "
+             "A cat sleeps by the door. The street outside is narrow and quiet. ")
+    idx = EmbeddingIndex(HashingEmbedder(), threshold=0.75)
+    idx.add([bench])
+    a, b = HashingEmbedder().embed([noise + reworded, bench])
+    whole = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+    assert whole < 0.75                                # the whole text is not similar enough any more ...
+    assert idx.contaminated(noise + reworded)          # ... but one run of its sentences is
+    assert not idx.contaminated(noise + "How many cats sleep by the door at night?")
+    assert windows("One. Two. Three.") == ["One. Two. Three.", "One.", "One. Two.", "Two.", "Two. Three.", "Three."]
+    long = " ".join(f"Sentence {i}." for i in range(100))
+    assert len(windows(long)) <= 2 * 100 + 1         # prefixes and suffixes only: linear

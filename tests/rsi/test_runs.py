@@ -94,3 +94,54 @@ def test_contaminated_exports_go_to_repairs(tmp_path):
     assert rows[-1]["text"] not in {r["text"] for r in kept}
     assert any(r["reason"] == "contaminated" and r["text"] == rows[-1]["text"] for r in rep)
     assert len(kept) < len(rows)
+
+
+def test_an_interrupted_start_leaves_whole_files_and_a_resume_repairs_them(tmp_path, monkeypatch):
+    """Kill the run at every file write of its start (config, seeds, held-out, harness): after each, every
+    file present is whole (no torn file, no temporary left after the resume), and the resumed run equals
+    an uninterrupted one."""
+    import os
+
+    import treadle.rsi.runs as runs_mod
+
+    seeds, held = make_seeds(6, 0), make_seeds(3, 5, prefix="h")
+    ref = tmp_path / "ref"
+    run(ref, seeds, held, LoopConfig(rounds=1))
+    real_replace = os.replace
+    for k in range(1, 6):
+        out = tmp_path / f"cut{k}"
+        calls = {"n": 0}
+
+        def cut(src, dst, _k=k):
+            calls["n"] += 1
+            if calls["n"] == _k:
+                raise KeyboardInterrupt  # the process dies between writing the temporary file and the rename
+            return real_replace(src, dst)
+
+        monkeypatch.setattr(runs_mod.os, "replace", cut)
+        with pytest.raises(KeyboardInterrupt):
+            run(out, seeds, held, LoopConfig(rounds=1))
+        monkeypatch.setattr(runs_mod.os, "replace", real_replace)
+        if (out / "config.json").exists():  # whatever exists is whole
+            assert json.loads((out / "config.json").read_text()) == json.loads((ref / "config.json").read_text())
+        for name in ("seeds.jsonl", "heldout.jsonl"):
+            if (out / name).exists():
+                assert (out / name).read_text() == (ref / name).read_text(), (k, name)
+        run(out, seeds, held, LoopConfig(rounds=1))
+        assert json.loads((out / "config.json").read_text()) == json.loads((ref / "config.json").read_text())
+        for name in ("seeds.jsonl", "heldout.jsonl", "state.json", "problems.jsonl"):
+            assert (out / name).read_text() == (ref / name).read_text(), (k, name)
+        assert not list(out.rglob("*.tmp")), k
+
+
+def test_a_resume_repairs_a_cut_or_missing_seed_file(tmp_path):
+    seeds, held = make_seeds(6, 0), make_seeds(3, 5, prefix="h")
+    run(tmp_path / "ref", seeds, held, LoopConfig(rounds=1))
+    out = tmp_path / "run"
+    run(out, seeds, held, LoopConfig(rounds=1))
+    text = (out / "seeds.jsonl").read_text()
+    (out / "seeds.jsonl").write_text(text[: len(text) // 2])      # cut by an older writer
+    (out / "heldout.jsonl").unlink()                             # or lost
+    run(out, seeds, held, LoopConfig(rounds=1))
+    for name in ("seeds.jsonl", "heldout.jsonl"):
+        assert (out / name).read_text() == (tmp_path / "ref" / name).read_text()

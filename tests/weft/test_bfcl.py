@@ -233,3 +233,29 @@ def test_invalid_arguments_on_one_server_keep_their_reason_when_another_fails():
     assert res.results[2].reasons[-1].value == "interface_error"
     assert "state_mismatch" in [x.value for x in res.results[2].reasons]
     assert res.results[2].details[-1].endswith("['ls']")
+
+
+@pytest.mark.parametrize("category", ["base", "miss_func"])
+def test_a_left_out_gold_call_is_the_policys_failure_on_every_class(category):
+    """Per-turn judging replays the gold twice from the agent's turn start to tell environment noise
+    from the policy's mistakes. Classes that keep a generator (``random.Random``) or other objects
+    without value equality must still replay as equal: leaving out one gold call of a turn is the
+    policy's failure (never ``nondeterministic_environment``), on entries of every involved class."""
+    entries, gold = bfcl.load_entries(category)
+    picked, seen_classes = [], set()
+    for e in entries:  # one entry per new class mix, with a turn of two or more gold calls
+        g = gold[e["id"]]
+        if any(len(t) >= 2 for t in g) and not set(e["involved_classes"]) <= seen_classes:
+            picked.append(e)
+            seen_classes |= set(e["involved_classes"])
+    assert len(seen_classes) >= 6 and picked
+    for e in picked:
+        g = gold[e["id"]]
+        k = next(i for i, t in enumerate(g) if len(t) >= 2)
+
+        def policy_for(entry, gg, k=k):
+            return lambda i: gg[i][1:] if i == k else gg[i]
+        res = _replay(category, [e], policy_for, judging="per_turn")[0]
+        r = res.results[k]
+        assert r.r == 0 and r.policy_failure, (e["id"], r.reasons)
+        assert "nondeterministic_environment" not in [x.value for x in r.reasons], (e["id"], r.details)

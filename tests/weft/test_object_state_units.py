@@ -292,3 +292,22 @@ def test_object_state_carries_env_and_server_classes_through_every_operation(hom
         g.close()
     finally:
         s.close()
+
+
+def test_same_value_compares_objects_without_value_equality_by_their_state():
+    import random
+
+    from treadle.weft.object_state import diff_attributes, same_value
+
+    class Plain:
+        def __init__(self, x):
+            self.x = x
+
+    a, b = random.Random(3), random.Random(3)
+    assert a != b and same_value(a, b)                      # identity equality, equal state
+    b.random()
+    assert not same_value(a, b)                             # the generator moved on: a real change
+    assert same_value(Plain([1, {"k": 2}]), Plain([1, {"k": 2}])) and not same_value(Plain(1), Plain(2))
+    assert not same_value(Plain(1), 1) and same_value(1, 1.0)
+    assert diff_attributes({"_random": random.Random(1), "n": 1}, {"_random": random.Random(1), "n": 1}).empty
+    assert not diff_attributes({"_random": random.Random(1)}, {"_random": random.Random(2)}).empty

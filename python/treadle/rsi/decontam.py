@@ -1,10 +1,14 @@
-"""Seed hygiene (issue 16, stage 1): deduplication with near-duplicate families kept in one split, and
-decontamination against benchmark files by 13-gram overlap (the lm-eval method).
+"""Seed hygiene (RSI sec. 4.2, seeds): deduplication with near-duplicate families kept in one split, and
+decontamination against benchmark files by 13-gram overlap (the lm-eval method) plus containment.
 
-Tokens are lower-cased words, digit runs and single punctuation marks. A text with fewer than 13
-tokens is compared as a whole: it is contaminated when its token sequence occurs inside a benchmark
-item's. Near-duplicates: two seeds with the same *bag* of tokens (``3+4`` and ``4+3``; the same
-question with its clauses reordered) form one family.
+Tokens are lower-cased words, digit runs and single punctuation marks, taken after canonicalising the
+text (:func:`canonical`): Unicode compatibility forms (full-width digits), thousands separators
+(``36,619``, ``36 619``, ``36'619``) and trailing zeros of decimals (``81.0`` -> ``81``), so that a
+number written another way is the same token. A text is contaminated when it shares a 13-gram with a
+benchmark item, when it is shorter than 13 tokens and occurs inside an item, or when a short item
+(4 to 12 tokens) occurs inside it (containment: a benchmark problem with distractor clauses around it).
+Near-duplicates: two seeds with the same *bag* of tokens (``3+4`` and ``4+3``; the same question with
+its clauses reordered) form one family.
 
 Embedding similarity lives in :mod:`treadle.rsi.embedding` (same benchmark files, via
 :func:`read_benchmark_file`); an LLM paraphrase judge in :mod:`treadle.rsi.llm_roles`.
@@ -14,12 +18,32 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import unicodedata
 from pathlib import Path
 
-__all__ = ["BenchmarkIndex", "DecontaminationFileError", "dedup", "family_key", "read_benchmark_file",
+__all__ = ["BenchmarkIndex", "DecontaminationFileError", "canonical", "dedup", "family_key", "read_benchmark_file",
            "split_by_family", "tokens"]
 
 _TOK = re.compile(r"\d+|[a-z]+|[^\s\w]")
+# a digit group of 1-3 followed by groups of exactly 3 after one separator char: 1,234,567 / 36 619 / 36'619
+_GROUPED = re.compile(r"(?<![\d.,])\d{1,3}(?:[,'_ \u00a0\u2009\u202f]\d{3})+(?!\d|,\d)")
+_DECIMAL = re.compile(r"(?<![\d.])(\d+)\.(\d+)(?![\d.])")
+_SEPARATORS = re.compile(r"[,'_ \u00a0\u2009\u202f]")
+MIN_CONTAINED = 4
+"""Shortest benchmark item (in tokens) whose occurrence inside a text counts as contamination."""
+
+
+def _decimal(m: re.Match) -> str:
+    frac = m.group(2).rstrip("0")
+    return m.group(1) + ("." + frac if frac else "")
+
+
+def canonical(text: str) -> str:
+    """``text`` with numbers written one way: NFKC (full-width digits, ``\u2212`` minus), no thousands
+    separators, no trailing zeros after a decimal point. Linear in the length of ``text``."""
+    t = unicodedata.normalize("NFKC", text).replace("\u2212", "-")
+    t = _GROUPED.sub(lambda m: _SEPARATORS.sub("", m.group(0)), t)
+    return _DECIMAL.sub(_decimal, t)
 _FIELDS = ("problem", "question", "prompt", "text", "input")
 _SOLUTION_FIELDS = ("solution", "answer", "output", "canonical_solution")
 
@@ -29,7 +53,8 @@ class DecontaminationFileError(ValueError):
 
 
 def tokens(text: str) -> list[str]:
-    return _TOK.findall(text.lower())
+    """Lower-cased word, digit-run and punctuation tokens of :func:`canonical` ``(text)``."""
+    return _TOK.findall(canonical(text).lower())
 
 
 class BenchmarkIndex:
@@ -45,6 +70,7 @@ class BenchmarkIndex:
         self.n = n
         self.grams: set[tuple[str, ...]] = set()
         self.joined: list[str] = []
+        self.short: dict[int, set[tuple[str, ...]]] = {}  # items of MIN_CONTAINED..n-1 tokens, by length
         self.sources: list[str] = []
 
     def add(self, text: str) -> None:
@@ -53,6 +79,8 @@ class BenchmarkIndex:
             return
         self.joined.append(" " + " ".join(t) + " ")
         self.grams.update(tuple(t[i:i + self.n]) for i in range(max(1, len(t) - self.n + 1)))
+        if MIN_CONTAINED <= len(t) < self.n:
+            self.short.setdefault(len(t), set()).add(tuple(t))
 
     def add_file(self, path) -> int:
         """Index a benchmark file (see :func:`read_benchmark_file`); returns the number of items.
@@ -68,10 +96,13 @@ class BenchmarkIndex:
         return len(items)
 
     def contaminated(self, text: str) -> bool:
-        """Whether ``text`` shares an n-gram with the index (short texts: occurs inside an item)."""
+        """Whether ``text`` shares an n-gram with the index, occurs inside an item (texts shorter than n
+        tokens) or contains a short item (``MIN_CONTAINED`` to n-1 tokens) as a run of its tokens."""
         t = tokens(text)
         if not t:
             return False
+        if any(tuple(t[i:i + k]) in items for k, items in self.short.items() for i in range(len(t) - k + 1)):
+            return True
         if len(t) >= self.n:
             return any(tuple(t[i:i + self.n]) in self.grams for i in range(len(t) - self.n + 1))
         needle = " " + " ".join(t) + " "

@@ -109,6 +109,24 @@ class MiniLMEmbedder:
         return np.asarray(e, dtype=np.float32)
 
 
+_SENTENCE_END = re.compile(r"(?<=[.!?;])\s+")
+MAX_SENTENCES = 8
+"""Texts of more sentences are compared whole, by prefix and by suffix only (the windows stay linear)."""
+
+
+def windows(text: str) -> list[str]:
+    """The text itself and every run of consecutive sentences of it (all runs up to ``MAX_SENTENCES``
+    sentences; beyond that prefixes and suffixes only), each once."""
+    parts = [p for p in _SENTENCE_END.split(text.strip()) if p.strip()]
+    if len(parts) <= 1:
+        return [text]
+    if len(parts) <= MAX_SENTENCES:
+        runs = [" ".join(parts[a:b]) for a in range(len(parts)) for b in range(a + 1, len(parts) + 1)]
+    else:
+        runs = [" ".join(parts[:b]) for b in range(1, len(parts) + 1)] + [" ".join(parts[a:]) for a in range(len(parts))]
+    return list(dict.fromkeys([text, *runs]))
+
+
 def _normalise(x: np.ndarray) -> np.ndarray:
     n = np.linalg.norm(x, axis=1, keepdims=True)
     return (x / np.where(n == 0, 1.0, n)).astype(np.float32)
@@ -165,11 +183,15 @@ class EmbeddingIndex:
         live = [i for i, t in enumerate(texts) if t.strip()]
         out: list[tuple[float, str | None]] = [(0.0, None)] * len(texts)
         if live:
-            q = _normalise(np.asarray(self.embedder.embed([texts[i] for i in live]), dtype=np.float32))
+            # containment: the whole text and each run of its consecutive sentences (a benchmark problem with
+            # distractor clauses around it is similar to one of its runs, not to the whole text)
+            pieces = [(i, w) for i in live for w in windows(texts[i])]
+            q = _normalise(np.asarray(self.embedder.embed([w for _, w in pieces]), dtype=np.float32))
             sims = q @ bank.T
-            for row, i in enumerate(live):
+            for row, (i, _) in enumerate(pieces):
                 j = int(np.argmax(sims[row]))
-                out[i] = (float(sims[row, j]), self.texts[j])
+                if out[i][1] is None or float(sims[row, j]) > out[i][0]:
+                    out[i] = (float(sims[row, j]), self.texts[j])
         return out
 
     def contaminated_many(self, texts: list[str]) -> list[bool]:

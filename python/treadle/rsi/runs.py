@@ -77,6 +77,20 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _jsonl(rows) -> str:
+    return "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows)
+
+
+def _ensure_file(path: Path, text: str) -> None:
+    """Make ``path`` hold exactly ``text`` (written whole); left alone when it already does."""
+    try:
+        if path.read_text() == text:
+            return
+    except (OSError, UnicodeDecodeError):
+        pass
+    _write_atomic(path, text)
+
+
 def _append(path: Path, rows) -> None:
     with path.open("a") as f:
         for r in rows:
@@ -193,10 +207,14 @@ def run(out_dir, seeds: list[MathTask], heldout: list[MathTask] = (), loop: Loop
         _write_atomic(cfg_path, json.dumps(new, indent=1))
     out.mkdir(parents=True, exist_ok=True)
     (out / "harness").mkdir(exist_ok=True)
+    for stale in (*out.glob("*.tmp"), *(out / "harness").glob("*.tmp")):  # a write an interruption cut short
+        stale.unlink(missing_ok=True)
+    # The seed files are written whole (temporary file, then rename) before config.json, whose presence
+    # marks a run; a resume rewrites one that an interruption left missing or cut.
+    _ensure_file(out / "seeds.jsonl", _jsonl(t.model_dump(mode="json") for t in seeds))
+    _ensure_file(out / "heldout.jsonl", _jsonl(t.model_dump(mode="json") for t in heldout))
     if not cfg_path.exists():
         _write_atomic(cfg_path, cfg.model_dump_json(indent=1))
-        _append(out / "seeds.jsonl", [t.model_dump(mode="json") for t in seeds])
-        _append(out / "heldout.jsonl", [t.model_dump(mode="json") for t in heldout])
     solver_impl = solver_obj or build_solver(solver)
     if state_path.exists():
         st = json.loads(state_path.read_text())
