@@ -1,0 +1,120 @@
+"""Where each assistant turn lies in a chat-template rendering, in characters and in tokens.
+
+A conversation is rendered with the model's chat template once per prefix: ``before_j`` (messages before
+assistant turn ``j`` plus the generation prompt: exactly the prompt the model was given for that turn) and
+``after_j`` (messages up to and including turn ``j``). The turn's characters are ``after_j[len(before_j):]``:
+its own part (what the model writes, up to and including the end-of-turn string) and a tail the template
+adds after it (``"\\n"`` in ChatML). Token positions come from tokenising the whole rendering once and
+checking, per turn, that the tokenisation of ``before_j`` and of ``after_j`` are prefixes of it: the
+prefix check is what makes a boundary exact (a token the whole rendering merges across the turn's start or
+end fails it). No piece is ever tokenised on its own and concatenated: tokenisers that prepend a
+word-boundary marker (SentencePiece ``▁``) or merge across pieces would give tokens the model never saw.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One assistant turn of a conversation, in characters of its renderings."""
+
+    j: int  # index of the assistant message
+    before: str  # rendering of messages[:j] with the generation prompt (the prompt of this turn)
+    after: str  # rendering of messages[:j + 1]
+    own_end: int  # end (in ``after``) of the turn's own text, the end-of-turn string included
+    has_eot: bool  # the own text ends with the end-of-turn string
+    rewritten: bool  # the own text is not the message's text (+ end-of-turn): the template wrote it
+
+
+def message_text(m: dict) -> str:
+    """The text of a message's ``content`` (a string, or the ``text`` of its parts)."""
+    c = m.get("content")
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list):
+        return "".join(p.get("text", "") for p in c if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def render_turns(messages: Sequence[dict], tools: Sequence[dict] | None, tokenizer: Any, idx: Sequence[int],
+                 eot: str) -> list[Turn]:
+    """:class:`Turn` of each assistant message index in ``idx``.
+
+    Raises:
+        ValueError: the template renders a turn that does not continue its own generation prompt.
+    """
+    tl = list(tools) if tools else None
+
+    def render(msgs: Sequence[dict], gen: bool) -> str:
+        out = tokenizer.apply_chat_template(list(msgs), tools=tl, tokenize=False, add_generation_prompt=gen)
+        if not isinstance(out, str):
+            raise ValueError(f"chat template rendering gave {type(out).__name__}, expected text")
+        return out
+
+    turns = []
+    for j in idx:
+        before, after = render(messages[:j], True), render(messages[: j + 1], False)
+        if not after.startswith(before):
+            raise ValueError(f"chat template: message {j} does not continue the generation prompt")
+        span = after[len(before):]
+        cut = span.rfind(eot)
+        own = span[: cut + len(eot)] if cut >= 0 else span
+        written = own[: -len(eot)] if cut >= 0 else own
+        turns.append(Turn(j, before, after, len(before) + len(own), cut >= 0,
+                          written != message_text(messages[j])))
+    return turns
+
+
+def segments(turns: Sequence[Turn]) -> list[int]:
+    """Start positions (into ``turns``) of runs whose renderings continue each other: a new run starts where
+    the template renders earlier history differently once later messages exist (Qwen3 drops the thinking of
+    turns before the last user message), so a run is exactly the text the model saw when it wrote its turns."""
+    return [0] + [n for n in range(1, len(turns)) if not turns[n].before.startswith(turns[n - 1].after)]
+
+
+class Encoder:
+    """Tokenisation as ``apply_chat_template(tokenize=True)`` does it (``add_special_tokens=False``)."""
+
+    def __init__(self, tokenizer: Any, eot: str) -> None:
+        self.tok = tokenizer
+        self.eot_ids = self(eot)
+        # an added token is matched before the tokeniser's model runs, so the text always splits around it
+        self.eot_added = eot in (tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {})
+
+    def __call__(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=False, verbose=False)["input_ids"]) if text else []
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=False)
+
+    def own_end(self, ids: list[int], t: Turn, k_a: int, k_t: int) -> int | None:
+        """Token index in ``ids`` where turn ``t``'s own tokens end (``k_a``/``k_t``: its start and the end of
+        its tail), or None when a token of the rendering spans that point."""
+        if t.own_end == len(t.after):
+            return k_t
+        n = len(self.eot_ids)
+        if t.has_eot and n and self.eot_added:  # the last end-of-turn token inside the turn
+            for k in range(k_t - n, k_a - 1, -1):
+                if ids[k:k + n] == self.eot_ids:
+                    return k + n
+        pre = self(t.after[:t.own_end])
+        return len(pre) if ids[:len(pre)] == pre else None
+
+    def eot_start(self, ids: list[int], t: Turn, k_a: int, k_b: int) -> int | None:
+        """Token index where the end-of-turn tokens of the own range ``[k_a, k_b)`` start (None: none there)."""
+        n = len(self.eot_ids)
+        if t.has_eot and n and k_b - n >= k_a and ids[k_b - n:k_b] == self.eot_ids:
+            return k_b - n
+        return None
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix of two id sequences."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
