@@ -79,7 +79,7 @@ class Encoder:
     """Tokenisation as ``apply_chat_template(tokenize=True)`` does it (``add_special_tokens=False``)."""
 
     def __init__(self, tokenizer: Any, eot: str) -> None:
-        self.tok = tokenizer
+        self.tok, self.eot = tokenizer, eot
         self.eot_ids = self(eot)
         # an added token is matched before the tokeniser's model runs, so the text always splits around it
         self.eot_added = eot in (tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {})
@@ -109,6 +109,28 @@ class Encoder:
         if t.has_eot and n and k_b - n >= k_a and ids[k_b - n:k_b] == self.eot_ids:
             return k_b - n
         return None
+
+
+    def own_by_offsets(self, text: str, ids: list[int], t: Turn, lo: int, hi: int, end_known: bool) -> tuple[int, int]:
+        """``[k_a, k_b)``: the tokens of ``ids[lo:hi]`` (the tokenisation of ``text``) whose characters lie in
+        turn ``t``'s own text, by the tokeniser's offsets (a token spanning the turn's start or end is not the
+        turn's; an end-of-turn token that also takes the whitespace after it is). Empty, at ``hi`` when the
+        turn's end is known (``end_known``) else at ``lo``, when the tokeniser gives no offsets."""
+        a, b = len(t.before), t.own_end
+        eot_at = b - len(self.eot) if t.has_eot else b
+        try:
+            offs = self.tok(text, add_special_tokens=False, return_offsets_mapping=True,
+                            verbose=False)["offset_mapping"]
+        except (NotImplementedError, ValueError, TypeError, KeyError):  # a slow tokeniser has no offsets
+            offs = None
+        if offs is None or len(offs) != len(ids):
+            k = hi if end_known else lo
+            return k, k
+        inside = [i for i in range(lo, hi) if a <= offs[i][0] < b and (offs[i][1] <= b or offs[i][0] >= eot_at)]
+        if not inside:
+            k = next((i for i in range(lo, hi) if offs[i][0] >= b), hi)
+            return k, k
+        return inside[0], inside[-1] + 1
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

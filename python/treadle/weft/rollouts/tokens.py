@@ -167,10 +167,11 @@ class _Run:
         """The sample of ``turns`` (starting with flags ``lead``) and how many of them it used up (the rest
         start a new sample)."""
         enc = self.enc
-        ids = enc(turns[-1].after)  # the whole rendering of the run, tokenised once
+        text = turns[-1].after
+        ids = enc(text)  # the whole rendering of the run, tokenised once
         inp: list[int] = []
         lab: list[int] = []
-        flags, held, pending = list(lead), [], []  # pending: turns in the sample once the next commit lands
+        flags, held = list(lead), []
         pos = 0  # ids[:pos] are in inp (with the policy's ids in place of their turns' tokens)
 
         def done(used: int) -> tuple[TokenSample, int]:
@@ -180,9 +181,6 @@ class _Run:
         def fits(n_more: int) -> bool:
             return self.max_tokens is None or len(inp) + n_more <= self.max_tokens
 
-        def over(js: Iterable[int]) -> None:
-            flags.extend(f"over_budget:{j}" for j in [*pending, *js])
-
         for n, t in enumerate(turns):
             prompt = enc(t.before)
             upto = ids if n == len(turns) - 1 else enc(t.after)
@@ -191,44 +189,39 @@ class _Run:
             k_b = enc.own_end(ids, t, k_a, k_t) if clean_a and clean_t else None
             g = self.pids.get(t.j)
             placed = self._place(ids, t, k_a, k_b, g) if g is not None and k_b is not None else None
-            if g is not None and placed is None and not pending and common_prefix(prompt, ids) >= pos:
+            if g is not None and placed is None and common_prefix(prompt, ids) >= pos:
                 # the model's ids cannot stand in the rendering: the sample ends with its prompt and its ids
                 ctx = prompt[pos:]
                 if not fits(len(ctx) + len(g)):
-                    over([t.j])
+                    flags.append(f"over_budget:{t.j}")
                     return done(n + 1)
                 masked = self._turn_flags(t, len(g), flags)
                 flags.append(f"{'ids_differ' if k_b is not None else 'merged_boundary'}:{t.j}")
                 inp += ctx + g
                 lab += [IGNORE] * len(ctx) + ([IGNORE] * len(g) if masked else list(g))
-                held.extend([*pending, t.j])
+                held.append(t.j)
                 return done(n + 1)
-            if k_b is None or (g is not None and placed is None):  # no exact place for its tokens: context only
-                flags.append(f"merged_boundary:{t.j}")
-                if not clean_t:
-                    pending.append(t.j)
-                    continue
-                if not fits(k_t - pos):
-                    over(tt.j for tt in turns[n:])
-                    return done(len(turns))
-                inp += ids[pos:k_t]
-                lab += [IGNORE] * (k_t - pos)
-            else:
+            if k_b is not None and (g is None or placed is not None):
                 piece, unwritten, kept = placed if placed is not None else (ids[k_a:k_b], 0, False)
-                if not fits((k_a - pos) + len(piece) + (k_t - k_b)):
-                    over(tt.j for tt in turns[n:])
-                    return done(len(turns))
-                masked = self._turn_flags(t, len(piece), flags)
-                if kept:
-                    flags.append(f"ids_kept:{t.j}")
-                elif g is None and t.rewritten and not masked:
-                    flags.append(f"text_rewritten:{t.j}")
-                    masked = self.rewritten == "mask"
-                own = [IGNORE] * len(piece) if masked else piece[:len(piece) - unwritten] + [IGNORE] * unwritten
-                inp += ids[pos:k_a] + piece + ids[k_b:k_t]
-                lab += [IGNORE] * (k_a - pos) + own + [IGNORE] * (k_t - k_b)
-            held.extend([*pending, t.j])
-            pending, pos = [], k_t
+            else:  # a token of the rendering spans the turn's start or end: its own tokens found by offsets
+                flags.append(f"merged_boundary:{t.j}")
+                k_a, k_b = enc.own_by_offsets(text, ids, t, pos, k_t if clean_t else len(ids), clean_t)
+                k_t = k_t if clean_t else k_b
+                piece, unwritten, kept = ids[k_a:k_b], 0, False
+            if not fits((k_a - pos) + len(piece) + (k_t - k_b)):
+                flags.extend(f"over_budget:{tt.j}" for tt in turns[n:])
+                return done(len(turns))
+            masked = self._turn_flags(t, len(piece), flags)
+            if kept:
+                flags.append(f"ids_kept:{t.j}")
+            elif g is None and t.rewritten and not masked:
+                flags.append(f"text_rewritten:{t.j}")
+                masked = self.rewritten == "mask"
+            own = [IGNORE] * len(piece) if masked else piece[:len(piece) - unwritten] + [IGNORE] * unwritten
+            inp += ids[pos:k_a] + piece + ids[k_b:k_t]
+            lab += [IGNORE] * (k_a - pos) + own + [IGNORE] * (k_t - k_b)
+            held.append(t.j)
+            pos = k_t
         return done(len(turns))
 
     def _turn_flags(self, t: Turn, n_tokens: int, flags: list[str]) -> bool:
