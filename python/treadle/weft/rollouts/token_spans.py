@@ -12,6 +12,7 @@ word-boundary marker (SentencePiece ``▁``) or merge across pieces would give t
 """
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -81,8 +82,11 @@ class Encoder:
     def __init__(self, tokenizer: Any, eot: str) -> None:
         self.tok, self.eot = tokenizer, eot
         self.eot_ids = self(eot)
-        # an added token is matched before the tokeniser's model runs, so the text always splits around it
-        self.eot_added = eot in (tokenizer.get_added_vocab() if hasattr(tokenizer, "get_added_vocab") else {})
+        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        # added tokens matched in the raw text (not normalised) split it into pieces the tokeniser handles one by
+        # one: the tokenisation of a prefix that ends after such a token is the prefix of the whole one
+        self.anchors = frozenset(i for i, t in added.items() if getattr(t, "normalized", True) is False)
+        self.eot_added = eot in {str(getattr(t, "content", t)) for t in added.values()}
 
     def __call__(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False, verbose=False)["input_ids"]) if text else []
@@ -90,40 +94,68 @@ class Encoder:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=False)
 
-    def own_end(self, ids: list[int], t: Turn, k_a: int, k_t: int) -> int | None:
-        """Token index in ``ids`` where turn ``t``'s own tokens end (``k_a``/``k_t``: its start and the end of
-        its tail), or None when a token of the rendering spans that point."""
+    def rendering(self, text: str) -> Rendering:
+        return Rendering(self, text)
+
+
+class Rendering:
+    """One rendering tokenised once (with character offsets where the tokeniser gives them) and the token
+    index of a character position, checked: ``at(c)`` is ``k`` only when ``ids[:k]`` is the tokenisation of
+    ``text[:c]`` (what the model is given when its prompt ends at ``c``)."""
+
+    def __init__(self, enc: Encoder, text: str) -> None:
+        self.enc, self.text = enc, text
+        try:
+            out = enc.tok(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+            self.ids, self.offs = list(out["input_ids"]), [tuple(o) for o in out["offset_mapping"]]
+        except (NotImplementedError, ValueError, TypeError, KeyError):  # a slow tokeniser has no offsets
+            self.ids, self.offs = enc(text), None
+        if self.offs is not None and len(self.offs) != len(self.ids):
+            self.offs = None
+        self.starts = [o[0] for o in self.offs] if self.offs is not None else None
+        self.anchors = [i for i, x in enumerate(self.ids) if x in enc.anchors]
+
+    def at(self, c: int) -> int | None:
+        """Token index of character position ``c``, or None when no prefix of the ids tokenises ``text[:c]``
+        (a token of the rendering spans ``c``, or the prefix alone tokenises differently)."""
+        if c >= len(self.text):
+            return len(self.ids)
+        if self.starts is not None:  # located by offsets, checked from the last anchor before it
+            k = bisect.bisect_left(self.starts, c)
+            n = bisect.bisect_left(self.anchors, k) - 1
+            if n >= 0 and self.enc(self.text[self.offs[self.anchors[n]][0]:c]) == self.ids[self.anchors[n]:k]:
+                return k
+        pre = self.enc(self.text[:c])  # the whole prefix: the authority when the local check fails
+        return len(pre) if self.ids[:len(pre)] == pre else None
+
+    def own_end(self, t: Turn, k_a: int, k_t: int) -> int | None:
+        """Token index where turn ``t``'s own tokens end (``k_a``/``k_t``: its start and the end of its tail),
+        or None when no token boundary is there."""
         if t.own_end == len(t.after):
             return k_t
-        n = len(self.eot_ids)
-        if t.has_eot and n and self.eot_added:  # the last end-of-turn token inside the turn
+        n, ids = len(self.enc.eot_ids), self.ids
+        if t.has_eot and n and self.enc.eot_added:  # the last end-of-turn token inside the turn
             for k in range(k_t - n, k_a - 1, -1):
-                if ids[k:k + n] == self.eot_ids:
+                if ids[k:k + n] == self.enc.eot_ids:
                     return k + n
-        pre = self(t.after[:t.own_end])
-        return len(pre) if ids[:len(pre)] == pre else None
+        return self.at(t.own_end)
 
-    def eot_start(self, ids: list[int], t: Turn, k_a: int, k_b: int) -> int | None:
+    def eot_start(self, t: Turn, k_a: int, k_b: int) -> int | None:
         """Token index where the end-of-turn tokens of the own range ``[k_a, k_b)`` start (None: none there)."""
-        n = len(self.eot_ids)
-        if t.has_eot and n and k_b - n >= k_a and ids[k_b - n:k_b] == self.eot_ids:
+        n, eot = len(self.enc.eot_ids), self.enc.eot_ids
+        if t.has_eot and n and k_b - n >= k_a and self.ids[k_b - n:k_b] == eot:
             return k_b - n
         return None
 
-
-    def own_by_offsets(self, text: str, ids: list[int], t: Turn, lo: int, hi: int, end_known: bool) -> tuple[int, int]:
-        """``[k_a, k_b)``: the tokens of ``ids[lo:hi]`` (the tokenisation of ``text``) whose characters lie in
-        turn ``t``'s own text, by the tokeniser's offsets (a token spanning the turn's start or end is not the
-        turn's; an end-of-turn token that also takes the whitespace after it is). Empty, at ``hi`` when the
-        turn's end is known (``end_known``) else at ``lo``, when the tokeniser gives no offsets."""
+    def own_by_offsets(self, t: Turn, lo: int, hi: int, end_known: bool) -> tuple[int, int]:
+        """``[k_a, k_b)``: the tokens of ``ids[lo:hi]`` whose characters lie in turn ``t``'s own text, by the
+        offsets (a token spanning the turn's start or end is not the turn's; an end-of-turn token that also
+        takes the whitespace after it is). Empty, at ``hi`` when the turn's end is known (``end_known``) else
+        at ``lo``, when the tokeniser gives no offsets."""
         a, b = len(t.before), t.own_end
-        eot_at = b - len(self.eot) if t.has_eot else b
-        try:
-            offs = self.tok(text, add_special_tokens=False, return_offsets_mapping=True,
-                            verbose=False)["offset_mapping"]
-        except (NotImplementedError, ValueError, TypeError, KeyError):  # a slow tokeniser has no offsets
-            offs = None
-        if offs is None or len(offs) != len(ids):
+        eot_at = b - len(self.enc.eot) if t.has_eot else b
+        offs = self.offs
+        if offs is None:
             k = hi if end_known else lo
             return k, k
         inside = [i for i in range(lo, hi) if a <= offs[i][0] < b and (offs[i][1] <= b or offs[i][0] >= eot_at)]

@@ -41,7 +41,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from treadle.weft.rollouts.records import Trajectory
-from treadle.weft.rollouts.token_spans import Encoder, Turn, common_prefix, render_turns, segments
+from treadle.weft.rollouts.token_spans import Encoder, Rendering, Turn, common_prefix, render_turns, segments
 
 IGNORE = -100
 REWRITTEN = ("train", "mask")
@@ -167,8 +167,8 @@ class _Run:
         """The sample of ``turns`` (starting with flags ``lead``) and how many of them it used up (the rest
         start a new sample)."""
         enc = self.enc
-        text = turns[-1].after
-        ids = enc(text)  # the whole rendering of the run, tokenised once
+        r = enc.rendering(turns[-1].after)  # the whole rendering of the run, tokenised once
+        ids = r.ids
         inp: list[int] = []
         lab: list[int] = []
         flags, held = list(lead), []
@@ -182,31 +182,30 @@ class _Run:
             return self.max_tokens is None or len(inp) + n_more <= self.max_tokens
 
         for n, t in enumerate(turns):
-            prompt = enc(t.before)
-            upto = ids if n == len(turns) - 1 else enc(t.after)
-            k_a, k_t = len(prompt), len(upto)
-            clean_a, clean_t = ids[:k_a] == prompt, ids[:k_t] == upto
-            k_b = enc.own_end(ids, t, k_a, k_t) if clean_a and clean_t else None
+            k_a, k_t = r.at(len(t.before)), r.at(len(t.after))  # None: no token boundary there
+            k_b = r.own_end(t, k_a, k_t) if k_a is not None and k_t is not None else None
             g = self.pids.get(t.j)
-            placed = self._place(ids, t, k_a, k_b, g) if g is not None and k_b is not None else None
-            if g is not None and placed is None and common_prefix(prompt, ids) >= pos:
-                # the model's ids cannot stand in the rendering: the sample ends with its prompt and its ids
-                ctx = prompt[pos:]
-                if not fits(len(ctx) + len(g)):
-                    flags.append(f"over_budget:{t.j}")
+            placed = self._place(r, t, k_a, k_b, g) if g is not None and k_b is not None else None
+            if g is not None and placed is None:
+                prompt = ids[:k_a] if k_a is not None else enc(t.before)  # the model's prompt
+                if (k_a if k_a is not None else common_prefix(prompt, ids)) >= pos:
+                    # the model's ids cannot stand in the rendering: the sample ends with its prompt and its ids
+                    ctx = prompt[pos:]
+                    if not fits(len(ctx) + len(g)):
+                        flags.append(f"over_budget:{t.j}")
+                        return done(n + 1)
+                    masked = self._turn_flags(t, len(g), flags)
+                    flags.append(f"{'ids_differ' if k_b is not None else 'merged_boundary'}:{t.j}")
+                    inp += ctx + g
+                    lab += [IGNORE] * len(ctx) + ([IGNORE] * len(g) if masked else list(g))
+                    held.append(t.j)
                     return done(n + 1)
-                masked = self._turn_flags(t, len(g), flags)
-                flags.append(f"{'ids_differ' if k_b is not None else 'merged_boundary'}:{t.j}")
-                inp += ctx + g
-                lab += [IGNORE] * len(ctx) + ([IGNORE] * len(g) if masked else list(g))
-                held.append(t.j)
-                return done(n + 1)
             if k_b is not None and (g is None or placed is not None):
                 piece, unwritten, kept = placed if placed is not None else (ids[k_a:k_b], 0, False)
             else:  # a token of the rendering spans the turn's start or end: its own tokens found by offsets
                 flags.append(f"merged_boundary:{t.j}")
-                k_a, k_b = enc.own_by_offsets(text, ids, t, pos, k_t if clean_t else len(ids), clean_t)
-                k_t = k_t if clean_t else k_b
+                k_a, k_b = r.own_by_offsets(t, pos, len(ids) if k_t is None else k_t, k_t is not None)
+                k_t = k_b if k_t is None else k_t
                 piece, unwritten, kept = ids[k_a:k_b], 0, False
             if not fits((k_a - pos) + len(piece) + (k_t - k_b)):
                 flags.extend(f"over_budget:{tt.j}" for tt in turns[n:])
@@ -234,14 +233,14 @@ class _Run:
             return True
         return False
 
-    def _place(self, ids: list[int], t: Turn, k_a: int, k_b: int, g: list[int]) -> tuple[list[int], int, bool] | None:
+    def _place(self, r: Rendering, t: Turn, k_a: int, k_b: int, g: list[int]) -> tuple[list[int], int, bool] | None:
         """``(turn ids, trailing ids the model did not write, ids differ from the rendering's)`` with the
         policy's ids ``g`` standing for the rendering's own tokens ``ids[k_a:k_b]``, or None when ``g`` does not
         spell the rendered text. Text is compared with one token of left context, so that decoders that
         drop a leading word-boundary marker treat both sides alike."""
-        enc = self.enc
+        enc, ids = self.enc, r.ids
         own = ids[k_a:k_b]
-        k_e = enc.eot_start(ids, t, k_a, k_b)
+        k_e = r.eot_start(t, k_a, k_b)
         eot = ids[k_e:k_b] if k_e is not None else []
         if g == own:
             return g, 0, False
