@@ -99,12 +99,12 @@ def _check(tok, conv, samples, *, max_tokens=None, masked_kinds=("truncated_turn
     asst = [i for i, m in enumerate(conv) if m["role"] == "assistant"]
     seen = []
     for s in samples:
-        seen += list(s.turns) + sorted(_flagged(s, "over_budget"))
+        seen += list(s.turns) + sorted(_flagged(s, "over_budget") | _flagged(s, "dropped"))
         assert len(s.input_ids) == len(s.labels)
         if max_tokens is not None:
             assert len(s.input_ids) <= max_tokens
-        if not s.turns:  # the record of a run that did not fit
-            assert not s.input_ids and _flagged(s, "over_budget")
+        if not s.turns:  # the record of turns left out
+            assert not s.input_ids and (_flagged(s, "over_budget") or _flagged(s, "dropped"))
             continue
         end = s.turns[-1]
         ids, runs = _assistant_runs(tok, conv[:end + 1])
@@ -158,6 +158,10 @@ def test_masked_turns_and_rewritten_setting(family, template):
     (m,) = tokenize_conversation(NATIVE, TOOLS, tok, rewritten="mask")
     _check(tok, NATIVE, [m], masked_kinds=("text_rewritten",))
     assert "text_rewritten:2" in m.flags and m.trainable < tokenize_conversation(NATIVE, TOOLS, tok)[0].trainable
+    (d,) = tokenize_conversation(NATIVE, TOOLS, tok, rewritten="drop")  # the sample left out, its record kept
+    _check(tok, NATIVE, [d])
+    assert d.input_ids == () and {"text_rewritten:2", "dropped:2", "dropped:5"} <= set(d.flags)
+    assert tokenize_conversation(PLAIN, TOOLS, tok, rewritten="drop")[0].input_ids  # exact samples stay
     # a turn of exactly max_turn_tokens tokens is trained, one token more is masked
     _, runs = _assistant_runs(tok, NATIVE)
     n5 = runs[5][1] - runs[5][0]
@@ -288,4 +292,4 @@ def test_bad_policy_ids():
     with pytest.raises(ValueError, match="token id lists"):
         tokenize_conversation(PLAIN, TOOLS, tok, policy_ids={2: ["x"]})
     with pytest.raises(ValueError, match="rewritten"):
-        tokenize_conversation(PLAIN, TOOLS, tok, rewritten="drop")
+        tokenize_conversation(PLAIN, TOOLS, tok, rewritten="skip")

@@ -25,7 +25,8 @@
   its next call.
 - Without ids, a turn whose rendering is not the message's text (the template wrote tool calls, thinking
   or whitespace the model may not have written) is trained as rendered and flagged ``text_rewritten:j``;
-  ``rewritten="mask"`` keeps such turns as context only.
+  ``rewritten="mask"`` keeps such turns as context only, ``rewritten="drop"`` leaves out the samples that
+  hold one (an empty sample flagged ``dropped:j`` stays as the record).
 - Budgets: a turn in ``truncated`` (``finish_reason="length"``) or longer than ``max_turn_tokens`` is
   masked and flagged; a sample over ``max_tokens`` ends at the last whole turn that fits and names every
   turn it left out (``over_budget:j`` each). No assistant turn leaves the data without a flag saying why:
@@ -44,7 +45,7 @@ from treadle.weft.rollouts.records import Trajectory
 from treadle.weft.rollouts.token_spans import Encoder, Rendering, Turn, common_prefix, render_turns, segments
 
 IGNORE = -100
-REWRITTEN = ("train", "mask")
+REWRITTEN = ("train", "mask", "drop")
 
 
 class TokenSample(BaseModel):
@@ -56,7 +57,7 @@ class TokenSample(BaseModel):
     segment: int = Field(0, description="Index of this sample among the conversation's samples.")
     flags: tuple[str, ...] = Field((), description="'<kind>:i' (i: assistant message index): truncated_turn, "
                                                    "over_turn_budget, over_budget, split_at, ids_differ, "
-                                                   "ids_kept, merged_boundary, text_rewritten.")
+                                                   "ids_kept, merged_boundary, text_rewritten, dropped.")
     turns: tuple[int, ...] = Field((), description="Indices of the assistant messages whose tokens it holds.")
 
     @property
@@ -84,7 +85,7 @@ def tokenize_conversation(messages: Sequence[dict], tools: Sequence[dict] | None
                           truncated: Iterable[int] = (), max_turn_tokens: int | None = None,
                           max_tokens: int | None = None, eot: str | None = None,
                           policy_ids: Mapping[int, Sequence[int]] | None = None,
-                          rewritten: Literal["train", "mask"] = "train") -> list[TokenSample]:
+                          rewritten: Literal["train", "mask", "drop"] = "train") -> list[TokenSample]:
     """Render ``messages`` with ``tokenizer``'s chat template and ``tools``; one sample per run of turns.
 
     Args:
@@ -100,11 +101,13 @@ def tokenize_conversation(messages: Sequence[dict], tools: Sequence[dict] | None
             template's ``eot`` tokens are appended masked (the model did not write them).
         rewritten: ``"train"`` (default) trains a turn without ids whose rendering is not its message
             text as rendered, flagged ``text_rewritten:j``; ``"mask"`` keeps it as context only (still
-            flagged), so that only turns whose tokens are known to be the model's are trained.
+            flagged), so that only turns whose tokens are known to be the model's are trained; ``"drop"``
+            leaves out every sample that trains such a turn: what remains of it is an empty sample whose
+            flags name its turns (``dropped:j``).
 
     Returns:
-        The samples in conversation order; a sample with no ids is the record of a run of turns that did
-        not fit ``max_tokens`` (its flags name them).
+        The samples in conversation order; a sample with no ids is the record of turns left out (its flags
+        name them: ``over_budget:j``, ``dropped:j``).
 
     Raises:
         ValueError: no chat template, no end-of-turn string, no assistant message, bad budgets, policy ids
@@ -136,6 +139,10 @@ def tokenize_conversation(messages: Sequence[dict], tools: Sequence[dict] | None
         out.append(sample)
         n += used
         lead = [f"split_at:{turns[n].j}"] if n < len(turns) else []
+    if rewritten == "drop":
+        out = [TokenSample(input_ids=(), labels=(), segment=s.segment,
+                           flags=s.flags + tuple(f"dropped:{j}" for j in s.turns))
+               if any(f.startswith("text_rewritten:") for f in s.flags) else s for s in out]
     return out
 
 
@@ -215,7 +222,7 @@ class _Run:
                 flags.append(f"ids_kept:{t.j}")
             elif g is None and t.rewritten and not masked:
                 flags.append(f"text_rewritten:{t.j}")
-                masked = self.rewritten == "mask"
+                masked = self.rewritten != "train"
             own = [IGNORE] * len(piece) if masked else piece[:len(piece) - unwritten] + [IGNORE] * unwritten
             inp += ids[pos:k_a] + piece + ids[k_b:k_t]
             lab += [IGNORE] * (k_a - pos) + own + [IGNORE] * (k_t - k_b)
