@@ -48,7 +48,8 @@ CHATML_QWEN3 = r"""
             {%- for tc in message.tool_calls %}
                 {%- if (loop.first and content) or not loop.first %}{{- '\n' }}{%- endif %}
                 {{- '<tool_call>\n{"name": "' + tc.function.name + '", "arguments": ' }}
-                {%- if tc.function.arguments is string %}{{- tc.function.arguments }}{%- else %}{{- tc.function.arguments | tojson }}{%- endif %}
+                {%- if tc.function.arguments is string %}{{- tc.function.arguments }}
+                {%- else %}{{- tc.function.arguments | tojson }}{%- endif %}
                 {{- '}\n</tool_call>' }}
             {%- endfor %}
         {%- endif %}
@@ -83,7 +84,8 @@ LLAMA3 = r"""
             {%- for tc in m.tool_calls %}
                 {%- if not loop.first %}{{- '; ' }}{%- endif %}
                 {{- '{"name": "' + tc.function.name + '", "parameters": ' }}
-                {%- if tc.function.arguments is string %}{{- tc.function.arguments }}{%- else %}{{- tc.function.arguments | tojson }}{%- endif %}
+                {%- if tc.function.arguments is string %}{{- tc.function.arguments }}
+                {%- else %}{{- tc.function.arguments | tojson }}{%- endif %}
                 {{- '}' }}
             {%- endfor %}
         {%- else %}
@@ -116,7 +118,8 @@ MISTRAL = r"""
             {%- for tc in m.tool_calls %}
                 {%- if not loop.first %}{{- ', ' }}{%- endif %}
                 {{- '{"name": "' + tc.function.name + '", "arguments": ' }}
-                {%- if tc.function.arguments is string %}{{- tc.function.arguments }}{%- else %}{{- tc.function.arguments | tojson }}{%- endif %}
+                {%- if tc.function.arguments is string %}{{- tc.function.arguments }}
+                {%- else %}{{- tc.function.arguments | tojson }}{%- endif %}
                 {{- ', "id": "' + tc.id + '"}' }}
             {%- endfor %}
             {{- ']' }}
@@ -140,7 +143,8 @@ ADDED_TOKENS = r"""
         {{- m.content or '' }}
         {%- for tc in m.tool_calls or [] %}
             {{- '[CALL]' + tc.function.name + ' ' }}
-            {%- if tc.function.arguments is string %}{{- tc.function.arguments }}{%- else %}{{- tc.function.arguments | tojson }}{%- endif %}
+            {%- if tc.function.arguments is string %}{{- tc.function.arguments }}
+            {%- else %}{{- tc.function.arguments | tojson }}{%- endif %}
         {%- endfor %}
         {{- '[END]' }}
         {%- endgeneration %}
@@ -152,5 +156,6 @@ ADDED_TOKENS = r"""
 """
 
 # name: (template, eot / eos token, bos token)
-TEMPLATES = {"chatml_qwen3": (CHATML_QWEN3, "<|im_end|>", None), "llama3": (LLAMA3, "<|eot_id|>", "<|begin_of_text|>"),
+TEMPLATES = {"chatml_qwen3": (CHATML_QWEN3, "<|im_end|>", None),
+             "llama3": (LLAMA3, "<|eot_id|>", "<|begin_of_text|>"),
              "mistral": (MISTRAL, "</s>", "<s>"), "added_tokens": (ADDED_TOKENS, "[END]", None)}

@@ -4,10 +4,11 @@ A conversation is rendered with the model's chat template once per prefix: ``bef
 assistant turn ``j`` plus the generation prompt: exactly the prompt the model was given for that turn) and
 ``after_j`` (messages up to and including turn ``j``). The turn's characters are ``after_j[len(before_j):]``:
 its own part (what the model writes, up to and including the end-of-turn string) and a tail the template
-adds after it (``"\\n"`` in ChatML). Token positions come from tokenising the whole rendering once and
-checking, per turn, that the tokenisation of ``before_j`` and of ``after_j`` are prefixes of it: the
-prefix check is what makes a boundary exact (a token the whole rendering merges across the turn's start or
-end fails it). No piece is ever tokenised on its own and concatenated: tokenisers that prepend a
+adds after it (``"\\n"`` in ChatML). Token positions come from tokenising the whole rendering once, with
+character offsets, and are checked: a position counts only when the tokenisation of the text up to it is a
+prefix of the whole (computed from the last added token before it, which splits the text for every
+tokeniser, or over the whole prefix when that fails). A token the rendering merges across a turn's start
+or end fails the check and is flagged. No piece is ever tokenised on its own and concatenated: tokenisers that prepend a
 word-boundary marker (SentencePiece ``▁``) or merge across pieces would give tokens the model never saw.
 """
 from __future__ import annotations
@@ -20,14 +21,21 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Turn:
-    """One assistant turn of a conversation, in characters of its renderings."""
+    """One assistant turn, as character positions in ``text``: the rendering of the last turn of its run
+    (every rendering of the run is a prefix of it)."""
 
     j: int  # index of the assistant message
-    before: str  # rendering of messages[:j] with the generation prompt (the prompt of this turn)
-    after: str  # rendering of messages[:j + 1]
-    own_end: int  # end (in ``after``) of the turn's own text, the end-of-turn string included
+    text: str  # the run's whole rendering (one string shared by the run's turns)
+    start: int  # end of the rendering of messages[:j] with the generation prompt (the prompt of this turn)
+    end: int  # end of the rendering of messages[:j + 1]
+    own_end: int  # end of the turn's own text, the end-of-turn string included (the template's tail follows)
     has_eot: bool  # the own text ends with the end-of-turn string
     rewritten: bool  # the own text is not the message's text (+ end-of-turn): the template wrote it
+    first: bool  # the first turn of its run
+
+    @property
+    def prompt(self) -> str:
+        return self.text[:self.start]
 
 
 def message_text(m: dict) -> str:
@@ -42,7 +50,10 @@ def message_text(m: dict) -> str:
 
 def render_turns(messages: Sequence[dict], tools: Sequence[dict] | None, tokenizer: Any, idx: Sequence[int],
                  eot: str) -> list[Turn]:
-    """:class:`Turn` of each assistant message index in ``idx``.
+    """:class:`Turn` of each assistant message index in ``idx``, grouped in runs whose renderings continue
+    each other: a new run starts where the template renders earlier history differently once later
+    messages exist (Qwen3 drops the thinking of turns before the last user message), so a run is exactly the
+    text the model saw when it wrote its turns. Only each run's last rendering is kept (memory O(text)).
 
     Raises:
         ValueError: the template renders a turn that does not continue its own generation prompt.
@@ -55,25 +66,24 @@ def render_turns(messages: Sequence[dict], tools: Sequence[dict] | None, tokeniz
             raise ValueError(f"chat template rendering gave {type(out).__name__}, expected text")
         return out
 
-    turns = []
+    turns: list[Turn] = []
+    run: list[tuple] = []
+    last = ""
     for j in idx:
         before, after = render(messages[:j], True), render(messages[: j + 1], False)
         if not after.startswith(before):
             raise ValueError(f"chat template: message {j} does not continue the generation prompt")
+        if run and not before.startswith(last):
+            turns += [Turn(*x[:1], last, *x[1:], n == 0) for n, x in enumerate(run)]
+            run = []
         span = after[len(before):]
         cut = span.rfind(eot)
         own = span[: cut + len(eot)] if cut >= 0 else span
         written = own[: -len(eot)] if cut >= 0 else own
-        turns.append(Turn(j, before, after, len(before) + len(own), cut >= 0,
-                          written != message_text(messages[j])))
-    return turns
-
-
-def segments(turns: Sequence[Turn]) -> list[int]:
-    """Start positions (into ``turns``) of runs whose renderings continue each other: a new run starts where
-    the template renders earlier history differently once later messages exist (Qwen3 drops the thinking of
-    turns before the last user message), so a run is exactly the text the model saw when it wrote its turns."""
-    return [0] + [n for n in range(1, len(turns)) if not turns[n].before.startswith(turns[n - 1].after)]
+        run.append((j, len(before), len(after), len(before) + len(own), cut >= 0,
+                    written != message_text(messages[j])))
+        last = after
+    return turns + [Turn(*x[:1], last, *x[1:], n == 0) for n, x in enumerate(run)]
 
 
 class Encoder:
@@ -131,7 +141,7 @@ class Rendering:
     def own_end(self, t: Turn, k_a: int, k_t: int) -> int | None:
         """Token index where turn ``t``'s own tokens end (``k_a``/``k_t``: its start and the end of its tail),
         or None when no token boundary is there."""
-        if t.own_end == len(t.after):
+        if t.own_end == t.end:
             return k_t
         n, ids = len(self.enc.eot_ids), self.ids
         if t.has_eot and n and self.enc.eot_added:  # the last end-of-turn token inside the turn
@@ -152,7 +162,7 @@ class Rendering:
         offsets (a token spanning the turn's start or end is not the turn's; an end-of-turn token that also
         takes the whitespace after it is). Empty, at ``hi`` when the turn's end is known (``end_known``) else
         at ``lo``, when the tokeniser gives no offsets."""
-        a, b = len(t.before), t.own_end
+        a, b = t.start, t.own_end
         eot_at = b - len(self.enc.eot) if t.has_eot else b
         offs = self.offs
         if offs is None:

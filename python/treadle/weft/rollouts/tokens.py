@@ -42,7 +42,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from treadle.weft.rollouts.records import Trajectory
-from treadle.weft.rollouts.token_spans import Encoder, Rendering, Turn, common_prefix, render_turns, segments
+from treadle.weft.rollouts.token_spans import Encoder, Rendering, Turn, common_prefix, render_turns
 
 IGNORE = -100
 REWRITTEN = ("train", "mask", "drop")
@@ -130,7 +130,7 @@ def tokenize_conversation(messages: Sequence[dict], tools: Sequence[dict] | None
     pids = _policy_ids(policy_ids, idx, len(tokenizer))
     turns = render_turns(messages, tools, tokenizer, idx, eot)
     run = _Run(Encoder(tokenizer, eot), pids, set(truncated), max_turn_tokens, max_tokens, rewritten)
-    starts = segments(turns) + [len(turns)]
+    starts = [n for n, t in enumerate(turns) if t.first] + [len(turns)]
     out: list[TokenSample] = []
     n, lead = 0, []
     while n < len(turns):
@@ -174,7 +174,7 @@ class _Run:
         """The sample of ``turns`` (starting with flags ``lead``) and how many of them it used up (the rest
         start a new sample)."""
         enc = self.enc
-        r = enc.rendering(turns[-1].after)  # the whole rendering of the run, tokenised once
+        r = enc.rendering(turns[0].text)  # the whole rendering of the run, tokenised once
         ids = r.ids
         inp: list[int] = []
         lab: list[int] = []
@@ -189,12 +189,12 @@ class _Run:
             return self.max_tokens is None or len(inp) + n_more <= self.max_tokens
 
         for n, t in enumerate(turns):
-            k_a, k_t = r.at(len(t.before)), r.at(len(t.after))  # None: no token boundary there
+            k_a, k_t = r.at(t.start), r.at(t.end)  # None: no token boundary there
             k_b = r.own_end(t, k_a, k_t) if k_a is not None and k_t is not None else None
             g = self.pids.get(t.j)
             placed = self._place(r, t, k_a, k_b, g) if g is not None and k_b is not None else None
             if g is not None and placed is None:
-                prompt = ids[:k_a] if k_a is not None else enc(t.before)  # the model's prompt
+                prompt = ids[:k_a] if k_a is not None else enc(t.prompt)  # the model's prompt
                 if (k_a if k_a is not None else common_prefix(prompt, ids)) >= pos:
                     # the model's ids cannot stand in the rendering: the sample ends with its prompt and its ids
                     ctx = prompt[pos:]
