@@ -293,3 +293,36 @@ def test_bad_policy_ids():
         tokenize_conversation(PLAIN, TOOLS, tok, policy_ids={2: ["x"]})
     with pytest.raises(ValueError, match="rewritten"):
         tokenize_conversation(PLAIN, TOOLS, tok, rewritten="skip")
+
+
+class _NoOffsets:
+    """A tokeniser without character offsets (a slow, pure-Python one): everything else delegated."""
+
+    def __init__(self, tok):
+        self._tok = tok
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+    def __len__(self):
+        return len(self._tok)
+
+    def __call__(self, text, **kw):
+        if kw.get("return_offsets_mapping"):
+            raise NotImplementedError("return_offset_mapping is not available when using Python tokenizers")
+        return self._tok(text, **kw)
+
+
+@pytest.mark.parametrize("family,template", [("byte_level", "chatml_qwen3"), ("sp_metaspace", "mistral"),
+                                             ("sp_normalizer", "chatml_qwen3")])
+def test_a_tokenizer_without_offsets_gives_the_same_exact_samples(family, template):
+    tok = _tok(family, template)
+    for conv in (PLAIN, NATIVE, THINKING):
+        fast = tokenize_conversation(conv, TOOLS, tok)
+        slow = tokenize_conversation(conv, TOOLS, _NoOffsets(tok))
+        assert [s.input_ids for s in slow] == [s.input_ids for s in fast]
+        for a, b in zip(slow, fast):
+            if not any(f.startswith("merged_boundary") for f in b.flags):
+                assert (a.labels, a.flags) == (b.labels, b.flags)
+            else:  # without offsets a merged turn is context only, still flagged
+                assert a.flags == b.flags and a.trainable < b.trainable
