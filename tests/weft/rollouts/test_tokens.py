@@ -47,19 +47,24 @@ def test_mask_covers_exactly_the_assistant_turns(tok):
     assert _trainable_text(tok, s) == want  # no system, user, tool text; each end-of-turn token trainable
     full = tok.decode(s.input_ids)
     assert full.count("<|im_start|>user\n<tool_response>\nR0\n</tool_response>\n<tool_response>\nR1") == 1
-    assert s.flags == ()
+    assert s.flags == ("text_rewritten:2",)  # the template wrote the native calls; no ids say the model did
 
 
 def test_thinking_stripped_from_history_splits_the_sample(tok):
-    conv = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "<think>hmm</think>A"},
-            {"role": "user", "content": "b"}, {"role": "assistant", "content": "<think>ok</think>B"}]
+    conv = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nA"},
+            {"role": "user", "content": "b"}, {"role": "assistant", "content": "<think>\nok\n</think>\n\nB"}]
     s1, s2 = tokenize_conversation(conv, None, tok)
+    assert s1.flags == ()
     assert _trainable_text(tok, s1) == "<think>\nhmm\n</think>\n\nA<|im_end|>"   # what the model saw and wrote
     assert _trainable_text(tok, s2) == "<think>\nok\n</think>\n\nB<|im_end|>"
     assert s2.flags == ("split_at:3",) and "hmm" not in tok.decode(s2.input_ids)  # re-rendered history, own segment
     conv_plain = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "A"},
                   {"role": "user", "content": "b"}, {"role": "assistant", "content": "B"}]
     assert len(tokenize_conversation(conv_plain, None, tok)) == 1              # no rewrite: one sample
+    # thinking stored in another layout than the template writes it: trained as rendered, flagged
+    compact = [dict(m, content=m["content"].replace("\n", "")) for m in conv]
+    s1, s2 = tokenize_conversation(compact, None, tok)
+    assert s1.flags == ("text_rewritten:1",) and s2.flags == ("split_at:3", "text_rewritten:3")
 
 
 def test_truncated_turn_and_budgets_are_masked_and_flagged(tok):
@@ -69,7 +74,7 @@ def test_truncated_turn_and_budgets_are_masked_and_flagged(tok):
     assert _trainable_text(tok, s) == "Both done.<|im_end|>" and s.flags == ("over_turn_budget:2",)
     n_first = len(tokenize_conversation(CONV[:3], TOOLS, tok)[0].input_ids)
     (s,) = tokenize_conversation(CONV, TOOLS, tok, max_tokens=n_first + 5)
-    assert len(s.input_ids) == n_first and s.flags == ("over_budget:5",)
+    assert len(s.input_ids) == n_first and s.flags == ("text_rewritten:2", "over_budget:5")
 
 
 def test_bad_input(tok):
