@@ -9,7 +9,7 @@ from treadle.weft.registry import ServerSpec
 from treadle.weft.runtime.records import ToolOutcome
 from treadle.weft.runtime.sessions import _Session
 from treadle.weft.state import Snapshot, StateBackend
-from treadle.weft.verify import CheckpointResult, CheckpointSpec, judge_checkpoint
+from treadle.weft.verify import CheckpointResult, CheckpointSpec, filter_diff, judge_checkpoint
 
 
 class VerificationMixin:
@@ -50,8 +50,11 @@ class VerificationMixin:
             if expected is not None and replay_check:
                 again, results2, error2 = await self._replay_gold(s.spec, start, spec.gold_calls)
                 try:
+                    # the replays need to agree on what the check observes (same tables, same privacy)
                     reproducible = (again is not None and error2 == gold_error and results2 == gold_results
-                                    and expected.diff(again).empty and expected.env.freeze() == again.env.freeze())
+                                    and filter_diff(expected.diff(again), spec.ignore_tables,
+                                                    spec.compare_private).empty
+                                    and expected.env.freeze() == again.env.freeze())
                 finally:
                     if again is not None:
                         again.close()
