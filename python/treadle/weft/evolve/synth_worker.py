@@ -68,11 +68,13 @@ try:
     broken = None
 except BaseException as e:
     broken = f"{type(e).__name__}: {e}"
+rid = None
 def done(**kw):
-    out.write(json.dumps(kw, default=str) + "\n")
+    out.write(json.dumps({**kw, "id": rid}, default=str) + "\n")
     out.flush()
 for line in sys.stdin:
     spec = json.loads(line)
+    rid = spec.pop("id", None)
     if broken is not None:
         done(kind="import_error", error=broken)
         continue
@@ -115,6 +117,7 @@ class SandboxWorker:
         self._process: Any = None  # the treadle.sandbox.SandboxProcess
         self._timer: threading.Timer | None = None
         self._lock = threading.RLock()
+        self._calls = 0  # request ids: a reply must name the request it answers
 
     @property
     def alive(self) -> bool:
@@ -167,13 +170,20 @@ class SandboxWorker:
     def call(self, request: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
         """Send one request line and read one reply line within ``limits.timeout_s``: ``(reply, '')``, or
         ``(None, why)`` when the worker timed out, ended, or replied something else (it is then stopped; the
-        next call starts a fresh one). Starts the worker first when none is running."""
+        next call starts a fresh one). Starts the worker first when none is running.
+
+        Each request carries a fresh id that its reply must echo, and a reply is exactly one line: a reply
+        naming another request (a line left over from an earlier call), bytes after the reply's line, or a
+        reply that is not one JSON object mean the protocol is out of step; the worker is then killed, so a
+        later call never receives an earlier call's reply."""
         with self._lock:
             if not self.alive:
                 self.start()
             proc = self.proc
+            self._calls += 1
+            rid = self._calls
             try:
-                proc.stdin.write((json.dumps(request) + "\n").encode())
+                proc.stdin.write((json.dumps({**request, "id": rid}) + "\n").encode())
                 proc.stdin.flush()
             except (BrokenPipeError, OSError):
                 why = f"the sandbox ended it (the session's worker exited: {self._stderr_tail() or 'no message'})"
@@ -182,7 +192,7 @@ class SandboxWorker:
             deadline = time.monotonic() + self.limits.timeout_s
             buf = bytearray()
             fd = proc.stdout.fileno()
-            while not buf.endswith(b"\n"):
+            while b"\n" not in buf:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self.close()
@@ -200,13 +210,18 @@ class SandboxWorker:
                 if len(buf) > self.max_reply_bytes:
                     self.close()
                     return None, f"the reply exceeded {self.max_reply_bytes} bytes; the worker was killed"
+            line, _, rest = bytes(buf).partition(b"\n")
             try:
-                out = json.loads(bytes(buf))
-            except json.JSONDecodeError:
+                out = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
                 out = None
             if not isinstance(out, dict):
                 self.close()
                 return None, "the worker replied something other than one JSON object; it was killed"
+            if rest or out.pop("id", None) != rid:
+                self.close()
+                return None, ("the worker's reply does not answer this call (a line of another call, or more than one "
+                              "line): the protocol is out of step; it was killed, the next call starts a fresh one")
             return out, ""
 
 
