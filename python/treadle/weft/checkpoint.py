@@ -24,8 +24,21 @@ Payload authentication: with a key (``key=`` or the ``TREADLE_WEFT_CHECKPOINT_KE
 variable; per deployment, never stored beside the data), every record carries an HMAC-SHA256 over
 its fields (which include the image's SHA-256), and :meth:`read` refuses a record without a valid
 MAC (:class:`~treadle.weft.errors.CheckpointIntegrityError`) before any byte of the image is
-deserialised. Object-state images are in any case unpickled by a restricted unpickler (plain
-containers and the server's own classes only; see :mod:`treadle.weft.object_state`).
+deserialised. A store without a key logs one warning line (once per URL) that it trusts whoever can
+write it: set the key wherever the store is shared. Object-state images are in any case unpickled by a
+restricted unpickler (plain containers and the server's own classes only; see
+:mod:`treadle.weft.object_state`).
+
+Fencing: a write checks the lease after its image and before its record, and creates no record once a
+newer generation exists, so a write refused as stale is never what a restore resumes from (its image,
+without a record, is never read). A write that passed that check just before a claim is kept (it
+happened before the claim); the new owner's first checkpoint supersedes it.
+
+Roll-back: deleting the newest record (with write access to the store) makes the previous one the
+latest, and a store cannot tell from what remains. A :class:`CheckpointStore` object remembers the
+newest (generation, seq) it wrote or read per session and refuses an older "latest"
+(:class:`~treadle.weft.errors.CheckpointIntegrityError`), so a runtime notices a roll-back of its own
+sessions; across processes nothing detects it unless the caller keeps that pair elsewhere.
 The debounce itself lives in the runtime (:class:`treadle.weft.runtime.Runtime`).
 """
 from __future__ import annotations
@@ -33,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import os
 import re
 import tempfile
@@ -49,6 +63,8 @@ from treadle.weft.errors import CheckpointIntegrityError, CheckpointStoreError, 
 from treadle.weft.state import BackendKind, Snapshot
 
 KEY_ENV = "TREADLE_WEFT_CHECKPOINT_KEY"
+_log = logging.getLogger(__name__)
+_WARNED: set[str] = set()
 _LEASE = re.compile(r"^lease-(\d{8,})\.json$")
 _RECORD = re.compile(r"^ckpt-(\d{8,})-(\d{8,})\.json$")
 _MAX_RACE = 10_000
@@ -107,6 +123,11 @@ class CheckpointStore:
             raise CheckpointStoreError(f"cannot open checkpoint store {self.url!r}: {err}") from err
         self.root = self.root.rstrip("/")
         self._local = isinstance(self.fs, LocalFileSystem)
+        self._seen: dict[str, tuple[int, int]] = {}  # newest (generation, seq) written or read, per session
+        if self._key is None and self.url not in _WARNED:
+            _WARNED.add(self.url)
+            _log.warning("checkpoint store %s has no key (%s unset): its records are not authenticated, it trusts "
+                         "whoever can write it", self.url, KEY_ENV)
 
     @property
     def authenticated(self) -> bool:
@@ -213,6 +234,11 @@ class CheckpointStore:
             rec = CheckpointRecord.model_validate(raw)
         except ValueError as err:
             raise CheckpointStoreError(f"checkpoint record {path} is not a CheckpointRecord: {err}") from err
+        seen = self._seen.get(session_id)
+        if seen is not None and (g, q) < seen:
+            raise CheckpointIntegrityError(
+                f"session {session_id}: the newest checkpoint is generation {g} seq {q}, but this store object saw "
+                f"generation {seen[0]} seq {seen[1]}: a newer record was removed (rolled back); refused")
         if (rec.generation, rec.seq, rec.session_id) != (g, q, session_id):
             raise CheckpointIntegrityError(f"checkpoint record {path} names generation {rec.generation} seq {rec.seq} "
                                            f"of session {rec.session_id!r}: refused")
@@ -221,7 +247,11 @@ class CheckpointStore:
             if not rec.mac or not hmac.compare_digest(rec.mac, self._mac(fields)):
                 raise CheckpointIntegrityError(f"checkpoint record {path} has {'a wrong' if rec.mac else 'no'} MAC: "
                                                f"written without this deployment's key, or tampered with; refused")
+        self._note(session_id, rec)
         return rec
+
+    def _note(self, session_id: str, rec: CheckpointRecord) -> None:
+        self._seen[session_id] = max(self._seen.get(session_id, (0, 0)), (rec.generation, rec.seq))
 
     def write(self, session_id: str, generation: int, server_hash: str, snapshot: Snapshot, *,
               turn: int | None = None, meta: dict[str, Any] | None = None) -> CheckpointRecord:
@@ -249,6 +279,10 @@ class CheckpointStore:
             seq += 1  # an image of that seq exists (a write of this generation whose record never landed)
         else:
             raise CheckpointStoreError(f"session {session_id}: no free checkpoint sequence number")
+        newer = self.generation(session_id)
+        if newer > generation:  # claimed while the image was written: no record, so the image is never read
+            raise StaleGenerationError(f"session {session_id}: generation {newer} claimed the session while "
+                                       f"generation {generation} wrote; write rejected")
         rec = CheckpointRecord(session_id=session_id, server_hash=server_hash, kind=snapshot.kind,
                                generation=generation, seq=seq, digest=snapshot.digest, nbytes=snapshot.nbytes,
                                time=time.time(), turn=turn, meta=dict(meta or {}), env=snapshot.env.as_dict())
@@ -258,10 +292,7 @@ class CheckpointStore:
         if not self._create_only(path, rec.model_dump_json().encode()):
             raise CheckpointStoreError(f"checkpoint record {path} exists already: two writers share generation "
                                        f"{generation}")
-        newer = self.generation(session_id)
-        if newer > generation:  # claimed while we wrote: the successor's records (higher generation) win
-            raise StaleGenerationError(f"session {session_id}: generation {newer} claimed the session while "
-                                       f"generation {generation} wrote; write rejected")
+        self._note(session_id, rec)
         return rec
 
     def read(self, session_id: str) -> tuple[CheckpointRecord, Snapshot]:
