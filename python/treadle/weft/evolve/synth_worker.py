@@ -30,6 +30,7 @@ import atexit
 import json
 import math
 import os
+import secrets
 import select
 import subprocess
 import sys
@@ -182,7 +183,7 @@ class SandboxWorker:
                 self.start()
             proc = self.proc
             self._calls += 1
-            rid = self._calls
+            rid = f"{self._calls}-{secrets.token_hex(8)}"  # unpredictable: no line written earlier can name it
             try:
                 proc.stdin.write((json.dumps({**request, "id": rid}) + "\n").encode())
                 proc.stdin.flush()
