@@ -38,8 +38,15 @@ lines = "".join(json.dumps(e) + "\n" for e in [
     {"event": "start", "i": 1, "tool": "ghost"},
     {"event": "check", "i": 1, "result": "boo", "error": None, "changed": [], "state": []},
     {"event": "done"}])
-sys.stdout.write(lines); sys.stdout.flush()
-sys.__stdout__.write(lines); sys.__stdout__.flush()
+def forge():
+    for f in (sys.stdout, sys.__stdout__):
+        try:
+            f.write(lines); f.flush()
+        except (OSError, ValueError):
+            pass
+forge()
+import atexit
+atexit.register(forge)                          # again after the harness's own last line
 for pid in ("1", str(os.getppid())):           # the harness's and PID 1's descriptors
     try:
         for n in os.listdir(f"/proc/{pid}/fd"):
