@@ -396,7 +396,7 @@ def _fold(paths: list[str]) -> list[str]:
 
 
 def _launch(mode: IsolationMode, root: str, work: str, argv: list[str], limits: str, read: list[str], tmp_mb: int,
-            cgroups: SandboxCgroups | None = None, *, work_mb: int = 1, collect: list[str] = (),
+            cgroups: SandboxCgroups | None = None, *, work_mb: int, collect: list[str] = (),
             collect_bytes: int = 0, report_fd: int | None = None, **popen) -> tuple[subprocess.Popen, str]:
     """Write the bootstrap's spec into ``root`` and start it; returns the process and the status file path.
 
@@ -452,7 +452,7 @@ def isolation_mode() -> IsolationMode:
             os.mkdir(work)
             try:
                 proc, st_path = _launch(mode, root, work, ["true"], "536870912,5,64,1048576", default_read_paths(), 1,
-                                        collect=["probe"], collect_bytes=1, stdout=subprocess.PIPE,
+                                        work_mb=1, collect=["probe"], collect_bytes=1, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE, env=_base_env(work))
                 _, err = proc.communicate(timeout=30)
             except (OSError, subprocess.TimeoutExpired) as e:
