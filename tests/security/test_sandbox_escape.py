@@ -226,7 +226,8 @@ def test_the_timeout_ends_every_process_of_the_sandbox():
     import time
 
     mark = f"treadle-sec-busy-{os.getpid()}-{time.monotonic_ns()}"  # in every process's command line
-    code = "import os, time\nfor _ in range(6):\n    if os.fork() == 0:\n        while True:\n            pass\ntime.sleep(300)\n"
+    code = ("import os, time\nfor _ in range(6):\n    if os.fork() == 0:\n        while True:\n            pass\n"
+            "time.sleep(300)\n")
     r = sandbox.run_command([sys.executable, "main.py", mark], files={"main.py": code},
                             limits=SandboxLimits(timeout_s=3))
     assert r.termination == "timeout"

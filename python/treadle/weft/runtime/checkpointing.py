@@ -120,7 +120,8 @@ class CheckpointingMixin:
 
         Reads and authenticates the checkpoint and materialises its state first, then claims a new
         generation (a stale writer of the old one is then rejected; a refused checkpoint claims nothing,
-        so the live owner keeps writing), materialises the state from the checkpoint and the tool offer it was written with (:meth:`set_available_tools`),
+        so the live owner keeps writing); the session gets the state and the tool offer the checkpoint
+        was written with (:meth:`set_available_tools`),
         and marks the session ``interrupted`` (its rollout resumes from
         the last turn boundary, ``checkpoint_turn``; never to be counted as a policy failure).
 
