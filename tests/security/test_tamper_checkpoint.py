@@ -147,3 +147,60 @@ def test_a_tampered_object_image_in_an_unkeyed_store_is_refused_without_fencing(
     with pytest.raises(CheckpointIntegrityError, match="digest"):  # the digest catches a bare image swap
         store.read("s")
     assert "limit" not in vars(fractions.Fraction)
+
+
+def _rewrite_unkeyed(tmp_path: Path, sid: str, data: bytes) -> None:
+    """What a writer of an unkeyed store can do: swap the newest image and fix its record's digest."""
+    import hashlib
+
+    rec_path = max((tmp_path / sid).glob("ckpt-*.json"))
+    raw = json.loads(rec_path.read_text())
+    rec_path.with_suffix(".bin").write_bytes(data)
+    raw["digest"], raw["nbytes"] = hashlib.sha256(data).hexdigest(), len(data)
+    rec_path.write_text(json.dumps(raw))
+
+
+@pytest.mark.parametrize("server, first, tamper", [
+    ("notes.py", ("add_note", {"text": "one"}), "sqlite"),
+    ("counter_obj.py", ("bump", {"by": 1}), "object"),
+])
+def test_a_tampered_image_in_an_unkeyed_store_is_refused_on_restore_without_fencing(tmp_path, snap, monkeypatch,
+                                                                                     server, first, tamper):
+    import fractions
+    import sqlite3
+
+    from treadle.weft.errors import SnapshotSchemaError
+    from treadle.weft.object_state import snapshot_from_object
+
+    monkeypatch.delenv("TREADLE_WEFT_CHECKPOINT_KEY", raising=False)
+    if tamper == "sqlite":  # another schema: a table the server does not have
+        db = sqlite3.connect(":memory:")
+        db.execute("CREATE TABLE intruder (x)")
+        db.commit()
+        evil = db.serialize()
+        start = snap
+    else:  # BUILD on a class object
+        evil = b"\x80\x05cfractions\nFraction\nN}\x8c\x05limit\x94K\x00s\x86b0}."
+
+        class Counter:
+            pass
+
+        c = Counter()
+        c.n, c.log = 0, []
+        start = snapshot_from_object(c)
+
+    async def main():
+        async with Runtime(checkpoint_store=CheckpointStore(tmp_path)) as owner:
+            h = owner.register(SERVERS / server)
+            sid = await owner.create_session(h, start, session_id="live")
+            assert (await owner.call_tool(sid, *first)).ok
+            assert await owner.checkpoint(sid) is not None
+            _rewrite_unkeyed(tmp_path, sid, evil)
+            async with Runtime(checkpoint_store=CheckpointStore(tmp_path)) as other:
+                other.register(SERVERS / server)
+                with pytest.raises((SnapshotSchemaError, CheckpointIntegrityError)):
+                    await other.restore_session(sid)
+            assert (await owner.call_tool(sid, *first)).ok
+            assert await owner.checkpoint(sid) is not None  # the live owner was not fenced
+    anyio.run(main)
+    assert "limit" not in vars(fractions.Fraction)

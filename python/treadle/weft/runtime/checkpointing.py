@@ -127,6 +127,7 @@ class CheckpointingMixin:
 
         Raises:
             WeftError: no checkpoint store; KeyError: no checkpoint for that id;
+            SnapshotSchemaError: the checkpoint's image does not fit the server's schema (nothing claimed);
             CheckpointIntegrityError: the checkpoint fails authentication, or its image names objects the
             restricted unpickler refuses (nothing of it ran); CheckpointStoreError: unreadable store;
             UnknownServerError: its server is not registered.
@@ -141,6 +142,7 @@ class CheckpointingMixin:
         # landed in between (the old owner's last write before the claim is the one to resume from)
         rec, snap = await anyio.to_thread.run_sync(self.store.read, session_id)
         spec = self.registry.spec(rec.server_hash)
+        self._check_snapshot(spec, snap)  # an image of another schema is refused, nothing claimed
         binding, state = await self._bind_session(spec, session_id, "inproc", snap, None)
         gen = await anyio.to_thread.run_sync(self.store.claim, session_id)  # later stale writes are refused
         newest = await anyio.to_thread.run_sync(self.store.latest, session_id)
@@ -151,6 +153,7 @@ class CheckpointingMixin:
                 await self._close_binding(binding)
             rec, snap = await anyio.to_thread.run_sync(self.store.read, session_id)
             spec = self.registry.spec(rec.server_hash)
+            self._check_snapshot(spec, snap)  # an image of another schema is refused, nothing claimed
             binding, state = await self._bind_session(spec, session_id, "inproc", snap, None)
         kept = self._closed_logs.pop(session_id, None)
         offer = rec.meta.get("available")
