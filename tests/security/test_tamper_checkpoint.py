@@ -204,3 +204,20 @@ def test_a_tampered_image_in_an_unkeyed_store_is_refused_on_restore_without_fenc
             assert await owner.checkpoint(sid) is not None  # the live owner was not fenced
     anyio.run(main)
     assert "limit" not in vars(fractions.Fraction)
+
+
+def test_a_watermark_outside_the_store_notices_a_roll_back_in_a_later_process(tmp_path, snap):
+    store_dir, mark = tmp_path / "store", tmp_path / "local" / "watermark.json"
+    store = CheckpointStore(store_dir, key="k1", watermark=mark)
+    g = store.claim("s")
+    store.write("s", g, H, snap)
+    newest = store.write("s", g, H, snap)
+    (store_dir / "s" / f"ckpt-{g:08d}-{newest.seq:08d}.json").unlink()
+    with pytest.raises(CheckpointIntegrityError, match="rolled back"):
+        CheckpointStore(store_dir, key="k1", watermark=mark).read("s")  # a fresh object: the file remembers
+    assert CheckpointStore(store_dir, key="k1").read("s")[0].seq == newest.seq - 1  # control: without it, unseen
+    mark.write_text("{not json")
+    from treadle.weft.errors import CheckpointStoreError
+
+    with pytest.raises(CheckpointStoreError, match="watermark"):
+        CheckpointStore(store_dir, key="k1", watermark=mark)

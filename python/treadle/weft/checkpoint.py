@@ -38,7 +38,8 @@ Roll-back: deleting the newest record (with write access to the store) makes the
 latest, and a store cannot tell from what remains. A :class:`CheckpointStore` object remembers the
 newest (generation, seq) it wrote or read per session and refuses an older "latest"
 (:class:`~treadle.weft.errors.CheckpointIntegrityError`), so a runtime notices a roll-back of its own
-sessions; across processes nothing detects it unless the caller keeps that pair elsewhere.
+sessions; ``watermark=`` keeps those pairs in a local file outside the store, so later processes that
+use the same file notice it too. Without such an outside record nothing can detect it.
 The debounce itself lives in the runtime (:class:`treadle.weft.runtime.Runtime`).
 """
 from __future__ import annotations
@@ -101,6 +102,9 @@ class CheckpointStore:
             ``s3fs``), ...
         key: HMAC key (bytes or str) authenticating records; default: the ``TREADLE_WEFT_CHECKPOINT_KEY``
             environment variable, or no authentication when unset.
+        watermark: a local file outside the store (e.g. on the worker's own disk) where the newest
+            (generation, seq) written or read per session is kept, so that a store object of a later process
+            also refuses a store whose newest record was deleted; default: kept in this object only.
         storage_options: passed to fsspec.
 
     Raises:
@@ -108,7 +112,8 @@ class CheckpointStore:
         TypeError: ``url`` or ``key`` has the wrong type.
     """
 
-    def __init__(self, url: str | Path, *, key: bytes | str | None = None, **storage_options: Any):
+    def __init__(self, url: str | Path, *, key: bytes | str | None = None, watermark: str | Path | None = None,
+                 **storage_options: Any):
         if not isinstance(url, (str, Path)):
             raise TypeError(f"url must be a str or Path, got {type(url).__name__}")
         if key is None:
@@ -124,6 +129,8 @@ class CheckpointStore:
         self.root = self.root.rstrip("/")
         self._local = isinstance(self.fs, LocalFileSystem)
         self._seen: dict[str, tuple[int, int]] = {}  # newest (generation, seq) written or read, per session
+        self._watermark = None if watermark is None else Path(watermark)
+        self._load_watermark()
         if self._key is None and self.url not in _WARNED:
             _WARNED.add(self.url)
             _log.warning("checkpoint store %s has no key (%s unset): its records are not authenticated, it trusts "
@@ -237,8 +244,8 @@ class CheckpointStore:
         seen = self._seen.get(session_id)
         if seen is not None and (g, q) < seen:
             raise CheckpointIntegrityError(
-                f"session {session_id}: the newest checkpoint is generation {g} seq {q}, but this store object saw "
-                f"generation {seen[0]} seq {seen[1]}: a newer record was removed (rolled back); refused")
+                f"session {session_id}: the newest checkpoint is generation {g} seq {q}, but generation {seen[0]} "
+                f"seq {seen[1]} was written or read before: a newer record was removed (rolled back); refused")
         if (rec.generation, rec.seq, rec.session_id) != (g, q, session_id):
             raise CheckpointIntegrityError(f"checkpoint record {path} names generation {rec.generation} seq {rec.seq} "
                                            f"of session {rec.session_id!r}: refused")
@@ -250,8 +257,39 @@ class CheckpointStore:
         self._note(session_id, rec)
         return rec
 
+    def _load_watermark(self) -> None:
+        if self._watermark is None or not self._watermark.exists():
+            return
+        try:
+            raw = json.loads(self._watermark.read_text())
+            seen = {str(k): (int(v[0]), int(v[1])) for k, v in raw.items()}
+        except (OSError, ValueError, TypeError, IndexError, AttributeError) as err:
+            raise CheckpointStoreError(f"checkpoint watermark {str(self._watermark)!r} is unreadable: {err}") from err
+        for sid, gq in seen.items():
+            self._seen[sid] = max(self._seen.get(sid, (0, 0)), gq)
+
     def _note(self, session_id: str, rec: CheckpointRecord) -> None:
         self._seen[session_id] = max(self._seen.get(session_id, (0, 0)), (rec.generation, rec.seq))
+        if self._watermark is None:
+            return
+        import fcntl
+
+        try:
+            self._watermark.parent.mkdir(parents=True, exist_ok=True)
+            with open(self._watermark, "a+") as f:  # merged under a lock: processes sharing the file add up
+                fcntl.flock(f, fcntl.LOCK_EX)
+                f.seek(0)
+                text = f.read()
+                on_disk = json.loads(text) if text.strip() else {}
+                for sid, gq in on_disk.items():
+                    self._seen[sid] = max(self._seen.get(sid, (0, 0)), (int(gq[0]), int(gq[1])))
+                f.seek(0)
+                f.truncate()
+                f.write(json.dumps({k: list(v) for k, v in sorted(self._seen.items())}))
+                f.flush()
+                os.fsync(f.fileno())
+        except (OSError, ValueError, TypeError, IndexError) as err:
+            raise CheckpointStoreError(f"cannot update checkpoint watermark {str(self._watermark)!r}: {err}") from err
 
     def write(self, session_id: str, generation: int, server_hash: str, snapshot: Snapshot, *,
               turn: int | None = None, meta: dict[str, Any] | None = None) -> CheckpointRecord:
