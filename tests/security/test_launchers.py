@@ -93,6 +93,19 @@ def test_run_command_and_run_python():
 
 
 @needs_sandbox
+@pytest.mark.parametrize("mode", ["userns", "root"])
+def test_each_isolation_mode(monkeypatch, mode):
+    if mode == "root" and os.geteuid() != 0:
+        pytest.skip("the root isolation mode needs root")
+    if mode == "userns" and sandbox.isolation_mode() != "userns":
+        pytest.skip("unprivileged user namespaces are not available here (the sandbox runs in root mode)")
+    monkeypatch.setattr(sandbox, "isolation_mode", lambda: mode)
+    r = sandbox.run_python(PROBE + "import json\nprint(json.dumps(_probe()))\n", limits=LIMITS)
+    assert r.isolation == mode
+    _check(_last_json(r.stdout), LIMITS, _default_cpu(LIMITS))
+
+
+@needs_sandbox
 def test_start_process():
     code = PROBE + "import json\nprint(json.dumps(_probe()), flush=True)\nimport time\ntime.sleep(30)\n"
     p = sandbox.start_process([sys.executable, "-I", "-c", code], limits=LIMITS, cpu_s=17)
