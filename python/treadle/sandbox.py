@@ -255,11 +255,6 @@ status = os.fdopen(status_fd, "w")
 pid = os.fork()                                       # PID 1 of the namespace ignores signals it has no handler
 if pid == 0:                                          # for, so the program must not be PID 1: it is its child
     status.close()
-    try:                                              # the program, not this reaper, is what an out-of-memory
-        with open("/proc/self/oom_score_adj", "w") as f:   # kill in the sandbox's memory cgroup takes
-            f.write("1000")
-    except OSError:
-        pass
     mem, cpu, nofile, fsize = limits
     for res, soft, hard in ((resource.RLIMIT_AS, mem, mem), (resource.RLIMIT_CPU, cpu, cpu + 1),
                             (resource.RLIMIT_NOFILE, nofile, nofile), (resource.RLIMIT_FSIZE, fsize, fsize)):
