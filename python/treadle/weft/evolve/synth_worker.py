@@ -13,8 +13,9 @@ function's own time. The parent enforces every limit:
   ``unshare --kill-child``, its PID namespace) is killed, the call fails, and the next call starts a
   fresh worker;
 - **per worker**: ``lifetime_s`` wall-clock (a timer kills it) and as many CPU seconds (``RLIMIT_CPU``),
-  ``limits.memory_mb`` of address space, open files and file sizes (``RLIMIT_*``), processes (a pids cgroup
-  where one can be made), a reply at most ``max_reply_bytes``;
+  ``limits.memory_mb`` for the whole sandbox (a memory cgroup), its work folder and ``/tmp`` (size-capped
+  tmpfs), open files and file sizes (``RLIMIT_*``), processes (a pids cgroup where one can be made), a
+  reply at most ``max_reply_bytes`` and answering the request it was sent (a reply out of step kills it);
 - the session ending (its :class:`~treadle.weft.determinism.SessionEnv` collected) or this process
   exiting stops it; :meth:`SandboxWorker.close` removes its directory.
 
@@ -29,6 +30,7 @@ import atexit
 import json
 import math
 import os
+import secrets
 import select
 import subprocess
 import sys
@@ -68,11 +70,13 @@ try:
     broken = None
 except BaseException as e:
     broken = f"{type(e).__name__}: {e}"
+rid = None
 def done(**kw):
-    out.write(json.dumps(kw, default=str) + "\n")
+    out.write(json.dumps({**kw, "id": rid}, default=str) + "\n")
     out.flush()
 for line in sys.stdin:
     spec = json.loads(line)
+    rid = spec.pop("id", None)
     if broken is not None:
         done(kind="import_error", error=broken)
         continue
@@ -115,6 +119,7 @@ class SandboxWorker:
         self._process: Any = None  # the treadle.sandbox.SandboxProcess
         self._timer: threading.Timer | None = None
         self._lock = threading.RLock()
+        self._calls = 0  # request ids: a reply must name the request it answers
 
     @property
     def alive(self) -> bool:
@@ -167,13 +172,20 @@ class SandboxWorker:
     def call(self, request: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
         """Send one request line and read one reply line within ``limits.timeout_s``: ``(reply, '')``, or
         ``(None, why)`` when the worker timed out, ended, or replied something else (it is then stopped; the
-        next call starts a fresh one). Starts the worker first when none is running."""
+        next call starts a fresh one). Starts the worker first when none is running.
+
+        Each request carries a fresh id that its reply must echo, and a reply is exactly one line: a reply
+        naming another request (a line left over from an earlier call), bytes after the reply's line, or a
+        reply that is not one JSON object mean the protocol is out of step; the worker is then killed, so a
+        later call never receives an earlier call's reply."""
         with self._lock:
             if not self.alive:
                 self.start()
             proc = self.proc
+            self._calls += 1
+            rid = f"{self._calls}-{secrets.token_hex(8)}"  # unpredictable: no line written earlier can name it
             try:
-                proc.stdin.write((json.dumps(request) + "\n").encode())
+                proc.stdin.write((json.dumps({**request, "id": rid}) + "\n").encode())
                 proc.stdin.flush()
             except (BrokenPipeError, OSError):
                 why = f"the sandbox ended it (the session's worker exited: {self._stderr_tail() or 'no message'})"
@@ -182,7 +194,7 @@ class SandboxWorker:
             deadline = time.monotonic() + self.limits.timeout_s
             buf = bytearray()
             fd = proc.stdout.fileno()
-            while not buf.endswith(b"\n"):
+            while b"\n" not in buf:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self.close()
@@ -200,13 +212,18 @@ class SandboxWorker:
                 if len(buf) > self.max_reply_bytes:
                     self.close()
                     return None, f"the reply exceeded {self.max_reply_bytes} bytes; the worker was killed"
+            line, _, rest = bytes(buf).partition(b"\n")
             try:
-                out = json.loads(bytes(buf))
-            except json.JSONDecodeError:
+                out = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
                 out = None
             if not isinstance(out, dict):
                 self.close()
                 return None, "the worker replied something other than one JSON object; it was killed"
+            if rest or out.pop("id", None) != rid:
+                self.close()
+                return None, ("the worker's reply does not answer this call (a line of another call, or more than one "
+                              "line): the protocol is out of step; it was killed, the next call starts a fresh one")
             return out, ""
 
 

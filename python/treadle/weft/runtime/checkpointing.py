@@ -118,13 +118,16 @@ class CheckpointingMixin:
     async def restore_session(self, session_id: str) -> str:
         """Re-open a session from its last checkpoint (e.g. after its worker died).
 
-        Claims a new generation (a stale writer of the old one is then rejected), materialises the
-        state from the checkpoint and the tool offer it was written with (:meth:`set_available_tools`),
+        Reads and authenticates the checkpoint and materialises its state first, then claims a new
+        generation (a stale writer of the old one is then rejected; a refused checkpoint claims nothing,
+        so the live owner keeps writing); the session gets the state and the tool offer the checkpoint
+        was written with (:meth:`set_available_tools`),
         and marks the session ``interrupted`` (its rollout resumes from
         the last turn boundary, ``checkpoint_turn``; never to be counted as a policy failure).
 
         Raises:
             WeftError: no checkpoint store; KeyError: no checkpoint for that id;
+            SnapshotSchemaError: the checkpoint's image does not fit the server's schema (nothing claimed);
             CheckpointIntegrityError: the checkpoint fails authentication, or its image names objects the
             restricted unpickler refuses (nothing of it ran); CheckpointStoreError: unreadable store;
             UnknownServerError: its server is not registered.
@@ -134,10 +137,24 @@ class CheckpointingMixin:
             raise WeftError("this runtime has no checkpoint_store")
         if session_id in self._sessions and not self._sessions[session_id].closed:
             raise ValueError(f"session {session_id!r} is open in this runtime")
-        gen = await anyio.to_thread.run_sync(self.store.claim, session_id)  # first: later stale writes are refused
+        # authenticate and materialise first: a checkpoint refused (wrong key, tampered, an image the restricted
+        # unpickler refuses) must not fence the live owner; claim only then, and re-read if a newer record
+        # landed in between (the old owner's last write before the claim is the one to resume from)
         rec, snap = await anyio.to_thread.run_sync(self.store.read, session_id)
         spec = self.registry.spec(rec.server_hash)
+        self._check_snapshot(spec, snap)  # an image of another schema is refused, nothing claimed
         binding, state = await self._bind_session(spec, session_id, "inproc", snap, None)
+        gen = await anyio.to_thread.run_sync(self.store.claim, session_id)  # later stale writes are refused
+        newest = await anyio.to_thread.run_sync(self.store.latest, session_id)
+        if newest is not None and (newest.generation, newest.seq) != (rec.generation, rec.seq):
+            binding.states.pop(session_id, None)
+            binding.envs.pop(session_id, None)
+            if binding is not self._shared.get(spec.hash):
+                await self._close_binding(binding)
+            rec, snap = await anyio.to_thread.run_sync(self.store.read, session_id)
+            spec = self.registry.spec(rec.server_hash)
+            self._check_snapshot(spec, snap)  # an image of another schema is refused, nothing claimed
+            binding, state = await self._bind_session(spec, session_id, "inproc", snap, None)
         kept = self._closed_logs.pop(session_id, None)
         offer = rec.meta.get("available")
         s = _Session(id=session_id, spec=spec, transport="inproc", initial=snap, binding=binding, state=state,
