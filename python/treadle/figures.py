@@ -10,8 +10,8 @@ __all__ = ["png_figure"]
 
 
 @contextlib.contextmanager
-def png_figure(path: str | Path, *, figsize: tuple[float, float], dpi: int = 110):
-    """A new figure with one axes, saved to ``path`` (parents created) when the block ends.
+def png_figure(path: str | Path, *, figsize: tuple[float, float], dpi: int = 110, ncols: int = 1):
+    """A new figure with one axes (or a row of ``ncols``), saved to ``path`` (parents created) when the block ends.
 
     Usage::
 
@@ -25,6 +25,7 @@ def png_figure(path: str | Path, *, figsize: tuple[float, float], dpi: int = 110
         path: destination PNG; overwritten if present.
         figsize: ``(width, height)`` in inches.
         dpi: pixels per inch of the saved PNG.
+        ncols: axes side by side; with more than one, ``ax`` is their array.
 
     Raises:
         ImportError: matplotlib is not installed. Nothing is written when the block raises.
@@ -32,7 +33,7 @@ def png_figure(path: str | Path, *, figsize: tuple[float, float], dpi: int = 110
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=figsize)
-    ax = fig.subplots()
+    ax = fig.subplots(1, ncols) if ncols > 1 else fig.subplots()
     yield fig, ax
     fig.tight_layout()
     path = Path(path)

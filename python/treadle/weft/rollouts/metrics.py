@@ -79,21 +79,15 @@ def print_table(rows: Sequence[dict[str, Any]], console: Any, title: str = "reje
 
 def plot_summary(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """PNG: accepted trajectories per policy call and acceptance rate, per (method, k), one panel each."""
-    import matplotlib
+    from treadle.figures import png_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
-    labels = [f"{r['view']}/{r['harness']}\n{r['method']} k={r['k']}" for r in rows]
-    for ax, key, title in ((axes[0], "accepted_per_call", "accepted trajectories per policy call"),
-                           (axes[1], "acceptance", "acceptance rate")):
-        ax.bar(range(len(rows)), [r[key] for r in rows],
-               color=["tab:blue" if r["method"] == "prefix" else "tab:orange" for r in rows])
-        ax.set_xticks(range(len(rows)), labels, fontsize=6, rotation=60, ha="right")
-        ax.set_title(title, fontsize=9)
-    fig.tight_layout()
     p = Path(path)
-    fig.savefig(p, dpi=120)
-    plt.close(fig)
+    labels = [f"{r['view']}/{r['harness']}\n{r['method']} k={r['k']}" for r in rows]
+    with png_figure(p, figsize=(9, 3.2), dpi=120, ncols=2) as (_, axes):
+        for ax, key, title in ((axes[0], "accepted_per_call", "accepted trajectories per policy call"),
+                               (axes[1], "acceptance", "acceptance rate")):
+            ax.bar(range(len(rows)), [r[key] for r in rows],
+                   color=["tab:blue" if r["method"] == "prefix" else "tab:orange" for r in rows])
+            ax.set_xticks(range(len(rows)), labels, fontsize=6, rotation=60, ha="right")
+            ax.set_title(title, fontsize=9)
     return p
