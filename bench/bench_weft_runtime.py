@@ -37,8 +37,8 @@ import pytest
 
 from treadle.weft.envs import shop
 from treadle.weft.runtime import Runtime
-from treadle.weft.sqlite_state import SqliteState, snapshot_from_sql
-from treadle.weft.stats import percentile
+from treadle.weft.runtime.sqlite_state import SqliteState, snapshot_from_sql
+from treadle.weft.runtime.stats import percentile
 
 N_TASKS = int(os.environ.get("WEFT_BENCH_TASKS", "1000"))
 N_BASE_TASKS = int(os.environ.get("WEFT_BENCH_BASELINE_TASKS", "20"))

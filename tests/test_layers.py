@@ -22,7 +22,7 @@ KERNELS = ("treadle.ops", "treadle.reference", "treadle.dispatch", "treadle._ext
 METHODS = ("treadle.stair", "treadle.scale", "treadle.weft", "treadle.rsi", "treadle.llm", "treadle.models",
            "treadle.cli", "treadle.demo")
 WEFT_UPPER = ("treadle.weft.rollouts", "treadle.weft.rl", "treadle.weft.evolve")
-WEFT_TOP = ("treadle.weft", "treadle.weft.cli", "treadle.weft.demo", "treadle.weft.serve")
+WEFT_TOP = ("treadle.weft", "treadle.weft.cli", "treadle.weft.demo", "treadle.weft.runtime.serve")
 
 
 def _under(name: str, prefixes: tuple[str, ...]) -> bool:

@@ -57,24 +57,24 @@ AREAS: dict[str, tuple[list[str], list[str], list[str]]] = {
     ),
     # WEFT, one module (or a pair) per area so a run fits a shared CPU; "weft" runs all four
     "weft-state": (
-        ["treadle/weft/state.py", "treadle/weft/sqlite_state.py"],
+        ["treadle/weft/runtime/state.py", "treadle/weft/runtime/sqlite_state.py"],
         ["tests/weft/test_state.py", "tests/weft/test_state_units.py", "tests/weft/test_fork.py",
          "tests/weft/test_shop.py"],
         [],
     ),
     "weft-object": (
-        ["treadle/weft/object_state.py"],
+        ["treadle/weft/runtime/object_state.py"],
         ["tests/weft/test_state.py", "tests/weft/test_object_state_units.py", "tests/weft/test_fork.py"],
         [],
     ),
     "weft-verify": (
-        ["treadle/weft/verify.py"],
+        ["treadle/weft/runtime/verify.py"],
         ["tests/weft/test_verify.py", "tests/weft/test_verify_units.py", "tests/weft/test_determinism.py",
          "tests/weft/test_shop.py"],
         [],
     ),
     "weft-checkpoint": (
-        ["treadle/weft/checkpoint.py"],
+        ["treadle/weft/runtime/checkpoint.py"],
         ["tests/weft/test_checkpoint.py", "tests/weft/test_checkpoint_units.py", "tests/weft/test_determinism.py"],
         [],
     ),

@@ -9,10 +9,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from treadle.weft.checkpoint import CheckpointStore
-from treadle.weft.errors import CheckpointIntegrityError, StaleGenerationError
+from treadle.weft.runtime.checkpoint import CheckpointStore
+from treadle.weft.runtime.errors import CheckpointIntegrityError, StaleGenerationError
 from treadle.weft.runtime import Runtime
-from treadle.weft.sqlite_state import snapshot_from_sql
+from treadle.weft.runtime.sqlite_state import snapshot_from_sql
 
 SERVERS = Path(__file__).parents[1] / "weft" / "servers"
 DDL = "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT NOT NULL, tag TEXT);"
@@ -79,14 +79,14 @@ def test_deleting_the_newest_record_is_noticed_by_the_store_object_that_saw_it(t
 
 def test_an_unkeyed_store_says_once_that_it_trusts_its_writer(tmp_path, caplog, monkeypatch):
     monkeypatch.delenv("TREADLE_WEFT_CHECKPOINT_KEY", raising=False)
-    with caplog.at_level(logging.WARNING, logger="treadle.weft.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="treadle.weft.runtime.checkpoint"):
         CheckpointStore(tmp_path / "a")
         CheckpointStore(tmp_path / "a")
     lines = [r.getMessage() for r in caplog.records if "trusts whoever can write it" in r.getMessage()]
     assert len(lines) == 1 and str(tmp_path / "a") in lines[0]
     monkeypatch.setenv("TREADLE_WEFT_CHECKPOINT_KEY", "from-the-environment")
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="treadle.weft.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="treadle.weft.runtime.checkpoint"):
         keyed = CheckpointStore(tmp_path / "b")
     assert keyed.authenticated and not caplog.records  # the key comes from the environment by default
 
@@ -130,7 +130,7 @@ def test_a_refused_restore_does_not_fence_the_live_owner(tmp_path, snap):
 def test_a_tampered_object_image_in_an_unkeyed_store_is_refused_without_fencing(tmp_path, monkeypatch):
     import fractions
 
-    from treadle.weft.object_state import snapshot_from_object
+    from treadle.weft.runtime.object_state import snapshot_from_object
 
     monkeypatch.delenv("TREADLE_WEFT_CHECKPOINT_KEY", raising=False)
 
@@ -169,8 +169,8 @@ def test_a_tampered_image_in_an_unkeyed_store_is_refused_on_restore_without_fenc
     import fractions
     import sqlite3
 
-    from treadle.weft.errors import SnapshotSchemaError
-    from treadle.weft.object_state import snapshot_from_object
+    from treadle.weft.runtime.errors import SnapshotSchemaError
+    from treadle.weft.runtime.object_state import snapshot_from_object
 
     monkeypatch.delenv("TREADLE_WEFT_CHECKPOINT_KEY", raising=False)
     if tamper == "sqlite":  # another schema: a table the server does not have
@@ -217,7 +217,7 @@ def test_a_watermark_outside_the_store_notices_a_roll_back_in_a_later_process(tm
         CheckpointStore(store_dir, key="k1", watermark=mark).read("s")  # a fresh object: the file remembers
     assert CheckpointStore(store_dir, key="k1").read("s")[0].seq == newest.seq - 1  # control: without it, unseen
     mark.write_text("{not json")
-    from treadle.weft.errors import CheckpointStoreError
+    from treadle.weft.runtime.errors import CheckpointStoreError
 
     with pytest.raises(CheckpointStoreError, match="watermark"):
         CheckpointStore(store_dir, key="k1", watermark=mark)

@@ -7,9 +7,9 @@ import pickle
 
 import pytest
 
-from treadle.weft.errors import SnapshotSchemaError
-from treadle.weft.object_state import ObjectState, check_object_schema, snapshot_from_object
-from treadle.weft.state import Snapshot
+from treadle.weft.runtime.errors import SnapshotSchemaError
+from treadle.weft.runtime.object_state import ObjectState, check_object_schema, snapshot_from_object
+from treadle.weft.runtime.state import Snapshot
 
 
 class Victim:

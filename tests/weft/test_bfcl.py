@@ -13,7 +13,7 @@ require_module("bfcl_eval")
 
 from treadle.data.bfcl import missed_function_names  # noqa: E402
 from treadle.weft.envs import bfcl  # noqa: E402
-from treadle.weft.errors import ErrorKind  # noqa: E402
+from treadle.weft.runtime.errors import ErrorKind  # noqa: E402
 from treadle.weft.runtime import Runtime  # noqa: E402
 
 QUICK = 3  # entries per category in the quick tests; the slow tests replay all 200

@@ -4,7 +4,7 @@ import copy
 import jsonschema
 import pytest
 
-from treadle.weft.bfcl_schema import bfcl_to_tool
+from treadle.weft.envs.bfcl_schema import bfcl_to_tool
 
 DOC = {
     "name": "place_order",

@@ -3,9 +3,9 @@ import re
 
 import pytest
 
-from treadle.weft.callparse import ToolCall, parse_call, parse_calls
-from treadle.weft.errors import CallParseError
-from treadle.weft.stats import ToolStats, percentile
+from treadle.weft.runtime.callparse import ToolCall, parse_call, parse_calls
+from treadle.weft.runtime.errors import CallParseError
+from treadle.weft.runtime.stats import ToolStats, percentile
 
 
 @pytest.mark.parametrize("text, name, args", [

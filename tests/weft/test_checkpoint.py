@@ -4,10 +4,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from treadle.weft.checkpoint import CheckpointStore
-from treadle.weft.errors import CheckpointStoreError, ErrorKind, StaleGenerationError
+from treadle.weft.runtime.checkpoint import CheckpointStore
+from treadle.weft.runtime.errors import CheckpointStoreError, ErrorKind, StaleGenerationError
 from treadle.weft.runtime import Runtime
-from treadle.weft.sqlite_state import snapshot_from_sql
+from treadle.weft.runtime.sqlite_state import snapshot_from_sql
 
 SERVERS = Path(__file__).parent / "servers"
 NOTES_DDL = "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT NOT NULL, tag TEXT);"
@@ -109,9 +109,9 @@ def test_unwritable_store_is_typed_and_runtime_keeps_serving(tmp_path, snap):
 WORKER = r"""
 import sys, anyio
 from pathlib import Path
-from treadle.weft.checkpoint import CheckpointStore
+from treadle.weft.runtime.checkpoint import CheckpointStore
 from treadle.weft.runtime import Runtime
-from treadle.weft.sqlite_state import snapshot_from_sql
+from treadle.weft.runtime.sqlite_state import snapshot_from_sql
 
 async def main():
     async with Runtime(checkpoint_store=CheckpointStore(sys.argv[1]), debounce_s=0.01) as rt:
@@ -155,7 +155,7 @@ def test_killed_worker_process_loses_no_checkpointed_mutation(tmp_path, snap):
 
 def test_interrupted_rollout_resumes_from_last_turn_boundary(tmp_path):
     from treadle.weft.envs import shop, shop_tasks
-    from treadle.weft.episode import run_atomic_episode
+    from treadle.weft.runtime.episode import run_atomic_episode
 
     task = shop_tasks.tasks()[0]
     specs = [t.checkpoint for t in task.turns]

@@ -9,12 +9,12 @@ from pathlib import Path
 import anyio
 import pytest
 
-from treadle.weft.checkpoint import CheckpointStore
-from treadle.weft.errors import CheckpointIntegrityError, SnapshotSchemaError
-from treadle.weft.object_state import snapshot_from_object
+from treadle.weft.runtime.checkpoint import CheckpointStore
+from treadle.weft.runtime.errors import CheckpointIntegrityError, SnapshotSchemaError
+from treadle.weft.runtime.object_state import snapshot_from_object
 from treadle.weft.runtime import Runtime
-from treadle.weft.sqlite_state import snapshot_from_sql
-from treadle.weft.state import Snapshot
+from treadle.weft.runtime.sqlite_state import snapshot_from_sql
+from treadle.weft.runtime.state import Snapshot
 
 SERVERS = Path(__file__).parent / "servers"
 NOTES_DDL = "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT NOT NULL, tag TEXT);"
@@ -93,8 +93,8 @@ def test_flushes_are_ordered_newest_state_wins(tmp_path):
 
 CLAIMER = r"""
 import os, sys
-from treadle.weft.checkpoint import CheckpointStore
-from treadle.weft.state import Snapshot
+from treadle.weft.runtime.checkpoint import CheckpointStore
+from treadle.weft.runtime.state import Snapshot
 store = CheckpointStore(sys.argv[1])
 for _ in range(int(sys.argv[2])):
     g = store.claim("race")

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from treadle.weft.checkpoint import KEY_ENV, CheckpointRecord, CheckpointStore
-from treadle.weft.determinism import EnvState
-from treadle.weft.errors import CheckpointIntegrityError, CheckpointStoreError, StaleGenerationError
-from treadle.weft.state import Snapshot
+from treadle.weft.runtime.checkpoint import KEY_ENV, CheckpointRecord, CheckpointStore
+from treadle.weft.runtime.determinism import EnvState
+from treadle.weft.runtime.errors import CheckpointIntegrityError, CheckpointStoreError, StaleGenerationError
+from treadle.weft.runtime.state import Snapshot
 
 H = "h" * 64
 
@@ -206,7 +206,7 @@ def test_mac_is_hmac_sha256_of_the_canonical_json_of_the_record(tmp_path, snap):
 
 
 def test_unreadable_image_and_write_races_are_typed(tmp_path, snap, monkeypatch):
-    import treadle.weft.checkpoint as ck
+    import treadle.weft.runtime.checkpoint as ck
 
     store = CheckpointStore(tmp_path)
     g = store.claim("s")
@@ -270,7 +270,7 @@ def test_local_objects_are_written_beside_their_final_name_and_linked(tmp_path, 
     (``.tmp-``), and gone afterwards; the object appears complete under its final name."""
     import os
 
-    import treadle.weft.checkpoint as ck
+    import treadle.weft.runtime.checkpoint as ck
 
     made = []
     real = ck.tempfile.mkstemp
@@ -291,7 +291,7 @@ def test_local_objects_are_written_beside_their_final_name_and_linked(tmp_path, 
 
 
 def test_a_claim_that_loses_a_race_takes_the_next_free_generation(tmp_path, monkeypatch):
-    import treadle.weft.checkpoint as ck
+    import treadle.weft.runtime.checkpoint as ck
 
     store = CheckpointStore(tmp_path)
     real = store._create_only

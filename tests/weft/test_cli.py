@@ -26,7 +26,7 @@ def test_weft_check_does_not_run_the_file(tmp_path):
     marker = tmp_path / "ran"
     server = tmp_path / "sneaky.py"
     server.write_text(f"""from pathlib import Path
-from treadle.weft.server import WeftServer
+from treadle.weft.runtime.server import WeftServer
 Path({str(marker)!r}).write_text("user code ran")
 server = WeftServer("sneaky", backend="sqlite", schema="CREATE TABLE t (a);")
 

@@ -5,13 +5,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from treadle.weft.callparse import ToolCall
-from treadle.weft.checkpoint import CheckpointStore
-from treadle.weft.determinism import DEFAULT_CLOCK_START, EnvState, SessionEnv, session_time
-from treadle.weft.errors import WeftError
+from treadle.weft.runtime.callparse import ToolCall
+from treadle.weft.runtime.checkpoint import CheckpointStore
+from treadle.weft.runtime.determinism import DEFAULT_CLOCK_START, EnvState, SessionEnv, session_time
+from treadle.weft.runtime.errors import WeftError
 from treadle.weft.runtime import Runtime
-from treadle.weft.sqlite_state import snapshot_from_sql
-from treadle.weft.verify import CheckpointSpec, FailureReason
+from treadle.weft.runtime.sqlite_state import snapshot_from_sql
+from treadle.weft.runtime.verify import CheckpointSpec, FailureReason
 
 SERVERS = Path(__file__).parent / "servers"
 DDL = "CREATE TABLE notes (id TEXT PRIMARY KEY, text TEXT NOT NULL, created REAL NOT NULL, lucky INTEGER);"

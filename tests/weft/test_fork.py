@@ -9,10 +9,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from treadle.weft.object_state import snapshot_from_object
-from treadle.weft.registry import release_module
+from treadle.weft.runtime.object_state import snapshot_from_object
+from treadle.weft.runtime.registry import release_module
 from treadle.weft.runtime import Runtime
-from treadle.weft.sqlite_state import snapshot_from_sql
+from treadle.weft.runtime.sqlite_state import snapshot_from_sql
 
 SERVERS = Path(__file__).parent / "servers"
 NOTES_DDL = "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT NOT NULL, tag TEXT);"

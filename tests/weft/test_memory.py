@@ -7,7 +7,7 @@ import pytest
 
 from treadle.weft.envs import shop
 from treadle.weft.runtime import Runtime
-from treadle.weft.state import Snapshot
+from treadle.weft.runtime.state import Snapshot
 
 
 async def _cycles(rt, h, snap, n, *, call):

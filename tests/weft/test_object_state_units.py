@@ -9,8 +9,8 @@ from typing import ClassVar
 import pydantic
 import pytest
 
-from treadle.weft.errors import SnapshotSchemaError
-from treadle.weft.object_state import (
+from treadle.weft.runtime.errors import SnapshotSchemaError
+from treadle.weft.runtime.object_state import (
     SERVER_MODULE_PREFIX,
     ObjectState,
     _dumps,
@@ -20,7 +20,7 @@ from treadle.weft.object_state import (
     diff_attributes,
     snapshot_from_object,
 )
-from treadle.weft.state import RowChange, Snapshot
+from treadle.weft.runtime.state import RowChange, Snapshot
 
 
 def _server_module(name="units"):
@@ -170,7 +170,7 @@ def test_check_object_schema_messages():
     check_object_schema(snapshot_from_object(types.SimpleNamespace(x=3)), M)
     with pytest.raises(SnapshotSchemaError, match="(?s)snapshot fails M validation: 1 validation error for M.x.*int_parsing"):
         check_object_schema(snapshot_from_object(types.SimpleNamespace(x="nope")), M)
-    with pytest.raises(TypeError, match="snapshot must be a treadle.weft.state.Snapshot, got dict"):
+    with pytest.raises(TypeError, match="snapshot must be a treadle.weft.runtime.state.Snapshot, got dict"):
         check_object_schema({}, A)
     with pytest.raises(TypeError, match="cls must be a class, got int"):
         check_object_schema(ok, 3)
@@ -297,7 +297,7 @@ def test_object_state_carries_env_and_server_classes_through_every_operation(hom
 def test_same_value_compares_objects_without_value_equality_by_their_state():
     import random
 
-    from treadle.weft.object_state import diff_attributes, same_value
+    from treadle.weft.runtime.object_state import diff_attributes, same_value
 
     class Plain:
         def __init__(self, x):

@@ -4,9 +4,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from treadle.weft.errors import ErrorKind, SnapshotSchemaError, UnknownSessionError
-from treadle.weft.pool import WorkerPool
-from treadle.weft.sqlite_state import snapshot_from_sql
+from treadle.weft.runtime.errors import ErrorKind, SnapshotSchemaError, UnknownSessionError
+from treadle.weft.runtime.pool import WorkerPool
+from treadle.weft.runtime.sqlite_state import snapshot_from_sql
 
 SERVERS = Path(__file__).parent / "servers"
 NOTES_DDL = "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT NOT NULL, tag TEXT);"
@@ -58,7 +58,7 @@ def test_pool_failover_after_killed_worker(tmp_path):
 def _counter():
     import types
 
-    from treadle.weft.object_state import snapshot_from_object
+    from treadle.weft.runtime.object_state import snapshot_from_object
     return snapshot_from_object(types.SimpleNamespace(n=0, log=[]))
 
 
@@ -110,7 +110,7 @@ def test_hung_worker_is_killed_and_its_sessions_fail_over(tmp_path):
 
 
 def test_chaos_drill_small():
-    from treadle.weft.chaos import run_chaos
+    from treadle.weft.runtime.chaos import run_chaos
 
     rep = anyio.run(lambda: run_chaos(sessions=24, workers=2, steps=3, kills=2, seed=1, deadline_s=240))
     assert rep.cross_session_leaks == 0 and rep.lost_checkpointed_mutations == 0
@@ -128,7 +128,7 @@ def test_chaos_drill_small():
                                        ({"kills": -1}, "kills must be an int >= 0"),
                                        ({"sessions": 0}, "sessions must be an int >= 1")])
 def test_chaos_drill_refuses_bad_counts_before_starting(kw, match):
-    from treadle.weft.chaos import run_chaos
+    from treadle.weft.runtime.chaos import run_chaos
 
     args = dict(sessions=2, workers=1, steps=3, kills=1) | kw
     with pytest.raises(ValueError, match=match):
@@ -137,7 +137,7 @@ def test_chaos_drill_refuses_bad_counts_before_starting(kw, match):
 
 @pytest.mark.parametrize("seed", [3, 5])
 def test_chaos_drill_kills_land_however_fast_the_calls_are(seed):
-    from treadle.weft.chaos import run_chaos
+    from treadle.weft.runtime.chaos import run_chaos
 
     # 8 kills over 12 mutating calls of 4 sessions: every one lands (a wall-clock killer missed them on a fast
     # CI), replacements die while restoring, and a session whose creation failed on a dead worker is opened

@@ -6,9 +6,9 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from treadle.weft.errors import ErrorKind, SnapshotSchemaError, UnknownSessionError  # noqa: E402
-from treadle.weft.ray_pool import RayWorkerPool  # noqa: E402
-from treadle.weft.sqlite_state import snapshot_from_sql  # noqa: E402
+from treadle.weft.runtime.errors import ErrorKind, SnapshotSchemaError, UnknownSessionError  # noqa: E402
+from treadle.weft.runtime.ray_pool import RayWorkerPool  # noqa: E402
+from treadle.weft.runtime.sqlite_state import snapshot_from_sql  # noqa: E402
 
 SERVERS = Path(__file__).parent / "servers"
 NOTES_DDL = "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT NOT NULL, tag TEXT);"
@@ -58,7 +58,7 @@ def test_sessions_on_actors_and_failover_after_ray_kill(local_ray, tmp_path):
 
 @pytest.mark.slow  # Ray actors are Python processes importing the runtime: seconds each on 2 busy cores
 def test_chaos_drill_on_ray_loses_no_checkpointed_work(local_ray):
-    from treadle.weft.chaos import run_chaos
+    from treadle.weft.runtime.chaos import run_chaos
 
     # one actor killed mid-run, its sessions restored on the replacement: 2 actor starts (each a Python
     # process importing the runtime, ~5 s here); the process-pool drill (tests/weft/test_pool.py) covers
@@ -92,7 +92,7 @@ def test_pool_outside_its_context_says_so(local_ray):
 def test_concurrent_calls_on_one_session_run_in_call_order(local_ray):
     import types
 
-    from treadle.weft.object_state import snapshot_from_object
+    from treadle.weft.runtime.object_state import snapshot_from_object
 
     async def main():
         async with RayWorkerPool(max_workers=1, num_cpus=0.1) as pool:

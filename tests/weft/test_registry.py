@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from treadle.weft.errors import ServerImportError, UnknownServerError
-from treadle.weft.isolation import check_source
-from treadle.weft.registry import Registry
+from treadle.weft.runtime.errors import ServerImportError, UnknownServerError
+from treadle.weft.runtime.isolation import check_source
+from treadle.weft.runtime.registry import Registry
 
 SERVERS = Path(__file__).parent / "servers"
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from treadle.weft.errors import (
+from treadle.weft.runtime.errors import (
     ErrorKind,
     ServerImportError,
     SessionClosedError,
@@ -13,9 +13,9 @@ from treadle.weft.errors import (
     UnknownServerError,
     UnknownSessionError,
 )
-from treadle.weft.object_state import snapshot_from_object
+from treadle.weft.runtime.object_state import snapshot_from_object
 from treadle.weft.runtime import Runtime
-from treadle.weft.sqlite_state import snapshot_from_sql
+from treadle.weft.runtime.sqlite_state import snapshot_from_sql
 
 SERVERS = Path(__file__).parent / "servers"
 NOTES_DDL = "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT NOT NULL, tag TEXT);"
@@ -273,7 +273,7 @@ def test_available_tools_restrict_the_agent(notes_snapshot):
 def test_object_state_with_module_classes_moves_between_imports(isolation):
     """Snapshots pickle instances of the server module's own classes; sessions (each possibly a separate
     import of the module) and restores resolve them in their own copy of the module."""
-    from treadle.weft.registry import release_module
+    from treadle.weft.runtime.registry import release_module
 
     async def main():
         async with Runtime() as rt:

@@ -9,10 +9,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from treadle.weft.checkpoint import CheckpointStore
-from treadle.weft.errors import ErrorKind
+from treadle.weft.runtime.checkpoint import CheckpointStore
+from treadle.weft.runtime.errors import ErrorKind
 from treadle.weft.runtime import Runtime
-from treadle.weft.sqlite_state import snapshot_from_sql
+from treadle.weft.runtime.sqlite_state import snapshot_from_sql
 
 SERVERS = Path(__file__).parent / "servers"
 NOTES_DDL = "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT NOT NULL, tag TEXT);"

@@ -5,14 +5,14 @@ import inspect
 import anyio
 import pytest
 
-from treadle.weft.callparse import ToolCall
+from treadle.weft.runtime.callparse import ToolCall
 from treadle.weft.envs import shop, shop_tasks
-from treadle.weft.episode import run_atomic_episode
-from treadle.weft.errors import ErrorKind
-from treadle.weft.isolation import check_source
+from treadle.weft.runtime.episode import run_atomic_episode
+from treadle.weft.runtime.errors import ErrorKind
+from treadle.weft.runtime.isolation import check_source
 from treadle.weft.runtime import Runtime, ToolOutcome
-from treadle.weft.sqlite_state import SqliteState, check_schema
-from treadle.weft.verify import CheckpointSpec, FailureReason, StateAssertion, judge_checkpoint, trajectory_reward
+from treadle.weft.runtime.sqlite_state import SqliteState, check_schema
+from treadle.weft.runtime.verify import CheckpointSpec, FailureReason, StateAssertion, judge_checkpoint, trajectory_reward
 
 # one call per tool, in an order where each succeeds from the seed state
 CONTRACT_CALLS = [
@@ -185,8 +185,8 @@ def test_verifier_and_gold_unreachable_from_tools():
     tree = ast.parse(inspect.getsource(shop))
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert imported == {"__future__", "sqlite3", "typing", "pydantic", "treadle.weft.server",
-                        "treadle.weft.sqlite_state"}
+    assert imported == {"__future__", "sqlite3", "typing", "pydantic", "treadle.weft.runtime.server",
+                        "treadle.weft.runtime.sqlite_state"}
     assert check_source(inspect.getsource(shop)).findings == []
 
     async def main():

@@ -4,10 +4,10 @@ import pickle
 
 import pytest
 
-from treadle.weft.errors import SnapshotSchemaError
-from treadle.weft.object_state import ObjectState, check_object_schema, snapshot_from_object
-from treadle.weft.sqlite_state import SqliteState, check_schema, snapshot_from_sql
-from treadle.weft.state import Snapshot
+from treadle.weft.runtime.errors import SnapshotSchemaError
+from treadle.weft.runtime.object_state import ObjectState, check_object_schema, snapshot_from_object
+from treadle.weft.runtime.sqlite_state import SqliteState, check_schema, snapshot_from_sql
+from treadle.weft.runtime.state import Snapshot
 
 DDL = """
 CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL, qty INTEGER NOT NULL);

@@ -6,9 +6,9 @@ import sqlite3
 
 import pytest
 
-from treadle.weft.determinism import EnvState
-from treadle.weft.errors import SnapshotSchemaError
-from treadle.weft.sqlite_state import (
+from treadle.weft.runtime.determinism import EnvState
+from treadle.weft.runtime.errors import SnapshotSchemaError
+from treadle.weft.runtime.sqlite_state import (
     SqliteState,
     _key_columns,
     _rows,
@@ -20,7 +20,7 @@ from treadle.weft.sqlite_state import (
     snapshot_from_sql,
     tables,
 )
-from treadle.weft.state import RowChange, Snapshot, StateDiff, TableDiff
+from treadle.weft.runtime.state import RowChange, Snapshot, StateDiff, TableDiff
 
 
 def test_snapshot_fields_and_messages():
@@ -34,7 +34,7 @@ def test_snapshot_fields_and_messages():
         Snapshot("csv", b"")
     with pytest.raises(TypeError, match="Snapshot.data must be bytes, got bytearray"):
         Snapshot("object", bytearray(b"x"))
-    with pytest.raises(TypeError, match="Snapshot.env must be a treadle.weft.determinism.EnvState, got dict"):
+    with pytest.raises(TypeError, match="Snapshot.env must be a treadle.weft.runtime.determinism.EnvState, got dict"):
         Snapshot("object", b"", {})
 
 
@@ -96,7 +96,7 @@ def test_check_schema_lists_every_difference():
         check_schema(Snapshot("sqlite", b"not a db!"), ddl)
     with pytest.raises(SnapshotSchemaError, match="expected a 'sqlite' snapshot, got kind 'object'"):
         check_schema(Snapshot("object", b""), ddl)
-    with pytest.raises(TypeError, match="snapshot must be a treadle.weft.state.Snapshot, got bytes"):
+    with pytest.raises(TypeError, match="snapshot must be a treadle.weft.runtime.state.Snapshot, got bytes"):
         check_schema(b"", ddl)
 
 
@@ -149,7 +149,7 @@ def test_sqlite_state_restore_fork_diff_and_messages():
             s.diff(1)
         with pytest.raises(ValueError, match="snapshot is a 'object' snapshot but this state backend is 'sqlite'"):
             s.restore(Snapshot("object", b""))
-        with pytest.raises(TypeError, match="snapshot must be a treadle.weft.state.Snapshot, got bytes"):
+        with pytest.raises(TypeError, match="snapshot must be a treadle.weft.runtime.state.Snapshot, got bytes"):
             s.restore(b"")
     finally:
         s.close()

@@ -1,11 +1,11 @@
-"""``treadle.weft.static_check.read_server`` (no import) agrees with the imported registration."""
+"""``treadle.weft.runtime.static_check.read_server`` (no import) agrees with the imported registration."""
 import re
 from pathlib import Path
 
 import pytest
 
-from treadle.weft.registry import Registry
-from treadle.weft.static_check import read_server
+from treadle.weft.runtime.registry import Registry
+from treadle.weft.runtime.static_check import read_server
 
 SERVERS = sorted((Path(__file__).parent / "servers").glob("*.py"))
 ENVS = [p for p in sorted((Path(__file__).parents[2] / "python" / "treadle" / "weft" / "envs").glob("*.py"))

@@ -7,10 +7,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from treadle.weft.errors import ErrorKind
-from treadle.weft.object_state import snapshot_from_object
+from treadle.weft.runtime.errors import ErrorKind
+from treadle.weft.runtime.object_state import snapshot_from_object
 from treadle.weft.runtime import Runtime
-from treadle.weft.sqlite_state import snapshot_from_sql
+from treadle.weft.runtime.sqlite_state import snapshot_from_sql
 
 SERVERS = Path(__file__).parent / "servers"
 NOTES_DDL = "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT NOT NULL, tag TEXT);"
@@ -84,7 +84,7 @@ def test_sessions_of_one_runtime_run_concurrently():
 
 
 def test_views_of_state_wait_for_or_refuse_a_call_in_flight():
-    from treadle.weft.errors import SessionBusyError
+    from treadle.weft.runtime.errors import SessionBusyError
 
     async def main():
         async with Runtime() as rt:

@@ -3,13 +3,13 @@ import types
 
 import pytest
 
-from treadle.weft.callparse import ToolCall
-from treadle.weft.errors import ErrorKind
-from treadle.weft.object_state import ObjectState, snapshot_from_object
+from treadle.weft.runtime.callparse import ToolCall
+from treadle.weft.runtime.errors import ErrorKind
+from treadle.weft.runtime.object_state import ObjectState, snapshot_from_object
 from treadle.weft.runtime import ToolOutcome
-from treadle.weft.sqlite_state import SqliteState, snapshot_from_sql
-from treadle.weft.state import RowChange, StateDiff, TableDiff
-from treadle.weft.verify import (
+from treadle.weft.runtime.sqlite_state import SqliteState, snapshot_from_sql
+from treadle.weft.runtime.state import RowChange, StateDiff, TableDiff
+from treadle.weft.runtime.verify import (
     CheckpointResult,
     CheckpointSpec,
     FailureReason,

@@ -2,10 +2,10 @@
 reason when a turn spans several servers) and the checks the mutation run found unguarded (issue 23)."""
 import pytest
 
-from treadle.weft.callparse import ToolCall
-from treadle.weft.errors import ErrorKind
+from treadle.weft.runtime.callparse import ToolCall
+from treadle.weft.runtime.errors import ErrorKind
 from treadle.weft.runtime import ToolOutcome
-from treadle.weft.verify import CheckpointResult, FailureReason, merge_checkpoints
+from treadle.weft.runtime.verify import CheckpointResult, FailureReason, merge_checkpoints
 
 F = FailureReason
 
@@ -72,8 +72,8 @@ def test_merge_of_no_part_passes_and_bad_parts_are_refused():
 
 # -- judge_checkpoint's details, word for word (what a reader of a failed verdict sees) ---------------------------
 
-from treadle.weft.sqlite_state import SqliteState, snapshot_from_sql  # noqa: E402
-from treadle.weft.verify import (CheckpointSpec, StateAssertion, filter_diff, contains,  # noqa: E402
+from treadle.weft.runtime.sqlite_state import SqliteState, snapshot_from_sql  # noqa: E402
+from treadle.weft.runtime.verify import (CheckpointSpec, StateAssertion, filter_diff, contains,  # noqa: E402
                                  judge_checkpoint, trajectory_reward)
 
 DDL = "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT);"
@@ -177,7 +177,7 @@ def test_judge_nondeterministic_gold_details(db):
 
 
 def test_judge_state_comparison_respects_ignore_and_private(db):
-    from treadle.weft.object_state import ObjectState, snapshot_from_object
+    from treadle.weft.runtime.object_state import ObjectState, snapshot_from_object
 
     class Box:
         def __init__(self, x, _p):
@@ -201,7 +201,7 @@ def test_judge_state_comparison_respects_ignore_and_private(db):
 
 
 def test_filtered_keeps_public_paths_of_every_kind():
-    from treadle.weft.state import RowChange, StateDiff, TableDiff
+    from treadle.weft.runtime.state import RowChange, StateDiff, TableDiff
 
     d = StateDiff(tables={"attributes": TableDiff(
         added={"a": 1, "_a": 1}, removed={"b.c": 2, "b._c": 2},
@@ -217,7 +217,7 @@ def test_filtered_keeps_public_paths_of_every_kind():
 def test_judge_detail_names_of_callables_without_a_name_and_sql_on_object_state():
     import functools
 
-    from treadle.weft.object_state import ObjectState, snapshot_from_object
+    from treadle.weft.runtime.object_state import ObjectState, snapshot_from_object
 
     class Box:
         pass
@@ -253,7 +253,7 @@ def test_contains_and_trajectory_reward_values():
 
 
 def test_every_assertion_is_judged_after_a_broken_one(db):
-    from treadle.weft.object_state import ObjectState, snapshot_from_object
+    from treadle.weft.runtime.object_state import ObjectState, snapshot_from_object
 
     spec = CheckpointSpec(name="k", assertions=[StateAssertion(sql="SELECT nope FROM t", expected=[]),
                                                 StateAssertion(sql="SELECT v FROM t", expected=[["b"]])])

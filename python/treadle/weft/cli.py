@@ -39,8 +39,8 @@ def check_cmd(path: Path = typer.Argument(..., help="A server module (.py) defin
     """Check a server module WITHOUT running it: name, backend, tools, isolation level (static side-effect
     check). With --import the module is imported (its code runs) and registered: content hash, schemas."""
 
-    from treadle.weft.errors import ServerImportError
-    from treadle.weft.static_check import read_server
+    from treadle.weft.runtime.errors import ServerImportError
+    from treadle.weft.runtime.static_check import read_server
 
     try:
         source = path.read_text(encoding="utf-8")
@@ -64,7 +64,7 @@ def check_cmd(path: Path = typer.Argument(..., help="A server module (.py) defin
                                     for tool in static.tools]))
         return
 
-    from treadle.weft.registry import Registry
+    from treadle.weft.runtime.registry import Registry
 
     reg = Registry()
     try:

@@ -15,7 +15,7 @@ import anyio
 
 async def _run_tasks(skip: tuple[str, int] | None) -> tuple[list[dict[str, Any]], Any]:
     from treadle.weft.envs import shop, shop_tasks
-    from treadle.weft.episode import run_atomic_episode
+    from treadle.weft.runtime.episode import run_atomic_episode
     from treadle.weft.runtime import Runtime
 
     rows: list[dict[str, Any]] = []

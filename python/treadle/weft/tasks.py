@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from treadle.weft.verify import CheckpointSpec
+from treadle.weft.runtime.verify import CheckpointSpec
 
 Disclosure = Literal["vague", "partial", "full"]
 DISCLOSURES: tuple[Disclosure, ...] = ("vague", "partial", "full")

@@ -93,9 +93,9 @@ SCRIPT = [("Design the environment", json.dumps(DESIGN)), ("SQLite DDL", json.du
 
 def turn(name, request, *calls, depends_on=()):
     """A library atomic task whose gold calls are ``(tool, arguments)`` pairs."""
-    from treadle.weft.callparse import ToolCall
+    from treadle.weft.runtime.callparse import ToolCall
     from treadle.weft.rollouts.tasks import AtomicTask
-    from treadle.weft.verify import CheckpointSpec
+    from treadle.weft.runtime.verify import CheckpointSpec
 
     return AtomicTask(name=name, request=request, depends_on=depends_on,
                       checkpoint=CheckpointSpec(name=name,

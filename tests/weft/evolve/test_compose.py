@@ -15,7 +15,7 @@ from treadle.weft.evolve.compose import (
 )
 from treadle.weft.rollouts.tasks import DependencyCycleError
 from treadle.weft.runtime import Runtime
-from treadle.weft.sqlite_state import SqliteState
+from treadle.weft.runtime.sqlite_state import SqliteState
 
 PERSONA = ("Mary Jackson", "mary@example.com")
 LOOKALIKE = ("Mary Jackman", "mary.jackman@example.com")
@@ -133,7 +133,7 @@ def test_cycle_and_bad_members_are_refused(bundles):
 
 
 def test_grounding_refuses_a_cross_server_reference_to_another_customers_order(bundles):
-    from treadle.weft.sqlite_state import snapshot_from_sql
+    from treadle.weft.runtime.sqlite_state import snapshot_from_sql
 
     shop_b, crm_b = bundles
     bad = snapshot_from_sql(crm.SCHEMA, crm.SEED, "INSERT INTO cases VALUES (9, 'C-002', 1, 'Wrong', 'low', 'new', NULL);")

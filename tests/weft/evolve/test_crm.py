@@ -5,10 +5,10 @@ import anyio
 import pytest
 
 from treadle.weft.envs import crm
-from treadle.weft.errors import ErrorKind
-from treadle.weft.isolation import check_source
+from treadle.weft.runtime.errors import ErrorKind
+from treadle.weft.runtime.isolation import check_source
 from treadle.weft.runtime import Runtime
-from treadle.weft.sqlite_state import SqliteState, check_schema
+from treadle.weft.runtime.sqlite_state import SqliteState, check_schema
 
 CONTRACT_CALLS = [
     ("find_contact", {"email": " Katherine@Example.com"}),

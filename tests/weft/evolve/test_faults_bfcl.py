@@ -30,11 +30,11 @@ def test_bfcl_suite_attributes_every_observed_fault_kind():
 
 
 def test_delete_referenced_finds_keys_in_nested_public_state():
-    from treadle.weft.callparse import ToolCall
+    from treadle.weft.runtime.callparse import ToolCall
     from treadle.weft.envs import bfcl
     from treadle.weft.evolve.faults_bfcl import delete_referenced
-    from treadle.weft.object_state import ObjectState
-    from treadle.weft.registry import release_module
+    from treadle.weft.runtime.object_state import ObjectState
+    from treadle.weft.runtime.registry import release_module
 
     async def main():
         async with Runtime() as rt:

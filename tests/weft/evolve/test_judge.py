@@ -8,11 +8,11 @@ import pytest
 
 from treadle.llm import LLMClient
 from treadle.llm.fake_endpoint import FAKE_MODEL, Step, chat_reply
-from treadle.weft.callparse import ToolCall
+from treadle.weft.runtime.callparse import ToolCall
 from treadle.weft.evolve.filtering import FilterConfig, filter_tasks
 from treadle.weft.evolve.judge import Pilot, Rubric, judge, pilot_scores, pilots_of, rubric_of
 from treadle.weft.rollouts.tasks import AtomicTask
-from treadle.weft.verify import CheckpointSpec
+from treadle.weft.runtime.verify import CheckpointSpec
 
 
 def _answer(text):

@@ -6,7 +6,7 @@ import json
 import anyio
 import pytest
 
-from treadle.weft.errors import ErrorKind
+from treadle.weft.runtime.errors import ErrorKind
 from treadle.weft.evolve.synth_serve import SynthServeError, initial_snapshot, server_source, synth_env
 from treadle.weft.rollouts.tasks import RolloutTask
 from treadle.weft.runtime import Runtime

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from treadle.llm.records import ToolCall as NativeCall
-from treadle.weft.callparse import ToolCall
+from treadle.weft.runtime.callparse import ToolCall
 from treadle.weft.rollouts.harnesses import harness_label
 from treadle.weft.rollouts.records import PolicyOutput
 from treadle.weft.rollouts.registry import HARNESSES, UnknownComponentError

@@ -3,7 +3,7 @@ reply conventions, and a whole rollout on the shop tasks (tested like the other 
 import pytest
 
 from treadle.llm.records import ToolCall as NativeCall
-from treadle.weft.callparse import ToolCall
+from treadle.weft.runtime.callparse import ToolCall
 from treadle.weft.rollouts.batch import Component, SampleConfig, sample
 from treadle.weft.rollouts.harnesses import harness_label
 from treadle.weft.rollouts.openclaw import OpenClawHarness, truncate_bootstrap

@@ -10,7 +10,7 @@ from treadle.llm import LLMClient
 from treadle.llm.fake_endpoint import Step
 from treadle.weft.rollouts.batch import TRAJECTORIES, Component, SampleConfig, read_trajectories, sample_async
 from treadle.weft.rollouts.tasks import AtomicTask, RolloutTask
-from treadle.weft.verify import CheckpointSpec
+from treadle.weft.runtime.verify import CheckpointSpec
 
 
 def _tasks():

@@ -13,7 +13,7 @@ from treadle.weft.rollouts.registry import UnknownComponentError
 from treadle.weft.rollouts.rollout import Setup, prefix_rollout
 from treadle.weft.rollouts.tasks import AtomicTask, DependencyCycleError, RolloutTask, from_shop, replicate
 from treadle.weft.rollouts.views import AgenticView
-from treadle.weft.verify import CheckpointSpec, StateAssertion
+from treadle.weft.runtime.verify import CheckpointSpec, StateAssertion
 
 RATES = {"wrong_argument": 0.06, "skipped_call": 0.06, "extra_call": 0.06, "malformed_call": 0.06,
          "made_up_tool": 0.06}

@@ -7,7 +7,7 @@ from treadle.weft.rollouts.registry import VIEWS
 from treadle.weft.rollouts.rollout import Setup, prefix_rollout
 from treadle.weft.rollouts.tasks import AtomicTask, DependencyCycleError, RolloutTask, from_shop
 from treadle.weft.rollouts.harnesses import HermesHarness
-from treadle.weft.verify import CheckpointSpec
+from treadle.weft.runtime.verify import CheckpointSpec
 
 
 def _atomic(name, deps=(), request="do it", details=()):

@@ -3,8 +3,8 @@ import time
 
 import anyio
 
-from treadle.weft.determinism import session_random
-from treadle.weft.server import ToolError, WeftServer
+from treadle.weft.runtime.determinism import session_random
+from treadle.weft.runtime.server import ToolError, WeftServer
 
 
 class Counter:

@@ -2,7 +2,7 @@
 import os
 import sqlite3
 
-from treadle.weft.server import WeftServer
+from treadle.weft.runtime.server import WeftServer
 
 server = WeftServer("crashy", backend="sqlite", schema="CREATE TABLE t (a INTEGER);")
 

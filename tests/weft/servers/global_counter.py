@@ -1,7 +1,7 @@
 """Test server that writes a module global (`global`): its calls are serialised across sessions."""
 import time
 
-from treadle.weft.server import WeftServer
+from treadle.weft.runtime.server import WeftServer
 
 
 class Box:

@@ -1,5 +1,5 @@
 """Test server: object state kept (badly) in class attributes, BFCL-style; must run isolated."""
-from treadle.weft.server import WeftServer
+from treadle.weft.runtime.server import WeftServer
 
 
 class Ledger:

@@ -6,7 +6,7 @@ from typing import Annotated
 import anyio
 from pydantic import Field
 
-from treadle.weft.server import ToolError, WeftServer
+from treadle.weft.runtime.server import ToolError, WeftServer
 
 SCHEMA = "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT NOT NULL, tag TEXT);"
 server = WeftServer("notes", backend="sqlite", schema=SCHEMA)

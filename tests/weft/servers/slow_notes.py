@@ -5,8 +5,8 @@ import time
 
 import anyio
 
-from treadle.weft.determinism import session_random, session_time
-from treadle.weft.server import WeftServer
+from treadle.weft.runtime.determinism import session_random, session_time
+from treadle.weft.runtime.server import WeftServer
 
 SCHEMA = "CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT NOT NULL, created REAL NOT NULL, lucky INTEGER);"
 server = WeftServer("slow_notes", backend="sqlite", schema=SCHEMA)

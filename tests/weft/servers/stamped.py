@@ -3,8 +3,8 @@ import sqlite3
 import time
 import uuid
 
-from treadle.weft.determinism import session_random, session_time, session_uuid
-from treadle.weft.server import WeftServer
+from treadle.weft.runtime.determinism import session_random, session_time, session_uuid
+from treadle.weft.runtime.server import WeftServer
 
 SCHEMA = "CREATE TABLE notes (id TEXT PRIMARY KEY, text TEXT NOT NULL, created REAL NOT NULL, lucky INTEGER);"
 server = WeftServer("stamped", backend="sqlite", schema=SCHEMA)

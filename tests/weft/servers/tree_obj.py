@@ -1,5 +1,5 @@
 """Test server: object state holding instances of classes defined in the server module itself."""
-from treadle.weft.server import ToolError, WeftServer
+from treadle.weft.runtime.server import ToolError, WeftServer
 
 
 class Node:

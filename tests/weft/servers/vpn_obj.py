@@ -1,5 +1,5 @@
 """Test server (issue 21 item 1): a class-level default dict aliased into instance state."""
-from treadle.weft.server import WeftServer
+from treadle.weft.runtime.server import WeftServer
 
 
 class Phone:

@@ -1,7 +1,7 @@
 """Test server: object state in instance attributes only (shareable)."""
 from dataclasses import dataclass, field
 
-from treadle.weft.server import ToolError, WeftServer
+from treadle.weft.runtime.server import ToolError, WeftServer
 
 
 @dataclass

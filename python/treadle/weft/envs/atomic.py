@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from treadle.weft.callparse import parse_call
+from treadle.weft.runtime.callparse import parse_call
 from treadle.weft.tasks import AtomicTask, details_of
-from treadle.weft.verify import CheckpointSpec
+from treadle.weft.runtime.verify import CheckpointSpec
 
 
 def candidate(name: str, request: str, gold: list[str], **checkpoint: Any) -> AtomicTask:

@@ -3,13 +3,13 @@
 Each of BFCL's eight stateful classes (file system, trading, travel, vehicle, messaging, posting,
 ticketing, math) becomes one server module: the class's own source file, followed by a generated
 ``server = class_server(...)`` declaration whose tools call the class's methods, with BFCL's function
-docs converted to JSON Schema (:mod:`treadle.weft.bfcl_schema`) and embedded as a literal. The
+docs converted to JSON Schema (:mod:`treadle.weft.envs.bfcl_schema`) and embedded as a literal. The
 registry hashes the whole text (BFCL code + docs) and the static check runs over BFCL's code.
 State is the class instance's attributes (object backend) after ``_load_scenario(initial_config)``.
 
 Differences from upstream's harness, on purpose:
 
-- model calls are never ``eval``-ed: call strings are parsed by :mod:`treadle.weft.callparse` and
+- model calls are never ``eval``-ed: call strings are parsed by :mod:`treadle.weft.runtime.callparse` and
   dispatched through MCP to the session that owns the tool;
 - every session imports its own copy of the class module (or shares one only when the static check
   finds nothing), and instances are never cached in module globals by name, so two checks cannot
@@ -38,14 +38,14 @@ from pydantic import BaseModel
 
 from treadle.data import bfcl as _data
 from treadle.data.bfcl import function_docs, load_bfcl_multi_turn, missed_function_names
-from treadle.weft.bfcl_schema import bfcl_to_tool
-from treadle.weft.callparse import ToolCall, parse_call
-from treadle.weft.errors import CallParseError
-from treadle.weft.object_state import snapshot_from_object
-from treadle.weft.registry import release_module
-from treadle.weft.server import WeftServer
-from treadle.weft.state import Snapshot
-from treadle.weft.verify import (CheckpointResult, CheckpointSpec, FailureReason, merge_checkpoints,
+from treadle.weft.envs.bfcl_schema import bfcl_to_tool
+from treadle.weft.runtime.callparse import ToolCall, parse_call
+from treadle.weft.runtime.errors import CallParseError
+from treadle.weft.runtime.object_state import snapshot_from_object
+from treadle.weft.runtime.registry import release_module
+from treadle.weft.runtime.server import WeftServer
+from treadle.weft.runtime.state import Snapshot
+from treadle.weft.runtime.verify import (CheckpointResult, CheckpointSpec, FailureReason, merge_checkpoints,
                                  trajectory_reward)
 
 
@@ -217,7 +217,7 @@ async def run_entry(rt: Any, entry: dict[str, Any], gold: list[list[str]], polic
 
     A call string that does not parse, or names a tool no involved class has, is recorded as an
     ``invalid_args`` / ``unknown_tool`` outcome of the first class's session; a turn's verdict is merged
-    from one verdict per class by :func:`~treadle.weft.verify.merge_checkpoints`, which decides
+    from one verdict per class by :func:`~treadle.weft.runtime.verify.merge_checkpoints`, which decides
     ``interface_error`` on the whole turn (so the reason stays when the session that recorded the
     error passed its own part and another class's part failed). Tools in the entry's
     ``excluded_function`` are never offered; those in ``missed_function`` only from their turn on

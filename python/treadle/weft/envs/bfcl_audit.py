@@ -11,7 +11,7 @@ environment's public state (every attribute is readable through some tool: ``cat
 ``get_order_history``, ...):
 
 - the call is offered on its turn (not withheld by ``missed_function``) and its arguments satisfy the
-  function doc's schema (converted by :mod:`treadle.weft.bfcl_schema`);
+  function doc's schema (converted by :mod:`treadle.weft.envs.bfcl_schema`);
 - free text (more than :data:`FREE_TEXT_WORDS` words) appears verbatim -- case, punctuation and all,
   whitespace collapsed; the state check compares it character for character -- or fills a template
   the user quoted (``'The distance from A to B is xxx km.'``; placeholders ``xxx``, ``[..]``, ``{..}``,
@@ -220,7 +220,7 @@ def audit_entry(entry: dict[str, Any]) -> list[str]:
     """
     import jsonschema
 
-    from treadle.weft.bfcl_schema import bfcl_to_tool
+    from treadle.weft.envs.bfcl_schema import bfcl_to_tool
 
     env = make_environment(entry)
     owner = {m: c for c, inst in env.items() for m in dir(inst) if not m.startswith("_")}

@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from treadle.weft.server import ToolError, WeftServer
+from treadle.weft.runtime.server import ToolError, WeftServer
 
 SCHEMA = """
 CREATE TABLE contacts (
@@ -193,6 +193,6 @@ def set_tier(db: sqlite3.Connection, contact_id: str, tier: Literal["standard", 
 
 def initial_snapshot():
     """The CRM's seed state as an immutable SQLite snapshot (4 contacts, 2 cases, 1 note, no credits)."""
-    from treadle.weft.sqlite_state import snapshot_from_sql
+    from treadle.weft.runtime.sqlite_state import snapshot_from_sql
 
     return snapshot_from_sql(SCHEMA, SEED)

@@ -15,7 +15,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field
 
-from treadle.weft.server import ToolError, WeftServer
+from treadle.weft.runtime.server import ToolError, WeftServer
 
 SCHEMA = """
 CREATE TABLE customers (
@@ -209,6 +209,6 @@ def close_ticket(db: sqlite3.Connection, ticket_id: int,
 
 def initial_snapshot():
     """The shop's seed state as an immutable SQLite snapshot (3 customers, 4 products, 2 orders, 1 ticket)."""
-    from treadle.weft.sqlite_state import snapshot_from_sql
+    from treadle.weft.runtime.sqlite_state import snapshot_from_sql
 
     return snapshot_from_sql(SCHEMA, SEED)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from treadle.weft.envs.atomic import candidate
 from treadle.weft.tasks import AtomicTask
-from treadle.weft.verify import StateAssertion
+from treadle.weft.runtime.verify import StateAssertion
 
 
 def candidates() -> list[AtomicTask]:

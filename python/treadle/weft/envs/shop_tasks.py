@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from treadle.weft.callparse import parse_call
-from treadle.weft.verify import CheckpointSpec, StateAssertion
+from treadle.weft.runtime.callparse import parse_call
+from treadle.weft.runtime.verify import CheckpointSpec, StateAssertion
 
 
 class Turn(BaseModel):

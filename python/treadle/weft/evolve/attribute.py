@@ -38,12 +38,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from treadle.weft.callparse import ToolCall
+from treadle.weft.runtime.callparse import ToolCall
 from treadle.weft.evolve.entities import ENTITY_MAPS, EntityMap, contract_column, identity_of
 from treadle.weft.runtime import ToolOutcome
-from treadle.weft.sqlite_state import SqliteState
-from treadle.weft.state import Snapshot
-from treadle.weft.verify import CheckpointResult, CheckpointSpec, StateAssertion
+from treadle.weft.runtime.sqlite_state import SqliteState
+from treadle.weft.runtime.state import Snapshot
+from treadle.weft.runtime.verify import CheckpointResult, CheckpointSpec, StateAssertion
 
 
 class Blame(str, Enum):
@@ -97,7 +97,7 @@ class Attribution(BaseModel):
 
 
 def _public(diff: Any) -> Any:
-    from treadle.weft.verify import filter_diff
+    from treadle.weft.runtime.verify import filter_diff
 
     return filter_diff(diff, (), compare_private=False)
 
@@ -130,7 +130,7 @@ def generate_verifier(spec: CheckpointSpec, start: Snapshot, evidence: Reference
     returns = [r for r in evidence.results if r not in (None, [], {})]
     if start.kind != "sqlite":
         def matches_reference(obj: Any) -> bool:
-            from treadle.weft.object_state import ObjectState, snapshot_from_object
+            from treadle.weft.runtime.object_state import ObjectState, snapshot_from_object
 
             ref = ObjectState(evidence.final, type(obj))
             try:

@@ -24,8 +24,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from treadle.weft.rollouts.tasks import AtomicTask
-from treadle.weft.state import Snapshot
-from treadle.weft.verify import CheckpointSpec
+from treadle.weft.runtime.state import Snapshot
+from treadle.weft.runtime.verify import CheckpointSpec
 
 BASELINES = ("gold_executes", "gold_passes", "initial_fails", "do_nothing_zero", "read_only_zero")
 

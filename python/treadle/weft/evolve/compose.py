@@ -29,13 +29,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from treadle.weft.callparse import ToolCall, parse_call
+from treadle.weft.runtime.callparse import ToolCall, parse_call
 from treadle.weft.evolve import grounding as g
 from treadle.weft.evolve.entities import ENTITY_MAPS, EntityMap, contract_column, identity_of
 from treadle.weft.rollouts.tasks import AtomicTask, DependencyCycleError, details_of
 from treadle.weft.runtime import ToolOutcome
-from treadle.weft.state import Snapshot
-from treadle.weft.verify import CheckpointResult, trajectory_reward
+from treadle.weft.runtime.state import Snapshot
+from treadle.weft.runtime.verify import CheckpointResult, trajectory_reward
 
 
 @dataclass

@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from treadle.weft.callparse import ToolCall
+from treadle.weft.runtime.callparse import ToolCall
 from treadle.weft.evolve.attribute import Attribution, Blame
 from treadle.weft.evolve.certify import Certificate, _writes, certify_task
 from treadle.weft.evolve.compose import ComposedResult, ComposedTask, Node, reference_policy, run_composed

@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from treadle.weft.callparse import ToolCall
+from treadle.weft.runtime.callparse import ToolCall
 from treadle.weft.evolve.attribute import (
     Attribution,
     Blame,
@@ -38,8 +38,8 @@ from treadle.weft.evolve.certify import play
 from treadle.weft.evolve.entities import ENTITY_MAPS, contract_column
 from treadle.weft.evolve.grounding import freeze, open_copy
 from treadle.weft.rollouts.tasks import AtomicTask
-from treadle.weft.state import Snapshot
-from treadle.weft.verify import CheckpointSpec
+from treadle.weft.runtime.state import Snapshot
+from treadle.weft.runtime.verify import CheckpointSpec
 
 LABELS = (Blame.policy, Blame.environment, Blame.task, Blame.evaluator)
 

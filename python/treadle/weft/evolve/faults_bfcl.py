@@ -20,12 +20,12 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
-from treadle.weft.callparse import ToolCall, parse_call
+from treadle.weft.runtime.callparse import ToolCall, parse_call
 from treadle.weft.evolve.attribute import Blame, generate_verifier, record_evidence
 from treadle.weft.evolve.faults import POLICY_PERTURBATIONS, CaseResult, corrupt_verifier, perturbed_calls, run_case
 from treadle.weft.rollouts.tasks import AtomicTask
-from treadle.weft.state import Snapshot
-from treadle.weft.verify import CheckpointSpec
+from treadle.weft.runtime.state import Snapshot
+from treadle.weft.runtime.verify import CheckpointSpec
 
 GENERIC_BUGS = ("crash", "not_persisted", "wrong_return")
 
@@ -116,8 +116,8 @@ def delete_referenced(rt: Any, server_hash: str, config: dict[str, Any], gold: S
                       ) -> tuple[Snapshot, str] | None:
     """A task defect: the class's initial state (``_load_scenario(config)``) without the first entry a string
     argument of ``gold`` names (a dict key equal to it), and what was deleted; None when no argument names one."""
-    from treadle.weft.object_state import snapshot_from_object
-    from treadle.weft.registry import release_module
+    from treadle.weft.runtime.object_state import snapshot_from_object
+    from treadle.weft.runtime.registry import release_module
 
     module, weft = rt.registry.load(server_hash)
     try:

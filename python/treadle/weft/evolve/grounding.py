@@ -11,7 +11,7 @@ Three rounds over each server's base snapshot, each one checked before the next:
 3. **history and distractors**: older records of the bound customer no task touches, and a look-alike
    customer (same first name, another e-mail) on every server, so that a policy must tell them apart.
 
-The result is one immutable :class:`~treadle.weft.state.Snapshot` per server: sessions created from
+The result is one immutable :class:`~treadle.weft.runtime.state.Snapshot` per server: sessions created from
 them reset to exactly the grounded state.
 """
 from __future__ import annotations
@@ -21,8 +21,8 @@ import sqlite3
 from typing import Any
 
 from treadle.weft.evolve.entities import EntityMap
-from treadle.weft.sqlite_state import snapshot_from_connection
-from treadle.weft.state import Snapshot
+from treadle.weft.runtime.sqlite_state import snapshot_from_connection
+from treadle.weft.runtime.state import Snapshot
 
 
 class GroundingError(ValueError):

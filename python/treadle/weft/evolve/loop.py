@@ -46,13 +46,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from treadle.weft.callparse import ToolCall
+from treadle.weft.runtime.callparse import ToolCall
 from treadle.weft.evolve.attribute import Attribution, Blame, ReferenceEvidence, attribute, generate_verifier
 from treadle.weft.evolve.certify import play
 from treadle.weft.evolve.revise import RevisionAttempt, SynthEnv
 from treadle.weft.rollouts.tasks import AtomicTask
-from treadle.weft.state import Snapshot
-from treadle.weft.verify import CheckpointSpec
+from treadle.weft.runtime.state import Snapshot
+from treadle.weft.runtime.verify import CheckpointSpec
 
 
 @dataclass

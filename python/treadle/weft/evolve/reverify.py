@@ -9,7 +9,7 @@ A :class:`VerifierRevision` is a JSON file::
 
     {"version": "v2", "checkpoints": {"ada-3-close-ticket": {"forbidden_tools": []}}}
 
-naming, per checkpoint, the :class:`~treadle.weft.verify.CheckpointSpec` fields to replace (gold
+naming, per checkpoint, the :class:`~treadle.weft.runtime.verify.CheckpointSpec` fields to replace (gold
 calls as call strings, assertions as ``{sql, expected, description}``).
 """
 from __future__ import annotations
@@ -21,10 +21,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from treadle.weft.callparse import parse_call
+from treadle.weft.runtime.callparse import parse_call
 from treadle.weft.rollouts.records import TurnAttempt, Trajectory
 from treadle.weft.rollouts.tasks import RolloutTask
-from treadle.weft.verify import CheckpointSpec
+from treadle.weft.runtime.verify import CheckpointSpec
 
 _REVISABLE = {"gold_calls", "compare_state", "ignore_tables", "gold_results_contained", "assertions",
               "expected_returns", "forbidden_tools", "strict_interface", "compare_private",

@@ -44,11 +44,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from treadle.weft.callparse import ToolCall
+from treadle.weft.runtime.callparse import ToolCall
 from treadle.weft.evolve.attribute import Attribution
 from treadle.weft.evolve.synth_validate import Backend
-from treadle.weft.state import Snapshot
-from treadle.weft.verify import CheckpointSpec, StateAssertion
+from treadle.weft.runtime.state import Snapshot
+from treadle.weft.runtime.verify import CheckpointSpec, StateAssertion
 
 __all__ = ["REVISE_ROLES", "ArgumentRevision", "ComposedRevision", "LLMReviser", "RevisionAttempt", "StateRevision",
            "SynthEnv", "VerifierRevision", "read_only_sql", "undecided_parts"]
@@ -363,7 +363,7 @@ class LLMReviser:
         accepted when it changes only those parts and the task re-certifies by execution with its bindings holding;
         the revised :class:`~treadle.weft.evolve.compose.ComposedTask`, else None. Without a ``composer`` role in
         the client's config the request is recorded as not made (never raised)."""
-        from treadle.weft.callparse import ToolCall
+        from treadle.weft.runtime.callparse import ToolCall
         from treadle.weft.evolve.composed_revise import component_digests, recertify_composed
         from treadle.weft.rollouts.tasks import details_of
 

@@ -38,8 +38,8 @@ import sqlite3
 from typing import Any
 
 from treadle.weft.evolve.synth_worker import APPLY_CALL
-from treadle.weft.server import ToolError, WeftServer
-from treadle.weft.state import Snapshot
+from treadle.weft.runtime.server import ToolError, WeftServer
+from treadle.weft.runtime.state import Snapshot
 
 __all__ = ["JSON_TYPES", "SynthServeError", "initial_snapshot", "server_source", "serve_spec", "synth_env",
            "synth_server"]
@@ -113,7 +113,7 @@ def _execute(spec: dict[str, Any], call: dict[str, Any]) -> tuple[dict[str, Any]
     """One call of the generated backend: in the session's long-lived worker (``spec["worker"] == "session"``
     and the call is served by the runtime, which binds the session), else in a fresh sandbox."""
     if spec.get("worker") == "session":
-        from treadle.weft.determinism import bound_env
+        from treadle.weft.runtime.determinism import bound_env
         from treadle.weft.evolve.synth_worker import session_worker
 
         session = bound_env()
@@ -237,7 +237,7 @@ def _input_schema(params: dict[str, str]) -> dict[str, Any]:
 def _call(spec: dict[str, Any], tool: dict[str, Any], db: sqlite3.Connection, args: dict[str, Any]) -> Any:
     """One tool call: the generated function in a sandboxed worker on a copy of ``db``; its new image is adopted
     only when the schema is unchanged and every changed table is in the contract's ``writes``."""
-    from treadle.weft.sqlite_state import diff_connections
+    from treadle.weft.runtime.sqlite_state import diff_connections
 
     name = tool["name"]
     call = {"tool": name, "args": args, "image": base64.b64encode(db.serialize()).decode()}

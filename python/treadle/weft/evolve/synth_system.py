@@ -22,9 +22,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from treadle.weft.callparse import ToolCall
+from treadle.weft.runtime.callparse import ToolCall
 from treadle.weft.rollouts.tasks import AtomicTask
-from treadle.weft.verify import CheckpointSpec
+from treadle.weft.runtime.verify import CheckpointSpec
 
 __all__ = ["RESULT", "TaskLine", "load_synth_dir", "load_tasks", "synth_system"]
 

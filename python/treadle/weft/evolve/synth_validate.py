@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from treadle.weft.verify import contains
+from treadle.weft.runtime.verify import contains
 
 
 class Stage(str, Enum):

@@ -16,7 +16,7 @@ function's own time. The parent enforces every limit:
   ``limits.memory_mb`` for the whole sandbox (a memory cgroup), its work folder and ``/tmp`` (size-capped
   tmpfs), open files and file sizes (``RLIMIT_*``), processes (a pids cgroup where one can be made), a
   reply at most ``max_reply_bytes`` and answering the request it was sent (a reply out of step kills it);
-- the session ending (its :class:`~treadle.weft.determinism.SessionEnv` collected) or this process
+- the session ending (its :class:`~treadle.weft.runtime.determinism.SessionEnv` collected) or this process
   exiting stops it; :meth:`SandboxWorker.close` removes its directory.
 
 What a per-call sandbox gave and a session worker does not: the backend's module state (globals) lives
@@ -234,7 +234,7 @@ _REGISTRY_LOCK = threading.Lock()
 
 def session_worker(session: Any, backend: str, limits: Any = None, *, lifetime_s: float = 600.0) -> SandboxWorker:
     """The worker of ``session`` (any weak-referenceable object, e.g. the call's
-    :class:`~treadle.weft.determinism.SessionEnv`) for ``backend``; made on first use, stopped when the session
+    :class:`~treadle.weft.runtime.determinism.SessionEnv`) for ``backend``; made on first use, stopped when the session
     object is collected or this process exits; a worker of another backend source is replaced."""
     with _REGISTRY_LOCK:  # tool calls of different sessions may run in different threads
         w = _SESSIONS.get(session)

@@ -15,7 +15,7 @@ from treadle.weft.rl.worlds import Episode
 from treadle.weft.rollouts.harnesses import Harness
 from treadle.weft.rollouts.records import ParsedCall
 from treadle.weft.rollouts.tasks import AtomicTask
-from treadle.weft.state import Snapshot
+from treadle.weft.runtime.state import Snapshot
 
 __all__ = ["GoldError", "TurnStart", "GoldEpisode", "play_gold", "REPLY", "tool_text"]
 

@@ -24,9 +24,9 @@ import random
 from dataclasses import dataclass
 from typing import Literal
 
-from treadle.weft.callparse import ToolCall
+from treadle.weft.runtime.callparse import ToolCall
 from treadle.weft.rollouts.tasks import AtomicTask, RolloutTask
-from treadle.weft.verify import CheckpointSpec
+from treadle.weft.runtime.verify import CheckpointSpec
 
 Split = Literal["train", "heldout"]
 SPLITS: tuple[Split, ...] = ("train", "heldout")
@@ -76,7 +76,7 @@ class Episode:
     def snapshot(self):
         """The world's initial state (an immutable SQLite snapshot of the shop schema)."""
         from treadle.weft.envs import shop
-        from treadle.weft.sqlite_state import snapshot_from_sql
+        from treadle.weft.runtime.sqlite_state import snapshot_from_sql
 
         return snapshot_from_sql(shop.SCHEMA, self.seed_sql)
 

@@ -90,7 +90,7 @@ def skipped(category: str = "base") -> dict[str, str]:
 
 def _param_order(class_names: list[str]) -> dict[str, list[str]]:
     from treadle.data.bfcl import function_docs
-    from treadle.weft.bfcl_schema import bfcl_to_tool
+    from treadle.weft.envs.bfcl_schema import bfcl_to_tool
 
     out: dict[str, list[str]] = {}
     for t in map(bfcl_to_tool, function_docs(class_names)):
@@ -101,8 +101,8 @@ def _param_order(class_names: list[str]) -> dict[str, list[str]]:
 def task_of(entry: dict[str, Any], gold: list[list[str]], category: str = "base",
             disclosure: Disclosure = "full") -> RolloutTask:
     """One eligible entry as a :class:`RolloutTask`. Raises ValueError (with :func:`eligible`'s reason)."""
-    from treadle.weft.callparse import parse_call
-    from treadle.weft.verify import CheckpointSpec
+    from treadle.weft.runtime.callparse import parse_call
+    from treadle.weft.runtime.verify import CheckpointSpec
 
     why = eligible(entry)
     if why is not None:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from treadle.llm.records import ToolCall as NativeCall
-from treadle.weft.callparse import ToolCall
+from treadle.weft.runtime.callparse import ToolCall
 from treadle.weft.rollouts.records import ParsedCall, ParsedStep, ParseFailure, PolicyOutput
 from treadle.weft.rollouts.registry import HARNESSES
 

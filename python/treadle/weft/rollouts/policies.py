@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from treadle.weft.callparse import ToolCall
+from treadle.weft.runtime.callparse import ToolCall
 from treadle.weft.rollouts.harnesses import Harness
 from treadle.weft.rollouts.records import PolicyOutput
 from treadle.weft.rollouts.registry import POLICIES

@@ -26,7 +26,7 @@ from treadle.weft.rollouts.sessions import Env, SessionGroup
 from treadle.weft.rollouts.tasks import AtomicTask, RolloutTask
 from treadle.weft.rollouts.views import View
 from treadle.weft.runtime import Runtime
-from treadle.weft.state import Snapshot
+from treadle.weft.runtime.state import Snapshot
 
 __all__ = ["Env", "Setup", "METHODS", "ROLLOUTS", "run_turn", "prefix_rollout", "end_to_end_rollout",
            "system_message", "trajectory_key", "BASE_INSTRUCTIONS", "endpoint_failure", "task_tools"]

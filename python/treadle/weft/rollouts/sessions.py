@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from treadle.weft.runtime import Runtime, ToolOutcome
-from treadle.weft.state import Snapshot
-from treadle.weft.verify import CheckpointResult, CheckpointSpec, FailureReason
+from treadle.weft.runtime.state import Snapshot
+from treadle.weft.runtime.verify import CheckpointResult, CheckpointSpec, FailureReason
 
 
 @dataclass(frozen=True)

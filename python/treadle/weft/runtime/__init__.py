@@ -1,23 +1,23 @@
 """``treadle.weft.runtime``: sessions over registered servers, typed tool dispatch, checkpoints.
 
-Seed: WEFT section 4.1 (MegaMCP). A :class:`Runtime` holds a :class:`~treadle.weft.registry.Registry`
+Seed: WEFT section 4.1 (MegaMCP). A :class:`Runtime` holds a :class:`~treadle.weft.runtime.registry.Registry`
 and open sessions; each session owns private state cloned from an immutable snapshot and talks to
 its server through the official ``mcp`` client:
 
 - ``transport="inproc"`` (default): the server runs in this process. A ``shared`` server is imported
   once and one ``MCPServer`` serves all its sessions (the session id travels in the request
-  ``_meta``); an ``isolated`` server (see :mod:`treadle.weft.isolation`) gets its own module import
+  ``_meta``); an ``isolated`` server (see :mod:`treadle.weft.runtime.isolation`) gets its own module import
   per session. State can be reset, forked, diffed and checkpointed.
 - ``transport="stdio"`` / ``"http"``: one server subprocess per session (``python -m
-  treadle.weft.serve``), reached over stdio or streamable HTTP on 127.0.0.1. Tool calls, reset
+  treadle.weft.runtime.serve``), reached over stdio or streamable HTTP on 127.0.0.1. Tool calls, reset
   (restart from the initial snapshot) and close work; fork/diff/checkpoint need in-process state and
-  raise :class:`~treadle.weft.errors.UnsupportedOperationError`.
+  raise :class:`~treadle.weft.runtime.errors.UnsupportedOperationError`.
 
 Tool-call failures never raise: :meth:`Runtime.call_tool` returns a :class:`ToolOutcome` whose
-``error_kind`` is one of :class:`~treadle.weft.errors.ErrorKind`, recorded in the session log and
-the per-tool :class:`~treadle.weft.stats.ToolStats`; other sessions are unaffected. Mutating calls
+``error_kind`` is one of :class:`~treadle.weft.runtime.errors.ErrorKind`, recorded in the session log and
+the per-tool :class:`~treadle.weft.runtime.stats.ToolStats`; other sessions are unaffected. Mutating calls
 (tools whose contract declares ``writes``) schedule a debounced asynchronous checkpoint when the
-runtime has a :class:`~treadle.weft.checkpoint.CheckpointStore`.
+runtime has a :class:`~treadle.weft.runtime.checkpoint.CheckpointStore`.
 
 Usage::
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import anyio
 
-from treadle.weft.checkpoint import CheckpointRecord
-from treadle.weft.errors import (
+from treadle.weft.runtime.checkpoint import CheckpointRecord
+from treadle.weft.runtime.errors import (
     CheckpointStoreError,
     ErrorKind,
     StaleGenerationError,
@@ -16,7 +16,7 @@ from treadle.weft.errors import (
     WeftError,
 )
 from treadle.weft.runtime.sessions import _Session
-from treadle.weft.state import Snapshot
+from treadle.weft.runtime.state import Snapshot
 
 
 class CheckpointingMixin:

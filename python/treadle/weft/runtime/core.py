@@ -23,9 +23,9 @@ import jsonschema
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from treadle.weft.callparse import ToolCall, parse_call
-from treadle.weft.checkpoint import CheckpointStore
-from treadle.weft.errors import (
+from treadle.weft.runtime.callparse import ToolCall, parse_call
+from treadle.weft.runtime.checkpoint import CheckpointStore
+from treadle.weft.runtime.errors import (
     CallParseError,
     ErrorKind,
     SessionBusyError,
@@ -34,14 +34,14 @@ from treadle.weft.errors import (
     UnsupportedOperationError,
     WeftError,
 )
-from treadle.weft.registry import Registry, ServerSpec, release_module
+from treadle.weft.runtime.registry import Registry, ServerSpec, release_module
 from treadle.weft.runtime.checkpointing import CheckpointingMixin
 from treadle.weft.runtime.records import LogEntry, ToolOutcome
 from treadle.weft.runtime.sessions import TRANSPORTS, Transport, _Binding, _Session, free_port, result_payload
 from treadle.weft.runtime.verification import VerificationMixin
-from treadle.weft.server import SESSION_META_KEY
-from treadle.weft.state import Snapshot, StateBackend, StateDiff
-from treadle.weft.stats import ToolStats
+from treadle.weft.runtime.server import SESSION_META_KEY
+from treadle.weft.runtime.state import Snapshot, StateBackend, StateDiff
+from treadle.weft.runtime.stats import ToolStats
 
 __all__ = ["Runtime", "Transport"]
 
@@ -75,7 +75,7 @@ class Runtime(CheckpointingMixin, VerificationMixin):
                  debounce_s: float = 0.05, timeout_s: float = 10.0, transport: Transport = "inproc",
                  max_threads: int = 40):
         if registry is not None and not isinstance(registry, Registry):
-            raise TypeError(f"registry must be a treadle.weft.registry.Registry, got {type(registry).__name__}")
+            raise TypeError(f"registry must be a treadle.weft.runtime.registry.Registry, got {type(registry).__name__}")
         if checkpoint_store is not None and not isinstance(checkpoint_store, CheckpointStore):
             raise TypeError(f"checkpoint_store must be a CheckpointStore, got {type(checkpoint_store).__name__}")
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
@@ -219,7 +219,7 @@ class Runtime(CheckpointingMixin, VerificationMixin):
         d = Path(b.tmpdir.name)
         (d / "server.py").write_text(b.spec.source, encoding="utf-8")
         (d / "snapshot.bin").write_bytes(snapshot.data)
-        return ["-m", "treadle.weft.serve", "--server-file", str(d / "server.py"), "--snapshot",
+        return ["-m", "treadle.weft.runtime.serve", "--server-file", str(d / "server.py"), "--snapshot",
                 str(d / "snapshot.bin"), "--kind", snapshot.kind, "--session-id", sid,
                 "--env", json.dumps(snapshot.env.as_dict())]
 
@@ -310,7 +310,7 @@ class Runtime(CheckpointingMixin, VerificationMixin):
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         if not isinstance(snapshot, Snapshot):
-            raise TypeError(f"snapshot must be a treadle.weft.state.Snapshot, got {type(snapshot).__name__}")
+            raise TypeError(f"snapshot must be a treadle.weft.runtime.state.Snapshot, got {type(snapshot).__name__}")
         sid = session_id or uuid.uuid4().hex[:16]
         if not isinstance(sid, str) or not sid.replace("-", "").replace("_", "").isalnum():
             raise ValueError(f"session_id must be letters, digits, '-' and '_', got {sid!r}")
@@ -372,7 +372,7 @@ class Runtime(CheckpointingMixin, VerificationMixin):
         return v
 
     async def call(self, session_id: str, call: str | ToolCall) -> ToolOutcome:
-        """Dispatch a call string (parsed with :func:`~treadle.weft.callparse.parse_call`) or a ToolCall.
+        """Dispatch a call string (parsed with :func:`~treadle.weft.runtime.callparse.parse_call`) or a ToolCall.
 
         A string that is not one call with literal arguments gives an ``invalid_args`` outcome.
         """

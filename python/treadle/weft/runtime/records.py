@@ -5,8 +5,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from treadle.weft.callparse import ToolCall
-from treadle.weft.errors import ErrorKind
+from treadle.weft.runtime.callparse import ToolCall
+from treadle.weft.runtime.errors import ErrorKind
 
 
 class ToolOutcome(BaseModel):

@@ -12,12 +12,12 @@ from typing import Any, Literal
 import anyio
 from mcp import Client
 
-from treadle.weft.checkpoint import CheckpointRecord
-from treadle.weft.determinism import SessionEnv
-from treadle.weft.registry import ServerSpec
+from treadle.weft.runtime.checkpoint import CheckpointRecord
+from treadle.weft.runtime.determinism import SessionEnv
+from treadle.weft.runtime.registry import ServerSpec
 from treadle.weft.runtime.records import LogEntry
-from treadle.weft.server import ToolError, WeftServer
-from treadle.weft.state import Snapshot, StateBackend
+from treadle.weft.runtime.server import ToolError, WeftServer
+from treadle.weft.runtime.state import Snapshot, StateBackend
 
 Transport = Literal["inproc", "stdio", "http"]
 TRANSPORTS = ("inproc", "stdio", "http")

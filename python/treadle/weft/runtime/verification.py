@@ -4,12 +4,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from treadle.weft.callparse import ToolCall
-from treadle.weft.registry import ServerSpec
+from treadle.weft.runtime.callparse import ToolCall
+from treadle.weft.runtime.registry import ServerSpec
 from treadle.weft.runtime.records import ToolOutcome
 from treadle.weft.runtime.sessions import _Session
-from treadle.weft.state import Snapshot, StateBackend
-from treadle.weft.verify import CheckpointResult, CheckpointSpec, filter_diff, judge_checkpoint
+from treadle.weft.runtime.state import Snapshot, StateBackend
+from treadle.weft.runtime.verify import CheckpointResult, CheckpointSpec, filter_diff, judge_checkpoint
 
 
 class VerificationMixin:
@@ -23,11 +23,11 @@ class VerificationMixin:
         session cloned from ``start`` (the turn's start state, from :meth:`snapshot` before the
         turn); that session never appears in :meth:`sessions` or the statistics and is dropped
         afterwards. The agent's state is then compared with the gold state and the tool returns
-        with the gold results (see :func:`~treadle.weft.verify.judge_checkpoint`).
+        with the gold results (see :func:`~treadle.weft.runtime.verify.judge_checkpoint`).
 
         With ``replay_check`` (default) the gold is replayed twice from ``start``; when the two
         replays disagree (a tool reads the process clock or a global random source instead of
-        :mod:`treadle.weft.determinism`), a failed check is attributed to the environment
+        :mod:`treadle.weft.runtime.determinism`), a failed check is attributed to the environment
         (``nondeterministic_environment``, not a policy failure). The session clock and random
         source travel with ``start``, so tools that use them replay exactly.
 

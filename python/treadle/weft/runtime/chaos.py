@@ -16,7 +16,7 @@ every restored session, a late write of its dead worker's generation is attempte
 rejected (``stale_writes_rejected``; ``stale_writes_accepted`` must be 0). The drill stops by itself:
 each session runs ``steps`` turns, and every run is bounded by ``deadline_s``.
 
-    python -m treadle.weft.chaos --sessions 1000 --workers 4 --kills 8
+    python -m treadle.weft.runtime.chaos --sessions 1000 --workers 4 --kills 8
 """
 from __future__ import annotations
 
@@ -30,14 +30,14 @@ from pathlib import Path
 import anyio
 from pydantic import BaseModel
 
-from treadle.weft.checkpoint import CheckpointStore
-from treadle.weft.errors import StaleGenerationError, WeftError
-from treadle.weft.pool import WorkerDiedError, WorkerPool
-from treadle.weft.sqlite_state import snapshot_from_sql
+from treadle.weft.runtime.checkpoint import CheckpointStore
+from treadle.weft.runtime.errors import StaleGenerationError, WeftError
+from treadle.weft.runtime.pool import WorkerDiedError, WorkerPool
+from treadle.weft.runtime.sqlite_state import snapshot_from_sql
 
 SERVER = '''
 import sqlite3
-from treadle.weft.server import WeftServer
+from treadle.weft.runtime.server import WeftServer
 
 SCHEMA = "CREATE TABLE rows (id INTEGER PRIMARY KEY, tag TEXT NOT NULL, step INTEGER NOT NULL);"
 server = WeftServer("chaos_rows", backend="sqlite", schema=SCHEMA)
@@ -80,7 +80,7 @@ class ChaosReport(BaseModel):
 async def run_chaos(*, sessions: int = 1000, workers: int = 4, steps: int = 3, kills: int = 8, seed: int = 0,
                     store: str | None = None, deadline_s: float = 900.0, ray_address: str | None = None) -> ChaosReport:
     """Run the drill (see the module docstring) and return its counts; with ``ray_address`` the workers are Ray
-    actors (:class:`~treadle.weft.ray_pool.RayWorkerPool`, killed with ``ray.kill``).
+    actors (:class:`~treadle.weft.runtime.ray_pool.RayWorkerPool`, killed with ``ray.kill``).
 
     Raises:
         ValueError: a count is not positive, or ``kills`` is not below ``sessions * steps`` (each kill needs
@@ -111,7 +111,7 @@ async def run_chaos(*, sessions: int = 1000, workers: int = 4, steps: int = 3, k
         pool_args = dict(max_workers=workers + kills, sessions_per_worker=per_worker, checkpoint_store=store,
                          debounce_s=0.05, timeout_s=30.0)
         if ray_address is not None:
-            from treadle.weft.ray_pool import RayWorkerPool
+            from treadle.weft.runtime.ray_pool import RayWorkerPool
 
             pool_cm: WorkerPool = RayWorkerPool(address=ray_address, **pool_args)
         else:

@@ -6,13 +6,13 @@ particular module's class object: the same snapshot can be materialised into the
 independently imported copy of the server module (isolated sessions). Fork = ``copy.deepcopy`` of the
 attributes; diff = per attribute path (dicts are walked, other values compared with ``==``).
 Class attributes are *not* state: a server that mutates them is flagged by
-:mod:`treadle.weft.isolation` and runs isolated (one module import per session).
+:mod:`treadle.weft.runtime.isolation` and runs isolated (one module import per session).
 
 Snapshots are unpickled by a restricted unpickler: plain containers and values and the server
 module's own classes only (whatever else an image names is refused before anything is called), and
 no opcode that changes an object in place (``BUILD``, ``APPEND(S)``, ``SETITEM(S)``, ``ADDITEMS``) may
 target a class object (walked before loading: a class attribute is never rewritten process-wide);
-checkpoints from a shared store are also authenticated (see :mod:`treadle.weft.checkpoint`).
+checkpoints from a shared store are also authenticated (see :mod:`treadle.weft.runtime.checkpoint`).
 """
 from __future__ import annotations
 
@@ -26,14 +26,14 @@ import types
 import typing
 from typing import Any
 
-from treadle.weft.determinism import SessionEnv
-from treadle.weft.errors import SnapshotSchemaError
-from treadle.weft.state import RowChange, Snapshot, StateBackend, StateDiff, TableDiff
+from treadle.weft.runtime.determinism import SessionEnv
+from treadle.weft.runtime.errors import SnapshotSchemaError
+from treadle.weft.runtime.state import RowChange, Snapshot, StateBackend, StateDiff, TableDiff
 
 NAMESPACE = "attributes"
 _PROTOCOL = 5
 SERVER_MODULE_PREFIX = "treadle_weft_server_"
-"""Name prefix of independently imported server modules (see :mod:`treadle.weft.registry`)."""
+"""Name prefix of independently imported server modules (see :mod:`treadle.weft.runtime.registry`)."""
 
 
 class _ServerPickler(pickle.Pickler):
@@ -216,7 +216,7 @@ def check_object_schema(snapshot: Snapshot, cls: type) -> None:
         SnapshotSchemaError: wrong kind, not an object image, or attributes missing/unexpected/invalid.
     """
     if not isinstance(snapshot, Snapshot):
-        raise TypeError(f"snapshot must be a treadle.weft.state.Snapshot, got {type(snapshot).__name__}")
+        raise TypeError(f"snapshot must be a treadle.weft.runtime.state.Snapshot, got {type(snapshot).__name__}")
     if not isinstance(cls, type):
         raise TypeError(f"cls must be a class, got {type(cls).__name__}")
     if snapshot.kind != "object":

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from treadle.weft.errors import ErrorKind
+from treadle.weft.runtime.errors import ErrorKind
 
 
 def percentile(values: list[float], q: float) -> float | None:

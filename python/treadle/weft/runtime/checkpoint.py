@@ -16,18 +16,18 @@ A worker *claims* a session (:meth:`CheckpointStore.claim`) by creating the leas
 generation; when two workers race for the same generation exactly one create succeeds and the
 other claims the one after, so every generation has exactly one owner, across processes and
 machines. A write carries the writer's generation and is rejected with
-:class:`~treadle.weft.errors.StaleGenerationError` once a newer lease exists; the latest checkpoint
+:class:`~treadle.weft.runtime.errors.StaleGenerationError` once a newer lease exists; the latest checkpoint
 is the record with the highest (generation, seq), so a worker presumed dead can never overwrite its
 successor's state, and a reader never sees a half-written file.
 
 Payload authentication: with a key (``key=`` or the ``TREADLE_WEFT_CHECKPOINT_KEY`` environment
 variable; per deployment, never stored beside the data), every record carries an HMAC-SHA256 over
 its fields (which include the image's SHA-256), and :meth:`read` refuses a record without a valid
-MAC (:class:`~treadle.weft.errors.CheckpointIntegrityError`) before any byte of the image is
+MAC (:class:`~treadle.weft.runtime.errors.CheckpointIntegrityError`) before any byte of the image is
 deserialised. A store without a key logs one warning line (once per URL) that it trusts whoever can
 write it: set the key wherever the store is shared. Object-state images are in any case unpickled by a
 restricted unpickler (plain containers and the server's own classes only; see
-:mod:`treadle.weft.object_state`).
+:mod:`treadle.weft.runtime.object_state`).
 
 Fencing: a write checks the lease after its image and before its record, and creates no record once a
 newer generation exists, so a write refused as stale is never what a restore resumes from (its image,
@@ -37,7 +37,7 @@ happened before the claim); the new owner's first checkpoint supersedes it.
 Roll-back: deleting the newest record (with write access to the store) makes the previous one the
 latest, and a store cannot tell from what remains. A :class:`CheckpointStore` object remembers the
 newest (generation, seq) it wrote or read per session and refuses an older "latest"
-(:class:`~treadle.weft.errors.CheckpointIntegrityError`), so a runtime notices a roll-back of its own
+(:class:`~treadle.weft.runtime.errors.CheckpointIntegrityError`), so a runtime notices a roll-back of its own
 sessions; ``watermark=`` keeps those pairs in a local file outside the store, so later processes that
 use the same file notice it too. Without such an outside record nothing can detect it.
 The debounce itself lives in the runtime (:class:`treadle.weft.runtime.Runtime`).
@@ -59,9 +59,9 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from pydantic import BaseModel, Field
 
-from treadle.weft.determinism import EnvState
-from treadle.weft.errors import CheckpointIntegrityError, CheckpointStoreError, StaleGenerationError
-from treadle.weft.state import BackendKind, Snapshot
+from treadle.weft.runtime.determinism import EnvState
+from treadle.weft.runtime.errors import CheckpointIntegrityError, CheckpointStoreError, StaleGenerationError
+from treadle.weft.runtime.state import BackendKind, Snapshot
 
 KEY_ENV = "TREADLE_WEFT_CHECKPOINT_KEY"
 _log = logging.getLogger(__name__)

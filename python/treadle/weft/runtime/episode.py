@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 
 from pydantic import BaseModel
 
-from treadle.weft.callparse import ToolCall
+from treadle.weft.runtime.callparse import ToolCall
 from treadle.weft.runtime import Runtime, ToolOutcome
-from treadle.weft.verify import CheckpointResult, CheckpointSpec, trajectory_reward
+from treadle.weft.runtime.verify import CheckpointResult, CheckpointSpec, trajectory_reward
 
 Policy = Callable[[int, list[list[ToolOutcome]]], Sequence[str | ToolCall]]
 

@@ -1,6 +1,6 @@
 """Serve one WEFT session's server over stdio or streamable HTTP (a subprocess of the runtime).
 
-    python -m treadle.weft.serve --server-file F.py --snapshot S.bin --kind sqlite \
+    python -m treadle.weft.runtime.serve --server-file F.py --snapshot S.bin --kind sqlite \
         --session-id ID --transport stdio|http [--port P] [--env JSON]
 
 The module is imported from ``F.py``, the session state is cloned from the snapshot bytes in
@@ -14,10 +14,10 @@ import argparse
 import json
 from pathlib import Path
 
-from treadle.weft.determinism import EnvState
-from treadle.weft.registry import import_server_module
-from treadle.weft.server import ToolError
-from treadle.weft.state import Snapshot
+from treadle.weft.runtime.determinism import EnvState
+from treadle.weft.runtime.registry import import_server_module
+from treadle.weft.runtime.server import ToolError
+from treadle.weft.runtime.state import Snapshot
 
 
 def main(argv: list[str] | None = None) -> None:

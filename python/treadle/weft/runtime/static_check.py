@@ -4,9 +4,9 @@ Importing a server module runs its code (any top-level statement: file writes, n
 static reading here never does: it parses the source with :mod:`ast`, finds the module-level
 ``server = WeftServer("name", backend=...)`` and the functions decorated with ``@server.tool`` /
 ``@server.tool(...)``, reads their contracts where they are literals, and runs the isolation check
-(:func:`treadle.weft.isolation.check_source`, itself static). What needs the module imported (the
+(:func:`treadle.weft.runtime.isolation.check_source`, itself static). What needs the module imported (the
 content hash, the tools' JSON schemas from type hints, decorator arguments that are not literals) is
-left to :meth:`treadle.weft.registry.Registry.register`.
+left to :meth:`treadle.weft.runtime.registry.Registry.register`.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from treadle.weft.errors import ServerImportError
-from treadle.weft.isolation import SideEffectReport, check_source
+from treadle.weft.runtime.errors import ServerImportError
+from treadle.weft.runtime.isolation import SideEffectReport, check_source
 
 __all__ = ["StaticTool", "StaticServer", "read_server"]
 

@@ -5,13 +5,13 @@ the agent's run even when the agent made exactly the gold calls. Every session t
 :class:`SessionEnv`: a clock that advances one ``clock_step`` (seconds) per reading from
 ``clock_start`` (Unix seconds), and a counter-based random source (splitmix64 of ``(seed, draw)``),
 so its whole state is five numbers (:class:`EnvState`). Snapshots carry that state
-(:attr:`treadle.weft.state.Snapshot.env`): fork copies it, reset and restore bring it back, a
+(:attr:`treadle.weft.runtime.state.Snapshot.env`): fork copies it, reset and restore bring it back, a
 checkpoint stores it. The gold replay of a turn starts from the turn's start snapshot, so the same
 calls read the same times and draws as the agent's session did.
 
 Tools read them during a call (inside a call, the runtime binds the calling session's env)::
 
-    from treadle.weft.determinism import session_random, session_time, session_uuid
+    from treadle.weft.runtime.determinism import session_random, session_time, session_uuid
 
     @server.tool(writes=("notes",))
     def add_note(db, text: str) -> dict:
@@ -30,7 +30,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from treadle.weft.errors import WeftError
+from treadle.weft.runtime.errors import WeftError
 
 _MASK64 = (1 << 64) - 1
 DEFAULT_CLOCK_START = 1_767_225_600.0

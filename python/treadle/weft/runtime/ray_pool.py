@@ -2,7 +2,7 @@
 
 Seed: WEFT 4.1 (MegaMCP: sessions spread over runtime workers, failover from checkpoints with a
 generation fence), scaled out across nodes (issue 18, "Rollouts and synthesis"). :class:`RayWorkerPool`
-has the API and the failure semantics of the process pool :class:`~treadle.weft.pool.WorkerPool` (it is a
+has the API and the failure semantics of the process pool :class:`~treadle.weft.runtime.pool.WorkerPool` (it is a
 subclass: placement, failover and per-session routing are shared); only the transport differs:
 
 - a worker is a Ray actor (:class:`RuntimeActor`) scheduled by Ray (``SPREAD`` over the cluster's nodes by
@@ -35,7 +35,7 @@ from typing import Any
 
 import anyio
 
-from treadle.weft.pool import WorkerDiedError, WorkerHungError, WorkerPool, _raise_remote, _Worker, _worker_loop
+from treadle.weft.runtime.pool import WorkerDiedError, WorkerHungError, WorkerPool, _raise_remote, _Worker, _worker_loop
 
 __all__ = ["RayWorkerPool", "RuntimeActor"]
 
@@ -62,7 +62,7 @@ class _QueueConn:
 
 class RuntimeActor:
     """A Ray actor serving one :class:`~treadle.weft.runtime.Runtime` (the request loop of
-    :mod:`treadle.weft.pool` on a thread of its own); :meth:`request` is called concurrently (threaded actor).
+    :mod:`treadle.weft.runtime.pool` on a thread of its own); :meth:`request` is called concurrently (threaded actor).
     """
 
     def __init__(self, store_url: str | None, timeout_s: float, debounce_s: float, key: bytes | None,
@@ -114,7 +114,7 @@ class RayWorkerPool(WorkerPool):
         spread: place actors with Ray's ``SPREAD`` strategy (over nodes) instead of ``DEFAULT`` (packing).
         max_concurrency: concurrent requests one actor serves (its thread pool).
         max_workers, sessions_per_worker, checkpoint_store, timeout_s, debounce_s, checkpoint_key,
-            max_threads, hang_grace_s: as :class:`~treadle.weft.pool.WorkerPool`. The checkpoint key travels
+            max_threads, hang_grace_s: as :class:`~treadle.weft.runtime.pool.WorkerPool`. The checkpoint key travels
             to the actors as an actor-creation argument (Ray's control store holds it; use a cluster you
             trust, or leave the store unauthenticated).
 

@@ -35,10 +35,10 @@ from mcp.server.mcpserver.tools import Tool
 from mcp.types import ToolAnnotations
 from pydantic_core import to_jsonable_python
 
-from treadle.weft.determinism import bind_env, unbind_env
-from treadle.weft.object_state import ObjectState, check_object_schema
-from treadle.weft.sqlite_state import SqliteState, check_schema
-from treadle.weft.state import BackendKind, Snapshot, StateBackend
+from treadle.weft.runtime.determinism import bind_env, unbind_env
+from treadle.weft.runtime.object_state import ObjectState, check_object_schema
+from treadle.weft.runtime.sqlite_state import SqliteState, check_schema
+from treadle.weft.runtime.state import BackendKind, Snapshot, StateBackend
 
 _log = logging.getLogger("treadle.weft.tools")
 
@@ -172,7 +172,7 @@ class WeftServer:
 
     # -- state -------------------------------------------------------------------------------
     def check_snapshot(self, snapshot: Snapshot) -> None:
-        """Raise :class:`~treadle.weft.errors.SnapshotSchemaError` if ``snapshot`` does not fit this server."""
+        """Raise :class:`~treadle.weft.runtime.errors.SnapshotSchemaError` if ``snapshot`` does not fit this server."""
         if self.backend == "sqlite":
             check_schema(snapshot, self.schema)
         else:

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from treadle.weft.errors import CallParseError
+from treadle.weft.runtime.errors import CallParseError
 
 MAX_CALL_CHARS = 100_000
 

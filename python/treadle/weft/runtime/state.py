@@ -4,10 +4,10 @@ A session owns a private, mutable *state* cloned from an immutable :class:`Snaps
 section 4.1, MegaMCP "session-private database cloned copy-on-write from an immutable initial
 snapshot"). Two backends implement :class:`StateBackend`:
 
-- :class:`treadle.weft.sqlite_state.SqliteState` (embedded default): the handle tools receive is a
+- :class:`treadle.weft.runtime.sqlite_state.SqliteState` (embedded default): the handle tools receive is a
   ``sqlite3.Connection`` to a private in-memory database; clone = ``Connection.deserialize`` of the
   snapshot bytes.
-- :class:`treadle.weft.object_state.ObjectState`: the handle is a Python object (environments
+- :class:`treadle.weft.runtime.object_state.ObjectState`: the handle is a Python object (environments
   written as classes); clone = ``copy.deepcopy`` of its attribute dict.
 
 Every state can be snapshotted (bytes, byte-identical after reset), forked (independent copy of the
@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from treadle.weft.determinism import EnvState, SessionEnv
+from treadle.weft.runtime.determinism import EnvState, SessionEnv
 
 BackendKind = Literal["sqlite", "object"]
 
@@ -35,7 +35,7 @@ class Snapshot:
 
     Attributes:
         env: the session's deterministic clock and random source at that moment
-            (:mod:`treadle.weft.determinism`); fork, reset and restore bring it back with the data.
+            (:mod:`treadle.weft.runtime.determinism`); fork, reset and restore bring it back with the data.
         kind: ``"sqlite"`` (``data`` = SQLite database image from ``Connection.serialize()``) or
             ``"object"`` (``data`` = pickle protocol 5 of the state object's attribute dict).
         data: the bytes; never mutated. ``digest`` is its SHA-256 hex.
@@ -53,11 +53,11 @@ class Snapshot:
         if self.env is None:
             object.__setattr__(self, "env", EnvState())
         if not isinstance(self.env, EnvState):
-            raise TypeError(f"Snapshot.env must be a treadle.weft.determinism.EnvState, got {type(self.env).__name__}")
+            raise TypeError(f"Snapshot.env must be a treadle.weft.runtime.determinism.EnvState, got {type(self.env).__name__}")
 
     def with_env(self, **changes: Any) -> Snapshot:
         """The same state image with the session clock / random source changed (fields of
-        :class:`~treadle.weft.determinism.EnvState`, e.g. ``seed=3``)."""
+        :class:`~treadle.weft.runtime.determinism.EnvState`, e.g. ``seed=3``)."""
         return Snapshot(self.kind, self.data, dataclasses.replace(self.env, **changes))
 
     @property
@@ -156,6 +156,6 @@ class StateBackend(ABC):
 
     def _check_kind(self, snapshot: Snapshot) -> None:
         if not isinstance(snapshot, Snapshot):
-            raise TypeError(f"snapshot must be a treadle.weft.state.Snapshot, got {type(snapshot).__name__}")
+            raise TypeError(f"snapshot must be a treadle.weft.runtime.state.Snapshot, got {type(snapshot).__name__}")
         if snapshot.kind != self.kind:
             raise ValueError(f"snapshot is a {snapshot.kind!r} snapshot but this state backend is {self.kind!r}")

@@ -13,7 +13,7 @@ A new worker is forked when every live worker holds ``sessions_per_worker`` sess
 ``crash`` outcome; its sessions are restored from their last checkpoints on another worker (a new
 generation, so a late write of the dead worker would be rejected) and marked *interrupted*: the
 rollout resumes from :meth:`WorkerPool.checkpoint_turn`, never counted as a policy failure. Without
-a checkpoint store, sessions of a dead worker are lost (:class:`~treadle.weft.errors.WeftError`).
+a checkpoint store, sessions of a dead worker are lost (:class:`~treadle.weft.runtime.errors.WeftError`).
 """
 from __future__ import annotations
 
@@ -28,16 +28,16 @@ from typing import Any
 
 import anyio
 
-from treadle.weft import errors as _errors
-from treadle.weft.callparse import ToolCall
-from treadle.weft.checkpoint import KEY_ENV, CheckpointStore
-from treadle.weft.determinism import EnvState
-from treadle.weft.errors import ErrorKind, UnknownSessionError, WeftError
-from treadle.weft.registry import Registry
+from treadle.weft.runtime import errors as _errors
+from treadle.weft.runtime.callparse import ToolCall
+from treadle.weft.runtime.checkpoint import KEY_ENV, CheckpointStore
+from treadle.weft.runtime.determinism import EnvState
+from treadle.weft.runtime.errors import ErrorKind, UnknownSessionError, WeftError
+from treadle.weft.runtime.registry import Registry
 from treadle.weft.runtime import ToolOutcome
-from treadle.weft.state import Snapshot
+from treadle.weft.runtime.state import Snapshot
 
-_PRELOAD = ["treadle.weft.runtime", "treadle.weft.pool", "treadle.weft.checkpoint"]
+_PRELOAD = ["treadle.weft.runtime", "treadle.weft.runtime.pool", "treadle.weft.runtime.checkpoint"]
 
 
 # -- worker side -------------------------------------------------------------------------------
@@ -78,7 +78,7 @@ async def _worker_loop(conn: Any, store_url: str | None, timeout_s: float, debou
                        key: bytes | None = None, max_threads: int = 40) -> None:
     """Requests are served concurrently (one task each; calls on one session stay ordered by the runtime's
     session lock); replies carry the request id."""
-    from treadle.weft.checkpoint import CheckpointStore
+    from treadle.weft.runtime.checkpoint import CheckpointStore
     from treadle.weft.runtime import Runtime
 
     send_lock = threading.Lock()
@@ -416,7 +416,7 @@ class WorkerPool:
         Raises: as :meth:`Runtime.create_session` (re-raised with the same exception class).
         """
         if not isinstance(snapshot, Snapshot):
-            raise TypeError(f"snapshot must be a treadle.weft.state.Snapshot, got {type(snapshot).__name__}")
+            raise TypeError(f"snapshot must be a treadle.weft.runtime.state.Snapshot, got {type(snapshot).__name__}")
         spec = self.registry.spec(server_hash)
         sid = session_id or uuid.uuid4().hex[:16]
         if sid in self._where:

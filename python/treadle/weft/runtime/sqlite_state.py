@@ -12,9 +12,9 @@ import json
 import sqlite3
 from typing import Any
 
-from treadle.weft.determinism import SessionEnv
-from treadle.weft.errors import SnapshotSchemaError
-from treadle.weft.state import RowChange, Snapshot, StateBackend, StateDiff, TableDiff
+from treadle.weft.runtime.determinism import SessionEnv
+from treadle.weft.runtime.errors import SnapshotSchemaError
+from treadle.weft.runtime.state import RowChange, Snapshot, StateBackend, StateDiff, TableDiff
 
 Column = tuple[str, str, bool, int]  # (name, declared type upper-case, notnull, pk position)
 
@@ -91,7 +91,7 @@ def check_schema(snapshot: Snapshot, ddl: str) -> None:
         SnapshotSchemaError: not a SQLite image, or tables/columns differ (each difference listed).
     """
     if not isinstance(snapshot, Snapshot):
-        raise TypeError(f"snapshot must be a treadle.weft.state.Snapshot, got {type(snapshot).__name__}")
+        raise TypeError(f"snapshot must be a treadle.weft.runtime.state.Snapshot, got {type(snapshot).__name__}")
     if snapshot.kind != "sqlite":
         raise SnapshotSchemaError(f"expected a 'sqlite' snapshot, got kind {snapshot.kind!r}")
     want = schema_of_ddl(ddl)

@@ -24,9 +24,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from treadle.weft.callparse import ToolCall
-from treadle.weft.errors import ErrorKind
-from treadle.weft.state import Snapshot, StateBackend, StateDiff, TableDiff
+from treadle.weft.runtime.callparse import ToolCall
+from treadle.weft.runtime.errors import ErrorKind
+from treadle.weft.runtime.state import Snapshot, StateBackend, StateDiff, TableDiff
 
 
 class FailureReason(str, Enum):

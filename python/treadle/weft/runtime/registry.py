@@ -4,7 +4,7 @@ A server is registered once, from its module source, and referenced afterwards b
 ``sha256`` of the canonical JSON of (source code, server name, backend, schema, tool definitions:
 names, descriptions, JSON input schemas and contracts). Registering the same code again returns the
 same hash. At registration the module is imported once (in a fresh, independent module object) to
-read its tool definitions, and :func:`treadle.weft.isolation.check_source` decides whether sessions
+read its tool definitions, and :func:`treadle.weft.runtime.isolation.check_source` decides whether sessions
 may share one imported copy (``shared``) or each need their own (``isolated``).
 """
 from __future__ import annotations
@@ -21,11 +21,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from treadle.weft.errors import ServerImportError, UnknownServerError
-from treadle.weft.isolation import SideEffectReport, check_source
-from treadle.weft.object_state import SERVER_MODULE_PREFIX
-from treadle.weft.server import WeftServer
-from treadle.weft.state import BackendKind
+from treadle.weft.runtime.errors import ServerImportError, UnknownServerError
+from treadle.weft.runtime.isolation import SideEffectReport, check_source
+from treadle.weft.runtime.object_state import SERVER_MODULE_PREFIX
+from treadle.weft.runtime.server import WeftServer
+from treadle.weft.runtime.state import BackendKind
 
 Isolation = Literal["shared", "isolated"]
 _counter = itertools.count()
