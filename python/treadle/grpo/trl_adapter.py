@@ -81,6 +81,12 @@ def _make_trainer_class():
             self.treadle_options = dict(treadle_options or {})
             self._treadle_rewards_per_func = None
 
+        def _treadle_rows(self, output, rewards):
+            """Hook: ``(rewards, extra op options)`` of the whole (gathered) batch before the advantages, e.g.
+            ``{"flags": ...}`` (flagged rows get ``min(A, 0)``); may edit ``output`` (this process's rows).
+            Default: unchanged, no options."""
+            return rewards, {}
+
         def _calculate_rewards(self, *args, **kwargs):
             out = super()._calculate_rewards(*args, **kwargs)
             self._treadle_rewards_per_func = out
@@ -96,7 +102,8 @@ def _make_trainer_class():
             rewards[unscorable] = torch.nan
             mode = "train" if self.model.training else "eval"
             g = self.num_generations if mode == "train" else self.num_generations_eval
-            adv = trl_advantages(rewards, g, self.scale_rewards, **self.treadle_options)
+            rewards, rows = self._treadle_rows(output, rewards)
+            adv = trl_advantages(rewards, g, self.scale_rewards, **{**self.treadle_options, **rows})
             local = output["advantages"].shape[0]
             start = self.accelerator.process_index * local
             output["advantages"] = adv[start:start + local].to(output["advantages"].dtype)
