@@ -38,8 +38,8 @@ import threading
 import typing
 from typing import Any
 
-__all__ = ["WeftBackend", "WeftRowError", "ROW_COLUMNS", "weft_environment", "weft_turn_dataset", "default_backend",
-           "tool_method", "WeftGRPOTrainer", "check_weft_trl_config"]
+__all__ = ["WeftBackend", "WeftRollout", "WeftRowError", "ROW_COLUMNS", "weft_environment", "weft_turn_dataset",
+           "default_backend", "tool_method", "WeftGRPOTrainer", "check_weft_trl_config"]
 
 ROW_COLUMNS = ("weft_split", "weft_episode", "weft_turn")
 """The state reference of a dataset row (train/held-out split, episode seed, atomic-turn index)."""
@@ -235,8 +235,9 @@ def default_backend() -> WeftBackend:
     return _DEFAULT
 
 
-class _WeftEnvironmentBase:
-    """State of one rollout: the forked session, the turn start, the outcomes, the flags."""
+class WeftRollout:
+    """One rollout of an atomic turn: the forked session, the turn start, the outcomes, the flags (the state
+    behind TRL's environment instances and verl's per-trajectory tool sessions)."""
 
     backend: WeftBackend
 
@@ -318,7 +319,7 @@ def weft_environment(backend: WeftBackend | None = None) -> type:
         if spec["name"].isidentifier() and not spec["name"].startswith("_") and spec["name"] not in ("reset",
                                                                                                    "get_reward"):
             members[spec["name"]] = tool_method(spec)
-    return type("WeftEnvironment", (_WeftEnvironmentBase,), members)
+    return type("WeftEnvironment", (WeftRollout,), members)
 
 
 def weft_turn_dataset(episodes: int, split: str = "train", *, start: int = 0, backend: WeftBackend | None = None):
