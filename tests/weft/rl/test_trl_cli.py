@@ -51,12 +51,12 @@ def test_trl_engine_is_the_default_and_follows_the_run_folder_rule(tmp_path, sta
     assert json.loads((out / "run.json").read_text())["status"] == "finished"
 
 
-@pytest.mark.parametrize("extra,flag", [(["--grouping", "trajectory"], "--grouping"), (["--parallel", "ddp"],
-                                                                                       "--parallel"),
-                                        (["--jobs", "1"], "--jobs"), (["--engine", "ray"], "--engine")])
-def test_loop_only_flags_are_refused_before_any_work(tmp_path, monkeypatch, extra, flag):
+@pytest.mark.parametrize("extra,flag", [(["trl", "--grouping", "trajectory"], "--grouping"),
+                                        (["trl", "--parallel", "ddp"], "--parallel"), (["trl", "--jobs", "1"], "--jobs"),
+                                        (["ray"], "--engine"), (["loop", "--vllm"], "--vllm")])
+def test_loop_only_flags_with_engine_trl_are_refused_before_any_work(tmp_path, monkeypatch, extra, flag):
     monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out"
-    r = CliRunner().invoke(app, ["weft", "train", "--out", str(out), *extra])
+    r = CliRunner().invoke(app, ["weft", "train", "--out", str(out), "--engine", *extra])
     assert r.exit_code == 2 and flag in r.output, r.output
     assert not out.exists() and not (tmp_path / "cache").exists()

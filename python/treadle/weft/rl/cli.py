@@ -174,9 +174,10 @@ def train_cmd(
                                   "--quick runs/weft-train-quick)." + OUT_HELP_SUFFIX + " Other --seeds or "
                                                                    "--grouping add to it: finished (grouping, seed) "
                                                                    "runs of the same settings are kept."),
-    engine: str = typer.Option("trl", "--engine", help="trl (default: atomic-turn GRPO on trl.GRPOTrainer with the "
-                                                       "WEFT environment) or loop (treadle's own loop: trajectory "
-                                                       "grouping, dynamic sampling, --parallel)."),
+    engine: str = typer.Option(None, "--engine", show_default=False,
+                               help="trl (the default: atomic-turn GRPO on trl.GRPOTrainer with the WEFT environment) "
+                                    "or loop (treadle's own loop: trajectory grouping, dynamic sampling, --parallel, "
+                                    "--jobs; chosen by default when one of those is given)."),
     grouping: str = typer.Option(None, "--grouping", show_default=False,
                                  help="atomic, trajectory or both (default: atomic with --engine trl, both with "
                                       "--engine loop; trl trains atomic only)."),
@@ -206,11 +207,15 @@ def train_cmd(
                                                                       "(<run>/checkpoint/state.pt, rank 0) every N "
                                                                       "steps, >= 1; an interrupted run continues from "
                                                                       "it."),
+    vllm: bool = typer.Option(False, "--vllm", help="--engine trl: generate with vLLM (TRL's use_vllm=True, "
+                                                    "colocated on the training GPUs; needs vllm installed)."),
     kl_coef: float = typer.Option(None, "--kl-coef", help="Beta of the k3 KL penalty to the start policy, >= 0 "
                                                           "(default 0: off; GRPO's paper used 0.04)."),
 ) -> None:
     """GRPO on the tiny tool policy (TRL by default): held-out success before/after; --engine loop: atomic-turn vs
     trajectory grouping, PNG."""
+    if engine is None:  # trl, unless an option only the loop has is given (old command lines keep working)
+        engine = "loop" if (grouping not in (None, "atomic") or parallel or jobs is not None or resume) else "trl"
     if engine not in ("trl", "loop"):
         raise usage_error(f"--engine must be trl or loop, got {engine!r}")
     if grouping is None:
@@ -237,6 +242,14 @@ def train_cmd(
     if overwrite and resume:
         raise usage_error("--overwrite and --resume exclude each other (--resume is the default: a run of the same "
                           "settings in --out is continued)")
+    if vllm and engine != "trl":
+        raise usage_error("--vllm is an option of --engine trl (TRL's vLLM generation)")
+    if vllm:
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise usage_error("--vllm needs vLLM installed (pip install vllm; a CUDA GPU), which this environment "
+                              "lacks")
     if engine == "trl":
         for flag, value in (("--grouping " + str(grouping), grouping != "atomic"), ("--parallel", parallel),
                             ("--jobs", jobs), ("--resume", resume)):
@@ -259,8 +272,8 @@ def train_cmd(
     if kl_coef:  # (absent when off, so that run folders of earlier versions keep matching)
         doc["kl_coef"] = kl_coef
     if engine == "trl":
-        doc["engine"], doc["sampler"] = "trl", "trl"
-        return _train_trl(out, doc, overwrite, model, quick, seed_list, steps, overrides, checkpoint_every)
+        doc["engine"], doc["sampler"] = "trl", "vllm" if vllm else "trl"
+        return _train_trl(out, doc, overwrite, model, quick, seed_list, steps, overrides, checkpoint_every, vllm)
     if parallel is not None:
         return _train_parallel(parallel, out, groupings, seed_list, steps, model, quick, overrides, doc=doc,
                                overwrite=overwrite, checkpoint_every=checkpoint_every)
@@ -277,7 +290,7 @@ def train_cmd(
 
 
 def _train_trl(out: Path, doc: dict, overwrite: bool, model, quick: bool, seeds, steps, overrides: dict,
-               checkpoint_every: int) -> None:
+               checkpoint_every: int, vllm: bool = False) -> None:
     """``weft train --engine trl``: every seed on trl.GRPOTrainer (:mod:`treadle.weft.rl.trl_run`), under the
     run-folder rule; finished seeds are kept, an unfinished one continues from TRL's last checkpoint."""
     run = _open_train(out, doc, overwrite)
@@ -289,9 +302,9 @@ def _train_trl(out: Path, doc: dict, overwrite: bool, model, quick: bool, seeds,
         policy = _policy(model, quick)
         try:
             run_trl(out, policy, seeds, steps=steps, quick=quick, console=console, overrides=overrides or None,
-                    checkpoint_every=checkpoint_every)
+                    checkpoint_every=checkpoint_every, vllm=vllm)
         except ImportError as err:
-            raise usage_error(f"--engine trl needs TRL (pip install trl): {err}") from None
+            raise usage_error(f"--engine trl{' --vllm' if vllm else ''}: a package is missing: {err}") from None
 
 
 # a comparison grows by seeds and groupings: finished (grouping, seed) runs are kept by their own config

@@ -21,9 +21,11 @@ LOSS_TYPES = {"seq-mean-token-mean": "grpo", "token-mean": "bnpo"}
 """The update's aggregation -> TRL's ``loss_type`` of the same maths (``seq-mean-token-sum`` has none)."""
 
 
-def grpo_config(cfg, output_dir: str | Path, *, checkpoint_every: int = 1, **overrides):
-    """The ``trl.GRPOConfig`` of a :class:`~treadle.weft.rl.train.WeftTrainConfig` (one TRL step = one
-    generation batch of ``turns_per_step`` turn groups x ``G`` candidates).
+def grpo_config(cfg, output_dir: str | Path, *, checkpoint_every: int = 1, vllm: bool = False, **overrides):
+    """The ``trl.GRPOConfig`` of a :class:`~treadle.weft.rl.train.WeftTrainConfig` (one generation batch of
+    ``turns_per_step`` turn groups x ``G`` candidates per GRPO step, ``num_iterations`` optimizer steps on it).
+    ``vllm``: TRL's ``use_vllm=True, vllm_mode="colocate"`` (generation in vLLM on the training GPUs; TRL
+    raises at construction where vLLM is not installed).
 
     Raises:
         ValueError: ``cfg.grouping`` is not ``atomic`` (trajectory groups need the user's next request between
@@ -43,12 +45,14 @@ def grpo_config(cfg, output_dir: str | Path, *, checkpoint_every: int = 1, **ove
               num_generations=cfg.G, max_steps=cfg.steps * cfg.num_iterations, learning_rate=cfg.lr, lr_scheduler_type="constant",
               num_iterations=cfg.num_iterations, epsilon=cfg.clip_low, epsilon_high=cfg.clip_high,
               loss_type=LOSS_TYPES[cfg.loss_agg_mode], beta=cfg.kl_coef, temperature=cfg.temperature, top_k=0,
-              top_p=1.0, max_completion_length=cfg.max_new_tokens * cfg.max_steps + 64,
+              top_p=1.0, max_completion_length=cfg.max_new_tokens * cfg.max_steps,
               max_tool_calling_iterations=cfg.max_steps - 1, adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0,
               warmup_steps=0, seed=cfg.seed, data_seed=cfg.seed, remove_unused_columns=False, report_to=[],
               logging_steps=1, save_strategy="steps", save_steps=checkpoint_every, save_only_model=False,
               use_cpu=not torch.cuda.is_available(), bf16=False, scale_rewards="group",
               disable_tqdm=True)
+    if vllm:
+        kw.update(use_vllm=True, vllm_mode="colocate", use_cpu=False)
     kw.update(overrides)
     return GRPOConfig(**kw)
 
@@ -59,7 +63,8 @@ def _last_checkpoint(folder: Path) -> str | None:
     return get_last_checkpoint(str(folder)) if folder.is_dir() else None
 
 
-def train_seed(run: Path, policy, cfg, *, held, checkpoint_every: int = 1, console=None, backend=None) -> dict:
+def train_seed(run: Path, policy, cfg, *, held, checkpoint_every: int = 1, console=None, backend=None,
+               vllm: bool = False) -> dict:
     """Train one seed on TRL in ``run`` (resuming from TRL's last checkpoint there); returns its summary."""
     from treadle.weft.rl.sft import evaluate_policy
     from treadle.weft.rl.trl_env import WeftGRPOTrainer, weft_environment, weft_turn_dataset
@@ -80,7 +85,7 @@ def train_seed(run: Path, policy, cfg, *, held, checkpoint_every: int = 1, conso
         bpath.write_text(json.dumps(before), encoding="utf-8")
     n_eps = max(1, cfg.steps * cfg.turns_per_step // 2)
     data = weft_turn_dataset(n_eps, "train", start=500_000 + cfg.seed * 10_000, backend=backend)
-    args = grpo_config(cfg, run / "trl", checkpoint_every=checkpoint_every)
+    args = grpo_config(cfg, run / "trl", checkpoint_every=checkpoint_every, vllm=vllm)
     trainer = WeftGRPOTrainer(model=model, args=args, processing_class=tok, train_dataset=data,
                               environment_factory=weft_environment(backend))
     t0 = time.perf_counter()
@@ -101,7 +106,7 @@ def train_seed(run: Path, policy, cfg, *, held, checkpoint_every: int = 1, conso
 
 
 def run_trl(out: Path, policy, seeds, *, steps: int | None, quick: bool, console, overrides: dict | None = None,
-            checkpoint_every: int = 1) -> dict:
+            checkpoint_every: int = 1, vllm: bool = False) -> dict:
     """Every seed on TRL (:func:`train_seed`), then ``<out>/summary.json`` (mean and sd of the held-out
     per-turn change over the seeds)."""
     import statistics
@@ -119,7 +124,7 @@ def run_trl(out: Path, policy, seeds, *, steps: int | None, quick: bool, console
         if held is None:
             held = gold_episodes(cfg.eval_episodes, "heldout", start=900_000)
         runs[seed] = train_seed(out / f"atomic-seed{seed}", policy, cfg, held=held,
-                                checkpoint_every=checkpoint_every, console=console)
+                                checkpoint_every=checkpoint_every, console=console, vllm=vllm)
     changes = [r["turn_change"] for r in runs.values()]
     summary = {"engine": "trl", "seeds": list(seeds), "groupings": {"atomic": {
         "turn_change_mean": sum(changes) / len(changes),
