@@ -60,3 +60,28 @@ def test_loop_only_flags_with_engine_trl_are_refused_before_any_work(tmp_path, m
     r = CliRunner().invoke(app, ["weft", "train", "--out", str(out), "--engine", *extra])
     assert r.exit_code == 2 and flag in r.output, r.output
     assert not out.exists() and not (tmp_path / "cache").exists()
+
+
+def test_an_interrupted_seed_continues_from_trls_checkpoint(tmp_path, tiny_policy, tok):
+    require_module("trl")
+    from transformers import TrainerCallback
+
+    from treadle.weft.rl.sft import gold_episodes
+    from treadle.weft.rl.train import WeftTrainConfig
+    from treadle.weft.rl.trl_run import train_seed
+
+    class Stop(TrainerCallback):
+        def on_save(self, args, state, control, **kw):
+            raise KeyboardInterrupt
+
+    cfg = WeftTrainConfig.quick(steps=2, num_iterations=1, eval_episodes=1)
+    held = gold_episodes(1, "heldout", start=900_000)
+    run = tmp_path / "atomic-seed0"
+    with pytest.raises(KeyboardInterrupt):
+        train_seed(run, (tiny_policy, tok), cfg, held=held, callbacks=[Stop()])
+    assert [p.name for p in (run / "trl").glob("checkpoint-*")] == ["checkpoint-1"]
+    assert not (run / "summary.json").exists() and (run / "before.json").exists()
+    s = train_seed(run, (tiny_policy, tok), cfg, held=held)
+    # TRL's trainer state came back from checkpoint-1 (its log entry) and step 2 ran
+    assert s["global_step"] == 2 and [r["step"] for r in s["log"]] == [1, 2]
+    assert sorted(p.name for p in (run / "trl").glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]

@@ -64,8 +64,9 @@ def _last_checkpoint(folder: Path) -> str | None:
 
 
 def train_seed(run: Path, policy, cfg, *, held, checkpoint_every: int = 1, console=None, backend=None,
-               vllm: bool = False) -> dict:
-    """Train one seed on TRL in ``run`` (resuming from TRL's last checkpoint there); returns its summary."""
+               vllm: bool = False, callbacks=None) -> dict:
+    """Train one seed on TRL in ``run`` (resuming from TRL's last checkpoint there); returns its summary.
+    ``callbacks``: extra ``transformers.TrainerCallback`` objects for the trainer."""
     from treadle.weft.rl.sft import evaluate_policy
     from treadle.weft.rl.trl_env import WeftGRPOTrainer, weft_environment, weft_turn_dataset
     from treadle.weft.rl.vocab import with_tool_calling
@@ -87,7 +88,7 @@ def train_seed(run: Path, policy, cfg, *, held, checkpoint_every: int = 1, conso
     data = weft_turn_dataset(n_eps, "train", start=500_000 + cfg.seed * 10_000, backend=backend)
     args = grpo_config(cfg, run / "trl", checkpoint_every=checkpoint_every, vllm=vllm)
     trainer = WeftGRPOTrainer(model=model, args=args, processing_class=tok, train_dataset=data,
-                              environment_factory=weft_environment(backend))
+                              environment_factory=weft_environment(backend), callbacks=callbacks)
     t0 = time.perf_counter()
     trainer.train(resume_from_checkpoint=_last_checkpoint(run / "trl"))
     seconds = time.perf_counter() - t0
@@ -95,7 +96,8 @@ def train_seed(run: Path, policy, cfg, *, held, checkpoint_every: int = 1, conso
     after = evaluate_policy(model, tok, held, **ev)
     summary = {"engine": "trl", "config": cfg.as_dict(), "before": before, "after": after,
                "turn_change": after["turn_success_sampled"] - before["turn_success_sampled"],
-               "train_seconds": seconds, "log": [r for r in trainer.state.log_history if "loss" in r]}
+               "train_seconds": seconds, "global_step": trainer.state.global_step,
+               "log": [r for r in trainer.state.log_history if "loss" in r]}
     tmp = done.with_suffix(".tmp")
     tmp.write_text(json.dumps(summary, indent=1), encoding="utf-8")
     tmp.replace(done)
