@@ -18,17 +18,17 @@ timed here against the plain form it replaces, interleaved round by round:
 * ``WEFT RL step``: one atomic-turn GRPO step on ``trl.GRPOTrainer`` (``treadle weft train --engine trl``:
   :class:`~treadle.weft.rl.trl_env.WeftGRPOTrainer`, TRL's transformers generation and tool loop) vs the same
   step in treadle's own loop (``--engine loop``: :func:`~treadle.weft.rl.train.train_policy`), on the same
-  quick tool policy (SFT'd for seconds: it writes calls, mostly wrong) and the same batch (8 turn groups x
+  tiny tool policy (the cached SFT policy; trained first when missing) and the same batch (8 turn groups x
   G = 4 of the same train episodes, one update iteration, 2 steps each, mean per step). Shares per step:
   generation (TRL: ``_generate_single_turn``; loop: the sampler), environment (TRL: the environment's
   ``reset`` / tool calls / ``get_reward``; loop: forks, tool calls, verification) and update plus the rest
   (TRL: log-probabilities, loss, optimizer, its bookkeeping; loop: advantages and update). Run alone:
   ``python bench/bench_weft_rl.py engine``.
 
-Shapes of the first two: the tiny tool policy's architecture (``ToolTrainConfig``: Qwen3, hidden 192, 4 layers), untrained
-weights (speed does not depend on them; nothing is downloaded or trained), 8 groups x G = 8, contexts of
-300-500 tokens, 64 new tokens per sampling row, responses of 20-60 tokens in the update. Reported: median
-wall time and process CPU time (all threads) per implementation, ratio = plain / shared.
+Shapes of the first two: the tiny tool policy's architecture (``ToolTrainConfig``: Qwen3, hidden 192, 4
+layers), untrained weights (speed does not depend on them; nothing is downloaded or trained), 8 groups x G =
+8, contexts of 300-500 tokens, 64 new tokens per sampling row, responses of 20-60 tokens in the update.
+Reported: median wall time and process CPU time (all threads) per implementation, ratio = plain / shared.
 """
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def engine_step(steps: int = 2, groups: int = 8, g: int = 4) -> dict:
     from treadle.weft.rl.trl_run import grpo_config
 
     torch.set_num_threads(1)
-    model, tok = load_tool_model(None, config=ToolTrainConfig.quick(), name=tool_slot(None, True).name)
+    model, tok = load_tool_model(None, config=ToolTrainConfig(), name=tool_slot(None, False).name)  # cached
     cfg = WeftTrainConfig.quick(steps=steps, turns_per_step=groups, G=g, num_iterations=1, max_new_tokens=40,
                                 max_steps=4, eval_episodes=1, eval_samples=2)
     out = {}
@@ -202,7 +202,7 @@ def test_engine_step(benchmark, peer_table):
         return  # minutes of CPU: only with --benchmark-enable (or `python bench/bench_weft_rl.py engine`)
     res = engine_step()
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)
-    key = f"WEFT RL step, 8 turn groups x G=4, quick tool policy (loop / trl = {res['ratio_loop_over_trl']:.2f})"
+    key = f"WEFT RL step, 8 turn groups x G=4, tiny tool policy (loop / trl = {res['ratio_loop_over_trl']:.2f})"
     for impl in ("trl", "loop"):
         r = res[impl]
         peer_table.record(key, impl, seconds=r["step_s"],

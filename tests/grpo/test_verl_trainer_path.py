@@ -27,7 +27,8 @@ def _batch(DataProto, seed=0):
     lengths = torch.randint(1, T + 1, (B,), generator=gen)
     mask = (torch.arange(T)[None, :] < lengths[:, None]).float()
     rewards = torch.zeros(B, T)
-    rewards[torch.arange(B), lengths - 1] = torch.randint(0, 3, (B,), generator=gen).float() + torch.rand(B, generator=gen)
+    rewards[torch.arange(B), lengths - 1] = (torch.randint(0, 3, (B,), generator=gen).float()
+                                             + torch.rand(B, generator=gen))
 
     def data():
         return DataProto.from_dict(tensors={"token_level_rewards": rewards.clone(), "response_mask": mask.clone(),

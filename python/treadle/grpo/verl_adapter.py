@@ -222,7 +222,8 @@ def register_verl_estimators() -> list[str]:
     if clash:
         raise EstimatorNameClash(
             "verl's advantage-estimator registry already holds "
-            + ", ".join(f"{n!r} -> {getattr(f, '__module__', '?')}.{getattr(f, '__name__', f)}" for n, f in clash.items())
+            + ", ".join(f"{n!r} -> {getattr(f, '__module__', '?')}.{getattr(f, '__name__', f)}"
+                        for n, f in clash.items())
             + "; treadle's estimators would replace them: remove that registration or rename it")
     for name, est in ESTIMATOR_NAMES.items():
         reg[name] = make_estimator(est)

@@ -52,7 +52,8 @@ def test_trl_engine_is_the_default_and_follows_the_run_folder_rule(tmp_path, sta
 
 
 @pytest.mark.parametrize("extra,flag", [(["trl", "--grouping", "trajectory"], "--grouping"),
-                                        (["trl", "--parallel", "ddp"], "--parallel"), (["trl", "--jobs", "1"], "--jobs"),
+                                        (["trl", "--parallel", "ddp"], "--parallel"),
+                                        (["trl", "--jobs", "1"], "--jobs"),
                                         (["ray"], "--engine"), (["loop", "--vllm"], "--vllm")])
 def test_loop_only_flags_with_engine_trl_are_refused_before_any_work(tmp_path, monkeypatch, extra, flag):
     monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))

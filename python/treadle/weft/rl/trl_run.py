@@ -42,7 +42,8 @@ def grpo_config(cfg, output_dir: str | Path, *, checkpoint_every: int = 1, vllm:
     if cfg.sampling_rounds > 1:
         raise ValueError("sampling_rounds > 1 (dynamic sampling) runs on --engine loop; TRL has no such option")
     kw = dict(output_dir=str(output_dir), per_device_train_batch_size=cfg.turns_per_step * cfg.G,
-              num_generations=cfg.G, max_steps=cfg.steps * cfg.num_iterations, learning_rate=cfg.lr, lr_scheduler_type="constant",
+              num_generations=cfg.G, max_steps=cfg.steps * cfg.num_iterations, learning_rate=cfg.lr,
+              lr_scheduler_type="constant",
               num_iterations=cfg.num_iterations, epsilon=cfg.clip_low, epsilon_high=cfg.clip_high,
               loss_type=LOSS_TYPES[cfg.loss_agg_mode], beta=cfg.kl_coef, temperature=cfg.temperature, top_k=0,
               top_p=1.0, max_completion_length=cfg.max_new_tokens * cfg.max_steps,

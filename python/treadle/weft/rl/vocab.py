@@ -44,7 +44,8 @@ TOOL_CHAT_TEMPLATE = (
     "{% if not loop.first %}{{ '\\n' }}{% endif %}<tool_call>\n"
     # (no literal text of the template may equal an added token other than the markup: transformers' response
     # parser treats such tokens as control tokens and defuses them in generated text, breaking the JSON)
-    "{% if f.arguments is string %}{{ '{\"na' ~ 'me\":' ~ ' ' ~ (f.name | tojson) ~ ',' ~ ' \"arguments\":' ~ ' ' ~ f.arguments ~ '}' }}"
+    "{% if f.arguments is string %}"
+    "{{ '{\"na' ~ 'me\":' ~ ' ' ~ (f.name | tojson) ~ ',' ~ ' \"arguments\":' ~ ' ' ~ f.arguments ~ '}' }}"
     "{% else %}{{ {'name': f.name,'arguments': f.arguments} | tojson }}{% endif %}{{ '\\n' }}</tool_call>"
     "{% endfor %}"
     "{% else %}{{ message['content'] }}{% endif %}<|im_end|>\n"
