@@ -51,7 +51,10 @@ def grpo_config(cfg, output_dir: str | Path, *, checkpoint_every: int = 1, vllm:
               warmup_steps=0, seed=cfg.seed, data_seed=cfg.seed, remove_unused_columns=False, report_to=[],
               logging_steps=1, save_strategy="steps", save_steps=checkpoint_every, save_only_model=False,
               use_cpu=not torch.cuda.is_available(), bf16=False, scale_rewards="group",
-              disable_tqdm=True)
+              disable_tqdm=True,
+              # TRL's default recomputes activations in the backward pass (memory for time): the tiny policy fits,
+              # and the recomputation was half the update's time in bench/bench_weft_rl.py
+              gradient_checkpointing=False)
     if vllm:
         kw.update(use_vllm=True, vllm_mode="colocate", use_cpu=False)
     kw.update(overrides)
