@@ -72,8 +72,9 @@ def write_tool_config(path, *, backend: WeftBackend | None = None, max_open: int
     import yaml
 
     be = backend if backend is not None else default_backend()
-    tools = [{"class_name": "treadle.weft.rl.verl_tool.WeftVerlTool", "config": {"type": "native", "max_open": max_open},
-              "tool_schema": openai_schema(spec)} for spec in be.tools()]
+    tools = [{"class_name": "treadle.weft.rl.verl_tool.WeftVerlTool",
+              "config": {"type": "native", "max_open": max_open}, "tool_schema": openai_schema(spec)}
+             for spec in be.tools()]
     with open(path, "w", encoding="utf-8") as fh:
         yaml.safe_dump({"tools": tools}, fh, sort_keys=False)
     return [t["tool_schema"]["function"]["name"] for t in tools]
