@@ -90,8 +90,9 @@ def test_trl_trainer_subclass_is_a_grpo_trainer():
         trl_advantages(torch.zeros(5), 2)
 
 
-def test_trl_grpo_trainer_step_uses_treadle_advantages(tmp_path):
-    """One real GRPOTrainer step on a tiny Qwen3 built from a config (no download)."""
+@pytest.mark.parametrize("scale_rewards", ["group", "batch", "none", False])
+def test_trl_grpo_trainer_step_uses_treadle_advantages(tmp_path, scale_rewards):
+    """One real GRPOTrainer step on a tiny Qwen3 built from a config (no download), for every scale_rewards."""
     require_module("trl")
     from datasets import Dataset
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -115,7 +116,7 @@ def test_trl_grpo_trainer_step_uses_treadle_advantages(tmp_path):
 
     args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4,
                       max_completion_length=3, max_steps=1, report_to=[], use_cpu=True, save_strategy="no",
-                      scale_rewards="group")
+                      scale_rewards=scale_rewards)
     trainer = TreadleGRPOTrainer(model=Qwen3ForCausalLM(cfg), processing_class=hf_tok, reward_funcs=reward, args=args,
                                  train_dataset=Dataset.from_dict({"prompt": ["1+1=", "2+2=", "3+3=", "4+4="] * 2}))
     seen = {}
@@ -129,6 +130,25 @@ def test_trl_grpo_trainer_step_uses_treadle_advantages(tmp_path):
     trainer._generate_and_score_completions = spy
     trainer.train()
     assert calls["n"] >= 1
-    expected = _trl_reference(seen["rewards"], 4, "group")
+    expected = _trl_reference(seen["rewards"], 4, "none" if scale_rewards is False else scale_rewards)
     torch.testing.assert_close(seen["adv"], expected, atol=1e-5, rtol=1e-5)
     assert seen["adv"][5].item() == 0.0 and seen["adv"].abs().sum() > 0
+
+
+@pytest.mark.parametrize("options,err,match", [({"scale_rewards": "batch"}, ValueError, "GRPOConfig"),
+                                               ({"estimatr": "rloo"}, ValueError, "unknown treadle_options"),
+                                               ("rloo", TypeError, "dict")])
+def test_trl_trainer_refuses_bad_treadle_options_and_normalize_then_sum(tmp_path, options, err, match):
+    require_module("trl")
+    from trl import GRPOConfig
+
+    from treadle.grpo.trl_adapter import TreadleGRPOTrainer
+
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2, use_cpu=True,
+                      report_to=[])
+    with pytest.raises(err, match=match):
+        TreadleGRPOTrainer(model=None, reward_funcs=None, args=args, treadle_options=options)
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2, use_cpu=True,
+                      report_to=[], multi_objective_aggregation="normalize_then_sum")
+    with pytest.raises(ValueError, match="sum_then_normalize"):
+        TreadleGRPOTrainer(model=None, reward_funcs=None, args=args)

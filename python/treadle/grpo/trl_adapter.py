@@ -62,6 +62,27 @@ def trl_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: s
     return grpo_advantages(rewards, ids, **{**trl_options(scale_rewards), **overrides})
 
 
+_OPTION_NAMES = ("estimator", "std", "eps", "eps_placement", "singleton", "nonfinite", "backend", "check_finite")
+
+
+def _check_treadle_options(options) -> None:
+    """``treadle_options`` are :func:`grpo_advantages` options other than the per-row masks and
+    ``scale_rewards`` (that one is TRL's config field).
+
+    Raises:
+        TypeError: not a dict. ValueError: an unknown key, or ``scale_rewards`` (set it in the GRPOConfig).
+    """
+    if options is None:
+        return
+    if not isinstance(options, dict):
+        raise TypeError(f"treadle_options must be a dict, got {type(options).__name__}")
+    if "scale_rewards" in options:
+        raise ValueError("treadle_options may not set scale_rewards: it is GRPOConfig(scale_rewards=...)")
+    unknown = sorted(set(options) - set(_OPTION_NAMES))
+    if unknown:
+        raise ValueError(f"unknown treadle_options {unknown}; known: {list(_OPTION_NAMES)}")
+
+
 def _make_trainer_class():
     from trl import GRPOTrainer
 
@@ -70,16 +91,33 @@ def _make_trainer_class():
 
         Extra keyword arguments: ``treadle_options`` (dict of :func:`grpo_advantages` options that
         override :func:`trl_options` of the trainer's ``scale_rewards``, e.g. ``{"estimator": "rloo"}``).
-        Only ``multi_objective_aggregation="sum_then_normalize"`` (TRL's default) is supported.
+
+        ``GRPOConfig`` options that change advantages or their aggregation: ``scale_rewards`` ("group",
+        "batch", "none", TRL's booleans), ``reward_weights``, ``num_generations`` / ``num_generations_eval``
+        are honoured here (the advantages are recomputed from the same weighted rewards);
+        ``multi_objective_aggregation="normalize_then_sum"`` is refused (one error at construction); ``loss_type``
+        (grpo, bnpo, dr_grpo, dapo, cispo, sapo, vespo, luspo), ``mask_truncated_completions``, ``beta``,
+        ``epsilon`` / ``epsilon_high`` / ``delta``, ``importance_sampling_level``, ``top_entropy_quantile``,
+        ``off_policy_mask_threshold`` and the vLLM importance-sampling options act after the advantages, in
+        TRL's own loss, which runs unchanged on them.
         """
 
         def __init__(self, *args, treadle_options: dict | None = None, **kwargs):
+            args_ = kwargs.get("args", args[2] if len(args) > 2 else None)
+            if getattr(args_, "multi_objective_aggregation", "sum_then_normalize") != "sum_then_normalize":
+                raise ValueError("TreadleGRPOTrainer supports multi_objective_aggregation='sum_then_normalize' only "
+                                 "(treadle recomputes the advantages from the weighted sum of the rewards)")
+            _check_treadle_options(treadle_options)
             super().__init__(*args, **kwargs)
             self.scale_rewards = normalize_scale_rewards(self.scale_rewards)  # TRL's booleans too
-            if getattr(self, "multi_objective_aggregation", "sum_then_normalize") != "sum_then_normalize":
-                raise ValueError("TreadleGRPOTrainer supports multi_objective_aggregation='sum_then_normalize' only")
             self.treadle_options = dict(treadle_options or {})
             self._treadle_rewards_per_func = None
+
+        def _treadle_rows(self, output, rewards):
+            """Hook: ``(rewards, extra op options)`` of the whole (gathered) batch before the advantages, e.g.
+            ``{"flags": ...}`` (flagged rows get ``min(A, 0)``); may edit ``output`` (this process's rows).
+            Default: unchanged, no options."""
+            return rewards, {}
 
         def _calculate_rewards(self, *args, **kwargs):
             out = super()._calculate_rewards(*args, **kwargs)
@@ -96,7 +134,8 @@ def _make_trainer_class():
             rewards[unscorable] = torch.nan
             mode = "train" if self.model.training else "eval"
             g = self.num_generations if mode == "train" else self.num_generations_eval
-            adv = trl_advantages(rewards, g, self.scale_rewards, **self.treadle_options)
+            rewards, rows = self._treadle_rows(output, rewards)
+            adv = trl_advantages(rewards, g, self.scale_rewards, **{**self.treadle_options, **rows})
             local = output["advantages"].shape[0]
             start = self.accelerator.process_index * local
             output["advantages"] = adv[start:start + local].to(output["advantages"].dtype)

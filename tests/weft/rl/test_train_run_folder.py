@@ -19,7 +19,8 @@ def start_policy(tmp_path_factory, tiny_policy, tok):
 
 
 def _args(out, policy, *extra):
-    return ["weft", "train", "--grouping", "atomic", "--seeds", "0", "--steps", "2", "--eval-episodes", "1",
+    return ["weft", "train", "--engine", "loop", "--grouping", "atomic", "--seeds", "0", "--steps", "2",
+            "--eval-episodes", "1",
             "--jobs", "1", "--quick", "--model", str(policy), "--out", str(out), *extra]
 
 

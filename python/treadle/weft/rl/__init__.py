@@ -1,10 +1,14 @@
-"""WEFT RL (issue 15): a tiny tool-using policy, atomic-turn GRPO groups from forked state, training.
+"""WEFT RL: a tiny tool-using policy, atomic-turn GRPO groups from forked state, training on TRL or verl.
 
-- :mod:`.vocab`: the character tokenizer of the math model plus tool-call tokens (Hermes harness).
+- :mod:`.vocab`: the character tokenizer of the math model plus tool-call tokens (Hermes harness), its
+  tool-calling chat template and response parser.
 - :mod:`.worlds`: shop worlds with drawn entities and the task templates (train / held-out split).
 - :mod:`.gold`: gold turns played through the runtime (real tool outputs, turn-start states).
 - :mod:`.sampling`: G candidate segments of one atomic turn from a forked state, verdict and flags.
 - :mod:`.sft`: ``treadle model train-tiny --task tools`` (SFT on gold trajectories, cached).
 - :mod:`.groups`: group records, keys, advantages through ``treadle.ops.grpo_advantages``, hand-off rows.
-- :mod:`.train`: GRPO on the tiny tool policy, atomic-turn vs trajectory grouping.
+- :mod:`.trl_env`: the WEFT environment for ``trl.GRPOTrainer(environment_factory=...)``, its dataset and the
+  atomic-turn ``WeftGRPOTrainer``; :mod:`.trl_run`: ``treadle weft train`` (``--engine trl``, the default).
+- :mod:`.verl_tool`: a ``verl`` ``BaseTool`` serving the shop per trajectory, its tool config and rows.
+- :mod:`.train`: GRPO in treadle's own loop (``--engine loop``): atomic-turn vs trajectory grouping.
 """

@@ -174,7 +174,13 @@ def train_cmd(
                                   "--quick runs/weft-train-quick)." + OUT_HELP_SUFFIX + " Other --seeds or "
                                                                    "--grouping add to it: finished (grouping, seed) "
                                                                    "runs of the same settings are kept."),
-    grouping: str = typer.Option("both", "--grouping", help="atomic, trajectory or both."),
+    engine: str = typer.Option(None, "--engine", show_default=False,
+                               help="trl (the default: atomic-turn GRPO on trl.GRPOTrainer with the WEFT environment) "
+                                    "or loop (treadle's own loop: trajectory grouping, dynamic sampling, --parallel, "
+                                    "--jobs; chosen by default when one of those is given)."),
+    grouping: str = typer.Option(None, "--grouping", show_default=False,
+                                 help="atomic, trajectory or both (default: atomic with --engine trl, both with "
+                                      "--engine loop; trl trains atomic only)."),
     seeds: str = typer.Option("0,1,2", "--seeds", help="Comma-separated seeds (one run each)."),
     steps: int = typer.Option(None, "--steps", help="GRPO steps per run, >= 1 (default 16; --quick 2)."),
     eval_episodes: int = typer.Option(None, "--eval-episodes", help="Held-out episodes (two turns each) evaluated "
@@ -201,10 +207,19 @@ def train_cmd(
                                                                       "(<run>/checkpoint/state.pt, rank 0) every N "
                                                                       "steps, >= 1; an interrupted run continues from "
                                                                       "it."),
+    vllm: bool = typer.Option(False, "--vllm", help="--engine trl: generate with vLLM (TRL's use_vllm=True, "
+                                                    "colocated on the training GPUs; needs vllm installed)."),
     kl_coef: float = typer.Option(None, "--kl-coef", help="Beta of the k3 KL penalty to the start policy, >= 0 "
                                                           "(default 0: off; GRPO's paper used 0.04)."),
 ) -> None:
-    """GRPO on the tiny tool policy: atomic-turn vs trajectory grouping, held-out success before/after, PNG."""
+    """GRPO on the tiny tool policy (TRL by default): held-out success before/after; --engine loop: atomic-turn vs
+    trajectory grouping, PNG."""
+    if engine is None:  # trl, unless an option only the loop has is given (old command lines keep working)
+        engine = "loop" if (grouping not in (None, "atomic") or parallel or jobs is not None or resume) else "trl"
+    if engine not in ("trl", "loop"):
+        raise usage_error(f"--engine must be trl or loop, got {engine!r}")
+    if grouping is None:
+        grouping = "atomic" if engine == "trl" else "both"
     if grouping not in ("atomic", "trajectory", "both"):
         raise usage_error(f"--grouping must be atomic, trajectory or both, got {grouping!r}")
     if steps is not None and steps < 1:
@@ -227,6 +242,20 @@ def train_cmd(
     if overwrite and resume:
         raise usage_error("--overwrite and --resume exclude each other (--resume is the default: a run of the same "
                           "settings in --out is continued)")
+    if vllm and engine != "trl":
+        raise usage_error("--vllm is an option of --engine trl (TRL's vLLM generation)")
+    if vllm:
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise usage_error("--vllm needs vLLM installed (pip install vllm; a CUDA GPU), which this environment "
+                              "lacks")
+    if engine == "trl":
+        for flag, value in (("--grouping " + str(grouping), grouping != "atomic"), ("--parallel", parallel),
+                            ("--jobs", jobs), ("--resume", resume)):
+            if value:
+                raise usage_error(f"{flag} is an option of --engine loop (trajectory grouping, dynamic sampling, "
+                                  f"data-parallel runs); --engine trl trains atomic-turn groups on trl.GRPOTrainer")
     jobs = jobs if jobs is not None else min(2, cpus)
     seed_list = _seeds(seeds)
     out = _default_out(out, "weft-train", quick)
@@ -242,6 +271,9 @@ def train_cmd(
     overrides = {k: v for k, v in (("eval_episodes", eval_episodes), ("kl_coef", kl_coef)) if v}
     if kl_coef:  # (absent when off, so that run folders of earlier versions keep matching)
         doc["kl_coef"] = kl_coef
+    if engine == "trl":
+        doc["engine"], doc["sampler"] = "trl", "vllm" if vllm else "trl"
+        return _train_trl(out, doc, overwrite, model, quick, seed_list, steps, overrides, checkpoint_every, vllm)
     if parallel is not None:
         return _train_parallel(parallel, out, groupings, seed_list, steps, model, quick, overrides, doc=doc,
                                overwrite=overwrite, checkpoint_every=checkpoint_every)
@@ -255,6 +287,24 @@ def train_cmd(
         policy = _policy(model, quick)
         run_comparison(out, policy, groupings, seed_list, steps=steps, quick=quick, console=console, jobs=jobs,
                        overrides=overrides or None, checkpoint_every=checkpoint_every)
+
+
+def _train_trl(out: Path, doc: dict, overwrite: bool, model, quick: bool, seeds, steps, overrides: dict,
+               checkpoint_every: int, vllm: bool = False) -> None:
+    """``weft train --engine trl``: every seed on trl.GRPOTrainer (:mod:`treadle.weft.rl.trl_run`), under the
+    run-folder rule; finished seeds are kept, an unfinished one continues from TRL's last checkpoint."""
+    run = _open_train(out, doc, overwrite)
+    if _show_finished(run, doc):
+        return
+    with recorded(run, console, saved=lambda: "the finished seeds and each run's TRL checkpoints", resumable=True):
+        from treadle.weft.rl.trl_run import run_trl
+
+        policy = _policy(model, quick)
+        try:
+            run_trl(out, policy, seeds, steps=steps, quick=quick, console=console, overrides=overrides or None,
+                    checkpoint_every=checkpoint_every, vllm=vllm)
+        except ImportError as err:
+            raise usage_error(f"--engine trl{' --vllm' if vllm else ''}: a package is missing: {err}") from None
 
 
 # a comparison grows by seeds and groupings: finished (grouping, seed) runs are kept by their own config
@@ -276,8 +326,9 @@ def _show_finished(run, doc: dict) -> bool:
         console.print(f"{grouping}: held-out per-turn success change {g['turn_change_mean']:+.3f} (sd "
                       f"{g['turn_change_sd']:.3f}) over seeds {summary['seeds']}", markup=False)
     console.print(f"{run.path} already holds this finished comparison (same settings; finished "
-                  f"{run.previous.get('ended')}); results unchanged: {run.path / 'summary.json'}, "
-                  f"{run.path / 'curves.png'}. Add --overwrite to run it again.", markup=False)
+                  f"{run.previous.get('ended')}); results unchanged: {run.path / 'summary.json'}"
+                  + ("" if doc.get("engine") == "trl" else f", {run.path / 'curves.png'}")
+                  + ". Add --overwrite to run it again.", markup=False)
     return True
 
 
