@@ -17,10 +17,15 @@ from treadle.weft.rollouts.records import ParsedCall
 from treadle.weft.rollouts.tasks import AtomicTask
 from treadle.weft.runtime.state import Snapshot
 
-__all__ = ["GoldError", "TurnStart", "GoldEpisode", "play_gold", "REPLY", "tool_text"]
+
+__all__ = ["GoldError", "NoAtomicTurnsError", "TurnStart", "GoldEpisode", "play_gold", "REPLY", "tool_text"]
 
 REPLY = "Done."
 """The closing reply of every gold turn (a reply without a call ends the turn in the Hermes harness)."""
+
+
+class NoAtomicTurnsError(ValueError):
+    """A task has no atomic turns: there is nothing to group."""
 
 
 class GoldError(RuntimeError):
@@ -63,7 +68,6 @@ async def play_gold(rt, server_hash: str, episode: Episode, harness: Harness, *,
         NoAtomicTurnsError: the task has no atomic turns (before any session is created).
         GoldError: a gold turn did not pass its checkpoint.
     """
-    from treadle.weft.rl.sampling import NoAtomicTurnsError
 
     if not episode.task.atomic:
         raise NoAtomicTurnsError(f"task {episode.task.name!r} has no atomic turns: nothing to sample or group")

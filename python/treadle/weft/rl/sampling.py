@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from treadle.weft.rl.gold import REPLY, TurnStart, tool_text
+from treadle.weft.rl.gold import REPLY, NoAtomicTurnsError, TurnStart, tool_text
 from treadle.weft.rollouts.harnesses import Harness
 from treadle.weft.rollouts.records import CallRecord, ParsedCall, PolicyOutput
 
@@ -44,10 +44,6 @@ _INTERFACE = frozenset({"invalid_args", "unknown_tool"})
 
 class GroupSizeError(ValueError):
     """G (candidates per group) is not an int >= 2: a group of one has no baseline."""
-
-
-class NoAtomicTurnsError(ValueError):
-    """A task has no atomic turns: there is nothing to group."""
 
 
 class Candidate(BaseModel):
