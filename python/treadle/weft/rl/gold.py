@@ -17,7 +17,6 @@ from treadle.weft.rollouts.records import ParsedCall
 from treadle.weft.rollouts.tasks import AtomicTask
 from treadle.weft.runtime.state import Snapshot
 
-
 __all__ = ["GoldError", "NoAtomicTurnsError", "TurnStart", "GoldEpisode", "play_gold", "REPLY", "tool_text"]
 
 REPLY = "Done."
