@@ -60,6 +60,7 @@ def compile_spec(spec) -> dict:
                       ("warp_specialized", spec.expect_warp_specialized)):
         if want and not row[key]:
             fails.append(f"no {key}")
+    row["warning_text"] = sorted(set(re.findall(r"warning[^\n]*", log)))
     row["fail"] = fails
     return row
 

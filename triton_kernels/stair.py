@@ -56,19 +56,31 @@ class Config:
 
 
 _INTERPRET = Config(16, 16, 4, 1)  # the interpreter: small and fast to emulate
-# Hopper, 16-bit dtypes, TMA-able head dims; keyed by (largest padded head dim <= 128, eps > 0)
-_HOPPER_FWD = {
-    (False, False): Config(128, 64, 4, 2, tma=True, ws=True),   # eps = 0: 1 TMA producer + 2 x 64-row consumers
-    (False, True): Config(64, 64, 4, 2, tma=True, ws=False),    # eps > 0: a third accumulator, 64 rows
-    (True, False): Config(64, 32, 4, 2, tma=True, ws=False),    # head dims 256
-    (True, True): Config(64, 32, 4, 2, tma=True, ws=False),
+# Keyed by (kernel, kind, head dims > 128, eps > 0 (forward only)). Kinds: "tma" = Hopper, 16-bit,
+# head dims that TMA can stride; "ptr16" = other 16-bit launches (pointer loads); "fp32" = IEEE fp32
+# products on CUDA cores (no wgmma). Chosen by the AOT check (bench/stair_aot.py): the largest
+# tiles with 0 spills and no serialised wgmma. BLOCK_M 32 does not use wgmma (its minimum is 64 rows
+# per warp group) but mma.sync: the head-dim-256 configs keep 0 spills that way.
+_CONFIGS = {
+    ("fwd", "tma", False, False): Config(128, 64, 4, 2, tma=True, ws=True),  # 1 TMA producer + 2 x 64-row consumers
+    ("fwd", "tma", False, True): Config(64, 32, 8, 2, tma=True),   # eps > 0: a third accumulator
+    ("fwd", "tma", True, False): Config(64, 16, 8, 2, tma=True),
+    ("fwd", "tma", True, True): Config(32, 32, 8, 2, tma=True),
+    ("bwd", "tma", False, None): Config(128, 16, 8, 2, tma=True),  # A1, A2 of 128 x 128 fp32: BN 32 spills
+    ("bwd", "tma", True, None): Config(32, 16, 8, 2, tma=True),
+    ("fwd", "ptr16", False, False): Config(64, 32, 8, 2),
+    ("fwd", "ptr16", False, True): Config(64, 32, 8, 2),
+    ("fwd", "ptr16", True, False): Config(32, 32, 8, 2),
+    ("fwd", "ptr16", True, True): Config(32, 32, 8, 2),
+    ("bwd", "ptr16", False, None): Config(64, 32, 8, 2),
+    ("bwd", "ptr16", True, None): Config(32, 16, 8, 2),
+    ("fwd", "fp32", False, False): Config(32, 16, 8, 2),
+    ("fwd", "fp32", False, True): Config(32, 16, 8, 2),
+    ("fwd", "fp32", True, False): Config(16, 16, 8, 2),
+    ("fwd", "fp32", True, True): Config(16, 16, 8, 2),
+    ("bwd", "fp32", False, None): Config(32, 16, 8, 2),
+    ("bwd", "fp32", True, None): Config(16, 16, 8, 2),
 }
-_HOPPER_BWD = {
-    False: Config(128, 32, 8, 2, tma=True, ws=False),  # A1, A2 of 128 x 128 fp32 over 8 warps
-    True: Config(64, 32, 4, 2, tma=True, ws=False),    # head dims 256
-}
-# pointer loads: fp32 (IEEE products, no wgmma), head dims that TMA cannot stride, other GPUs
-_POINTER = {False: Config(64, 32, 4, 2), True: Config(32, 32, 4, 2)}
 
 
 def _interpreting() -> bool:
@@ -76,8 +88,10 @@ def _interpreting() -> bool:
 
 
 def _tma_able(dtype: torch.dtype, D: int, Dv: int) -> bool:
-    """16-bit dtype with 16-byte row strides for K, V (TMA's stride rule); KX's rows are XW >= 16 wide."""
-    return dtype in (torch.bfloat16, torch.float16) and (D * 2) % 16 == 0 and (Dv * 2) % 16 == 0
+    """Row strides of K, V (and q, dq, out) that are multiples of 16 bytes (TMA's stride rule); KX's
+    rows are XW >= 16 elements wide."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return (D * size) % 16 == 0 and (Dv * size) % 16 == 0
 
 
 def launch_config(which: str, dtype: torch.dtype, D: int, Dv: int, eps_positive: bool,
@@ -87,12 +101,17 @@ def launch_config(which: str, dtype: torch.dtype, D: int, Dv: int, eps_positive:
     ``capability``: the CUDA device's (major, minor), or None off CUDA. ``interpret``: the CPU
     interpreter (one small config; the TMA / warp-specialised variant when :data:`INTERPRET_TMA`)."""
     if interpret:
-        return dataclasses.replace(_INTERPRET, tma=INTERPRET_TMA, ws=INTERPRET_TMA and which == "fwd")
+        tma = INTERPRET_TMA and _tma_able(dtype, D, Dv)
+        return dataclasses.replace(_INTERPRET, tma=tma, ws=tma and which == "fwd")
     d_pad, dv_pad = _pads(D, Dv)
     big = max(d_pad, dv_pad) > 128
-    if capability is not None and capability[0] == 9 and _tma_able(dtype, D, Dv):
-        return _HOPPER_FWD[(big, eps_positive)] if which == "fwd" else _HOPPER_BWD[big]
-    return _POINTER[big]
+    if dtype == torch.float32:
+        kind = "fp32"
+    elif capability is not None and capability[0] == 9 and _tma_able(dtype, D, Dv):  # Hopper
+        kind = "tma"
+    else:
+        kind = "ptr16"
+    return _CONFIGS[(which, kind, big, eps_positive if which == "fwd" else None)]
 
 
 def _pads(D: int, Dv: int) -> tuple[int, int]:
@@ -308,7 +327,7 @@ def _spec(which: str, dtype: torch.dtype, D: int, Dv: int, eps: float, *, has_le
     sig.update({name: "constexpr" for name in constexprs if name not in sig})
     label = (f"{dt}-D{D}-Dv{Dv}-eps{eps:g}" + ("-len" if has_len else "") + ("" if a else "-a0")
              + f"-{cfg.label}")
-    wgmma = dtype != torch.float32
+    wgmma = dtype != torch.float32 and cfg.block_m >= 64
     return AotSpec(kernel=f"stair_{which}", config=label, fn=fn, signature=sig, constexprs=constexprs,
                    divisible_by_16=tuple(div16), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                    expect_wgmma=wgmma, expect_tma=cfg.tma, expect_warp_specialized=cfg.ws, global_scratch=cfg.tma)
@@ -319,12 +338,13 @@ def aot_specs() -> list[AotSpec]:
     Hkv 8) and, for the other configs, at head dims that select them (fp32; D 256; D 59, which TMA
     cannot stride; D 64; a bank-length vector; mode "reference", whose backward has no reflection)."""
     bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
-    fwd = [(bf16, 128, 0.0), (bf16, 128, 0.1), (fp16, 128, 0.0), (bf16, 64, 0.0), (bf16, 256, 0.0),
-           (bf16, 256, 0.1), (bf16, 59, 0.0), (fp32, 128, 0.0), (fp32, 128, 0.1), (fp32, 256, 0.1)]
-    bwd = [(bf16, 128, 0.0), (bf16, 128, 0.1), (fp16, 128, 0.1), (bf16, 64, 0.1), (bf16, 256, 0.1),
-           (bf16, 59, 0.1), (fp32, 128, 0.1), (fp32, 256, 0.1)]
-    specs = [_spec("fwd", dt, d, d, e) for dt, d, e in fwd]
+    # (dtype, head dim, eps): D 128 / 64 / 256 select the TMA configs, D 100 / 250 (not 16-byte strides)
+    # the 16-bit pointer configs, fp32 its own
+    shapes = [(bf16, 128, 0.0), (bf16, 128, 0.1), (fp16, 128, 0.0), (fp16, 128, 0.1), (bf16, 64, 0.0),
+              (bf16, 256, 0.0), (bf16, 256, 0.1), (bf16, 100, 0.0), (bf16, 100, 0.1), (bf16, 250, 0.0),
+              (bf16, 250, 0.1), (fp32, 128, 0.0), (fp32, 128, 0.1), (fp32, 256, 0.0), (fp32, 256, 0.1)]
+    specs = [_spec("fwd", dt, d, d, e) for dt, d, e in shapes]
     specs.append(_spec("fwd", bf16, 128, 128, 0.0, has_len=True, B=2))
-    specs += [_spec("bwd", dt, d, d, e) for dt, d, e in bwd]
+    specs += [_spec("bwd", dt, d, d, e) for dt, d, e in shapes if e > 0 or dt == bf16 and d == 128]
     specs.append(_spec("bwd", bf16, 128, 128, 0.0, a=0.0))
     return specs

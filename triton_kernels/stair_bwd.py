@@ -49,26 +49,28 @@ def _stair_bwd_kernel(
     mmask = offs_m < T
     dmask = offs_d < D
     vmask = offs_v < DV
-    rows = bh * T + offs_m
+    q_base = Q + bh * T * D  # per-program bases: in-tile offsets stay 32-bit (fewer registers)
+    r_base = ROWS + bh * T * 2 * DV
+    s_base = STATS + bh * T * 2
     if TMA:  # warp specialisation needs the query tile by TMA too (a pointer load here fails the pass)
-        q_desc = tl.make_tensor_descriptor(Q + bh * T * D, shape=[T, D], strides=[D, 1], block_shape=[BLOCK_M, D_PAD])
+        q_desc = tl.make_tensor_descriptor(q_base, shape=[T, D], strides=[D, 1], block_shape=[BLOCK_M, D_PAD])
         qx_desc = tl.make_tensor_descriptor(QX + bh * T * XW, shape=[T, XW], strides=[XW, 1],
                                             block_shape=[BLOCK_M, XW])
         q = q_desc.load([pid_m * BLOCK_M, 0])
         qx = qx_desc.load([pid_m * BLOCK_M, 0])
     if not TMA:
-        q = tl.load(Q + rows[:, None] * D + offs_d[None, :], mask=mmask[:, None] & dmask[None, :], other=0.0)
-        qx = tl.load(QX + rows[:, None] * XW + offs_x[None, :], mask=mmask[:, None], other=0.0)
+        q = tl.load(q_base + offs_m[:, None] * D + offs_d[None, :], mask=mmask[:, None] & dmask[None, :], other=0.0)
+        qx = tl.load(QX + bh * T * XW + offs_m[:, None] * XW + offs_x[None, :], mask=mmask[:, None], other=0.0)
     omask = mmask[:, None] & vmask[None, :]
-    do = tl.load(DO + rows[:, None] * DV + offs_v[None, :], mask=omask, other=0.0)
+    do = tl.load(DO + bh * T * DV + offs_m[:, None] * DV + offs_v[None, :], mask=omask, other=0.0)
     dof = do.to(tl.float32)
-    o_r = tl.load(ROWS + (rows[:, None] * 2) * DV + offs_v[None, :], mask=omask, other=0.0)
-    y = tl.load(ROWS + (rows[:, None] * 2 + 1) * DV + offs_v[None, :], mask=omask, other=0.0)
+    o_r = tl.load(r_base + offs_m[:, None] * (2 * DV) + offs_v[None, :], mask=omask, other=0.0)
+    y = tl.load(r_base + offs_m[:, None] * (2 * DV) + DV + offs_v[None, :], mask=omask, other=0.0)
     g_or = tl.sum(dof * o_r, axis=1)
     g_y = tl.sum(dof * y, axis=1)
     # row statistics in the exp2 domain; rows past T get +inf so that their p, pe are exactly 0
-    lse = tl.load(STATS + rows * 2, mask=mmask, other=float("inf")) * _LOG2E
-    logz = tl.load(STATS + rows * 2 + 1, mask=mmask, other=0.0) * _LOG2E
+    lse = tl.load(s_base + offs_m * 2, mask=mmask, other=float("inf")) * _LOG2E
+    logz = tl.load(s_base + offs_m * 2 + 1, mask=mmask, other=0.0) * _LOG2E
     lsz = lse + logz
     ome = 1.0 - eps
     Lf = tl.maximum(L, 1).to(tl.float32)
@@ -128,5 +130,5 @@ def _stair_bwd_kernel(
         du = tl.sum(dalpha[:, None] * qf - (2.0 * scale) * alpha[:, None] * a2, axis=0)
     else:
         du = tl.zeros((D_PAD,), tl.float32)
-    tl.store(DQ + rows[:, None] * D + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=mmask[:, None] & dmask[None, :])
+    tl.store(DQ + bh * T * D + offs_m[:, None] * D + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=mmask[:, None] & dmask[None, :])
     tl.store(DU + (bh * NQT + pid_m) * D + offs_d, du, mask=dmask)

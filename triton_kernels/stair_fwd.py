@@ -74,16 +74,16 @@ def _stair_fwd_kernel(
     mmask = offs_m < T
     dmask = offs_d < D
     vmask = offs_v < DV
-    rows = bh * T + offs_m
+    q_base = Q + bh * T * D  # per-program bases: in-tile offsets stay 32-bit (fewer registers)
     if TMA:  # warp specialisation needs the query tile by TMA too (a pointer load here fails the pass)
-        q_desc = tl.make_tensor_descriptor(Q + bh * T * D, shape=[T, D], strides=[D, 1], block_shape=[BLOCK_M, D_PAD])
+        q_desc = tl.make_tensor_descriptor(q_base, shape=[T, D], strides=[D, 1], block_shape=[BLOCK_M, D_PAD])
         qx_desc = tl.make_tensor_descriptor(QX + bh * T * XW, shape=[T, XW], strides=[XW, 1],
                                             block_shape=[BLOCK_M, XW])
         q = q_desc.load([pid_m * BLOCK_M, 0])
         qx = qx_desc.load([pid_m * BLOCK_M, 0])
     if not TMA:
-        q = tl.load(Q + rows[:, None] * D + offs_d[None, :], mask=mmask[:, None] & dmask[None, :], other=0.0)
-        qx = tl.load(QX + rows[:, None] * XW + offs_x[None, :], mask=mmask[:, None], other=0.0)
+        q = tl.load(q_base + offs_m[:, None] * D + offs_d[None, :], mask=mmask[:, None] & dmask[None, :], other=0.0)
+        qx = tl.load(QX + bh * T * XW + offs_m[:, None] * XW + offs_x[None, :], mask=mmask[:, None], other=0.0)
 
     kbase = K + (bidx * Hkv + kvh) * M * D
     vbase = V + (bidx * Hkv + kvh) * M * DV
@@ -177,8 +177,11 @@ def _stair_fwd_kernel(
     o_r = o_r * hasf[:, None]
     y = y * hasf[:, None]
     omask = mmask[:, None] & vmask[None, :]
-    tl.store(OUT + rows[:, None] * DV + offs_v[None, :], out.to(OUT.dtype.element_ty), mask=omask)
-    tl.store(ROWS + (rows[:, None] * 2) * DV + offs_v[None, :], o_r, mask=omask)
-    tl.store(ROWS + (rows[:, None] * 2 + 1) * DV + offs_v[None, :], y, mask=omask)
-    tl.store(STATS + rows * 2, lse * hasf, mask=mmask)
-    tl.store(STATS + rows * 2 + 1, logz * hasf, mask=mmask)
+    o_base = OUT + bh * T * DV
+    r_base = ROWS + bh * T * 2 * DV
+    s_base = STATS + bh * T * 2
+    tl.store(o_base + offs_m[:, None] * DV + offs_v[None, :], out.to(OUT.dtype.element_ty), mask=omask)
+    tl.store(r_base + offs_m[:, None] * (2 * DV) + offs_v[None, :], o_r, mask=omask)
+    tl.store(r_base + offs_m[:, None] * (2 * DV) + DV + offs_v[None, :], y, mask=omask)
+    tl.store(s_base + offs_m * 2, lse * hasf, mask=mmask)
+    tl.store(s_base + offs_m * 2 + 1, logz * hasf, mask=mmask)
