@@ -325,6 +325,7 @@ def _spec(which: str, dtype: torch.dtype, D: int, Dv: int, eps: float, *, has_le
         else:
             sig[name] = "fp32"
     sig.update({name: "constexpr" for name in constexprs if name not in sig})
+    sig = {name: sig[name] for name in fn.arg_names}  # the kernel's argument order (attrs go by index)
     label = (f"{dt}-D{D}-Dv{Dv}-eps{eps:g}" + ("-len" if has_len else "") + ("" if a else "-a0")
              + f"-{cfg.label}")
     wgmma = dtype != torch.float32 and cfg.block_m >= 64
