@@ -66,7 +66,9 @@ _CONFIGS = {
     ("fwd", "tma", False, True): Config(64, 32, 8, 2, tma=True),   # eps > 0: a third accumulator
     ("fwd", "tma", True, False): Config(64, 16, 8, 2, tma=True),
     ("fwd", "tma", True, True): Config(32, 32, 8, 2, tma=True),
-    ("bwd", "tma", False, None): Config(128, 16, 8, 2, tma=True),  # A1, A2 of 128 x 128 fp32: BN 32 spills
+    # backward: warp specialisation compiles (with every pre-loop load by TMA) but spills 400-1000 B at
+    # BN 16-32 (two 128 x 128 accumulators per consumer), so 8 warps without it; BN 32 spills
+    ("bwd", "tma", False, None): Config(128, 16, 8, 3, tma=True),
     ("bwd", "tma", True, None): Config(32, 16, 8, 2, tma=True),
     ("fwd", "ptr16", False, False): Config(64, 32, 8, 2),
     ("fwd", "ptr16", False, True): Config(64, 32, 8, 2),
@@ -101,8 +103,9 @@ def launch_config(which: str, dtype: torch.dtype, D: int, Dv: int, eps_positive:
     ``capability``: the CUDA device's (major, minor), or None off CUDA. ``interpret``: the CPU
     interpreter (one small config; the TMA / warp-specialised variant when :data:`INTERPRET_TMA`)."""
     if interpret:
-        tma = INTERPRET_TMA and _tma_able(dtype, D, Dv)
-        return dataclasses.replace(_INTERPRET, tma=tma, ws=tma and which == "fwd")
+        tma = INTERPRET_TMA and _tma_able(dtype, D, Dv)  # the variant Hopper runs: WS where its config has it
+        ws = tma and _CONFIGS[(which, "tma", False, eps_positive if which == "fwd" else None)].ws
+        return dataclasses.replace(_INTERPRET, tma=tma, ws=ws)
     d_pad, dv_pad = _pads(D, Dv)
     big = max(d_pad, dv_pad) > 128
     if dtype == torch.float32:
@@ -250,6 +253,24 @@ def stair_readout_fwd_triton(q, k_bank, v_bank, normals, bank_lengths, eps, scal
     return out.to(q.dtype), rows, stats
 
 
+def _row_stats(dout, rows, stats) -> tuple[torch.Tensor, int]:
+    """``(RS (5, B*Hq, T4) fp32, T4)``: per query row, in the exp2 domain ``lse_s``, ``lse_s + log Z``,
+    ``log Z``, then ``dO . O_R`` and ``dO . Y``; T4 = T rounded up to 4 (16-byte rows for TMA: the
+    kernel loads them as 1-D boxes, since a [BLOCK_M, 5] tile split in registers fails the
+    warp-specialisation pass)."""
+    B, Hq, T = stats.shape[:3]
+    t4 = -(-T // 4) * 4
+    rs = torch.zeros((5, B * Hq, t4), dtype=torch.float32, device=stats.device)
+    st = stats.float().reshape(B * Hq, T, 2) * LOG2E
+    rs[0, :, :T] = st[..., 0]
+    rs[1, :, :T] = st[..., 0] + st[..., 1]
+    rs[2, :, :T] = st[..., 1]
+    g = torch.einsum("bhtv,bhtkv->bhtk", dout.float(), rows.float()).reshape(B * Hq, T, 2)
+    rs[3, :, :T] = g[..., 0]
+    rs[4, :, :T] = g[..., 1]
+    return rs, t4
+
+
 def stair_readout_bwd_triton(dout, q, k_bank, v_bank, normals, bank_lengths, rows, stats, eps, scale, a, b):
     """``(dq (B, Hq, T, D) q.dtype, dn (Hq, D) normals.dtype)``."""
     if q.dtype == torch.float64:
@@ -260,17 +281,19 @@ def stair_readout_bwd_triton(dout, q, k_bank, v_bank, normals, bank_lengths, row
     d_pad, dv_pad = _pads(D, Dv)
     dq = torch.empty((B, Hq, T, D), dtype=_buffer_dtype(q), device=q.device)
     nqt = triton.cdiv(max(T, 1), _MIN_BLOCK_M)
-    du = torch.zeros((B * Hq * nqt, D), dtype=acc, device=q.device)
+    cfg = _config("bwd", q, D, Dv, eps)
+    du = torch.zeros((B * Hq * nqt, D), dtype=acc, device=q.device)  # d normals' partial sums, per program
+    q_ = q.contiguous()
     if dq.numel() > 0:
-        q_, k_ = q.contiguous(), k_bank.contiguous()
+        k_ = k_bank.contiguous()
         qx, kx, XW, HX, GX = _x_operands(q_, k_, u)
         interp = _interpreting()
-        cfg = _config("bwd", q, D, Dv, eps)
         grid = (triton.cdiv(T, cfg.block_m), B * Hq)
+        rs, t4 = _row_stats(dout, rows, stats)
         _stair_bwd_kernel[grid](
             dout.contiguous(), q_, k_, v_bank.contiguous(), qx, kx, u,
-            lens if lens is not None else u, rows.contiguous(), stats.contiguous(), dq, du,
-            Hq, Hkv, HX, T, M, D, Dv, Hq // Hkv, GX, nqt,
+            lens if lens is not None else u, rs, dq, du,
+            Hq, Hkv, HX, T, t4, M, D, Dv, Hq // Hkv, GX, nqt, B * Hq,
             float(scale), float(scale) * LOG2E, float(eps), float(a), float(b),
             HAS_LEN=lens is not None, USE_R=a != 0.0, USE_E=a != 0.0 and eps > 0.0,
             IEEE=q.dtype == torch.float32, UPCAST=q.device.type == "cpu" and q.dtype != torch.float32,
@@ -286,8 +309,9 @@ def stair_readout_bwd_triton(dout, q, k_bank, v_bank, normals, bank_lengths, row
 _TORCH_TO_SIG = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _FWD_ARGS = ("Q", "K", "V", "QX", "KX", "LEN", "VBAR", "OUT", "ROWS", "STATS",
              "Hq", "Hkv", "HX", "T", "M", "D", "DV", "GROUP", "GX", "qk_scale", "eps", "a", "b")
-_BWD_ARGS = ("DO", "Q", "K", "V", "QX", "KX", "U", "LEN", "ROWS", "STATS", "DQ", "DU",
-             "Hq", "Hkv", "HX", "T", "M", "D", "DV", "GROUP", "GX", "NQT", "scale", "qk_scale", "eps", "a", "b")
+_BWD_ARGS = ("DO", "Q", "K", "V", "QX", "KX", "U", "LEN", "RS", "DQ", "DU",
+             "Hq", "Hkv", "HX", "T", "T4", "M", "D", "DV", "GROUP", "GX", "NQT", "BHQ", "scale", "qk_scale", "eps", "a",
+             "b")
 _NO_SPECIALIZE = ("T", "M")
 
 
@@ -299,9 +323,9 @@ def _spec(which: str, dtype: torch.dtype, D: int, Dv: int, eps: float, *, has_le
     XW, HX, GX = _x_layout(Hq, Hkv)
     dt = _TORCH_TO_SIG[dtype]
     ints = dict(Hq=Hq, Hkv=Hkv, HX=HX, T=T, M=M, D=D, DV=Dv, GROUP=Hq // Hkv, GX=GX,
-                NQT=triton.cdiv(T, _MIN_BLOCK_M))
+                NQT=triton.cdiv(T, _MIN_BLOCK_M), T4=-(-T // 4) * 4, BHQ=B * Hq)
     ptrs = dict(Q=dt, K=dt, V=dt, QX=dt, KX=dt, DO=dt, OUT=dt, DQ=dt, LEN="i32" if has_len else "fp32",
-                U="fp32", VBAR="fp32", ROWS="fp32", STATS="fp32", DU="fp32")
+                U="fp32", VBAR="fp32", ROWS="fp32", STATS="fp32", DU="fp32", RS="fp32")
     constexprs = dict(HAS_LEN=has_len, IEEE=dtype == torch.float32, UPCAST=False, TMA=cfg.tma, WS=cfg.ws,
                       D_PAD=d_pad, DV_PAD=dv_pad, XW=XW, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
     if which == "fwd":

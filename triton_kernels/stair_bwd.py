@@ -21,13 +21,23 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from treadle.triton_kernels.stair_fwd import _LOG2E, _dot
+from treadle.triton_kernels.stair_fwd import _dot
+
+
+@triton.jit
+def _row_stat(RS, c, bh, pid_m, T, T4, BHQ, BLOCK_M: tl.constexpr):
+    """Row statistic ``c`` of RS (5, B*Hq, T4) fp32 for this query block (0 past T).
+
+    Pointer loads: with 8 warps and no warp specialisation they cost fewer registers than 1-D TMA
+    boxes (which a warp-specialised loop would need: T4 keeps each row 16-byte aligned for them)."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    return tl.load(RS + (c * BHQ + bh) * T4 + offs_m, mask=offs_m < T, other=0.0)
 
 
 @triton.jit(do_not_specialize=["T", "M"])  # T = 1 / M = 1 must stay runtime values (L = M below)
 def _stair_bwd_kernel(
-    DO, Q, K, V, QX, KX, U, LEN, ROWS, STATS, DQ, DU,
-    Hq, Hkv, HX, T, M, D, DV, GROUP, GX, NQT,
+    DO, Q, K, V, QX, KX, U, LEN, RS, DQ, DU,
+    Hq, Hkv, HX, T, T4, M, D, DV, GROUP, GX, NQT, BHQ,
     scale, qk_scale, eps, a, b,
     HAS_LEN: tl.constexpr, USE_R: tl.constexpr, USE_E: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
     TMA: tl.constexpr, WS: tl.constexpr,
@@ -50,28 +60,24 @@ def _stair_bwd_kernel(
     dmask = offs_d < D
     vmask = offs_v < DV
     q_base = Q + bh * T * D  # per-program bases: in-tile offsets stay 32-bit (fewer registers)
-    r_base = ROWS + bh * T * 2 * DV
-    s_base = STATS + bh * T * 2
-    if TMA:  # warp specialisation needs the query tile by TMA too (a pointer load here fails the pass)
-        q_desc = tl.make_tensor_descriptor(q_base, shape=[T, D], strides=[D, 1], block_shape=[BLOCK_M, D_PAD])
-        qx_desc = tl.make_tensor_descriptor(QX + bh * T * XW, shape=[T, XW], strides=[XW, 1],
-                                            block_shape=[BLOCK_M, XW])
-        q = q_desc.load([pid_m * BLOCK_M, 0])
-        qx = qx_desc.load([pid_m * BLOCK_M, 0])
+    do_base = DO + bh * T * DV
+    if TMA:
+        q = tl.make_tensor_descriptor(q_base, shape=[T, D], strides=[D, 1],
+                                      block_shape=[BLOCK_M, D_PAD]).load([pid_m * BLOCK_M, 0])
+        qx = tl.make_tensor_descriptor(QX + bh * T * XW, shape=[T, XW], strides=[XW, 1],
+                                       block_shape=[BLOCK_M, XW]).load([pid_m * BLOCK_M, 0])
     if not TMA:
         q = tl.load(q_base + offs_m[:, None] * D + offs_d[None, :], mask=mmask[:, None] & dmask[None, :], other=0.0)
         qx = tl.load(QX + bh * T * XW + offs_m[:, None] * XW + offs_x[None, :], mask=mmask[:, None], other=0.0)
-    omask = mmask[:, None] & vmask[None, :]
-    do = tl.load(DO + bh * T * DV + offs_m[:, None] * DV + offs_v[None, :], mask=omask, other=0.0)
-    dof = do.to(tl.float32)
-    o_r = tl.load(r_base + offs_m[:, None] * (2 * DV) + offs_v[None, :], mask=omask, other=0.0)
-    y = tl.load(r_base + offs_m[:, None] * (2 * DV) + DV + offs_v[None, :], mask=omask, other=0.0)
-    g_or = tl.sum(dof * o_r, axis=1)
-    g_y = tl.sum(dof * y, axis=1)
-    # row statistics in the exp2 domain; rows past T get +inf so that their p, pe are exactly 0
-    lse = tl.load(s_base + offs_m * 2, mask=mmask, other=float("inf")) * _LOG2E
-    logz = tl.load(s_base + offs_m * 2 + 1, mask=mmask, other=0.0) * _LOG2E
-    lsz = lse + logz
+    do = tl.load(do_base + offs_m[:, None] * DV + offs_v[None, :], mask=mmask[:, None] & vmask[None, :], other=0.0)
+    # exp2-domain lse_s, lse_s + log Z, log Z; dO . O_R; dO . Y (the launcher forms them; rows past T
+    # read 0 there, and with q = dO = 0 every term of such a row is 0)
+    lse = _row_stat(RS, 0, bh, pid_m, T, T4, BHQ, BLOCK_M)
+    lsz = _row_stat(RS, 1, bh, pid_m, T, T4, BHQ, BLOCK_M)
+    g_or = _row_stat(RS, 3, bh, pid_m, T, T4, BHQ, BLOCK_M)
+    g_y = _row_stat(RS, 4, bh, pid_m, T, T4, BHQ, BLOCK_M)
+    if USE_E:
+        logz = _row_stat(RS, 2, bh, pid_m, T, T4, BHQ, BLOCK_M)
     ome = 1.0 - eps
     Lf = tl.maximum(L, 1).to(tl.float32)
     eps_l = eps / Lf
@@ -128,7 +134,6 @@ def _stair_bwd_kernel(
         alpha = tl.sum(qf * u[None, :], axis=1)
         dq += dalpha[:, None] * u[None, :]
         du = tl.sum(dalpha[:, None] * qf - (2.0 * scale) * alpha[:, None] * a2, axis=0)
-    else:
-        du = tl.zeros((D_PAD,), tl.float32)
-    tl.store(DQ + bh * T * D + offs_m[:, None] * D + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=mmask[:, None] & dmask[None, :])
-    tl.store(DU + (bh * NQT + pid_m) * D + offs_d, du, mask=dmask)
+        tl.store(DU + (bh * NQT + pid_m) * D + offs_d, du, mask=dmask)
+    tl.store(DQ + bh * T * D + offs_m[:, None] * D + offs_d[None, :], dq.to(DQ.dtype.element_ty),
+             mask=mmask[:, None] & dmask[None, :])
