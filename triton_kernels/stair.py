@@ -96,20 +96,21 @@ def _tma_able(dtype: torch.dtype, D: int, Dv: int) -> bool:
 
 
 def launch_config(which: str, dtype: torch.dtype, D: int, Dv: int, eps_positive: bool,
-                  capability: tuple[int, int] | None, interpret: bool = False) -> Config:
+                  capability: tuple[int, int] | None, interpret: bool = False, aligned: bool = True) -> Config:
     """The pinned config of kernel ``which`` ("fwd" | "bwd") for these inputs.
 
     ``capability``: the CUDA device's (major, minor), or None off CUDA. ``interpret``: the CPU
-    interpreter (one small config; the TMA / warp-specialised variant when :data:`INTERPRET_TMA`)."""
+    interpreter (one small config; the TMA / warp-specialised variant when :data:`INTERPRET_TMA`).
+    ``aligned``: every tensor the kernel reads by TMA starts on a 16-byte boundary (TMA's rule)."""
     if interpret:
-        tma = INTERPRET_TMA and _tma_able(dtype, D, Dv)  # the variant Hopper runs: WS where its config has it
+        tma = INTERPRET_TMA and aligned and _tma_able(dtype, D, Dv)  # the variant Hopper runs: WS where its config has it
         ws = tma and _CONFIGS[(which, "tma", False, eps_positive if which == "fwd" else None)].ws
         return dataclasses.replace(_INTERPRET, tma=tma, ws=ws)
     d_pad, dv_pad = _pads(D, Dv)
     big = max(d_pad, dv_pad) > 128
     if dtype == torch.float32:
         kind = "fp32"
-    elif capability is not None and capability[0] == 9 and _tma_able(dtype, D, Dv):  # Hopper
+    elif capability is not None and capability[0] == 9 and aligned and _tma_able(dtype, D, Dv):  # Hopper
         kind = "tma"
     else:
         kind = "ptr16"
@@ -181,9 +182,10 @@ def _common(q, k_bank, v_bank, normals, bank_lengths):
     return B, Hq, T, D, Hkv, M, Dv, acc, u, nrm, lens
 
 
-def _config(which: str, q: torch.Tensor, D: int, Dv: int, eps: float) -> Config:
+def _config(which: str, q: torch.Tensor, D: int, Dv: int, eps: float, *tensors: torch.Tensor) -> Config:
     cap = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" else None
-    cfg = launch_config(which, q.dtype, D, Dv, eps > 0.0, cap, interpret=_interpreting())
+    aligned = all(t.data_ptr() % 16 == 0 for t in tensors)  # e.g. a view with an odd storage offset
+    cfg = launch_config(which, q.dtype, D, Dv, eps > 0.0, cap, interpret=_interpreting(), aligned=aligned)
     last_configs[which] = cfg
     return cfg
 
@@ -239,7 +241,7 @@ def stair_readout_fwd_triton(q, k_bank, v_bank, normals, bank_lengths, eps, scal
         vbar = rows  # unused
     qx, kx, XW, HX, GX = _x_operands(q_, k_, u)
     interp = _interpreting()
-    cfg = _config("fwd", q, D, Dv, eps)
+    cfg = _config("fwd", q, D, Dv, eps, q_, k_, v_)
     grid = (triton.cdiv(T, cfg.block_m), B * Hq)
     _stair_fwd_kernel[grid](
         q_, k_, v_, qx, kx, lens if lens is not None else u, vbar, out, rows, stats,
@@ -280,17 +282,16 @@ def stair_readout_bwd_triton(dout, q, k_bank, v_bank, normals, bank_lengths, row
     d_pad, dv_pad = _pads(D, Dv)
     dq = torch.empty((B, Hq, T, D), dtype=_buffer_dtype(q), device=q.device)
     nqt = triton.cdiv(max(T, 1), _MIN_BLOCK_M)
-    cfg = _config("bwd", q, D, Dv, eps)
     du = torch.zeros((B * Hq * nqt, D), dtype=acc, device=q.device)  # d normals' partial sums, per program
-    q_ = q.contiguous()
     if dq.numel() > 0:
-        k_ = k_bank.contiguous()
+        q_, k_, v_ = q.contiguous(), k_bank.contiguous(), v_bank.contiguous()
+        cfg = _config("bwd", q, D, Dv, eps, q_, k_, v_)
         qx, kx, XW, HX, GX = _x_operands(q_, k_, u)
         interp = _interpreting()
         grid = (triton.cdiv(T, cfg.block_m), B * Hq)
         rs, t4 = _row_stats(dout, rows, stats)
         _stair_bwd_kernel[grid](
-            dout.contiguous(), q_, k_, v_bank.contiguous(), qx, kx, u,
+            dout.contiguous(), q_, k_, v_, qx, kx, u,
             lens if lens is not None else u, rs, dq, du,
             Hq, Hkv, HX, T, t4, M, D, Dv, Hq // Hkv, GX, nqt, B * Hq,
             float(scale), float(scale) * LOG2E, float(eps), float(a), float(b),

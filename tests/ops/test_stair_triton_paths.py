@@ -107,6 +107,23 @@ def test_launch_config_selection():
     assert all(c.num_warps == 4 for c in every if c.ws)  # Triton's Hopper auto-WS needs exactly 4 warps
 
 
+@interp
+def test_misaligned_view_falls_back_to_pointer_loads(monkeypatch):
+    """A bank whose storage starts off a 16-byte boundary (a flat view at offset 1) cannot be a TMA base."""
+    monkeypatch.setattr(ks, "INTERPRET_TMA", True)
+    gen = torch.Generator().manual_seed(3)
+    q, v = torch.randn(1, 2, 5, 16, generator=gen), torch.randn(1, 1, 9, 16, generator=gen)
+    n = torch.randn(2, 16, generator=gen)
+    k = torch.randn(1 + 9 * 16, generator=gen)[1:].view(1, 1, 9, 16)
+    assert k.is_contiguous() and k.data_ptr() % 16 != 0
+    from treadle.ops import stair_readout
+    from treadle.reference.stair import stair_readout_reference
+    got = stair_readout(q, k, v, n, backend="triton")
+    assert not ks.last_configs["fwd"].tma
+    torch.testing.assert_close(got, stair_readout_reference(q, k, v, n).float(), atol=2e-6, rtol=0)
+    assert not ks.launch_config("fwd", torch.bfloat16, 128, 128, False, HOPPER, aligned=False).tma
+
+
 def test_head_dim_limit_is_named():
     with pytest.raises(ValueError, match=r"D, Dv <= 256"):
         ks.launch_config("fwd", torch.bfloat16, 300, 128, False, HOPPER)
