@@ -12,10 +12,12 @@ share its KX rows in disjoint column slots, so KX costs ``XW / D`` of K's bytes 
 Configs are pinned per (dtype, head dims, eps > 0, GPU generation), never autotuned: each was
 compiled ahead of time for sm_90a (:func:`aot_specs`, ``bench/gpu_aot.py``) and kept only with 0
 spills, no wgmma serialisation warning (ptxas C7511/C7515) and shared memory within Hopper's 227 KB.
-On Hopper (sm_90) with 16-bit inputs whose head dims are multiples of 8 (16-byte TMA strides) the
-forward loads K, V and KX by TMA through device-side tensor descriptors (``triton.set_allocator``
-is pointed at a torch allocator for their ~1 KB of scratch per program) and, at eps = 0, runs the
-bank loop warp specialised; everything else runs the same kernels with pointer loads. Under
+On Hopper (sm_90) with 16-bit inputs whose head dims are multiples of 8 (16-byte TMA strides) both
+kernels load the query tile, K, V and KX by TMA through device-side tensor descriptors
+(``triton.set_allocator`` is pointed at a torch allocator for their ~1 KB of scratch per program);
+the forward at eps = 0 and head dims <= 128 runs the bank loop warp specialised (the backward's
+warp-specialised variant compiles but spills, so it runs on 8 plain warps); everything else runs the
+same kernels with pointer loads. Under
 ``TRITON_INTERPRET=1`` one small config runs on CPU tensors (``INTERPRET_TMA`` switches the
 interpreter to the descriptor/warp-specialised variant, which tests use).
 """

@@ -21,8 +21,8 @@ the read-out ``a O_R + b O_ref``, the fp32 row vectors ``O_R`` and ``Y`` and the
 statistics ``(lse_s, log Z)`` that the backward recomputes tiles from.
 
 ``WS`` asks Triton's Hopper warp specialisation for the bank loop (one TMA producer warp group and
-two consumer warp groups of 64 rows; needs ``num_warps=4`` and no ``else`` blocks or non-dot loads in
-the loop). ``TMA`` and ``WS`` are constexprs: the interpreter and non-Hopper GPUs run the same maths
+two consumer warp groups of 64 rows; Triton 3.6's pass needs ``num_warps=4``, no ``else`` blocks or
+non-dot loads in the loop, and no pointer loads before it: the query tile comes by TMA too). ``TMA`` and ``WS`` are constexprs: the interpreter and non-Hopper GPUs run the same maths
 with pointer loads.
 """
 from __future__ import annotations
