@@ -17,6 +17,9 @@ D=128, T=4096`` with ``M=32768`` (the paper's 32K bank) and ``M=2048``. Implemen
   linear in T; at T = 1024 it needs several GB per T x M buffer on a shared 24 GB machine); on CUDA
   it runs at M = 2048 only.
 
+On CUDA the Triton kernels run at configs pinned per (dtype, head dims, eps) from the sm_90a compile
+check (``python bench/stair_aot.py``), never autotuned; each case records the configs it launched.
+
 On CPU, ``test_stair_interleaved_ratio`` also runs treadle_stair and two_sdpa alternately in one process
 and reports the per-round ratio (median and minimum, wall and CPU time): the figure that survives load.
 
@@ -189,6 +192,9 @@ def test_stair_readout(benchmark, peer_table, impl, case):
         tf = _flops(impl, shape, mode, shape["T"]) / med / 1e12
         extra["TFLOPs"] = f"{tf:.0f} ({100 * tf / H200_BF16_DENSE_TFLOPS:.0f}% of {H200_BF16_DENSE_TFLOPS:.0f})"
         extra["peak_mem_GiB"] = f"{torch.cuda.max_memory_allocated() / 2 ** 30:.2f}"
+        if impl.startswith("treadle"):  # the pinned Triton configs this case launched
+            from treadle.triton_kernels import stair as ks
+            extra["triton_configs"] = " ".join(f"{w}:{c.label}" for w, c in sorted(ks.last_configs.items()))
         torch.cuda.reset_peak_memory_stats()
     ours = _MEDIANS[key].get("treadle_stair")
     if ours is not None and impl != "treadle_stair":

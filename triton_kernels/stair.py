@@ -1,265 +1,122 @@
-"""Triton kernels of STAIR's reflected bank read-out (spec: treadle/reference/stair.py; maths and the
-backward derivation: csrc/cpu/stair_readout.cpp's header and treadle/ops/stair_readout.py).
+"""Launchers and pinned launch configs of STAIR's reflected bank read-out Triton kernels (spec:
+treadle/reference/stair.py; kernels: triton_kernels/stair_fwd.py and stair_bwd.py, whose headers
+give the maths).
 
-Forward, one program per (query block of ``BLOCK_M`` rows, batch x query head): one sweep over the
-bank in ``BLOCK_N`` tiles. Each tile is loaded once; ``s = scale q k^T`` is one ``tl.dot``; the
-reflection logit ``t = alpha beta^T`` (``alpha = u . q``; ``beta = -2 scale u . k``, one small GEMM
-in the launcher, so no CUDA-core work of size BLOCK_N x D per tile) is a rank-1 correction of the same tile, so the online-softmax accumulators for ``s`` (pi_ref), ``s + t`` (pi_R)
-and, when eps > 0, ``t`` (uniform part of pi_ref reweighted by e^t) are all updated from it: 3 (eps
-= 0: 2) ``P V`` dots per tile. The epilogue writes the read-out, the two row vectors ``O_R`` and
-``Y`` and the row statistics ``(lse_s, log Z)`` that the backward needs.
+The launcher precomputes two small operands that put the reflection logit into the tensor cores:
+``QX`` (one ``XW``-wide row per query) and ``KX`` (one per bank key and kv head) with
+``QX[t] . KX[j] = alpha_t (-2 u_h . k_j)``, ``alpha_t = u_h . q_t``. Each product is split hi/lo in
+q's dtype (``a b ~ a_hi b_hi + a_hi b_lo + a_lo b_hi``, about 16 significant bits in bf16; exact
+for fp32, where lo = 0), three columns per query head; the ``GROUP = Hq / Hkv`` heads of a kv head
+share its KX rows in disjoint column slots, so KX costs ``XW / D`` of K's bytes (1/8 at D 128).
 
-Backward, same grid: tiles are recomputed from the row statistics; ``S = q k^T`` and
-``G = dO v^T`` are two dots, ``dS`` and ``dT`` elementwise, ``dq += dS k`` the third; the normal's
-gradient needs the column sums ``sum_t alpha_t dT_tj`` times ``k`` (a per-program reduction) plus
-``sum_t dalpha_t q_t``, written per program and summed by the launcher (deterministic, no atomics).
-
-Head dims: any ``D``, ``Dv`` up to 256, padded to the next power of two (>= 16, ``tl.dot``'s
-minimum) with masked loads. fp32 inputs use IEEE fp32 dots (no TF32). On GPUs the block sizes are
-autotuned (configs chosen for Hopper); under ``TRITON_INTERPRET=1`` one small fixed config runs.
+Configs are pinned per (dtype, head dims, eps > 0, GPU generation), never autotuned: each was
+compiled ahead of time for sm_90a (:func:`aot_specs`, ``bench/gpu_aot.py``) and kept only with 0
+spills, no wgmma serialisation warning (ptxas C7511/C7515) and shared memory within Hopper's 227 KB.
+On Hopper (sm_90) with 16-bit inputs whose head dims are multiples of 8 (16-byte TMA strides) both
+kernels load the query tile, K, V and KX by TMA through device-side tensor descriptors
+(``triton.set_allocator`` is pointed at a torch allocator for their ~1 KB of scratch per program);
+the forward at eps = 0 and head dims <= 128 runs the bank loop warp specialised (the backward's
+warp-specialised variant compiles but spills, so it runs on 8 plain warps); everything else runs the
+same kernels with pointer loads. Under
+``TRITON_INTERPRET=1`` one small config runs on CPU tensors (``INTERPRET_TMA`` switches the
+interpreter to the descriptor/warp-specialised variant, which tests use).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
 import triton
-import triton.language as tl
 
-from treadle.triton_kernels.common import _mm
+from treadle.triton_kernels.aot import AotSpec
+from treadle.triton_kernels.stair_bwd import _stair_bwd_kernel
+from treadle.triton_kernels.stair_fwd import LOG2E, _stair_fwd_kernel
 
 MAX_HEAD_DIM = 256
+_MIN_BLOCK_M = 16  # smallest BLOCK_M of any config (sizes the per-program du buffer)
+INTERPRET_TMA = False  # tests set it: the interpreter then runs the TMA / warp-specialised variant
+last_configs: dict[str, "Config"] = {}  # the config of the latest launch, per "fwd" / "bwd" (for reports)
 
 
-@triton.jit(do_not_specialize=["T", "M"])  # T = 1 / M = 1 must stay runtime values (L = M below)
-def _stair_fwd_kernel(
-    Q, K, V, U, BETA, LEN, VBAR, OUT, ROWS, STATS,
-    Hq, Hkv, T, M, D, DV, GROUP,
-    scale, eps, a, b,
-    HAS_LEN: tl.constexpr, USE_T: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-    D_PAD: tl.constexpr, DV_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    bidx = bh // Hq
-    h = bh % Hq
-    kvh = h // GROUP
-    if HAS_LEN:
-        L = tl.load(LEN + bidx).to(tl.int32)
-    else:
-        L = M
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D_PAD)
-    offs_v = tl.arange(0, DV_PAD)
-    mmask = offs_m < T
-    dmask = offs_d < D
-    vmask = offs_v < DV
-    rows = bh * T + offs_m
-    q = tl.load(Q + rows[:, None] * D + offs_d[None, :], mask=mmask[:, None] & dmask[None, :], other=0.0)
-    qf = q.to(tl.float32)
-    u = tl.load(U + h * D + offs_d, mask=dmask, other=0.0)
-    alpha = tl.sum(qf * u[None, :], axis=1)
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One pinned launch config of a STAIR kernel."""
 
-    m_s = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    m_x = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    m_t = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    l_s = tl.zeros((BLOCK_M,), tl.float32)
-    l_x = tl.zeros((BLOCK_M,), tl.float32)
-    l_t = tl.zeros((BLOCK_M,), tl.float32)
-    acc_s = tl.zeros((BLOCK_M, DV_PAD), tl.float32)
-    acc_x = tl.zeros((BLOCK_M, DV_PAD), tl.float32)
-    acc_t = tl.zeros((BLOCK_M, DV_PAD), tl.float32)
-    kbase = K + (bidx * Hkv + kvh) * M * D
-    vbase = V + (bidx * Hkv + kvh) * M * DV
-    for j0 in range(0, L, BLOCK_N):
-        offs_n = j0 + tl.arange(0, BLOCK_N)
-        nmask = offs_n < L
-        k = tl.load(kbase + offs_n[:, None] * D + offs_d[None, :], mask=nmask[:, None] & dmask[None, :], other=0.0)
-        v = tl.load(vbase + offs_n[:, None] * DV + offs_v[None, :], mask=nmask[:, None] & vmask[None, :], other=0.0)
-        beta = tl.load(BETA + bh * M + offs_n, mask=nmask, other=0.0)
-        s = _mm(q, tl.trans(k), IEEE, UPCAST) * scale  # scaled after the dot, as S = scale (Q K^T): q is never re-rounded
-        t = alpha[:, None] * beta[None, :]
-        s = tl.where(nmask[None, :], s, float("-inf"))
-        x = s + t
-        ms_new = tl.maximum(m_s, tl.max(s, axis=1))
-        mx_new = tl.maximum(m_x, tl.max(x, axis=1))
-        p_s = tl.exp(s - ms_new[:, None])
-        p_x = tl.exp(x - mx_new[:, None])
-        c_s = tl.exp(m_s - ms_new)
-        c_x = tl.exp(m_x - mx_new)
-        l_s = l_s * c_s + tl.sum(p_s, axis=1)
-        l_x = l_x * c_x + tl.sum(p_x, axis=1)
-        acc_s = acc_s * c_s[:, None] + _mm(p_s.to(v.dtype), v, IEEE, UPCAST)
-        acc_x = acc_x * c_x[:, None] + _mm(p_x.to(v.dtype), v, IEEE, UPCAST)
-        m_s = ms_new
-        m_x = mx_new
-        if USE_T:
-            tm = tl.where(nmask[None, :], t, float("-inf"))
-            mt_new = tl.maximum(m_t, tl.max(tm, axis=1))
-            p_t = tl.exp(tm - mt_new[:, None])
-            c_t = tl.exp(m_t - mt_new)
-            l_t = l_t * c_t + tl.sum(p_t, axis=1)
-            acc_t = acc_t * c_t[:, None] + _mm(p_t.to(v.dtype), v, IEEE, UPCAST)
-            m_t = mt_new
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    tma: bool = False
+    ws: bool = False
 
-    has = (tl.zeros((BLOCK_M,), tl.int32) + L) > 0
-    l_s = tl.where(has, l_s, 1.0)
-    l_x = tl.where(has, l_x, 1.0)
-    l_t = tl.where(has, l_t, 1.0)
-    m_s = tl.where(has, m_s, 0.0)
-    m_x = tl.where(has, m_x, 0.0)
-    m_t = tl.where(has, m_t, 0.0)
-    lse = m_s + tl.log(l_s)
-    o_s = acc_s / l_s[:, None]
-    if USE_T:
-        Lf = tl.maximum(L, 1).to(tl.float32)
-        l1 = tl.log(1.0 - eps) + m_x + tl.log(l_x) - lse
-        l2 = tl.log(eps / Lf) + m_t + tl.log(l_t)
-        mm = tl.maximum(l1, l2)
-        logz = mm + tl.log(tl.exp(l1 - mm) + tl.exp(l2 - mm))
-        cx = tl.exp(l1 - logz) / l_x
-        ct = tl.exp(l2 - logz) / l_t
-        cw = tl.exp(m_x - lse - logz)
-        w = cw * l_x
-        o_r = acc_x * cx[:, None] + acc_t * ct[:, None]
-        vbar = tl.load(VBAR + (bidx * Hkv + kvh) * DV + offs_v, mask=vmask, other=0.0)
-        o_ref = (1.0 - eps) * o_s + eps * vbar[None, :]
-        big_w = acc_x * cw[:, None]
-    else:
-        logz = m_x + tl.log(l_x) - lse
-        o_r = acc_x / l_x[:, None]
-        o_ref = o_s
-        big_w = o_r
-        w = tl.full((BLOCK_M,), 1.0, tl.float32)
-    out = a * o_r + b * o_ref
-    y = b * o_s + a * (big_w - w[:, None] * o_r)
-    hasf = has.to(tl.float32)
-    out = out * hasf[:, None]
-    o_r = o_r * hasf[:, None]
-    y = y * hasf[:, None]
-    omask = mmask[:, None] & vmask[None, :]
-    tl.store(OUT + rows[:, None] * DV + offs_v[None, :], out.to(OUT.dtype.element_ty), mask=omask)
-    tl.store(ROWS + (rows[:, None] * 2) * DV + offs_v[None, :], o_r, mask=omask)
-    tl.store(ROWS + (rows[:, None] * 2 + 1) * DV + offs_v[None, :], y, mask=omask)
-    tl.store(STATS + rows * 2, lse * hasf, mask=mmask)
-    tl.store(STATS + rows * 2 + 1, logz * hasf, mask=mmask)
+    @property
+    def label(self) -> str:
+        return (f"BM{self.block_m}-BN{self.block_n}-w{self.num_warps}-s{self.num_stages}"
+                + ("-tma" if self.tma else "") + ("-ws" if self.ws else ""))
 
 
-@triton.jit(do_not_specialize=["T", "M"])  # T = 1 / M = 1 must stay runtime values (L = M below)
-def _stair_bwd_kernel(
-    DO, Q, K, V, U, BETA, LEN, ROWS, STATS, DQ, DU,
-    Hq, Hkv, T, M, D, DV, GROUP, NQT,
-    scale, eps, a, b,
-    HAS_LEN: tl.constexpr, USE_R: tl.constexpr, USE_E: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-    D_PAD: tl.constexpr, DV_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    bidx = bh // Hq
-    h = bh % Hq
-    kvh = h // GROUP
-    if HAS_LEN:
-        L = tl.load(LEN + bidx).to(tl.int32)
-    else:
-        L = M
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D_PAD)
-    offs_v = tl.arange(0, DV_PAD)
-    mmask = offs_m < T
-    dmask = offs_d < D
-    vmask = offs_v < DV
-    rows = bh * T + offs_m
-    q = tl.load(Q + rows[:, None] * D + offs_d[None, :], mask=mmask[:, None] & dmask[None, :], other=0.0)
-    qf = q.to(tl.float32)
-    u = tl.load(U + h * D + offs_d, mask=dmask, other=0.0)
-    alpha = tl.sum(qf * u[None, :], axis=1)
-    omask = mmask[:, None] & vmask[None, :]
-    do = tl.load(DO + rows[:, None] * DV + offs_v[None, :], mask=omask, other=0.0)
-    dof = do.to(tl.float32)
-    o_r = tl.load(ROWS + (rows[:, None] * 2) * DV + offs_v[None, :], mask=omask, other=0.0)
-    y = tl.load(ROWS + (rows[:, None] * 2 + 1) * DV + offs_v[None, :], mask=omask, other=0.0)
-    g_or = tl.sum(dof * o_r, axis=1)
-    g_y = tl.sum(dof * y, axis=1)
-    lse = tl.load(STATS + rows * 2, mask=mmask, other=0.0)
-    logz = tl.load(STATS + rows * 2 + 1, mask=mmask, other=0.0)
-    ome = 1.0 - eps
-    Lf = tl.maximum(L, 1).to(tl.float32)
-    eps_l = eps / Lf
-
-    dq = tl.zeros((BLOCK_M, D_PAD), tl.float32)
-    dalpha = tl.zeros((BLOCK_M,), tl.float32)
-    du = tl.zeros((D_PAD,), tl.float32)
-    kbase = K + (bidx * Hkv + kvh) * M * D
-    vbase = V + (bidx * Hkv + kvh) * M * DV
-    for j0 in range(0, L, BLOCK_N):
-        offs_n = j0 + tl.arange(0, BLOCK_N)
-        nmask = offs_n < L
-        tmask = mmask[:, None] & nmask[None, :]
-        k = tl.load(kbase + offs_n[:, None] * D + offs_d[None, :], mask=nmask[:, None] & dmask[None, :], other=0.0)
-        v = tl.load(vbase + offs_n[:, None] * DV + offs_v[None, :], mask=nmask[:, None] & vmask[None, :], other=0.0)
-        beta = tl.load(BETA + bh * M + offs_n, mask=nmask, other=0.0)
-        s = _mm(q, tl.trans(k), IEEE, UPCAST) * scale  # scaled after the dot, as S = scale (Q K^T): q is never re-rounded
-        g = _mm(do, tl.trans(v), IEEE, UPCAST)
-        t = alpha[:, None] * beta[None, :]
-        p = tl.where(tmask, tl.exp(s - lse[:, None]), 0.0)
-        ds = b * p * g - p * g_y[:, None]
-        if USE_R:
-            pe = tl.where(tmask, tl.exp((s - lse[:, None]) + (t - logz[:, None])), 0.0)
-            gr = g - g_or[:, None]
-            ds += a * pe * gr
-            pr = ome * pe
-            if USE_E:
-                pr += eps_l * tl.where(tmask, tl.exp(t - logz[:, None]), 0.0)
-            dt = a * pr * gr
-            dalpha += tl.sum(dt * beta[None, :], axis=1)
-            colsum = tl.sum(alpha[:, None] * dt, axis=0)
-            du += tl.sum(colsum[:, None] * k.to(tl.float32), axis=0) * (-2.0 * scale)
-        ds = ds * (ome * scale)
-        dq += _mm(ds.to(k.dtype), k, IEEE, UPCAST)
-    dq += dalpha[:, None] * u[None, :]
-    du += tl.sum(dalpha[:, None] * qf, axis=0)
-    tl.store(DQ + rows[:, None] * D + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=mmask[:, None] & dmask[None, :])
-    tl.store(DU + (bh * NQT + pid_m) * D + offs_d, du, mask=dmask)
+_INTERPRET = Config(16, 16, 4, 1)  # the interpreter: small and fast to emulate
+# Keyed by (kernel, kind, head dims > 128, eps > 0 (forward only)). Kinds: "tma" = Hopper, 16-bit,
+# head dims that TMA can stride; "ptr16" = other 16-bit launches (pointer loads); "fp32" = IEEE fp32
+# products on CUDA cores (no wgmma). Chosen by the AOT check (bench/stair_aot.py): the largest
+# tiles with 0 spills and no serialised wgmma. BLOCK_M 32 does not use wgmma (its minimum is 64 rows
+# per warp group) but mma.sync: the head-dim-256 configs keep 0 spills that way.
+_CONFIGS = {
+    ("fwd", "tma", False, False): Config(128, 64, 4, 2, tma=True, ws=True),  # 1 TMA producer + 2 x 64-row consumers
+    ("fwd", "tma", False, True): Config(64, 32, 8, 3, tma=True),   # eps > 0: a third accumulator
+    ("fwd", "tma", True, False): Config(64, 16, 8, 2, tma=True),
+    ("fwd", "tma", True, True): Config(32, 32, 8, 2, tma=True),
+    # backward: warp specialisation compiles (with every pre-loop load by TMA) but spills 400-1000 B at
+    # BN 16-32 (two 128 x 128 accumulators per consumer), so 8 warps without it; BN 32 spills
+    ("bwd", "tma", False, None): Config(128, 16, 8, 3, tma=True),
+    ("bwd", "tma", True, None): Config(32, 16, 8, 2, tma=True),
+    ("fwd", "ptr16", False, False): Config(64, 32, 8, 2),
+    ("fwd", "ptr16", False, True): Config(64, 32, 8, 2),
+    ("fwd", "ptr16", True, False): Config(32, 32, 8, 2),
+    ("fwd", "ptr16", True, True): Config(32, 32, 8, 2),
+    ("bwd", "ptr16", False, None): Config(32, 32, 8, 2),
+    ("bwd", "ptr16", True, None): Config(16, 16, 8, 2),
+    ("fwd", "fp32", False, False): Config(32, 16, 8, 2),
+    ("fwd", "fp32", False, True): Config(32, 16, 8, 2),
+    ("fwd", "fp32", True, False): Config(16, 16, 8, 2),
+    ("fwd", "fp32", True, True): Config(16, 16, 8, 2),
+    ("bwd", "fp32", False, None): Config(32, 16, 8, 2),
+    ("bwd", "fp32", True, None): Config(16, 16, 8, 2),
+}
 
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-_FIXED = {"BLOCK_M": 16, "BLOCK_N": 16}  # the interpreter: small and fast to emulate
-_NO_TUNE = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}  # TREADLE_TRITON_AUTOTUNE=0
-_MIN_BLOCK_M = 16  # smallest BLOCK_M of any config (sizes the per-program dn buffer)
-_tuned: dict = {}
+def _tma_able(dtype: torch.dtype, D: int, Dv: int) -> bool:
+    """Row strides of K, V (and q, dq, out) that are multiples of 16 bytes (TMA's stride rule); KX's
+    rows are XW >= 16 elements wide."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return (D * size) % 16 == 0 and (Dv * size) % 16 == 0
 
 
-def _hopper_configs(bwd: bool):
-    """A short list for H100/H200 (kept short: each config compiles during the first call).
+def launch_config(which: str, dtype: torch.dtype, D: int, Dv: int, eps_positive: bool,
+                  capability: tuple[int, int] | None, interpret: bool = False, aligned: bool = True) -> Config:
+    """The pinned config of kernel ``which`` ("fwd" | "bwd") for these inputs.
 
-    Forward: BLOCK_M 128 with 8 warps (two PV accumulators of 128 x 128 fp32 fit in registers at
-    eps = 0) or 64 with 4 warps (three accumulators at eps > 0); BLOCK_N 64/128; 2-3 stages of K/V.
-    Backward keeps dq (BLOCK_M x D) and the recomputed S, G tiles live, so smaller BLOCK_N.
-    """
-    if not bwd:
-        shapes = [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (64, 128, 4, 3), (128, 32, 4, 3), (64, 32, 4, 4)]
+    ``capability``: the CUDA device's (major, minor), or None off CUDA. ``interpret``: the CPU
+    interpreter (one small config; the TMA / warp-specialised variant when :data:`INTERPRET_TMA`).
+    ``aligned``: every tensor the kernel reads by TMA starts on a 16-byte boundary (TMA's rule)."""
+    if interpret:
+        tma = INTERPRET_TMA and aligned and _tma_able(dtype, D, Dv)  # the variant Hopper runs: WS where its config has it
+        ws = tma and _CONFIGS[(which, "tma", False, eps_positive if which == "fwd" else None)].ws
+        return dataclasses.replace(_INTERPRET, tma=tma, ws=ws)
+    d_pad, dv_pad = _pads(D, Dv)
+    big = max(d_pad, dv_pad) > 128
+    if dtype == torch.float32:
+        kind = "fp32"
+    elif capability is not None and capability[0] == 9 and aligned and _tma_able(dtype, D, Dv):  # Hopper
+        kind = "tma"
     else:
-        shapes = [(64, 64, 4, 3), (64, 32, 4, 3), (128, 32, 8, 3), (128, 64, 8, 2), (64, 64, 8, 2), (32, 64, 4, 3)]
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st) for bm, bn, w, st in shapes]
-
-
-def _kernel(which: str):
-    """The jitted kernel (interpreter) or its autotuned wrapper (GPU), built once."""
-    base = _stair_fwd_kernel if which == "fwd" else _stair_bwd_kernel
-    if _interpreting():
-        return base, dict(_FIXED)
-    if os.environ.get("TREADLE_TRITON_AUTOTUNE", "1") == "0":
-        # one safe config, no autotuning: for test runs on a GPU, where compiling every config of
-        # every test shape would dominate (fits any head dim <= 256 in fp32 within Hopper's shared memory)
-        return base, dict(_NO_TUNE)
-    if which not in _tuned:
-        keys = ["D_PAD", "DV_PAD", "USE_T"] if which == "fwd" else ["D_PAD", "DV_PAD", "USE_R", "USE_E"]
-        extra = {} if which == "fwd" else {"reset_to_zero": ["DU"]}
-        _tuned[which] = triton.autotune(configs=_hopper_configs(which == "bwd"), key=keys, **extra)(base)
-    return _tuned[which], {}
+        kind = "ptr16"
+    return _CONFIGS[(which, kind, big, eps_positive if which == "fwd" else None)]
 
 
 def _pads(D: int, Dv: int) -> tuple[int, int]:
@@ -267,6 +124,44 @@ def _pads(D: int, Dv: int) -> tuple[int, int]:
         raise ValueError(f"the Triton stair_readout kernel supports head dims D, Dv <= {MAX_HEAD_DIM} (any size up to "
                          f"that, padded to a power of two >= 16); got D={D}, Dv={Dv}")
     return max(16, triton.next_power_of_2(D)), max(16, triton.next_power_of_2(Dv))
+
+
+def _x_layout(Hq: int, Hkv: int) -> tuple[int, int, int]:
+    """``(XW, HX, GX)``: KX width, KX heads and query heads per KX head.
+
+    Three columns per query head: the heads of a kv head share its KX rows while ``3 GROUP <= 64``
+    (XW 16 up to GROUP 5, 32 up to 10, 64 up to 21); beyond that one KX head per query head."""
+    group = Hq // Hkv
+    if 3 * group <= 64:
+        return max(16, triton.next_power_of_2(3 * group)), Hkv, group
+    return 16, Hq, 1
+
+
+def _split(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    hi = x.to(dtype)
+    return hi, (x - hi.to(x.dtype)).to(dtype)
+
+
+def _x_operands(q, k_bank, u):
+    """``(QX (B, Hq, T, XW), KX (B, HX, M, XW), XW, HX, GX)`` in q's dtype (see the module docstring).
+
+    KX rows of slots past a row's bank length may hold anything (they are never loaded)."""
+    B, Hq, T, D = q.shape
+    Hkv, M = k_bank.shape[1], k_bank.shape[2]
+    XW, HX, GX = _x_layout(Hq, Hkv)
+    uf = u.float()
+    alpha = torch.einsum("bhtd,hd->bht", q.float(), uf)                                 # u . q
+    ukb = torch.einsum("bkmd,kgd->bkgm", k_bank.float(), uf.view(Hkv, Hq // Hkv, D))   # u . k, per q head
+    ukb = (-2.0 * ukb).reshape(B, HX, GX, M).transpose(-1, -2)
+    a_hi, a_lo = _split(alpha, q.dtype)
+    b_hi, b_lo = _split(ukb, q.dtype)
+    kx = torch.stack((b_hi, b_lo, b_hi), dim=-1).reshape(B, HX, M, 3 * GX)
+    kx = torch.nn.functional.pad(kx, (0, XW - 3 * GX))
+    qa = torch.stack((a_hi, a_hi, a_lo), dim=-1)                                        # (B, Hq, T, 3)
+    qx = q.new_zeros((B, Hq, T, XW))
+    for g in range(GX):  # head h's three columns sit in slot h % GX
+        qx[:, g::GX, :, 3 * g:3 * g + 3] = qa[:, g::GX]
+    return qx, kx.contiguous(), XW, HX, GX
 
 
 def _buffer_dtype(x: torch.Tensor) -> torch.dtype:
@@ -289,13 +184,32 @@ def _common(q, k_bank, v_bank, normals, bank_lengths):
     return B, Hq, T, D, Hkv, M, Dv, acc, u, nrm, lens
 
 
-def _beta(k_bank, u, scale):
-    """``beta[b, h, j] = -2 scale u_h . k_{b, h // g, j}`` as (B, Hq, M) fp32 (one small GEMM)."""
-    B, Hkv, M, D = k_bank.shape
-    Hq = u.shape[0]
-    ug = u.float().view(Hkv, Hq // Hkv, D)
-    beta = torch.einsum("bkmd,kgd->bkgm", k_bank.float(), ug).reshape(B, Hq, M)
-    return (beta * (-2.0 * scale)).contiguous()
+def _config(which: str, q: torch.Tensor, D: int, Dv: int, eps: float, *tensors: torch.Tensor) -> Config:
+    cap = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" else None
+    aligned = all(t.data_ptr() % 16 == 0 for t in tensors)  # e.g. a view with an odd storage offset
+    cfg = launch_config(which, q.dtype, D, Dv, eps > 0.0, cap, interpret=_interpreting(), aligned=aligned)
+    last_configs[which] = cfg
+    return cfg
+
+
+def set_tma_allocator(device: torch.device) -> None:
+    """Point Triton's scratch allocator (device-side tensor descriptors) at torch's allocator on ``device``.
+
+    Set before every TMA launch: Triton keeps the allocator in a context variable, and autograd runs
+    the backward in another thread."""
+    def alloc(size: int, alignment: int, stream):
+        return torch.empty(size, dtype=torch.int8, device=device)
+
+    triton.set_allocator(alloc)
+
+
+def _launch_options(cfg: Config, interpret: bool, device: torch.device) -> dict:
+    if cfg.tma and not interpret:
+        set_tma_allocator(device)
+    opts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, TMA=cfg.tma, WS=cfg.ws)
+    if not interpret:
+        opts.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return opts
 
 
 def stair_readout_fwd_triton(q, k_bank, v_bank, normals, bank_lengths, eps, scale, a, b):
@@ -327,16 +241,37 @@ def stair_readout_fwd_triton(q, k_bank, v_bank, normals, bank_lengths, eps, scal
         vbar = vbar.contiguous()
     else:
         vbar = rows  # unused
-    kernel, fixed = _kernel("fwd")
-    grid = lambda meta: (triton.cdiv(T, meta["BLOCK_M"]), B * Hq)  # noqa: E731
-    kernel[grid](
-        q_, k_, v_, u, _beta(k_, u, scale), lens if lens is not None else u, vbar, out, rows, stats,
-        Hq, Hkv, T, M, D, Dv, Hq // Hkv,
-        float(scale), float(eps), float(a), float(b),
+    qx, kx, XW, HX, GX = _x_operands(q_, k_, u)
+    interp = _interpreting()
+    cfg = _config("fwd", q, D, Dv, eps, q_, k_, v_)
+    grid = (triton.cdiv(T, cfg.block_m), B * Hq)
+    _stair_fwd_kernel[grid](
+        q_, k_, v_, qx, kx, lens if lens is not None else u, vbar, out, rows, stats,
+        Hq, Hkv, HX, T, M, D, Dv, Hq // Hkv, GX,
+        float(scale) * LOG2E, float(eps), float(a), float(b),
         HAS_LEN=lens is not None, USE_T=use_t, IEEE=q.dtype == torch.float32,
-        UPCAST=q.device.type == "cpu" and q.dtype != torch.float32, D_PAD=d_pad, DV_PAD=dv_pad, **fixed,
+        UPCAST=q.device.type == "cpu" and q.dtype != torch.float32, D_PAD=d_pad, DV_PAD=dv_pad, XW=XW,
+        **_launch_options(cfg, interp, q.device),
     )
     return out.to(q.dtype), rows, stats
+
+
+def _row_stats(dout, rows, stats) -> tuple[torch.Tensor, int]:
+    """``(RS (5, B*Hq, T4) fp32, T4)``: per query row, in the exp2 domain ``lse_s``, ``lse_s + log Z``,
+    ``log Z``, then ``dO . O_R`` and ``dO . Y``; T4 = T rounded up to 4 (16-byte rows for TMA: the
+    kernel loads them as 1-D boxes, since a [BLOCK_M, 5] tile split in registers fails the
+    warp-specialisation pass)."""
+    B, Hq, T = stats.shape[:3]
+    t4 = -(-T // 4) * 4
+    rs = torch.zeros((5, B * Hq, t4), dtype=torch.float32, device=stats.device)
+    st = stats.float().reshape(B * Hq, T, 2) * LOG2E
+    rs[0, :, :T] = st[..., 0]
+    rs[1, :, :T] = st[..., 0] + st[..., 1]
+    rs[2, :, :T] = st[..., 1]
+    g = torch.einsum("bhtv,bhtkv->bhtk", dout.float(), rows.float()).reshape(B * Hq, T, 2)
+    rs[3, :, :T] = g[..., 0]
+    rs[4, :, :T] = g[..., 1]
+    return rs, t4
 
 
 def stair_readout_bwd_triton(dout, q, k_bank, v_bank, normals, bank_lengths, rows, stats, eps, scale, a, b):
@@ -349,19 +284,94 @@ def stair_readout_bwd_triton(dout, q, k_bank, v_bank, normals, bank_lengths, row
     d_pad, dv_pad = _pads(D, Dv)
     dq = torch.empty((B, Hq, T, D), dtype=_buffer_dtype(q), device=q.device)
     nqt = triton.cdiv(max(T, 1), _MIN_BLOCK_M)
-    du = torch.zeros((B * Hq * nqt, D), dtype=acc, device=q.device)
+    du = torch.zeros((B * Hq * nqt, D), dtype=acc, device=q.device)  # d normals' partial sums, per program
     if dq.numel() > 0:
-        kernel, fixed = _kernel("bwd")
-        grid = lambda meta: (triton.cdiv(T, meta["BLOCK_M"]), B * Hq)  # noqa: E731
-        kernel[grid](
-            dout.contiguous(), q.contiguous(), k_bank.contiguous(), v_bank.contiguous(), u, _beta(k_bank, u, scale),
-            lens if lens is not None else u, rows.contiguous(), stats.contiguous(), dq, du,
-            Hq, Hkv, T, M, D, Dv, Hq // Hkv, nqt,
-            float(scale), float(eps), float(a), float(b),
+        q_, k_, v_ = q.contiguous(), k_bank.contiguous(), v_bank.contiguous()
+        cfg = _config("bwd", q, D, Dv, eps, q_, k_, v_)
+        qx, kx, XW, HX, GX = _x_operands(q_, k_, u)
+        interp = _interpreting()
+        grid = (triton.cdiv(T, cfg.block_m), B * Hq)
+        rs, t4 = _row_stats(dout, rows, stats)
+        _stair_bwd_kernel[grid](
+            dout.contiguous(), q_, k_, v_, qx, kx, u,
+            lens if lens is not None else u, rs, dq, du,
+            Hq, Hkv, HX, T, t4, M, D, Dv, Hq // Hkv, GX, nqt, B * Hq,
+            float(scale), float(scale) * LOG2E, float(eps), float(a), float(b),
             HAS_LEN=lens is not None, USE_R=a != 0.0, USE_E=a != 0.0 and eps > 0.0,
             IEEE=q.dtype == torch.float32, UPCAST=q.device.type == "cpu" and q.dtype != torch.float32,
-            D_PAD=d_pad, DV_PAD=dv_pad, **fixed,
+            D_PAD=d_pad, DV_PAD=dv_pad, XW=XW, **_launch_options(cfg, interp, q.device),
         )
     dusum = du.view(B, Hq, nqt, D).sum(dim=(0, 2))
     dn = (dusum - u * (u * dusum).sum(-1, keepdim=True)) / nrm
     return dq.to(q.dtype), dn.to(normals.dtype)
+
+
+
+# ---- ahead-of-time structure check (bench/gpu_aot.py): every config above, as the JIT compiles it ----
+_TORCH_TO_SIG = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+_FWD_ARGS = ("Q", "K", "V", "QX", "KX", "LEN", "VBAR", "OUT", "ROWS", "STATS",
+             "Hq", "Hkv", "HX", "T", "M", "D", "DV", "GROUP", "GX", "qk_scale", "eps", "a", "b")
+_BWD_ARGS = ("DO", "Q", "K", "V", "QX", "KX", "U", "LEN", "RS", "DQ", "DU",
+             "Hq", "Hkv", "HX", "T", "T4", "M", "D", "DV", "GROUP", "GX", "NQT", "BHQ", "scale", "qk_scale", "eps", "a",
+             "b")
+_NO_SPECIALIZE = ("T", "M")
+
+
+def _spec(which: str, dtype: torch.dtype, D: int, Dv: int, eps: float, *, has_len: bool = False, a: float = 1.0,
+          B: int = 1, Hq: int = 32, Hkv: int = 8, T: int = 4096, M: int = 32768) -> AotSpec:
+    """The spec of one launch, with the signature the JIT gives it (the bench shape by default)."""
+    cfg = launch_config(which, dtype, D, Dv, eps > 0.0, (9, 0))
+    d_pad, dv_pad = _pads(D, Dv)
+    XW, HX, GX = _x_layout(Hq, Hkv)
+    dt = _TORCH_TO_SIG[dtype]
+    ints = dict(Hq=Hq, Hkv=Hkv, HX=HX, T=T, M=M, D=D, DV=Dv, GROUP=Hq // Hkv, GX=GX,
+                NQT=triton.cdiv(T, _MIN_BLOCK_M), T4=-(-T // 4) * 4, BHQ=B * Hq)
+    ptrs = dict(Q=dt, K=dt, V=dt, QX=dt, KX=dt, DO=dt, OUT=dt, DQ=dt, LEN="i32" if has_len else "fp32",
+                U="fp32", VBAR="fp32", ROWS="fp32", STATS="fp32", DU="fp32", RS="fp32")
+    constexprs = dict(HAS_LEN=has_len, IEEE=dtype == torch.float32, UPCAST=False, TMA=cfg.tma, WS=cfg.ws,
+                      D_PAD=d_pad, DV_PAD=dv_pad, XW=XW, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+    if which == "fwd":
+        args, fn = _FWD_ARGS, _stair_fwd_kernel
+        constexprs["USE_T"] = eps > 0.0
+    else:
+        args, fn = _BWD_ARGS, _stair_bwd_kernel
+        constexprs.update(USE_R=a != 0.0, USE_E=a != 0.0 and eps > 0.0)
+    sig, div16 = {}, []
+    for name in args:
+        if name in ptrs:
+            sig[name], _ = "*" + ptrs[name], div16.append(name)
+        elif name in ints:
+            val = ints[name]
+            if val == 1 and name not in _NO_SPECIALIZE:  # the JIT turns an int equal to 1 into a constant
+                sig[name], constexprs[name] = "constexpr", 1
+            else:
+                sig[name] = "i32"
+                if val % 16 == 0 and name not in _NO_SPECIALIZE:
+                    div16.append(name)
+        else:
+            sig[name] = "fp32"
+    sig.update({name: "constexpr" for name in constexprs if name not in sig})
+    sig = {name: sig[name] for name in fn.arg_names}  # the kernel's argument order (attrs go by index)
+    label = (f"{dt}-D{D}-Dv{Dv}-eps{eps:g}" + ("-len" if has_len else "") + ("" if a else "-a0")
+             + f"-{cfg.label}")
+    wgmma = dtype != torch.float32 and cfg.block_m >= 64
+    return AotSpec(kernel=f"stair_{which}", config=label, fn=fn, signature=sig, constexprs=constexprs,
+                   divisible_by_16=tuple(div16), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                   expect_wgmma=wgmma, expect_tma=cfg.tma, expect_warp_specialized=cfg.ws, global_scratch=cfg.tma)
+
+
+def aot_specs() -> list[AotSpec]:
+    """Every pinned config the op launches on an sm_90 GPU, at the bench shape (T 4096, M 32K, Hq 32,
+    Hkv 8) and, for the other configs, at head dims that select them (fp32; D 256; D 59, which TMA
+    cannot stride; D 64; a bank-length vector; mode "reference", whose backward has no reflection)."""
+    bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+    # (dtype, head dim, eps): D 128 / 64 / 256 select the TMA configs, D 100 / 250 (not 16-byte strides)
+    # the 16-bit pointer configs, fp32 its own
+    shapes = [(bf16, 128, 0.0), (bf16, 128, 0.1), (fp16, 128, 0.0), (fp16, 128, 0.1), (bf16, 64, 0.0),
+              (bf16, 256, 0.0), (bf16, 256, 0.1), (bf16, 100, 0.0), (bf16, 100, 0.1), (bf16, 250, 0.0),
+              (bf16, 250, 0.1), (fp32, 128, 0.0), (fp32, 128, 0.1), (fp32, 256, 0.0), (fp32, 256, 0.1)]
+    specs = [_spec("fwd", dt, d, d, e) for dt, d, e in shapes]
+    specs.append(_spec("fwd", bf16, 128, 128, 0.0, has_len=True, B=2))
+    specs += [_spec("bwd", dt, d, d, e) for dt, d, e in shapes if e > 0 or dt == bf16 and d == 128]
+    specs.append(_spec("bwd", bf16, 128, 128, 0.0, a=0.0))
+    return specs

@@ -3,13 +3,16 @@
 Backends: ``reference`` (treadle.reference.stair; materialises ``T x M``), ``cpp``
 (csrc/cpu/stair_readout.cpp: one pass over bank tiles with online-softmax accumulators for s,
 s + t and t, BLAS tile GEMMs, OpenMP over (batch, head, query tile)), ``triton``
-(triton_kernels/stair.py: the same algorithm for GPUs; CPU tensors under ``TRITON_INTERPRET=1``).
+(triton_kernels/stair.py: the same algorithm for GPUs, with the reflection logit as one extra
+16-wide MMA step on the ``Q K^T`` accumulator, TMA loads and Hopper warp specialisation on sm_90;
+CPU tensors under ``TRITON_INTERPRET=1``).
 
 Autograd (registered on the ``torch.library`` custom op, so ``torch.compile(fullgraph=True)``
 traces through it): gradients for ``q`` and ``normals``; the bank is detached by design. The
 forward saves q, the bank, the normals, two fp32 row vectors per query (``O_R`` and ``Y``) and two
-row statistics (``lse_s``, ``log Z``); the backward recomputes each bank tile and needs three GEMMs
-per tile (``S = Q K^T``, ``G = dO V^T``, ``dS K``). The derivation is in the header of
+row statistics (``lse_s``, ``log Z``); the backward recomputes each bank tile (``S = Q K^T``,
+``G = dO V^T``, then ``dS K``; the Triton kernel also accumulates ``dT K``, from which the epilogue
+forms the reflection's share of dq and d normals). The derivation is in the header of
 csrc/cpu/stair_readout.cpp and in :func:`stair_readout`'s docstring.
 """
 from __future__ import annotations
