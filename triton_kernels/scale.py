@@ -166,9 +166,9 @@ def gated_lora_bwd_triton(grad_y, x, lora_A, lora_B, z, v, scaling, L, U, tau, n
     )
     dx = dx.to(x.dtype)
     if need_dgate:
-        x2 = x.reshape(n, d_in)
-        dw = x2.t().float() @ dg if x.dtype != torch.float32 else x2.t() @ dg
-        db = dg.sum().reshape(1)
+        from treadle.triton_kernels.scale_fused import dw_from_dg
+
+        dw, db = dw_from_dg(x.reshape(n, d_in), dg)  # one streaming pass over x, no fp32 copy of it
     else:
         dw, db = x.new_zeros(d_in, dtype=torch.float32), x.new_zeros(1, dtype=torch.float32)
     return dx, dw, db
@@ -200,7 +200,7 @@ def aot_specs():
                    "bt_desc": desc((rp, cfg.BN) if lora else (cfg.BM, cfg.BK)),
                    "y_desc": desc((cfg.BM, ysplit)), "bias_ptr": "*bf16" if bias else "constexpr",
                    "gb_ptr": "*fp32" if lora else "*bf16", "z_ptr": "*bf16", "v_ptr": "*fp32" if lora else "*bf16",
-                   "scaling": fp, "L": fp, "U": fp, "inv_tau": fp, "M": i32, "N": i32, "K": i32,
+                   "scaling": fp, "L": fp, "U": fp, "inv_tau": fp, "gscale": fp, "M": i32, "N": i32, "K": i32,
                    "R": i32 if lora else "constexpr"}
             const = dict(BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, RP=rp if lora else 16, NT=cfg.NT, NUM_PROGS=132,
                          LORA=lora, HAS_BIAS=bias, EPI_SPLIT=cfg.epi_split, PERSISTENT=True, IEEE=False,
@@ -243,7 +243,8 @@ def aot_specs():
         specs.append(AotSpec(
             kernel="scale_pack", config="gate" if gate else "plain", fn=sg._pack_rows_kernel,
             signature={"src_ptr": "*bf16", "s_row": i32, "s_col": i32, "w_ptr": "*fp32" if gate else "*bf16",
-                       "out_ptr": "*bf16", "R": i32, "D": i32, "GATE": "constexpr", "BLOCK_D": "constexpr"},
+                       "out_ptr": "*bf16", "R": i32, "D": i32, "gscale": fp, "GATE": "constexpr",
+                       "BLOCK_D": "constexpr"},
             constexprs=dict(GATE=gate, BLOCK_D=256),
             divisible_by_16=("src_ptr", "s_row", "w_ptr", "out_ptr", "R", "D")))
 

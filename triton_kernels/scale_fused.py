@@ -52,36 +52,40 @@ DX_CONFIG = GemmConfig(BM=128, BN=256, BK=64, NT=8, num_warps=8, num_stages=3)
 # the CPU interpreter: small tiles, and several items and runs even on test-sized shapes
 INTERP_CONFIG = GemmConfig(BM=16, BN=32, BK=32, NT=2, num_warps=4, num_stages=1)
 MAX_RANK_PAD = 64
+GATE_ROWS = 3
+# the gate vector's pieces are scaled by this per level (about the mantissa width of x's dtype)
+GATE_SCALE = {torch.bfloat16: 256.0, torch.float16: 2048.0, torch.float32: 1.0}
 DW_BLOCK_M, DW_BLOCK_D = 32, 128
 
 
 def rank_pad(r: int, gate: bool) -> int:
-    """Padded rank ``RP``: a power of two >= 16 (``tl.dot``'s minimum) holding ``r`` (+ 2 gate rows)."""
-    return max(16, triton.next_power_of_2(r + (2 if gate else 0)))
+    """Padded rank ``RP``: a power of two >= 16 (``tl.dot``'s minimum) holding ``r`` (+ the gate rows)."""
+    return max(16, triton.next_power_of_2(r + (GATE_ROWS if gate else 0)))
 
 
 def _interp(t: torch.Tensor) -> bool:
     return t.device.type == "cpu"
 
 
-def _aligned(t: torch.Tensor) -> bool:
+def tma_aligned(t: torch.Tensor) -> bool:
+    """16-byte aligned base pointer and row strides (what a TMA descriptor over ``t`` needs)."""
     return t.data_ptr() % 16 == 0 and all((s * t.element_size()) % 16 == 0 for s in t.stride()[:-1])
 
 
 def applies(x: torch.Tensor, weight: torch.Tensor, r: int) -> bool:
     """Whether the fused path runs this call: 16-bit inputs on a GPU (any float on the CPU
     interpreter), rows whose byte length is a multiple of 16 for every TMA-read or -written tensor,
-    16-byte aligned base pointers, and ``r + 2 <= 64``."""
-    if x.dtype not in ((torch.float16, torch.bfloat16, torch.float32) if _interp(x) else
-                       (torch.float16, torch.bfloat16)):
+    16-byte aligned base pointers, and ``r + 3 <= 64`` (the rank and the gate's three rows)."""
+    if x.device.type not in ("cpu", "cuda") or x.dtype not in (
+            (torch.float16, torch.bfloat16, torch.float32) if _interp(x) else (torch.float16, torch.bfloat16)):
         return False
-    if r + 2 > MAX_RANK_PAD or x.dim() < 1 or x.numel() == 0:
+    if r + GATE_ROWS > MAX_RANK_PAD or x.dim() < 1 or x.numel() == 0:
         return False
     d_in, d_out = x.shape[-1], weight.shape[0]
     out_bytes = 4 if _interp(x) else x.element_size()
     return (d_in * x.element_size() % 16 == 0 and d_out * x.element_size() % 16 == 0
             and d_in * out_bytes % 16 == 0 and d_out * out_bytes % 16 == 0
-            and _aligned(x) and _aligned(weight))
+            and tma_aligned(x) and tma_aligned(weight))
 
 
 @functools.lru_cache(maxsize=None)
@@ -89,8 +93,11 @@ def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def _grid(t: torch.Tensor, n_items: int) -> tuple[bool, int]:
-    """(persistent, number of programs)."""
+def _grid(t: torch.Tensor, n_items: int, programs: int | None) -> tuple[bool, int]:
+    """(persistent, number of programs): on a GPU one program per SM looping over the items; under
+    the interpreter one program per item, or ``programs`` persistent ones when given (tests)."""
+    if programs is not None:
+        return True, max(1, min(n_items, programs))
     if _interp(t):
         return False, n_items
     return True, max(1, min(n_items, _num_sms(t.device.index or 0)))
@@ -105,7 +112,7 @@ def _pack(src: torch.Tensor, rows: int, rp: int, d: int, dtype: torch.dtype, w: 
     out = torch.empty((rp, d), dtype=dtype, device=src.device)
     block = 256
     _pack_rows_kernel[(rp, triton.cdiv(d, block))](
-        src, src.stride(0), src.stride(1), src if w is None else w, out, rows, d,
+        src, src.stride(0), src.stride(1), src if w is None else w, out, rows, d, GATE_SCALE[dtype],
         GATE=w is not None, BLOCK_D=block)
     return out
 
@@ -119,7 +126,7 @@ def _flags(x: torch.Tensor):
 
 
 def linear_fwd(x, weight, bias, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau, *, lora=True,
-               config: GemmConfig | None = None):
+               config: GemmConfig | None = None, programs: int | None = None):
     """``(y, z (N, r + 1), v (N,) fp32)`` for contiguous ``x (..., d_in)``, ``weight (d_out, d_in)``;
     with ``lora=False`` only ``y = x W^T (+ bias)`` (z and v are None)."""
     d_in = x.shape[-1]
@@ -147,10 +154,10 @@ def linear_fwd(x, weight, bias, lora_A, lora_B, gate_weight, gate_bias, scaling,
         gb = x
     runs = triton.cdiv(triton.cdiv(d_out, cfg.BN), cfg.NT)
     n_items = triton.cdiv(n, cfg.BM) * runs
-    persistent, progs = _grid(x, n_items)
+    persistent, progs = _grid(x, n_items, programs)
     gated_lora_gemm_fwd_kernel[(progs,)](
         x_desc, w_desc, a_desc, bt_desc, y_desc, bias, gb, x if z is None else z, x if v is None else v,
-        float(scaling), float(L), float(U), float(1.0 / tau),
+        float(scaling), float(L), float(U), float(1.0 / tau), GATE_SCALE[x.dtype],
         n, d_out, d_in, r,
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, RP=rp, NT=cfg.NT, NUM_PROGS=progs, LORA=lora, HAS_BIAS=bias is not None,
         EPI_SPLIT=cfg.epi_split, PERSISTENT=persistent, **_flags(x),
@@ -161,10 +168,11 @@ def linear_fwd(x, weight, bias, lora_A, lora_B, gate_weight, gate_bias, scaling,
     return y, z.to(x.dtype), v
 
 
-def base_linear(x, weight, bias=None, *, config: GemmConfig | None = None):
+def base_linear(x, weight, bias=None, *, config: GemmConfig | None = None, programs: int | None = None):
     """``x W^T (+ bias)`` by the fused kernel with the LoRA off (no autograd): the Triton GEMM the
     fused op stands on, for timing against ``F.linear`` (cuBLAS)."""
-    return linear_fwd(x, weight, bias, None, None, None, None, 1.0, -1.0, 2.0, 1.0, lora=False, config=config)
+    return linear_fwd(x, weight, bias, None, None, None, None, 1.0, -1.0, 2.0, 1.0, lora=False, config=config,
+                      programs=programs)
 
 
 def dw_from_dg(x2: torch.Tensor, dg: torch.Tensor):
@@ -185,7 +193,7 @@ def dw_from_dg(x2: torch.Tensor, dg: torch.Tensor):
 
 
 def linear_dx(grad_y, x, weight, lora_A, lora_B, z, v, scaling, L, U, tau, need_dgate, *,
-              config: GemmConfig | None = None):
+              config: GemmConfig | None = None, programs: int | None = None):
     """``(dx = dy W + (s p) A, dw (d_in,) fp32, db (1,) fp32)``; ``grad_y`` contiguous."""
     d_in = x.shape[-1]
     n = x.numel() // d_in
@@ -199,7 +207,7 @@ def linear_dx(grad_y, x, weight, lora_A, lora_B, z, v, scaling, L, U, tau, need_
     a_pack = _pack(lora_A, r, rp, d_in, x.dtype)
     runs = triton.cdiv(triton.cdiv(d_in, cfg.BN), cfg.NT)
     n_items = triton.cdiv(n, cfg.BM) * runs
-    persistent, progs = _grid(x, n_items)
+    persistent, progs = _grid(x, n_items, programs)
     gated_lora_gemm_dx_kernel[(progs,)](
         _desc(dy2, (cfg.BM, cfg.BK)), _desc(weight, (cfg.BK, cfg.BN)), _desc(bt_pack, (rp, cfg.BK)),
         _desc(a_pack, (rp, cfg.BN)), _desc(dx, (cfg.BM, cfg.BN // 2 if cfg.epi_split else cfg.BN)), z, v, dg,

@@ -5,9 +5,10 @@ Forward, ``y = x W^T (+ bias) + (s * u) B^T`` with ``u = x A^T``, ``s = scaling 
 ``BM`` tokens and a run of ``NT`` output tiles of ``BN`` columns; the program loops over items
 (persistent, ``NUM_PROGS`` programs). In the item's first output tile the K loop issues two dots on
 the same x tile in shared memory: ``acc += x_t W_t^T`` and ``xa += x_t A'_t^T`` where
-``A' = [A; w_hi; w_lo; 0]`` (``RP`` rows, a power of two): the LoRA shrink and the gate logit
-``x . w = xa[:, r] + xa[:, r + 1]`` (``w`` split into a high and a low half in x's dtype, so a float32
-gate keeps about 16 mantissa bits on a bf16 tensor core) come out of one pass over x, adding
+``A' = [A; w_hi; w_mid; w_lo; 0]`` (``RP`` rows, a power of two): the LoRA shrink and the gate
+logit ``x . w`` (``w`` split into three scaled pieces of x's dtype whose products with x are exact in
+the fp32 accumulator, so a float32 gate keeps float32 precision on a 16-bit tensor core; see
+:func:`_pack_rows_kernel`) come out of one pass over x, adding
 ``RP / BN`` of one tile's MMA work per item. ``v = tanh((x . w + b) / tau)``, ``lambda`` and
 ``us = s * u`` are then formed in registers and kept for the whole item; every tile's epilogue
 issues one more MMA, ``acc += us Bt_tile`` (``Bt = B^T`` padded to ``RP`` rows, K = ``RP``), adds the
@@ -49,8 +50,11 @@ def _mma(a, b, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
 
 @triton.jit
 def _tanh(x):
-    # tanh(x) = 2 sigmoid(2x) - 1; exact 0 at x = 0 (zero gates give lambda == 1 exactly)
-    return 2.0 / (1.0 + tl.exp(-2.0 * x)) - 1.0
+    # tanh(x) = sign(x) (1 - e) / (1 + e), e = exp(-2|x|) <= 1: no overflow; exact 0 at x = 0 (zero
+    # gates give lambda == 1 exactly)
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0.0, -t, t)
 
 
 @triton.jit
@@ -101,7 +105,7 @@ def _fwd_epilogue(y_desc, bt_desc, bias_ptr, acc, us, off_m, off_n, N,
 
 @triton.jit
 def _fwd_item(x_desc, w_desc, a_desc, bt_desc, y_desc, bias_ptr, gb_ptr, z_ptr, v_ptr,
-              scaling, L, U, inv_tau, M, N, K, R, pid_m, run, num_n,
+              scaling, L, U, inv_tau, gscale, M, N, K, R, pid_m, run, num_n,
               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, RP: tl.constexpr, NT: tl.constexpr,
               LORA: tl.constexpr, HAS_BIAS: tl.constexpr, EPI_SPLIT: tl.constexpr, PERSISTENT: tl.constexpr,
               IEEE: tl.constexpr, UPCAST: tl.constexpr):
@@ -121,7 +125,9 @@ def _fwd_item(x_desc, w_desc, a_desc, bt_desc, y_desc, bias_ptr, gb_ptr, z_ptr, 
     us = tl.zeros((BM, RP), dtype=x_desc.dtype)
     if LORA:
         cols = tl.arange(0, RP)
-        g = tl.sum(tl.where((cols == R) | (cols == R + 1), xa, 0.0), axis=1)   # x . (w_hi + w_lo)
+        # x . w = x . hi + (x . mid) / S + (x . lo) / S^2 (the pieces of w in rows R..R+2 of A')
+        gw = tl.where(cols == R, 1.0, tl.where(cols == R + 1, 1.0 / gscale, tl.where(cols == R + 2, 1.0 / (gscale * gscale), 0.0)))
+        g = tl.sum(xa * gw[None, :], axis=1)
         v = _tanh((g + tl.load(gb_ptr).to(tl.float32)) * inv_tau)
         s = scaling * _lam(v, L, U)
         usf = tl.where(cols[None, :] < R, xa * s[:, None], 0.0)
@@ -153,7 +159,7 @@ def _fwd_item(x_desc, w_desc, a_desc, bt_desc, y_desc, bias_ptr, gb_ptr, z_ptr, 
 @triton.jit
 def gated_lora_gemm_fwd_kernel(
     x_desc, w_desc, a_desc, bt_desc, y_desc, bias_ptr, gb_ptr, z_ptr, v_ptr,
-    scaling, L, U, inv_tau,
+    scaling, L, U, inv_tau, gscale,
     M, N, K, R,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, RP: tl.constexpr, NT: tl.constexpr,
     NUM_PROGS: tl.constexpr, LORA: tl.constexpr, HAS_BIAS: tl.constexpr, EPI_SPLIT: tl.constexpr,
@@ -167,12 +173,12 @@ def gated_lora_gemm_fwd_kernel(
         n_items = tl.cdiv(M, BM) * runs
         for item in tl.range(tl.program_id(0), n_items, NUM_PROGS):
             _fwd_item(x_desc, w_desc, a_desc, bt_desc, y_desc, bias_ptr, gb_ptr, z_ptr, v_ptr,
-                      scaling, L, U, inv_tau, M, N, K, R, item // runs, item % runs, num_n,
+                      scaling, L, U, inv_tau, gscale, M, N, K, R, item // runs, item % runs, num_n,
                       BM, BN, BK, RP, NT, LORA, HAS_BIAS, EPI_SPLIT, PERSISTENT, IEEE, UPCAST)
     else:
         item = tl.program_id(0)
         _fwd_item(x_desc, w_desc, a_desc, bt_desc, y_desc, bias_ptr, gb_ptr, z_ptr, v_ptr,
-                  scaling, L, U, inv_tau, M, N, K, R, item // runs, item % runs, num_n,
+                  scaling, L, U, inv_tau, gscale, M, N, K, R, item // runs, item % runs, num_n,
                   BM, BN, BK, RP, NT, LORA, HAS_BIAS, EPI_SPLIT, PERSISTENT, IEEE, UPCAST)
 
 
@@ -294,22 +300,25 @@ def _dw_partial_kernel(x_ptr, dg_ptr, part_ptr, M, D, ROWS_PER_SPLIT,
 
 # ---------------------------------------------------------------- operand packing
 @triton.jit
-def _pack_rows_kernel(src_ptr, s_row, s_col, w_ptr, out_ptr, R, D,
+def _pack_rows_kernel(src_ptr, s_row, s_col, w_ptr, out_ptr, R, D, gscale,
                       GATE: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Row ``i`` of ``out (RP, D)``: ``src[i, :]`` for ``i < R``; with ``GATE`` the gate vector's high
-    half (``w`` rounded to ``out``'s dtype) at ``i = R`` and the remainder ``w - high`` at ``R + 1``;
-    zero below. One launch builds ``A' = [A; w_hi; w_lo; 0]`` or ``Bt = B^T`` padded (``src`` strided)."""
+    """Row ``i`` of ``out (RP, D)``: ``src[i, :]`` for ``i < R``; with ``GATE`` the gate vector in three
+    pieces of ``out``'s dtype at rows ``R, R + 1, R + 2``: ``hi = w`` rounded, ``mid = (w - hi) S``
+    rounded, ``lo = ((w - hi) S - mid) S`` rounded, ``S = gscale`` (2^8 for bf16, 2^11 for fp16: the
+    pieces stay normal numbers), so ``w = hi + mid / S + lo / S^2`` to about float32 precision; zero
+    below. One launch builds ``A' = [A; w pieces; 0]`` or ``Bt = B^T`` padded (``src`` strided)."""
     i = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
     odt = out_ptr.dtype.element_ty
     row = tl.zeros((BLOCK_D,), dtype=tl.int32) + i     # the row index as a vector (masks stay vectors)
     src = tl.load(src_ptr + i * s_row + cols.to(tl.int64) * s_col, mask=cmask & (row < R), other=0.0)
-    src = src.to(tl.float32)
-    val = src.to(odt)
+    val = src.to(tl.float32).to(odt)
     if GATE:
-        w = tl.load(w_ptr + cols, mask=cmask & (row >= R) & (row <= R + 1), other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=cmask & (row >= R) & (row <= R + 2), other=0.0).to(tl.float32)
         hi = w.to(odt)
-        lo = (w - hi.to(tl.float32)).to(odt)
-        val = tl.where(row == R, hi, tl.where(row == R + 1, lo, val))
+        r1 = (w - hi.to(tl.float32)) * gscale
+        mid = r1.to(odt)
+        lo = ((r1 - mid.to(tl.float32)) * gscale).to(odt)
+        val = tl.where(row == R, hi, tl.where(row == R + 1, mid, tl.where(row == R + 2, lo, val)))
     tl.store(out_ptr + i * D + cols, val, mask=cmask)
