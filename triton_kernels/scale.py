@@ -191,33 +191,32 @@ def aot_specs():
     def desc(shape, dt="bf16"):
         return f"tensordesc<{dt}[{shape[0]}, {shape[1]}]>"
 
-    for name, cfg in (("fwd", sf.FWD_CONFIG),):
-        for lora, bias in ((True, False), (True, True), (False, False)):
-            rp = sf.rank_pad(16, gate=True)
-            ysplit = cfg.BN // 2 if cfg.epi_split else cfg.BN
-            sig = {"x_desc": desc((cfg.BM, cfg.BK)), "w_desc": desc((cfg.BN, cfg.BK)),
-                   "a_desc": desc((rp, cfg.BK) if lora else (cfg.BM, cfg.BK)),
-                   "bt_desc": desc((rp, cfg.BN) if lora else (cfg.BM, cfg.BK)),
-                   "y_desc": desc((cfg.BM, ysplit)), "bias_ptr": "*bf16" if bias else "constexpr",
-                   "gb_ptr": "*fp32" if lora else "*bf16", "z_ptr": "*bf16", "v_ptr": "*fp32" if lora else "*bf16",
-                   "scaling": fp, "L": fp, "U": fp, "inv_tau": fp, "gscale": fp, "M": i32, "N": i32, "K": i32,
-                   "R": i32 if lora else "constexpr"}
-            const = dict(BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, RP=rp if lora else 16, NT=cfg.NT, NUM_PROGS=132,
-                         LORA=lora, HAS_BIAS=bias, EPI_SPLIT=cfg.epi_split, PERSISTENT=True, IEEE=False,
-                         UPCAST=False)
-            if not bias:
-                const["bias_ptr"] = None
-            if not lora:
-                const["R"] = 0
-            sig.update({k: "constexpr" for k in const if k not in sig})
-            label = cfg.label + ("" if lora else "-loraoff") + ("-bias" if bias else "")
-            specs.append(AotSpec(
-                kernel="scale_gemm_fwd" if lora else "scale_base_gemm", config=label,
-                fn=sg.gated_lora_gemm_fwd_kernel, signature=sig, constexprs=const,
-                divisible_by_16=tuple(k for k in ("bias_ptr", "gb_ptr", "z_ptr", "v_ptr", "M", "N", "K", "R")
-                                      if sig[k] != "constexpr"),
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                expect_wgmma=True, expect_tma=True, expect_warp_specialized=False))
+    fwd_cases = [(sf.FWD_CONFIG, lora, bias) for lora, bias in ((True, False), (True, True), (False, False))]
+    fwd_cases += [(alt, lora, False) for alt in sf.ALT_CONFIGS for lora in (True, False)]
+    for cfg, lora, bias in fwd_cases:
+        rp = sf.rank_pad(16, gate=True)
+        ysplit = cfg.BN // 2 if cfg.epi_split else cfg.BN
+        sig = {"x_desc": desc((cfg.BM, cfg.BK)), "w_desc": desc((cfg.BN, cfg.BK)),
+               "a_desc": desc((rp, cfg.BK) if lora else (cfg.BM, cfg.BK)),
+               "bt_desc": desc((rp, cfg.BN) if lora else (cfg.BM, cfg.BK)),
+               "y_desc": desc((cfg.BM, ysplit)), "bias_ptr": "*bf16" if bias else "constexpr",
+               "gb_ptr": "*fp32" if lora else "*bf16", "z_ptr": "*bf16", "v_ptr": "*fp32" if lora else "*bf16",
+               "scaling": fp, "L": fp, "U": fp, "inv_tau": fp, "gscale": fp, "M": i32, "N": i32, "K": i32,
+               "R": i32}
+        const = dict(BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, RP=rp if lora else 16, NT=cfg.NT, NUM_PROGS=132,
+                     LORA=lora, HAS_BIAS=bias, EPI_SPLIT=cfg.epi_split, PERSISTENT=True, IEEE=False,
+                     UPCAST=False)
+        if not bias:
+            const["bias_ptr"] = None
+        sig.update({k: "constexpr" for k in const if k not in sig})
+        label = cfg.label + ("" if lora else "-loraoff") + ("-bias" if bias else "")
+        specs.append(AotSpec(
+            kernel="scale_gemm_fwd" if lora else "scale_base_gemm", config=label,
+            fn=sg.gated_lora_gemm_fwd_kernel, signature=sig, constexprs=const,
+            divisible_by_16=tuple(k for k in ("bias_ptr", "gb_ptr", "z_ptr", "v_ptr", "M", "N", "K", "R")
+                                  if sig[k] != "constexpr"),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            expect_wgmma=True, expect_tma=True, expect_warp_specialized=False))
 
     cfg = sf.DX_CONFIG
     rp = sf.rank_pad(16, gate=False)
