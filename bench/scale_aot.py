@@ -6,7 +6,8 @@ Each :class:`triton_kernels.aot.AotSpec` of ``triton_kernels/scale.py`` is compi
 ``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`` (no GPU, no driver; pin the GPU
 image's Triton, 3.6); registers, spill bytes and the C75xx warnings come from the ptxas log,
 shared memory from the kernel's metadata, wgmma / TMA from the PTX, warp specialisation from the
-TTGIR. Exits 1 when a kernel spills, serialises wgmma (C7511/C7515), needs more than 232,448 B of
+TTGIR. Exits 1 when a kernel spills, serialises wgmma (C7511, C7512, C7515: any ptxas "wgmma ...
+serialized" warning), needs more than 232,448 B of
 shared memory, or lacks what its spec expects. (The project-wide check is ``bench/gpu_aot.py``.)
 """
 from __future__ import annotations
@@ -64,7 +65,8 @@ def check(spec) -> dict:
     problems = []
     if row["spill_bytes"]:
         problems.append("spills")
-    if set(row["warnings"]) & {"C7511", "C7515"}:
+    serialised = set(re.findall(r"\((C75\d\d)\)[^\n]*serialized", log))
+    if serialised | (set(row["warnings"]) & {"C7511", "C7515"}):
         problems.append("wgmma serialised")
     if row["shared_bytes"] > SMEM_LIMIT:
         problems.append("shared memory over the limit")

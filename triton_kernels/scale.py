@@ -204,8 +204,8 @@ def aot_specs():
                "scaling": fp, "L": fp, "U": fp, "inv_tau": fp, "gscale": fp, "M": i32, "N": i32, "K": i32,
                "R": i32}
         const = dict(BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, RP=rp if lora else 16, NT=cfg.NT, NUM_PROGS=132,
-                     LORA=lora, HAS_BIAS=bias, EPI_SPLIT=cfg.epi_split, PERSISTENT=True, IEEE=False,
-                     UPCAST=False)
+                     LORA=lora, HAS_BIAS=bias, EPI_SPLIT=cfg.epi_split, PERSISTENT=True, FLAT=cfg.flat,
+                     IEEE=False, UPCAST=False)
         if not bias:
             const["bias_ptr"] = None
         sig.update({k: "constexpr" for k in const if k not in sig})
@@ -218,19 +218,8 @@ def aot_specs():
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             expect_wgmma=True, expect_tma=True, expect_warp_specialized=False))
 
-    cfg = sf.DX_CONFIG
-    rp = sf.rank_pad(16, gate=False)
-    sig = {"dy_desc": desc((cfg.BM, cfg.BK)), "w_desc": desc((cfg.BK, cfg.BN)), "bt_desc": desc((rp, cfg.BK)),
-           "ap_desc": desc((rp, cfg.BN)), "dx_desc": desc((cfg.BM, cfg.BN // 2 if cfg.epi_split else cfg.BN)),
-           "z_ptr": "*bf16", "v_ptr": "*fp32", "dg_ptr": "*fp32",
-           "scaling": fp, "L": fp, "U": fp, "inv_tau": fp, "M": i32, "N": i32, "K": i32, "R": i32}
-    const = dict(BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, RP=rp, NT=cfg.NT, NUM_PROGS=132, LORA=True,
-                 EPI_SPLIT=cfg.epi_split, PERSISTENT=True, IEEE=False, UPCAST=False)
-    sig.update({k: "constexpr" for k in const})
-    specs.append(AotSpec(
-        kernel="scale_gemm_dx", config=cfg.label, fn=sg.gated_lora_gemm_dx_kernel, signature=sig, constexprs=const,
-        divisible_by_16=("z_ptr", "v_ptr", "dg_ptr", "M", "N", "K", "R"),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, expect_wgmma=True, expect_tma=True))
+    for cfg in (sf.DX_CONFIG,) + tuple(c for c in sf.ALT_CONFIGS if c.flat):
+        specs.append(_dx_spec(cfg, AotSpec, sf, sg, desc))
 
     specs.append(AotSpec(
         kernel="scale_dw", config=f"BM{sf.DW_BLOCK_M}-BD{sf.DW_BLOCK_D}", fn=sg._dw_partial_kernel,
@@ -270,3 +259,21 @@ def aot_specs():
         signature=sig, constexprs=dict(blocks, NEED_DX=True), divisible_by_16=ptrs + ("N", "D_IN", "D_OUT", "R"),
         num_warps=4, num_stages=3, expect_wgmma=False))
     return specs
+
+
+def _dx_spec(cfg, AotSpec, sf, sg, desc):
+    """The backward dx GEMM at ``cfg`` (bf16, r 16)."""
+    fp, i32 = "fp32", "i32"
+    rp = sf.rank_pad(16, gate=False)
+    sig = {"dy_desc": desc((cfg.BM, cfg.BK)), "w_desc": desc((cfg.BK, cfg.BN)), "bt_desc": desc((rp, cfg.BK)),
+           "ap_desc": desc((rp, cfg.BN)), "dx_desc": desc((cfg.BM, cfg.BN // 2 if cfg.epi_split else cfg.BN)),
+           "z_ptr": "*bf16", "v_ptr": "*fp32", "dg_ptr": "*fp32",
+           "scaling": fp, "L": fp, "U": fp, "inv_tau": fp, "M": i32, "N": i32, "K": i32, "R": i32}
+    const = dict(BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, RP=rp, NT=cfg.NT, NUM_PROGS=132, LORA=True,
+                 EPI_SPLIT=cfg.epi_split, PERSISTENT=True, FLAT=cfg.flat, IEEE=False, UPCAST=False)
+    sig.update({k: "constexpr" for k in const})
+    return AotSpec(
+        kernel="scale_gemm_dx", config=cfg.label, fn=sg.gated_lora_gemm_dx_kernel, signature=sig, constexprs=const,
+        divisible_by_16=("z_ptr", "v_ptr", "dg_ptr", "M", "N", "K", "R"),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, expect_wgmma=True, expect_tma=True)
+

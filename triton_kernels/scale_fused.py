@@ -39,11 +39,15 @@ class GemmConfig:
     num_stages: int
     epi_split: bool = True
     """Store each output tile in two halves (half the epilogue's shared memory)."""
+    flat: bool = False
+    """Run an item's later tiles as one flattened (tile, k) loop with the epilogue inside, so the
+    next tile's loads overlap this tile's epilogue (at 128 x 256 ptxas then serialises wgmma for
+    registers, C7512; at 128 x 128 it compiles clean)."""
 
     @property
     def label(self) -> str:
         return (f"BM{self.BM}-BN{self.BN}-BK{self.BK}-NT{self.NT}-w{self.num_warps}-s{self.num_stages}"
-                + ("-split" if self.epi_split else ""))
+                + ("-split" if self.epi_split else "") + ("-flat" if self.flat else ""))
 
 
 # sm_90 (H100/H200) configs for 16-bit inputs, pinned by the AOT check (see triton_kernels/scale.py).
@@ -55,7 +59,10 @@ class GemmConfig:
 # but keeps ~66 MB of x in flight (re-reads from HBM). ALT_CONFIGS are compiled by the AOT check too.
 FWD_CONFIG = GemmConfig(BM=128, BN=256, BK=64, NT=4, num_warps=8, num_stages=3)
 DX_CONFIG = GemmConfig(BM=128, BN=256, BK=64, NT=4, num_warps=8, num_stages=3)
-ALT_CONFIGS = (dataclasses.replace(FWD_CONFIG, NT=8), dataclasses.replace(FWD_CONFIG, NT=16))
+# Alternatives for timing on a device (pass ``config=``), clean under the same check: more tiles per
+# item, and 128 x 128 tiles with the flattened loop (epilogue overlapped, 4 stages).
+ALT_CONFIGS = (dataclasses.replace(FWD_CONFIG, NT=8), dataclasses.replace(FWD_CONFIG, NT=16),
+               GemmConfig(BM=128, BN=128, BK=64, NT=8, num_warps=8, num_stages=4, flat=True))
 # the CPU interpreter: small tiles, and several items and runs even on test-sized shapes
 INTERP_CONFIG = GemmConfig(BM=16, BN=32, BK=32, NT=2, num_warps=4, num_stages=1)
 MAX_RANK_PAD = 64
@@ -167,7 +174,7 @@ def linear_fwd(x, weight, bias, lora_A, lora_B, gate_weight, gate_bias, scaling,
         float(scaling), float(L), float(U), float(1.0 / tau), GATE_SCALE[x.dtype],
         n, d_out, d_in, r,
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, RP=rp, NT=cfg.NT, NUM_PROGS=progs, LORA=lora, HAS_BIAS=bias is not None,
-        EPI_SPLIT=cfg.epi_split, PERSISTENT=persistent, **_flags(x),
+        EPI_SPLIT=cfg.epi_split, PERSISTENT=persistent, FLAT=cfg.flat, **_flags(x),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     y = y.reshape(*x.shape[:-1], d_out).to(x.dtype)
     if not lora:
@@ -221,7 +228,7 @@ def linear_dx(grad_y, x, weight, lora_A, lora_B, z, v, scaling, L, U, tau, need_
         float(scaling), float(L), float(U), float(1.0 / tau),
         n, d_in, d_out, r,
         BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, RP=rp, NT=cfg.NT, NUM_PROGS=progs, LORA=True,
-        EPI_SPLIT=cfg.epi_split, PERSISTENT=persistent, **_flags(x),
+        EPI_SPLIT=cfg.epi_split, PERSISTENT=persistent, FLAT=cfg.flat, **_flags(x),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     dx = dx.reshape(x.shape).to(x.dtype)
     if need_dgate:

@@ -108,7 +108,7 @@ def _fwd_item(x_desc, w_desc, a_desc, bt_desc, y_desc, bias_ptr, gb_ptr, z_ptr, 
               scaling, L, U, inv_tau, gscale, M, N, K, R, pid_m, run, num_n,
               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, RP: tl.constexpr, NT: tl.constexpr,
               LORA: tl.constexpr, HAS_BIAS: tl.constexpr, EPI_SPLIT: tl.constexpr, PERSISTENT: tl.constexpr,
-              IEEE: tl.constexpr, UPCAST: tl.constexpr):
+              FLAT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
     off_m = pid_m * BM
     n_begin = run * NT
     # first tile: the base K loop and (with the LoRA) the shrink on the same x tile
@@ -144,7 +144,23 @@ def _fwd_item(x_desc, w_desc, a_desc, bt_desc, y_desc, bias_ptr, gb_ptr, z_ptr, 
             tl.store(v_ptr + rows, v, mask=rmask)
     _fwd_epilogue(y_desc, bt_desc, bias_ptr, acc, us, off_m, off_n, N, BN, LORA, HAS_BIAS, EPI_SPLIT, IEEE, UPCAST)
     # the rest of the run: base K loop + epilogue with the same us
-    if PERSISTENT:
+    if PERSISTENT and FLAT:
+        # one flattened loop over (tile, k) of the later tiles, the epilogue under ``k == last``: the
+        # software pipeline keeps loading the next tile's operands while this tile's epilogue runs
+        k_tiles = tl.cdiv(K, BK)
+        n_rest = tl.minimum(n_begin + NT, num_n) - n_begin - 1
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for it in range(0, n_rest * k_tiles):
+            kt = it % k_tiles
+            off_n = (n_begin + 1 + it // k_tiles) * BN
+            xt = x_desc.load([off_m, kt * BK])
+            wt = w_desc.load([off_n, kt * BK])
+            acc = _mma(xt, wt.T, acc, IEEE, UPCAST)
+            if kt == k_tiles - 1:
+                _fwd_epilogue(y_desc, bt_desc, bias_ptr, acc, us, off_m, off_n, N, BN, LORA, HAS_BIAS, EPI_SPLIT,
+                              IEEE, UPCAST)
+                acc = tl.zeros((BM, BN), dtype=tl.float32)
+    elif PERSISTENT:
         n_end = tl.minimum(n_begin + NT, num_n)
         for nt in range(n_begin + 1, n_end):
             _fwd_tile(x_desc, w_desc, y_desc, bt_desc, bias_ptr, us, off_m, nt * BN, N, K,
@@ -163,7 +179,7 @@ def gated_lora_gemm_fwd_kernel(
     M, N, K, R,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, RP: tl.constexpr, NT: tl.constexpr,
     NUM_PROGS: tl.constexpr, LORA: tl.constexpr, HAS_BIAS: tl.constexpr, EPI_SPLIT: tl.constexpr,
-    PERSISTENT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    PERSISTENT: tl.constexpr, FLAT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """``y = x W^T (+ bias) (+ (s u) B^T)``; see the module docstring. Items are numbered row block
     major (``item = pid_m * runs + run``), so programs running at once share x row blocks in L2."""
@@ -174,12 +190,12 @@ def gated_lora_gemm_fwd_kernel(
         for item in tl.range(tl.program_id(0), n_items, NUM_PROGS):
             _fwd_item(x_desc, w_desc, a_desc, bt_desc, y_desc, bias_ptr, gb_ptr, z_ptr, v_ptr,
                       scaling, L, U, inv_tau, gscale, M, N, K, R, item // runs, item % runs, num_n,
-                      BM, BN, BK, RP, NT, LORA, HAS_BIAS, EPI_SPLIT, PERSISTENT, IEEE, UPCAST)
+                      BM, BN, BK, RP, NT, LORA, HAS_BIAS, EPI_SPLIT, PERSISTENT, FLAT, IEEE, UPCAST)
     else:
         item = tl.program_id(0)
         _fwd_item(x_desc, w_desc, a_desc, bt_desc, y_desc, bias_ptr, gb_ptr, z_ptr, v_ptr,
                   scaling, L, U, inv_tau, gscale, M, N, K, R, item // runs, item % runs, num_n,
-                  BM, BN, BK, RP, NT, LORA, HAS_BIAS, EPI_SPLIT, PERSISTENT, IEEE, UPCAST)
+                  BM, BN, BK, RP, NT, LORA, HAS_BIAS, EPI_SPLIT, PERSISTENT, FLAT, IEEE, UPCAST)
 
 
 # ---------------------------------------------------------------- backward (dx)
@@ -208,7 +224,7 @@ def _dx_epilogue(dx_desc, ap_desc, acc, q, off_m, off_n, BN: tl.constexpr, LORA:
 def _dx_item(dy_desc, w_desc, bt_desc, ap_desc, dx_desc, z_ptr, v_ptr, dg_ptr,
              scaling, L, U, inv_tau, M, N, K, R, pid_m, run, num_n,
              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, RP: tl.constexpr, NT: tl.constexpr,
-             LORA: tl.constexpr, EPI_SPLIT: tl.constexpr, PERSISTENT: tl.constexpr,
+             LORA: tl.constexpr, EPI_SPLIT: tl.constexpr, PERSISTENT: tl.constexpr, FLAT: tl.constexpr,
              IEEE: tl.constexpr, UPCAST: tl.constexpr):
     off_m = pid_m * BM
     n_begin = run * NT
@@ -240,7 +256,21 @@ def _dx_item(dy_desc, w_desc, bt_desc, ap_desc, dx_desc, z_ptr, v_ptr, dg_ptr,
             dg = scaling * tl.sum(p * u, axis=1) * slope * (1.0 - v * v) * inv_tau
             tl.store(dg_ptr + rows, dg, mask=rmask)
     _dx_epilogue(dx_desc, ap_desc, acc, q, off_m, off_n, BN, LORA, EPI_SPLIT, IEEE, UPCAST)
-    if PERSISTENT:
+    if PERSISTENT and FLAT:
+        # flattened as in the forward (the next tile's loads overlap this tile's epilogue)
+        k_tiles = tl.cdiv(K, BK)
+        n_rest = tl.minimum(n_begin + NT, num_n) - n_begin - 1
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for it in range(0, n_rest * k_tiles):
+            kt = it % k_tiles
+            off_n = (n_begin + 1 + it // k_tiles) * BN
+            dyt = dy_desc.load([off_m, kt * BK])
+            wt = w_desc.load([kt * BK, off_n])
+            acc = _mma(dyt, wt, acc, IEEE, UPCAST)
+            if kt == k_tiles - 1:
+                _dx_epilogue(dx_desc, ap_desc, acc, q, off_m, off_n, BN, LORA, EPI_SPLIT, IEEE, UPCAST)
+                acc = tl.zeros((BM, BN), dtype=tl.float32)
+    elif PERSISTENT:
         n_end = tl.minimum(n_begin + NT, num_n)
         for nt in range(n_begin + 1, n_end):
             _dx_tile(dy_desc, w_desc, dx_desc, ap_desc, q, off_m, nt * BN, K, BM, BN, BK, LORA, EPI_SPLIT,
@@ -259,7 +289,7 @@ def gated_lora_gemm_dx_kernel(
     M, N, K, R,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, RP: tl.constexpr, NT: tl.constexpr,
     NUM_PROGS: tl.constexpr, LORA: tl.constexpr, EPI_SPLIT: tl.constexpr, PERSISTENT: tl.constexpr,
-    IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    FLAT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """``dx = dy W (+ (s p) A)`` and ``dg``; ``N`` = d_in (dx's columns), ``K`` = d_out."""
     num_n = tl.cdiv(N, BN)
@@ -269,12 +299,12 @@ def gated_lora_gemm_dx_kernel(
         for item in tl.range(tl.program_id(0), n_items, NUM_PROGS):
             _dx_item(dy_desc, w_desc, bt_desc, ap_desc, dx_desc, z_ptr, v_ptr, dg_ptr,
                      scaling, L, U, inv_tau, M, N, K, R, item // runs, item % runs, num_n,
-                     BM, BN, BK, RP, NT, LORA, EPI_SPLIT, PERSISTENT, IEEE, UPCAST)
+                     BM, BN, BK, RP, NT, LORA, EPI_SPLIT, PERSISTENT, FLAT, IEEE, UPCAST)
     else:
         item = tl.program_id(0)
         _dx_item(dy_desc, w_desc, bt_desc, ap_desc, dx_desc, z_ptr, v_ptr, dg_ptr,
                  scaling, L, U, inv_tau, M, N, K, R, item // runs, item % runs, num_n,
-                 BM, BN, BK, RP, NT, LORA, EPI_SPLIT, PERSISTENT, IEEE, UPCAST)
+                 BM, BN, BK, RP, NT, LORA, EPI_SPLIT, PERSISTENT, FLAT, IEEE, UPCAST)
 
 
 # ---------------------------------------------------------------- dw = x^T dg

@@ -3,6 +3,7 @@ against the float64 reference: outputs and gradients, shapes that leave partial 
 work items per row block, the persistent loop, the LoRA-off base GEMM, and the fallback."""
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import pytest
@@ -88,20 +89,23 @@ def test_fused_float32_gate_on_bfloat16_keeps_the_gate_precise():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_persistent_loop_equals_one_program_per_item(dtype):
     """The GPU's persistent loop (a few programs striding over the work items, each running its run
-    of output tiles to the end) gives exactly what one program per item gives."""
+    of output tiles to the end, also as one flattened (tile, k) loop) gives exactly what one program
+    per item gives."""
     x, W, A, B, w, b, bias, dy = _inputs((45,), 72, 168, 7)
     args = [t.to(dtype) for t in (x, W, bias, A, B)] + [w.float(), b.float()]
     xs, Ws, bs, As, Bs, ws, bbs = args
+    flat = dataclasses.replace(sf.INTERP_CONFIG, flat=True)
     one = sf.linear_fwd(xs, Ws, bs, As, Bs, ws, bbs, *GATE.values())
-    for programs in (1, 3, 7):
-        many = sf.linear_fwd(xs, Ws, bs, As, Bs, ws, bbs, *GATE.values(), programs=programs)
+    for programs, cfg in ((1, None), (3, None), (7, None), (3, flat), (5, flat)):
+        many = sf.linear_fwd(xs, Ws, bs, As, Bs, ws, bbs, *GATE.values(), programs=programs, config=cfg)
         for a, c in zip(one, many):
             assert torch.equal(a, c)
     y, z, v = one
     d1 = sf.linear_dx(dy.to(dtype), xs, Ws, As, Bs, z, v, *GATE.values(), True)
-    d3 = sf.linear_dx(dy.to(dtype), xs, Ws, As, Bs, z, v, *GATE.values(), True, programs=3)
-    for a, c in zip(d1, d3):
-        assert torch.equal(a, c)
+    for cfg in (None, flat):
+        d3 = sf.linear_dx(dy.to(dtype), xs, Ws, As, Bs, z, v, *GATE.values(), True, programs=3, config=cfg)
+        for a, c in zip(d1, d3):
+            assert torch.equal(a, c)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
