@@ -17,23 +17,26 @@ read by the shrink only where the base GEMM reads it anyway. With ``LORA`` off t
 the plain base GEMM (the yardstick against cuBLAS).
 
 Backward, ``dx = dy W + (s * p) A`` with ``p = dy B``: the same structure over ``dy`` (K = d_out):
-the first tile of an item also accumulates ``p = dy Bt^T`` on the same dy tile; ``dg = scaling (p . u) lambda'(v) (1 - v^2) / tau`` and ``q = s * p`` come from the
-saved ``u`` and ``v`` in registers; every epilogue adds ``q Ap_tile`` (``Ap = A`` padded to ``RP``
-rows). ``dw = x^T dg`` is one streaming reduction over x (:func:`_dw_partial_kernel`), summed over a
-few row splits in a fixed order (deterministic).
+the first tile of an item also accumulates ``p = dy Bt^T`` on the same dy tile;
+``dg = scaling (p . u) lambda'(v) (1 - v^2) / tau`` and ``q = s * p`` come from the saved ``u`` and
+``v`` in registers; every epilogue adds ``q Ap_tile`` (``Ap = A`` padded to ``RP`` rows).
+``dw = x^T dg`` is one streaming reduction over x (:func:`_dw_partial_kernel`), summed over a few
+row splits in a fixed order (deterministic).
 
 The first item of each row block (``run == 0``) also writes ``z = [u | x . w]`` and ``v`` (forward)
 or ``dg`` (backward) for its tokens.
 
-Two launch modes of the same maths: ``PERSISTENT`` (the GPU: ``NUM_PROGS`` programs loop over the
-items) and one program per item (Triton's CPU interpreter, whose 3.6 release cannot bound a loop by
-``tl.program_id``; there the n-tile loop runs ``NT`` times with a guard instead of to the run's end).
+Launch modes of the same maths: ``PERSISTENT`` (the GPU: ``NUM_PROGS`` programs loop over the
+items; with ``FLAT`` an item's later tiles run as one flattened (tile, k) loop with the epilogue
+under ``k == last``, so their loads overlap the previous epilogue) and one program per item (Triton's
+CPU interpreter, where persistence buys nothing; the n-tile loop runs ``NT`` times with a guard).
+The sm_90a structure of each pinned config (registers, spills, shared memory, wgmma, TMA) is checked
+on a CPU by ``aot_specs`` in triton_kernels/scale.py.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
-
 
 
 @triton.jit
