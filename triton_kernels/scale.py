@@ -227,14 +227,18 @@ def aot_specs():
                    "ROWS_PER_SPLIT": i32, "BLOCK_M": "constexpr", "BLOCK_D": "constexpr"},
         constexprs=dict(BLOCK_M=sf.DW_BLOCK_M, BLOCK_D=sf.DW_BLOCK_D),
         divisible_by_16=("x_ptr", "dg_ptr", "part_ptr", "M", "D", "ROWS_PER_SPLIT")))
-    for gate in (True, False):
+    # the three packing launches: A' = [A; w pieces] (row stride d_in, column stride 1: the JIT makes
+    # a stride of 1 a constant), B^T from B (row stride 1, column stride r) and A alone (backward)
+    for label, gate, strides in (("A-gate", True, {"s_col": 1}), ("Bt", False, {"s_row": 1}),
+                                 ("A", False, {"s_col": 1})):
+        sig = {"src_ptr": "*bf16", "s_row": i32, "s_col": i32, "w_ptr": "*fp32" if gate else "*bf16",
+               "out_ptr": "*bf16", "R": i32, "D": i32, "gscale": fp, "GATE": "constexpr", "BLOCK_D": "constexpr"}
+        sig.update({k: "constexpr" for k in strides})
         specs.append(AotSpec(
-            kernel="scale_pack", config="gate" if gate else "plain", fn=sg._pack_rows_kernel,
-            signature={"src_ptr": "*bf16", "s_row": i32, "s_col": i32, "w_ptr": "*fp32" if gate else "*bf16",
-                       "out_ptr": "*bf16", "R": i32, "D": i32, "gscale": fp, "GATE": "constexpr",
-                       "BLOCK_D": "constexpr"},
-            constexprs=dict(GATE=gate, BLOCK_D=256),
-            divisible_by_16=("src_ptr", "s_row", "w_ptr", "out_ptr", "R", "D")))
+            kernel="scale_pack", config=label, fn=sg._pack_rows_kernel, signature=sig,
+            constexprs=dict(strides, GATE=gate, BLOCK_D=256),
+            divisible_by_16=tuple(k for k in ("src_ptr", "s_row", "s_col", "w_ptr", "out_ptr", "R", "D")
+                                  if sig[k] != "constexpr")))
 
     bm, bk, bn, br = _blocks(16)
     common = {"scaling": fp, "L": fp, "U": fp, "inv_tau": fp, "N": i32, "D_IN": i32, "D_OUT": i32, "R": i32,
