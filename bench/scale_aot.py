@@ -63,6 +63,8 @@ def check(spec) -> dict:
                wgmma_ops=len(re.findall(r"wgmma.mma_async", ptx)),
                tma_ops=len(re.findall(r"cp.async.bulk.tensor", ptx)))
     problems = []
+    if row["registers"] is None:
+        problems.append("no ptxas log (a cached compile: use an empty TRITON_CACHE_DIR)")
     if row["spill_bytes"]:
         problems.append("spills")
     serialised = set(re.findall(r"\((C75\d\d)\)[^\n]*serialized", log))

@@ -177,7 +177,8 @@ def gated_lora_bwd_triton(grad_y, x, lora_A, lora_B, z, v, scaling, L, U, tau, n
 # ---------------------------------------------------------------- sm_90a structure check
 def aot_specs():
     """Every config the gated-LoRA op launches on a GPU, as the JIT would specialise it at the
-    benchmark shape (d_in = d_out = 4096, r = 16, 16,384 tokens, bf16): the fused GEMMs of
+    benchmark shape (d_in = d_out = 4096, r = 16, 16,384 tokens, bf16; the fused GEMMs' shape
+    arguments are not specialised, so one compile serves every shape): the fused GEMMs of
     :mod:`treadle.triton_kernels.scale_fused` (forward with and without the LoRA and the bias,
     backward dx), their operand packing and ``dw`` kernels, and the unfused kernels above (the path
     for ``gated_lora`` on a given ``base_out`` and for shapes TMA cannot take)."""
@@ -191,35 +192,43 @@ def aot_specs():
     def desc(shape, dt="bf16"):
         return f"tensordesc<{dt}[{shape[0]}, {shape[1]}]>"
 
-    fwd_cases = [(sf.FWD_CONFIG, lora, bias) for lora, bias in ((True, False), (True, True), (False, False))]
-    fwd_cases += [(alt, lora, False) for alt in sf.ALT_CONFIGS for lora in (True, False)]
-    for cfg, lora, bias in fwd_cases:
-        rp = sf.rank_pad(16, gate=True)
+    fwd_cases = [(sf.FWD_CONFIG, lora, bias, "bf16", 16) for lora, bias in ((True, False), (True, True), (False, False))]
+    fwd_cases += [(sf.FWD_CONFIG, True, False, "fp16", 16)]
+    fwd_cases += [(sf.FWD_CONFIG, True, True, "bf16", r) for r in sf.RANK_CHECKS]
+    fwd_cases += [(alt, lora, False, "bf16", 16) for alt in sf.ALT_CONFIGS for lora in (True, False)]
+    for cfg, lora, bias, dt, rank in fwd_cases:
+        rp = sf.rank_pad(rank, gate=True)
         ysplit = cfg.BN // 2 if cfg.epi_split else cfg.BN
-        sig = {"x_desc": desc((cfg.BM, cfg.BK)), "w_desc": desc((cfg.BN, cfg.BK)),
-               "a_desc": desc((rp, cfg.BK) if lora else (cfg.BM, cfg.BK)),
-               "bt_desc": desc((rp, cfg.BN) if lora else (cfg.BM, cfg.BK)),
-               "y_desc": desc((cfg.BM, ysplit)), "bias_ptr": "*bf16" if bias else "constexpr",
-               "gb_ptr": "*fp32" if lora else "*bf16", "z_ptr": "*bf16", "v_ptr": "*fp32" if lora else "*bf16",
+        sig = {"x_desc": desc((cfg.BM, cfg.BK), dt), "w_desc": desc((cfg.BN, cfg.BK), dt),
+               "a_desc": desc((rp, cfg.BK) if lora else (cfg.BM, cfg.BK), dt),
+               "bt_desc": desc((rp, cfg.BN) if lora else (cfg.BM, cfg.BK), dt),
+               "y_desc": desc((cfg.BM, ysplit), dt), "bias_ptr": f"*{dt}" if bias else "constexpr",
+               "gb_ptr": "*fp32" if lora else f"*{dt}", "z_ptr": f"*{dt}", "v_ptr": "*fp32" if lora else f"*{dt}",
                "scaling": fp, "L": fp, "U": fp, "inv_tau": fp, "gscale": fp, "M": i32, "N": i32, "K": i32,
-               "R": i32}
-        const = dict(BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, RP=rp if lora else 16, NT=cfg.NT, NUM_PROGS=132,
+               "R": i32, "num_progs": i32}
+        const = dict(BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, RP=rp if lora else 16, NT=cfg.NT,
                      LORA=lora, HAS_BIAS=bias, EPI_SPLIT=cfg.epi_split, PERSISTENT=True, FLAT=cfg.flat,
                      IEEE=False, UPCAST=False)
         if not bias:
             const["bias_ptr"] = None
         sig.update({k: "constexpr" for k in const if k not in sig})
-        label = cfg.label + ("" if lora else "-loraoff") + ("-bias" if bias else "")
+        label = (cfg.label + ("" if lora else "-loraoff") + ("-bias" if bias else "") + ("" if dt == "bf16" else f"-{dt}")
+                 + ("" if rp == sf.rank_pad(16, gate=True) else f"-RP{rp}"))
         specs.append(AotSpec(
             kernel="scale_gemm_fwd" if lora else "scale_base_gemm", config=label,
             fn=sg.gated_lora_gemm_fwd_kernel, signature=sig, constexprs=const,
-            divisible_by_16=tuple(k for k in ("bias_ptr", "gb_ptr", "z_ptr", "v_ptr", "M", "N", "K", "R")
-                                  if sig[k] != "constexpr"),
+            divisible_by_16=tuple(k for k in ("bias_ptr", "gb_ptr", "z_ptr", "v_ptr") if sig[k] != "constexpr"),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             expect_wgmma=True, expect_tma=True, expect_warp_specialized=False))
 
-    for cfg in (sf.DX_CONFIG,) + tuple(c for c in sf.ALT_CONFIGS if c.flat):
-        specs.append(_dx_spec(cfg, AotSpec, sf, sg, desc))
+    dx_cases = [(sf.DX_CONFIG, "bf16", 16), (sf.DX_CONFIG, "fp16", 16)]
+    dx_cases += [(sf.DX_CONFIG, "bf16", r) for r in sf.RANK_CHECKS] + [(c, "bf16", 16) for c in sf.ALT_CONFIGS if c.flat]
+    for cfg, dt, rank in dx_cases:
+        specs.append(_dx_spec(cfg, dt, rank, AotSpec, sf, sg, desc))
+    unique = {}
+    for spec in specs:  # ranks that pad alike compile alike: keep one of each
+        unique.setdefault((spec.kernel, spec.config), spec)
+    specs = list(unique.values())
 
     specs.append(AotSpec(
         kernel="scale_dw", config=f"BM{sf.DW_BLOCK_M}-BD{sf.DW_BLOCK_D}", fn=sg._dw_partial_kernel,
@@ -265,19 +274,20 @@ def aot_specs():
     return specs
 
 
-def _dx_spec(cfg, AotSpec, sf, sg, desc):
-    """The backward dx GEMM at ``cfg`` (bf16, r 16)."""
+def _dx_spec(cfg, dt, rank, AotSpec, sf, sg, desc):
+    """The backward dx GEMM at ``cfg`` (``dt`` inputs, rank ``rank``)."""
     fp, i32 = "fp32", "i32"
-    rp = sf.rank_pad(16, gate=False)
-    sig = {"dy_desc": desc((cfg.BM, cfg.BK)), "w_desc": desc((cfg.BK, cfg.BN)), "bt_desc": desc((rp, cfg.BK)),
-           "ap_desc": desc((rp, cfg.BN)), "dx_desc": desc((cfg.BM, cfg.BN // 2 if cfg.epi_split else cfg.BN)),
-           "z_ptr": "*bf16", "v_ptr": "*fp32", "dg_ptr": "*fp32",
-           "scaling": fp, "L": fp, "U": fp, "inv_tau": fp, "M": i32, "N": i32, "K": i32, "R": i32}
-    const = dict(BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, RP=rp, NT=cfg.NT, NUM_PROGS=132, LORA=True,
+    rp = sf.rank_pad(rank, gate=False)
+    sig = {"dy_desc": desc((cfg.BM, cfg.BK), dt), "w_desc": desc((cfg.BK, cfg.BN), dt),
+           "bt_desc": desc((rp, cfg.BK), dt), "ap_desc": desc((rp, cfg.BN), dt),
+           "dx_desc": desc((cfg.BM, cfg.BN // 2 if cfg.epi_split else cfg.BN), dt), "z_ptr": f"*{dt}", "v_ptr": "*fp32", "dg_ptr": "*fp32",
+           "scaling": fp, "L": fp, "U": fp, "inv_tau": fp, "M": i32, "N": i32, "K": i32, "R": i32,
+           "num_progs": i32}
+    const = dict(BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, RP=rp, NT=cfg.NT, LORA=True,
                  EPI_SPLIT=cfg.epi_split, PERSISTENT=True, FLAT=cfg.flat, IEEE=False, UPCAST=False)
     sig.update({k: "constexpr" for k in const})
     return AotSpec(
-        kernel="scale_gemm_dx", config=cfg.label, fn=sg.gated_lora_gemm_dx_kernel, signature=sig, constexprs=const,
-        divisible_by_16=("z_ptr", "v_ptr", "dg_ptr", "M", "N", "K", "R"),
+        kernel="scale_gemm_dx", config=cfg.label + ("" if dt == "bf16" else f"-{dt}") + ("" if rp == sf.rank_pad(16, gate=False) else f"-RP{rp}"), fn=sg.gated_lora_gemm_dx_kernel, signature=sig, constexprs=const,
+        divisible_by_16=("z_ptr", "v_ptr", "dg_ptr"),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, expect_wgmma=True, expect_tma=True)
 

@@ -3,7 +3,7 @@
 Forward, ``y = x W^T (+ bias) + (s * u) B^T`` with ``u = x A^T``, ``s = scaling * lambda(x . w + b)``
 (maths: treadle/ops/gated_lora.py, spec: treadle/reference/scale.py). A work item is a row block of
 ``BM`` tokens and a run of ``NT`` output tiles of ``BN`` columns; the program loops over items
-(persistent, ``NUM_PROGS`` programs). In the item's first output tile the K loop issues two dots on
+(persistent, ``num_progs`` programs). In the item's first output tile the K loop issues two dots on
 the same x tile in shared memory: ``acc += x_t W_t^T`` and ``xa += x_t A'_t^T`` where
 ``A' = [A; w_hi; w_mid; w_lo; 0]`` (``RP`` rows, a power of two): the LoRA shrink and the gate
 logit ``x . w`` (``w`` split into three scaled pieces of x's dtype whose products with x are exact in
@@ -26,7 +26,7 @@ row splits in a fixed order (deterministic).
 The first item of each row block (``run == 0``) also writes ``z = [u | x . w]`` and ``v`` (forward)
 or ``dg`` (backward) for its tokens.
 
-Launch modes of the same maths: ``PERSISTENT`` (the GPU: ``NUM_PROGS`` programs loop over the
+Launch modes of the same maths: ``PERSISTENT`` (the GPU: ``num_progs`` programs loop over the
 items; with ``FLAT`` an item's later tiles run as one flattened (tile, k) loop with the epilogue
 under ``k == last``, so their loads overlap the previous epilogue) and one program per item (Triton's
 CPU interpreter, where persistence buys nothing; the n-tile loop runs ``NT`` times with a guard).
@@ -37,6 +37,11 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+
+# shape arguments stay plain ints in the JIT's signature (no divisibility or ``== 1`` specialisation):
+# TMA handles the bounds, and one compiled kernel serves every shape of a dtype and config
+SHAPE_ARGS = ["M", "N", "K", "R", "num_progs"]
 
 
 @triton.jit
@@ -175,13 +180,13 @@ def _fwd_item(x_desc, w_desc, a_desc, bt_desc, y_desc, bias_ptr, gb_ptr, z_ptr, 
                           BM, BN, BK, LORA, HAS_BIAS, EPI_SPLIT, IEEE, UPCAST)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SHAPE_ARGS)
 def gated_lora_gemm_fwd_kernel(
     x_desc, w_desc, a_desc, bt_desc, y_desc, bias_ptr, gb_ptr, z_ptr, v_ptr,
     scaling, L, U, inv_tau, gscale,
-    M, N, K, R,
+    M, N, K, R, num_progs,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, RP: tl.constexpr, NT: tl.constexpr,
-    NUM_PROGS: tl.constexpr, LORA: tl.constexpr, HAS_BIAS: tl.constexpr, EPI_SPLIT: tl.constexpr,
+    LORA: tl.constexpr, HAS_BIAS: tl.constexpr, EPI_SPLIT: tl.constexpr,
     PERSISTENT: tl.constexpr, FLAT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """``y = x W^T (+ bias) (+ (s u) B^T)``; see the module docstring. Items are numbered row block
@@ -190,7 +195,7 @@ def gated_lora_gemm_fwd_kernel(
     runs = tl.cdiv(num_n, NT)
     if PERSISTENT:
         n_items = tl.cdiv(M, BM) * runs
-        for item in tl.range(tl.program_id(0), n_items, NUM_PROGS):
+        for item in tl.range(tl.program_id(0), n_items, num_progs):
             _fwd_item(x_desc, w_desc, a_desc, bt_desc, y_desc, bias_ptr, gb_ptr, z_ptr, v_ptr,
                       scaling, L, U, inv_tau, gscale, M, N, K, R, item // runs, item % runs, num_n,
                       BM, BN, BK, RP, NT, LORA, HAS_BIAS, EPI_SPLIT, PERSISTENT, FLAT, IEEE, UPCAST)
@@ -285,13 +290,13 @@ def _dx_item(dy_desc, w_desc, bt_desc, ap_desc, dx_desc, z_ptr, v_ptr, dg_ptr,
                          EPI_SPLIT, IEEE, UPCAST)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SHAPE_ARGS)
 def gated_lora_gemm_dx_kernel(
     dy_desc, w_desc, bt_desc, ap_desc, dx_desc, z_ptr, v_ptr, dg_ptr,
     scaling, L, U, inv_tau,
-    M, N, K, R,
+    M, N, K, R, num_progs,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, RP: tl.constexpr, NT: tl.constexpr,
-    NUM_PROGS: tl.constexpr, LORA: tl.constexpr, EPI_SPLIT: tl.constexpr, PERSISTENT: tl.constexpr,
+    LORA: tl.constexpr, EPI_SPLIT: tl.constexpr, PERSISTENT: tl.constexpr,
     FLAT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """``dx = dy W (+ (s p) A)`` and ``dg``; ``N`` = d_in (dx's columns), ``K`` = d_out."""
@@ -299,7 +304,7 @@ def gated_lora_gemm_dx_kernel(
     runs = tl.cdiv(num_n, NT)
     if PERSISTENT:
         n_items = tl.cdiv(M, BM) * runs
-        for item in tl.range(tl.program_id(0), n_items, NUM_PROGS):
+        for item in tl.range(tl.program_id(0), n_items, num_progs):
             _dx_item(dy_desc, w_desc, bt_desc, ap_desc, dx_desc, z_ptr, v_ptr, dg_ptr,
                      scaling, L, U, inv_tau, M, N, K, R, item // runs, item % runs, num_n,
                      BM, BN, BK, RP, NT, LORA, EPI_SPLIT, PERSISTENT, FLAT, IEEE, UPCAST)

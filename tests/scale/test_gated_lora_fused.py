@@ -57,7 +57,7 @@ SHAPES = [  # (lead, d_in, d_out, r): aligned rows, partial tiles, several runs 
     ((2, 25), 64, 136, 16),    # r + 3 > 16: padded rank 32
     ((3,), 8, 8, 1),           # everything smaller than a tile
     ((19,), 96, 40, 30),       # padded rank 32, K over several tiles
-    ((5,), 48, 24, 61),        # the largest rank the fused path takes (padded rank 64)
+    ((5,), 48, 24, 32),        # the largest rank the fused path takes (padded rank 64 forward)
 ]
 
 
@@ -161,10 +161,12 @@ def test_gate_only_gradient_and_frozen_weights():
     assert all(t.grad is None for t in (Wf, biasf, Af, Bf))
 
 
-def test_unaligned_rows_fall_back_and_match():
-    """d_in = 59 cannot be a TMA row: the op runs the base GEMM and the unfused kernels instead."""
-    x, W, A, B, w, b, bias, dy = _inputs((11,), 59, 40, 4)
-    assert not sf.applies(x.float(), W.float(), 4)
+@pytest.mark.parametrize("d_in,r", [(59, 4), (64, 33)])
+def test_what_the_fused_gemm_cannot_take_falls_back_and_matches(d_in, r):
+    """d_in = 59 cannot be a TMA row, r = 33 is over the fused path's rank: the op runs the base GEMM
+    and the unfused kernels instead."""
+    x, W, A, B, w, b, bias, dy = _inputs((11,), d_in, 40, r)
+    assert not sf.applies(x.float(), W.float(), r)
     got = _run(gated_lora_linear, torch.float32, x, W, A, B, w, b, bias, dy)
     ref = _run(None, torch.float64, x, W, A, B, w, b, bias, dy)
     for name, k, e in zip(("y", "dx", "d gate"), got, ref):
@@ -193,7 +195,9 @@ def test_torch_compile_runs_the_fused_path():
 
 def test_aot_specs_cover_the_pinned_configs():
     """Every config the fused op launches on a GPU is in ``aot_specs`` (the sm_90a structure check),
-    with the signature the JIT gives it: ints that are multiples of 16 marked divisible."""
+    with the signature the JIT gives it: the fused GEMMs' shape arguments are never specialised (one
+    compile, and so one AOT result, for every shape), so they are not marked divisible."""
+    from treadle.triton_kernels import scale_gemm as sg
     from treadle.triton_kernels.scale import aot_specs
 
     specs = aot_specs()
@@ -207,5 +211,9 @@ def test_aot_specs_cover_the_pinned_configs():
         assert set(s.constexprs) <= set(names) and set(s.divisible_by_16) <= set(names)
         assert all(s.signature[k] == "constexpr" for k in s.constexprs), s.kernel
         if s.kernel.startswith("scale_gemm") or s.kernel == "scale_base_gemm":
+            unspecialised = set(sg.SHAPE_ARGS)
+            assert {"M", "N", "K", "R"} <= unspecialised
+            assert not unspecialised & set(s.divisible_by_16), s.kernel
+            assert all(s.signature[k] == "i32" for k in unspecialised), s.kernel
             assert s.expect_wgmma and s.expect_tma
             assert s.constexprs["PERSISTENT"] and not s.constexprs["UPCAST"]

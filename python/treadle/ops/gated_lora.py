@@ -197,7 +197,7 @@ _gated_lora_fwd.register_autograd(_backward, setup_context=_setup_context)
 # ---------------------------------------------------------------- variant with the base linear fused in
 def _fused_applies(x: torch.Tensor, weight: torch.Tensor, r: int, grad_y: torch.Tensor | None = None) -> bool:
     """Whether the Triton backend runs this call as one fused GEMM (16-bit x on a GPU, any float x
-    under the CPU interpreter; TMA-aligned rows and pointers; ``r <= 61``); otherwise it runs the
+    under the CPU interpreter; TMA-aligned rows and pointers; ``r <= 32``); otherwise it runs the
     base GEMM with torch and then the unfused kernels."""
     from treadle.triton_kernels import scale_fused
 
@@ -496,7 +496,7 @@ def gated_lora_linear(
     ``triton`` backend runs the whole forward as one persistent GEMM with the shrink on the base GEMM's
     x tiles and the gated expand in each output tile's epilogue (no ``base_out`` read or written
     twice), and the backward's ``dx`` the same way; it needs 16-bit x on a GPU, rows whose byte
-    length is a multiple of 16 and ``r <= 61``, and otherwise (and on the ``reference`` backend)
+    length is a multiple of 16 and ``r <= 32``, and otherwise (and on the ``reference`` backend)
     runs the base GEMM with torch and then the unfused op.
 
     Args:
