@@ -3,7 +3,7 @@ entropy peak memory, chunked from hidden states vs full logits. One run, side by
 
     treadle bench --ops scale           (or: pytest bench/bench_scale.py --benchmark-enable)
 
-Gated LoRA cases (issue 6): d_in = d_out = 2048 and 4096, r = 16, 4,096 tokens, fp32 on CPU (bf16 on
+Gated LoRA cases: d_in = d_out = 2048 and 4096, r = 16, 4,096 tokens, fp32 on CPU (bf16 on
 CUDA with TREADLE_BENCH_DEVICE=cuda), forward and forward+backward (dx and the gate's grads; W, A, B
 frozen). Implementations:
 
@@ -22,7 +22,7 @@ frozen). Implementations:
 The three run interleaved, round by round, so load from other processes hits them alike. Reported
 per case: median wall time, on CPU also median process CPU time (all threads; steadier on a shared
 machine), ``added`` = (impl - base) / base, and for the PEFT composition ``added_ratio`` = its added
-time / treadle's added time (issue 6 targets on CPU: treadle's forward added <= 15%, and
+time / treadle's added time (targets on CPU: treadle's forward added <= 15%, and
 added_ratio >= 2 for forward and forward+backward).
 
 Top-k entropy memory (vocab 151,936, k = 100, forward+backward, fp32, hidden size 64: the logits'
