@@ -3,7 +3,7 @@ entropy peak memory, chunked from hidden states vs full logits. One run, side by
 
     treadle bench --ops scale           (or: pytest bench/bench_scale.py --benchmark-enable)
 
-Gated LoRA cases (issue 6): d_in = d_out = 2048 and 4096, r = 16, 4,096 tokens, fp32 on CPU (bf16 on
+Gated LoRA cases: d_in = d_out = 2048 and 4096, r = 16, 4,096 tokens, fp32 on CPU (bf16 on
 CUDA with TREADLE_BENCH_DEVICE=cuda), forward and forward+backward (dx and the gate's grads; W, A, B
 frozen). Implementations:
 
@@ -12,6 +12,9 @@ frozen). Implementations:
   per-token lambda, expand added into the base output).
 * ``treadle_gated_lora_linear``: ``treadle.ops.gated_lora_linear``, the base GEMM fused in (expand and
   the LoRA part of dx added in place into the base GEMM's outputs); what ``treadle.scale`` uses.
+* ``triton_base_gemm`` (CUDA, forward only): ``treadle.ops.gated_lora.triton_base_linear``, the
+  persistent Triton GEMM that ``gated_lora_linear`` fuses the LoRA into, with the LoRA off: its gap
+  to ``base_linear`` (cuBLAS) is what the fused op pays before the LoRA.
 * ``peft_lora+gate``: what a user writes without treadle: PEFT's LoRA Linear pieces
   (``base_layer(x)``, ``lora_B(lora_A(dropout(x))) * scaling``) and an ``nn.Linear(d_in, 1)`` gate on
   ``x.detach()``, combined as ``base + lambda * delta``.
@@ -19,7 +22,7 @@ frozen). Implementations:
 The three run interleaved, round by round, so load from other processes hits them alike. Reported
 per case: median wall time, on CPU also median process CPU time (all threads; steadier on a shared
 machine), ``added`` = (impl - base) / base, and for the PEFT composition ``added_ratio`` = its added
-time / treadle's added time (issue 6 targets on CPU: treadle's forward added <= 15%, and
+time / treadle's added time (targets on CPU: treadle's forward added <= 15%, and
 added_ratio >= 2 for forward and forward+backward).
 
 Top-k entropy memory (vocab 151,936, k = 100, forward+backward, fp32, hidden size 64: the logits'
@@ -83,6 +86,13 @@ def _make(impl: str, d: int, backward: bool):
     if impl == "base_linear":
         def fwd():
             return layer.base_layer(x)
+    elif impl == "triton_base_gemm":
+        from treadle.ops.gated_lora import triton_base_linear
+
+        weight = layer.base_layer.weight
+
+        def fwd():
+            return triton_base_linear(x.detach(), weight, layer.base_layer.bias)
     elif impl == "treadle_gated_lora":
         def fwd():
             return gated_lora(x, layer.base_layer(x), A, B, w, b, scaling=scaling, backend=OPS_BACKEND, **GATE)
@@ -131,7 +141,8 @@ def test_gated_lora(benchmark, peer_table, case):
     """The three implementations of one case, interleaved round by round (so that load from other
     processes hits them alike); medians of wall time and, on CPU, of process CPU time (all threads)."""
     d, mode = case
-    runs = {impl: _make(impl, d, mode == "fwd+bwd") for impl in IMPLS}
+    impls = IMPLS + (["triton_base_gemm"] if DEVICE == "cuda" and mode == "fwd" else [])
+    runs = {impl: _make(impl, d, mode == "fwd+bwd") for impl in impls}
     if getattr(benchmark, "disabled", False):
         for run in runs.values():  # smoke run only
             run()
@@ -154,7 +165,7 @@ def test_gated_lora(benchmark, peer_table, case):
     key = f"{DEVICE} {str(DTYPE).removeprefix('torch.')} d={d} N={TOKENS} r={RANK} {mode}"
     wm = {k: _median(v) for k, v in wall.items()}
     cm = {k: _median(v) for k, v in cpu.items()}
-    for impl in IMPLS:
+    for impl in impls:
         extra = {}
         if DEVICE == "cpu":
             extra["cpu_ms"] = f"{cm[impl] * 1e3:.1f}"

@@ -166,9 +166,128 @@ def gated_lora_bwd_triton(grad_y, x, lora_A, lora_B, z, v, scaling, L, U, tau, n
     )
     dx = dx.to(x.dtype)
     if need_dgate:
-        x2 = x.reshape(n, d_in)
-        dw = x2.t().float() @ dg if x.dtype != torch.float32 else x2.t() @ dg
-        db = dg.sum().reshape(1)
+        from treadle.triton_kernels.scale_fused import dw_from_dg
+
+        dw, db = dw_from_dg(x.reshape(n, d_in), dg)  # one streaming pass over x, no fp32 copy of it
     else:
         dw, db = x.new_zeros(d_in, dtype=torch.float32), x.new_zeros(1, dtype=torch.float32)
     return dx, dw, db
+
+
+# ---------------------------------------------------------------- sm_90a structure check
+def aot_specs():
+    """Every config the gated-LoRA op launches on a GPU, as the JIT would specialise it at the
+    benchmark shape (d_in = d_out = 4096, r = 16, 16,384 tokens, bf16; the fused GEMMs' shape
+    arguments are not specialised, so one compile serves every shape): the fused GEMMs of
+    :mod:`treadle.triton_kernels.scale_fused` (forward with and without the LoRA and the bias,
+    backward dx), their operand packing and ``dw`` kernels, and the unfused kernels above (the path
+    for ``gated_lora`` on a given ``base_out`` and for shapes TMA cannot take)."""
+    from treadle.triton_kernels.aot import AotSpec
+    from treadle.triton_kernels import scale_fused as sf
+    from treadle.triton_kernels import scale_gemm as sg
+
+    specs = []
+    fp, i32 = "fp32", "i32"
+
+    def desc(shape, dt="bf16"):
+        return f"tensordesc<{dt}[{shape[0]}, {shape[1]}]>"
+
+    fwd_cases = [(sf.FWD_CONFIG, lora, bias, "bf16", 16) for lora, bias in ((True, False), (True, True), (False, False))]
+    fwd_cases += [(sf.FWD_CONFIG, True, False, "fp16", 16)]
+    fwd_cases += [(sf.FWD_CONFIG, True, True, "bf16", r) for r in sf.RANK_CHECKS]
+    fwd_cases += [(alt, lora, False, "bf16", 16) for alt in sf.ALT_CONFIGS for lora in (True, False)]
+    for cfg, lora, bias, dt, rank in fwd_cases:
+        rp = sf.rank_pad(rank, gate=True)
+        ysplit = cfg.BN // 2 if cfg.epi_split else cfg.BN
+        sig = {"x_desc": desc((cfg.BM, cfg.BK), dt), "w_desc": desc((cfg.BN, cfg.BK), dt),
+               "a_desc": desc((rp, cfg.BK) if lora else (cfg.BM, cfg.BK), dt),
+               "bt_desc": desc((rp, cfg.BN) if lora else (cfg.BM, cfg.BK), dt),
+               "y_desc": desc((cfg.BM, ysplit), dt), "bias_ptr": f"*{dt}" if bias else "constexpr",
+               "gb_ptr": "*fp32" if lora else f"*{dt}", "z_ptr": f"*{dt}", "v_ptr": "*fp32" if lora else f"*{dt}",
+               "scaling": fp, "L": fp, "U": fp, "inv_tau": fp, "gscale": fp, "M": i32, "N": i32, "K": i32,
+               "R": i32, "num_progs": i32}
+        const = dict(BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, RP=rp if lora else 16, NT=cfg.NT,
+                     LORA=lora, HAS_BIAS=bias, EPI_SPLIT=cfg.epi_split, PERSISTENT=True, FLAT=cfg.flat,
+                     IEEE=False, UPCAST=False)
+        if not bias:
+            const["bias_ptr"] = None
+        sig.update({k: "constexpr" for k in const if k not in sig})
+        label = (cfg.label + ("" if lora else "-loraoff") + ("-bias" if bias else "") + ("" if dt == "bf16" else f"-{dt}")
+                 + ("" if rp == sf.rank_pad(16, gate=True) else f"-RP{rp}"))
+        specs.append(AotSpec(
+            kernel="scale_gemm_fwd" if lora else "scale_base_gemm", config=label,
+            fn=sg.gated_lora_gemm_fwd_kernel, signature=sig, constexprs=const,
+            divisible_by_16=tuple(k for k in ("bias_ptr", "gb_ptr", "z_ptr", "v_ptr") if sig[k] != "constexpr"),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            expect_wgmma=True, expect_tma=True, expect_warp_specialized=False))
+
+    dx_cases = [(sf.DX_CONFIG, "bf16", 16), (sf.DX_CONFIG, "fp16", 16)]
+    dx_cases += [(sf.DX_CONFIG, "bf16", r) for r in sf.RANK_CHECKS] + [(c, "bf16", 16) for c in sf.ALT_CONFIGS if c.flat]
+    for cfg, dt, rank in dx_cases:
+        specs.append(_dx_spec(cfg, dt, rank, AotSpec, sf, sg, desc))
+    unique = {}
+    for spec in specs:  # ranks that pad alike compile alike: keep one of each
+        unique.setdefault((spec.kernel, spec.config), spec)
+    specs = list(unique.values())
+
+    specs.append(AotSpec(
+        kernel="scale_dw", config=f"BM{sf.DW_BLOCK_M}-BD{sf.DW_BLOCK_D}", fn=sg._dw_partial_kernel,
+        signature={"x_ptr": "*bf16", "dg_ptr": "*fp32", "part_ptr": "*fp32", "M": i32, "D": i32,
+                   "ROWS_PER_SPLIT": i32, "BLOCK_M": "constexpr", "BLOCK_D": "constexpr"},
+        constexprs=dict(BLOCK_M=sf.DW_BLOCK_M, BLOCK_D=sf.DW_BLOCK_D),
+        divisible_by_16=("x_ptr", "dg_ptr", "part_ptr", "M", "D", "ROWS_PER_SPLIT")))
+    # the three packing launches: A' = [A; w pieces] (row stride d_in, column stride 1: the JIT makes
+    # a stride of 1 a constant), B^T from B (row stride 1, column stride r) and A alone (backward)
+    for label, gate, strides in (("A-gate", True, {"s_col": 1}), ("Bt", False, {"s_row": 1}),
+                                 ("A", False, {"s_col": 1})):
+        sig = {"src_ptr": "*bf16", "s_row": i32, "s_col": i32, "w_ptr": "*fp32" if gate else "*bf16",
+               "out_ptr": "*bf16", "R": i32, "D": i32, "gscale": fp, "GATE": "constexpr", "BLOCK_D": "constexpr"}
+        sig.update({k: "constexpr" for k in strides})
+        specs.append(AotSpec(
+            kernel="scale_pack", config=label, fn=sg._pack_rows_kernel, signature=sig,
+            constexprs=dict(strides, GATE=gate, BLOCK_D=256),
+            divisible_by_16=tuple(k for k in ("src_ptr", "s_row", "s_col", "w_ptr", "out_ptr", "R", "D")
+                                  if sig[k] != "constexpr")))
+
+    bm, bk, bn, br = _blocks(16)
+    common = {"scaling": fp, "L": fp, "U": fp, "inv_tau": fp, "N": i32, "D_IN": i32, "D_OUT": i32, "R": i32,
+              "BLOCK_M": "constexpr", "BLOCK_K": "constexpr", "BLOCK_N": "constexpr", "BLOCK_R": "constexpr",
+              "IEEE": "constexpr", "UPCAST": "constexpr"}
+    blocks = dict(BLOCK_M=bm, BLOCK_K=bk, BLOCK_N=bn, BLOCK_R=br, IEEE=False, UPCAST=False)
+    ptrs = ("x_ptr", "base_ptr", "a_ptr", "b_ptr", "w_ptr", "bias_ptr", "y_ptr", "z_ptr", "v_ptr")
+    sig = {p: "*bf16" for p in ptrs}
+    sig.update(w_ptr="*fp32", bias_ptr="*fp32", v_ptr="*fp32")
+    sig.update(common)
+    specs.append(AotSpec(
+        kernel="scale_unfused_fwd", config=f"BM{bm}-BK{bk}-BN{bn}-BR{br}-w4-s3", fn=_gated_lora_fwd_kernel,
+        signature=sig, constexprs=blocks, divisible_by_16=ptrs + ("N", "D_IN", "D_OUT", "R"),
+        num_warps=4, num_stages=3, expect_wgmma=False))
+    ptrs = ("dy_ptr", "a_ptr", "b_ptr", "z_ptr", "v_ptr", "dx_ptr", "dg_ptr")
+    sig = {p: "*bf16" for p in ptrs}
+    sig.update(v_ptr="*fp32", dg_ptr="*fp32")
+    sig.update(common)
+    sig["NEED_DX"] = "constexpr"
+    specs.append(AotSpec(
+        kernel="scale_unfused_bwd", config=f"BM{bm}-BK{bk}-BN{bn}-BR{br}-w4-s3", fn=_gated_lora_bwd_kernel,
+        signature=sig, constexprs=dict(blocks, NEED_DX=True), divisible_by_16=ptrs + ("N", "D_IN", "D_OUT", "R"),
+        num_warps=4, num_stages=3, expect_wgmma=False))
+    return specs
+
+
+def _dx_spec(cfg, dt, rank, AotSpec, sf, sg, desc):
+    """The backward dx GEMM at ``cfg`` (``dt`` inputs, rank ``rank``)."""
+    fp, i32 = "fp32", "i32"
+    rp = sf.rank_pad(rank, gate=False)
+    sig = {"dy_desc": desc((cfg.BM, cfg.BK), dt), "w_desc": desc((cfg.BK, cfg.BN), dt),
+           "bt_desc": desc((rp, cfg.BK), dt), "ap_desc": desc((rp, cfg.BN), dt),
+           "dx_desc": desc((cfg.BM, cfg.BN // 2 if cfg.epi_split else cfg.BN), dt), "z_ptr": f"*{dt}", "v_ptr": "*fp32", "dg_ptr": "*fp32",
+           "scaling": fp, "L": fp, "U": fp, "inv_tau": fp, "M": i32, "N": i32, "K": i32, "R": i32,
+           "num_progs": i32}
+    const = dict(BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, RP=rp, NT=cfg.NT, LORA=True,
+                 EPI_SPLIT=cfg.epi_split, PERSISTENT=True, FLAT=cfg.flat, IEEE=False, UPCAST=False)
+    sig.update({k: "constexpr" for k in const})
+    return AotSpec(
+        kernel="scale_gemm_dx", config=cfg.label + ("" if dt == "bf16" else f"-{dt}") + ("" if rp == sf.rank_pad(16, gate=False) else f"-RP{rp}"), fn=sg.gated_lora_gemm_dx_kernel, signature=sig, constexprs=const,
+        divisible_by_16=("z_ptr", "v_ptr", "dg_ptr"),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, expect_wgmma=True, expect_tma=True)
+

@@ -268,6 +268,36 @@ def test_cuda_triton_matches_reference(dtype):
     _assert_rule(got, plain, ref, "cuda/triton")
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [((3, 67), 256, 136, 16, True), ((2048,), 512, 384, 16, False),
+                                   ((300,), 1024, 520, 5, True)], ids=lambda s: f"{s[0]}x{s[1]}->{s[2]}r{s[3]}")
+def test_cuda_fused_gemm_matches_reference(dtype, shape):
+    """GPU check (bench/gpu_check.sh): ``gated_lora_linear`` as one persistent TMA GEMM per direction
+    (the LoRA shrink on the base GEMM's x tiles, the gated expand in each epilogue), outputs and
+    grads; and the same GEMM with the LoRA off against ``F.linear``."""
+    from treadle.ops import gated_lora_linear
+    from treadle.ops.gated_lora import triton_base_linear
+    from treadle.triton_kernels import scale_fused
+
+    lead, d_in, d_out, r, with_bias = shape
+    x, W, A, B, w, b = _inputs(lead, d_in, d_out, r, gate_scale=3.0)
+    bias = torch.randn(d_out, dtype=torch.float64) if with_bias else None
+    dy = torch.randn(*lead, d_out, dtype=torch.float64)
+    ref = _run_linear(None, torch.float64, x, W, A, B, w, b, dy, bias)
+    dev = [t.cuda() for t in (x, W, A, B, w, b, dy)] + [None if bias is None else bias.cuda()]
+    assert scale_fused.applies(dev[0].to(dtype), dev[1].to(dtype), r)
+    plain = _run_linear(None, dtype, *dev)
+    got = _run_linear(gated_lora_linear, dtype, *dev, backend="triton")
+    _assert_rule([t.cpu() for t in got], [t.cpu() for t in plain], ref, "cuda/fused")
+    xb, Wb = dev[0].to(dtype), dev[1].to(dtype)
+    bb = None if bias is None else dev[7].to(dtype)
+    base = triton_base_linear(xb, Wb, bb)
+    exp = torch.nn.functional.linear(x, W, bias)
+    assert_within_rule(base.cpu(), torch.nn.functional.linear(xb, Wb, bb).cpu(), exp, factor=2,
+                       floor=1e-6 * float(exp.abs().max()), name="cuda/base gemm")
+
+
 # ---------------------------------------------------------------- gated_lora_linear (base linear fused in)
 def _run_linear(fn, dtype, x, W, A, B, w, b, dy, bias=None, **kw):
     xx = x.to(dtype).clone().requires_grad_()

@@ -195,7 +195,9 @@ def test_fused_and_unfused_paths_agree():
     for m in gated_layers(pm).values():
         m.base_layer.weight.requires_grad_(True)
     unfused = pm(input_ids=ids).logits
-    torch.testing.assert_close(unfused, fused, atol=1e-5, rtol=1e-5)
+    # float32 rounding differs: the Triton backend's fused GEMM sums the base and LoRA terms in one
+    # accumulator in its own order (both paths are ~1e-5 from a float64 run of this model)
+    torch.testing.assert_close(unfused, fused, atol=5e-5, rtol=1e-4)
     unfused.square().mean().backward()
     layer = next(iter(gated_layers(pm).values()))
     assert layer.base_layer.weight.grad is not None and layer.scale_gate_weight.grad is not None

@@ -31,8 +31,13 @@ stacked shrink GEMM, one OpenMP pass over the tokens for the epilogue (``s * u``
 one ``addmm`` for the rank-r expand (in place into the base GEMM's output for
 :func:`gated_lora_linear`); backward: the thin GEMM ``p = dy B``, a per-token pass, one rank-r GEMM
 for ``dx = (s p) A`` and one GEMV for ``dw``; MKL's rank-16 GEMMs measured as fast as a hand-written
-register-blocked row loop here, which was removed), ``triton`` (triton_kernels/scale.py: one kernel
-for shrink + epilogue + expand, one for ``p``, the epilogue and ``dx``). Memory traffic beyond the base linear, forward: one
+register-blocked row loop here, which was removed), ``triton``: for :func:`gated_lora_linear` one
+persistent TMA GEMM per direction (triton_kernels/scale_gemm.py: the shrink and the gate logit ride
+on the x tiles of the first output tile of each work item, ``s * u`` stays in registers, and each
+output tile's epilogue adds ``(s u) B^T`` with one more MMA; backward likewise ``dx = dy W + (s p) A``,
+then one streaming pass over x for ``dw``), and for :func:`gated_lora` or shapes TMA cannot address
+(triton_kernels/scale.py) one kernel for shrink + epilogue + expand, one for ``p``, the epilogue
+and ``dx``. Memory traffic beyond the base linear, forward: one
 read of x (shrink), one read of base_out and one write of y; backward: one read of dy, one write of
 dx, one read of x (dw), plus autograd's in-place sum of x's two gradients (x and base_out enter the
 op with their own shapes, so no reshape view forces that sum out of place).
@@ -190,6 +195,15 @@ _gated_lora_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ---------------------------------------------------------------- variant with the base linear fused in
+def _fused_applies(x: torch.Tensor, weight: torch.Tensor, r: int, grad_y: torch.Tensor | None = None) -> bool:
+    """Whether the Triton backend runs this call as one fused GEMM (16-bit x on a GPU, any float x
+    under the CPU interpreter; TMA-aligned rows and pointers; ``r <= 32``); otherwise it runs the
+    base GEMM with torch and then the unfused kernels."""
+    from treadle.triton_kernels import scale_fused
+
+    return scale_fused.applies(x, weight, r) and (grad_y is None or scale_fused.tma_aligned(grad_y))
+
+
 @torch.library.custom_op("treadle::gated_lora_linear_fwd", mutates_args=())
 @_amp.no_autocast
 def _gated_lora_linear_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lora_A: torch.Tensor,
@@ -197,6 +211,10 @@ def _gated_lora_linear_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
                            L: float, U: float, tau: float, backend: str
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``y = x W^T (+ bias) + lambda * scaling * (x A^T) B^T`` on contiguous ``x (..., d_in)``."""
+    if backend == "triton" and _fused_applies(x, weight, lora_A.shape[0]):
+        from treadle.triton_kernels import scale_fused
+
+        return scale_fused.linear_fwd(x, weight, bias, lora_A, lora_B, gate_weight, gate_bias, scaling, L, U, tau)
     if backend == "cpp":
         from treadle import _extension
 
@@ -218,8 +236,13 @@ def _gated_lora_linear_bwd(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.
                            lora_B: torch.Tensor, z: torch.Tensor, v: torch.Tensor, scaling: float, L: float, U: float,
                            tau: float, need_dx: bool, need_dgate: bool, backend: str
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``dx = dy W + (s * (dy B)) A`` (the LoRA term added in place on the C++ path), ``dw``, ``db``."""
+    """``dx = dy W + (s * (dy B)) A`` (the LoRA term added in place on the C++ path, in the GEMM's
+    epilogue on the fused Triton path), ``dw``, ``db``."""
     grad_y = grad_y.contiguous()
+    if backend == "triton" and need_dx and _fused_applies(x, weight, lora_A.shape[0], grad_y):
+        from treadle.triton_kernels import scale_fused
+
+        return scale_fused.linear_dx(grad_y, x, weight, lora_A, lora_B, z, v, scaling, L, U, tau, need_dgate)
     if backend == "cpp":
         from treadle import _extension
 
@@ -470,8 +493,11 @@ def gated_lora_linear(
     base GEMM's output in place, and form ``dx = dy W + (s * (dy B)) A`` with the LoRA term added in
     place to the base GEMM's ``dx``: no separate ``base_out`` buffer, no separate LoRA ``dx`` buffer and
     no autograd sum of the two (the CPU analogue of fusing the expand into the GEMM epilogue). The
-    ``reference`` and ``triton`` backends run the base GEMM with torch and then the unfused op (on GPU,
-    fusing the expand into the GEMM's epilogue is not done yet).
+    ``triton`` backend runs the whole forward as one persistent GEMM with the shrink on the base GEMM's
+    x tiles and the gated expand in each output tile's epilogue (no ``base_out`` read or written
+    twice), and the backward's ``dx`` the same way; it needs 16-bit x on a GPU, rows whose byte
+    length is a multiple of 16 and ``r <= 32``, and otherwise (and on the ``reference`` backend)
+    runs the base GEMM with torch and then the unfused op.
 
     Args:
         x: ``(..., d_in)`` float16/bfloat16/float32/float64.
@@ -528,3 +554,34 @@ def gated_lora_linear(
     if return_lambda:
         return y, _lambda(v, L, U).reshape(lead)
     return y
+
+
+def triton_base_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x W^T (+ bias)`` by the Triton GEMM that :func:`gated_lora_linear` fuses the LoRA into, with
+    the LoRA off: a benchmark yardstick (time it against ``F.linear``, i.e. cuBLAS, to see what the
+    fused op's GEMM costs before the LoRA), not a training op (no autograd).
+
+    Needs what the fused path needs: a CUDA tensor (or the CPU interpreter) in float16/bfloat16,
+    ``x (..., d_in)`` and ``weight (d_out, d_in)`` contiguous with ``d_in`` and ``d_out`` multiples
+    of 8, ``bias (d_out,)`` or None in x's dtype.
+
+    Raises:
+        TypeError / ValueError: inputs the fused GEMM cannot take (before any work).
+    """
+    from treadle.triton_kernels import scale_fused
+
+    _check_tensor("x", x)
+    _check_tensor("weight", weight)
+    if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+        raise TypeError(f"weight and bias must have x's dtype {x.dtype}")
+    if weight.dim() != 2 or x.dim() < 1 or weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"weight must have shape (d_out, d_in={x.shape[-1] if x.dim() else '?'}), "
+                         f"got {tuple(weight.shape)}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"bias must have shape (d_out={weight.shape[0]},) or be None, got {tuple(bias.shape)}")
+    x, weight = x.contiguous(), weight.contiguous()
+    if not scale_fused.applies(x, weight, 0):
+        raise ValueError("the fused Triton GEMM cannot take these inputs (it needs float16/bfloat16 on a GPU, "
+                         "d_in and d_out multiples of 8, at least one token)")
+    with torch.no_grad():
+        return scale_fused.base_linear(x, weight, None if bias is None else bias.contiguous())
