@@ -115,7 +115,7 @@ def loads_json(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH, duplicates
     except RecursionError:
         raise UntrustedInputError(f"{what} is nested too deep (more than {max_depth} levels)") from None
     except json.JSONDecodeError as err:
-        raise UntrustedInputError(f"{what} is not valid: {err.msg} at char {err.pos}") from None
+        raise UntrustedInputError(f"{what} is not JSON (JSONDecodeError: {err.msg} at char {err.pos})") from None
     except (ValueError, TypeError, UnicodeDecodeError) as err:  # int-str digit limit, bad bytes
         raise UntrustedInputError(f"{what} is not valid: {clip(err, 160)}") from None
     if json_depth(obj) > max_depth:
