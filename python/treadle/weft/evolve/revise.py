@@ -36,7 +36,6 @@ an LLM never rewrites (the loop restores its certified source instead).
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from treadle.weft.evolve.attribute import Attribution
 from treadle.weft.evolve.synth_validate import Backend
 from treadle.weft.state import Snapshot
 from treadle.weft.verify import CheckpointSpec, StateAssertion
+from treadle.untrusted import fenced_blocks, loads_json
 
 __all__ = ["REVISE_ROLES", "ArgumentRevision", "ComposedRevision", "LLMReviser", "RevisionAttempt", "StateRevision",
            "SynthEnv", "VerifierRevision", "read_only_sql", "undecided_parts"]
@@ -144,8 +144,10 @@ class RevisionAttempt(BaseModel):
 
 
 def _json_of(text: str) -> Any:
-    m = re.search(r"```(?:json)?\s*(.*?)```", text, re.S)
-    return json.loads(m.group(1) if m else text)
+    """The JSON of a model's answer (its first fenced block, else the whole text): linear, bounded nesting;
+    raises :class:`~treadle.untrusted.UntrustedInputError` (a ``ValueError``)."""
+    blocks = fenced_blocks(text)
+    return loads_json(blocks[0] if blocks else text, duplicates=True, what="the answer's JSON")
 
 
 def read_only_sql(sql: str, snapshot: Snapshot) -> str:
