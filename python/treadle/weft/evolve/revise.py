@@ -48,7 +48,7 @@ from treadle.weft.evolve.attribute import Attribution
 from treadle.weft.evolve.synth_validate import Backend
 from treadle.weft.state import Snapshot
 from treadle.weft.verify import CheckpointSpec, StateAssertion
-from treadle.untrusted import fenced_blocks, loads_json
+from treadle.untrusted import clip, fenced_blocks, loads_json
 
 __all__ = ["REVISE_ROLES", "ArgumentRevision", "ComposedRevision", "LLMReviser", "RevisionAttempt", "StateRevision",
            "SynthEnv", "VerifierRevision", "read_only_sql", "undecided_parts"]
@@ -234,7 +234,7 @@ class LLMReviser:
             except SandboxUnavailableError:
                 raise  # no sandbox on this machine: nothing generated can be validated, say so
             except Exception as err:  # noqa: BLE001  (a proposal that breaks its validation is rejected, not fatal)
-                result, why = None, f"validation raised {type(err).__name__}: {str(err)[:300]}"
+                result, why = None, f"validation raised {type(err).__name__}: {clip(err, 300)}"
             self.log.append(RevisionAttempt(component=component, role=role, attempt=k, accepted=not why,
                                             detail=why or "accepted: passed validation", answer=r.text[:2000]))
             if not why:

@@ -22,6 +22,7 @@ from treadle.weft.rollouts.records import Trajectory
 from treadle.weft.rollouts.registry import HARNESSES, POLICIES, VIEWS
 from treadle.weft.rollouts.rollout import METHODS, ROLLOUTS, Env, Setup, endpoint_failure, trajectory_key
 from treadle.weft.rollouts.tasks import RolloutTask
+from treadle.untrusted import clip
 
 TRAJECTORIES = "trajectories.jsonl"
 
@@ -266,7 +267,7 @@ async def sample_async(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: S
                             from treadle.weft.rollouts.rollout import _trajectory
 
                             tr = _trajectory(task, env, method, k, setup, [], [], [], [], False,
-                                             failure=f"{type(err).__name__}: {err}"[:1000])
+                                             failure=clip(f"{type(err).__name__}: {err}", 1000))
                         async with lock:
                             fh.write(tr.model_dump_json() + "\n")
                             fh.flush()
