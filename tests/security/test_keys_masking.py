@@ -44,7 +44,7 @@ def _cfg(fake, **kw):
     return LLMConfig.single(FAKE_MODEL, fake.base_url, api_key_env=ENV, **kw)
 
 
-@pytest.mark.parametrize("pad", [0, 150, 280, 295, 299, 305])
+@pytest.mark.parametrize("pad", [0, 150, 230, 250, 270, 290, 310])
 def test_call_failure_masks_before_truncating(key_env, fake, tmp_path, pad):
     fake.script = [Step(400, {"error": {"message": "x" * pad + " your key " + KEY + " is bad"}})]
 
@@ -107,7 +107,7 @@ def test_cli_probe_output_is_masked(key_env, tmp_path):
 def test_rollout_policy_error_is_masked(key_env, fake):
     from treadle.weft.rollouts.policies import LLMPolicy
 
-    fake.script = [Step(400, {"error": {"message": "z" * 280 + KEY}})]
+    fake.script = [Step(400, {"error": {"message": "z" * 250 + KEY}})]
 
     async def go():
         cfg = LLMConfig.single(FAKE_MODEL, fake.base_url, roles=("policy",), api_key_env=ENV, max_retries=0,
