@@ -62,7 +62,8 @@ def test_math_verifier_never_evaluates_code_from_the_task_text(tmp_path):
     assert not marker.exists()
     # an exponent tower or a huge literal is refused before sympy sees it (no stall, no MemoryError)
     for text in ("Compute 9**9**9**9.", "Compute 9^9^9^9.", "Compute " + "1" * 5000 + ".",
-                 "Compute " + "(" * 5000 + "1" + ")" * 5000 + ".", "Solve x=" + "9" * 5000 + " for x."):
+                 "Compute " + "(" * 5000 + "1" + ")" * 5000 + ".", "Solve x=" + "9" * 5000 + " for x.",
+                 "Solve " + "*".join(["x"] * 40) + "=2 for x.", "Compute 1/(1-1)."):
         assert not check_task(text, "1").valid
 
 
