@@ -134,7 +134,8 @@ class _Trickle:
             while b"\r\n\r\n" not in data:
                 data += conn.recv(65536)
             head, rest = data.split(b"\r\n\r\n", 1)
-            n = next((int(ln.split(b":")[1]) for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")), 0)
+            n = next((int(ln.split(b":")[1]) for ln in head.split(b"\r\n")
+                      if ln.lower().startswith(b"content-length")), 0)
             while len(rest) < n:
                 rest += conn.recv(65536)
             body = json.dumps(chat_reply("slow " * 40, FAKE_MODEL)).encode()

@@ -193,7 +193,8 @@ def run_tests(task: CodingTask, solution: str, limits: SandboxLimits | None = No
     """
     nonce = secrets.token_hex(16)
     try:
-        r = run_python(_RUNNER.replace("__ENTRY__", repr(task.entry_point)), files={"candidate.py": _body(task, solution)},
+        r = run_python(_RUNNER.replace("__ENTRY__", repr(task.entry_point)),
+                       files={"candidate.py": _body(task, solution)},
                        stdin=nonce + "\n", limits=limits or SandboxLimits(timeout_s=10))
     except SandboxUnavailableError as err:
         return CodeCheck(False, "sandbox_unavailable", str(err))

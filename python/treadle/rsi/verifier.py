@@ -31,14 +31,15 @@ class TaskCheck:
     answer: str | None
 
 
-_SAFE = re.compile(r"[0-9x+\-*/()]{1,400}")
+_SAFE = re.compile(r"[0-9x+\-*/()]{1,2000}")
 _LONG_NUMBER = re.compile(r"\d{31}")
 
 
 def _parse(expr: str):
-    """sympy expression of task text: only the grammar tasks are rendered in (integers of at most 30 digits,
-    ``x`` at most twice (sympy.solve stays at degree 2), ``+ - * /``, parentheses nested at most 20 deep, no ``**``) ever reaches ``sympy.parse_expr``, which
-    ``eval``s its input: model-written task text must not run code or build an exponent tower."""
+    """sympy expression of task text. ``sympy.parse_expr`` ``eval``s its input, so only the grammar tasks are
+    rendered in reaches it: integers of at most 30 digits, ``x`` at most twice (``sympy.solve`` stays at degree
+    2), ``+ - * /``, parentheses nested at most 20 deep, no ``**``. Model-written task text can then neither run
+    code nor build an exponent tower."""
     if not _SAFE.fullmatch(expr) or "**" in expr or _LONG_NUMBER.search(expr) or expr.count("x") > 2:
         raise SyntaxError("outside the task grammar")
     depth = best = 0
