@@ -21,7 +21,7 @@ import re
 import threading
 from typing import Any
 
-__all__ = ["MAX_COUNT", "MAX_JSON_DEPTH", "UntrustedInputError", "as_count", "clip", "fenced_blocks", "json_depth",
+__all__ = ["JSONDecodeError", "MAX_COUNT", "MAX_JSON_DEPTH", "UntrustedInputError", "as_count", "clip", "fenced_blocks", "json_depth",
            "loads_json", "mask_secrets", "register_secret", "strip_fence"]
 
 MAX_JSON_DEPTH = 100
@@ -41,6 +41,12 @@ class UntrustedInputError(ValueError):
     """Text from a model, an endpoint or a stored file is not what the parser accepts (malformed, nested too
     deep, an integer too long, a duplicated key). A ``ValueError``, so callers that already treat
     ``ValueError`` as a typed parse failure keep doing so."""
+
+
+class JSONDecodeError(UntrustedInputError, json.JSONDecodeError):
+    """Untrusted text that is not JSON at all: both an :class:`UntrustedInputError` and a
+    ``json.JSONDecodeError`` with json's own message (what a model is shown when its call does not parse stays
+    the same text)."""
 
 
 def register_secret(value: str | None) -> None:
@@ -115,7 +121,7 @@ def loads_json(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH, duplicates
     except RecursionError:
         raise UntrustedInputError(f"{what} is nested too deep (more than {max_depth} levels)") from None
     except json.JSONDecodeError as err:
-        raise UntrustedInputError(f"{what} is not JSON (JSONDecodeError: {err.msg} at char {err.pos})") from None
+        raise JSONDecodeError(err.msg, err.doc, err.pos) from None
     except (ValueError, TypeError, UnicodeDecodeError) as err:  # int-str digit limit, bad bytes
         raise UntrustedInputError(f"{what} is not valid: {clip(err, 160)}") from None
     if json_depth(obj) > max_depth:

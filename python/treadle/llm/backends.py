@@ -48,7 +48,7 @@ def _body(raw) -> dict:
         text = raw.http_response.text
         data = loads_json(text, what="response body")  # nesting bounded, duplicated keys and huge ints refused
     except (UntrustedInputError, UnicodeDecodeError) as err:
-        raise BadResponseError(f"{clip(err, 200)}: {clip(text, 200)!r}") from None
+        raise BadResponseError(f"response body is not JSON ({clip(err, 200)}): {clip(text, 200)!r}") from None
     if not isinstance(data, dict):
         raise BadResponseError(f"response body is a JSON {type(data).__name__}, expected an object")
     return data
