@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 __all__ = ["check_out_dir", "make_out_dir", "open_run_dir", "RunDir", "RunDirError", "read_run_record",
-           "machine_info", "RUN_RECORD"]
+           "record_problem", "machine_info", "RUN_RECORD"]
 
 
 def check_out_dir(path: str | Path, name: str = "out_dir") -> Path:
@@ -206,14 +206,33 @@ class RunDir:
 
 
 def read_run_record(path: str | Path) -> dict | None:
-    """The ``run.json`` of a run folder, or None (no record, or unreadable)."""
+    """The ``run.json`` of a run folder, or None (no record, or unreadable); its shape is checked by
+    :func:`record_problem` (:func:`open_run_dir` refuses a record of the wrong shape in one line)."""
     import json
 
     p = Path(path) / RUN_RECORD
     try:
         return json.loads(p.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
+
+
+_RECORD_FIELDS = {"command": str, "config": dict, "status": str, "history": list}
+
+
+def record_problem(record: object) -> str | None:
+    """Why ``record`` (a parsed ``run.json``) is not a run record treadle can read, or None: a hand-edited
+    file of the wrong shape is reported in one line instead of failing deep inside a command."""
+    if not isinstance(record, dict):
+        return f"it holds a JSON {type(record).__name__}, not an object"
+    for key, typ in _RECORD_FIELDS.items():
+        if key in record and record[key] is not None and not isinstance(record[key], typ):
+            return f"its {key!r} is a {type(record[key]).__name__}, not a {typ.__name__}"
+    if not isinstance(record.get("command"), str):
+        return "it names no command"
+    if any(not isinstance(h, dict) for h in record.get("history") or []):
+        return "its 'history' holds entries that are not objects"
+    return None
 
 
 def _nothing_saved(p: Path, record: dict) -> bool:
@@ -246,6 +265,10 @@ def open_run_dir(path: str | Path, *, command: str, config: dict, flag: str = "-
         raise RunDirError(str(err)) from None
     config = json.loads(json.dumps(config, default=str))
     record = read_run_record(p)
+    problem = record_problem(record) if record is not None else None
+    if problem:
+        raise RunDirError(f"{flag} {str(p)!r} holds a {RUN_RECORD} that is not a treadle run record ({problem}); "
+                          f"fix or remove it, or give another folder")
     if record is None:
         if p.is_dir() and any(p.iterdir()):
             raise RunDirError(f"{flag} {str(p)!r} is a non-empty folder that is not a treadle run folder (no "

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from treadle.llm.config import RoleConfig
+from treadle.untrusted import UntrustedInputError, clip, loads_json
 
 __all__ = ["Backend", "OpenAIBackend", "RecordedBackend", "Recorder", "EndpointError", "UnrecordedRequestError",
            "BadResponseError"]
@@ -44,10 +45,10 @@ class Backend(Protocol):
 
 def _body(raw) -> dict:
     try:
-        data = json.loads(raw.http_response.text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         text = raw.http_response.text
-        raise BadResponseError(f"response body is not JSON ({err}): {text[:200]!r}") from None
+        data = loads_json(text, what="response body")  # nesting bounded, duplicated keys and huge ints refused
+    except (UntrustedInputError, UnicodeDecodeError) as err:
+        raise BadResponseError(f"response body is not JSON ({clip(err, 200)}): {clip(text, 200)!r}") from None
     if not isinstance(data, dict):
         raise BadResponseError(f"response body is a JSON {type(data).__name__}, expected an object")
     return data
@@ -89,25 +90,27 @@ class OpenAIBackend:
         where = f"{cfg.base_url} (model {cfg.model!r})"
         try:
             page = await client.models.list(timeout=min(cfg.timeout_s, 30.0))
-            ids = [m.id for m in page.data]
+            ids = [str(m.id) for m in page.data]
         except openai.APIConnectionError as err:
-            raise EndpointError(f"cannot reach {where}: {type(err).__name__}: {err}") from None
+            raise EndpointError(f"cannot reach {where}: {type(err).__name__}: {clip(err, 300)}") from None
         except openai.AuthenticationError:
             raise EndpointError(f"{where}: the API key in ${cfg.api_key_env} was rejected (401)") from None
-        except (openai.APIStatusError, ValueError):
+        except (openai.APIStatusError, ValueError, TypeError, AttributeError, RecursionError):
             ids = None  # no /models listing here: fall back to a one-token call
         if ids is not None:
             if cfg.model not in ids:
-                raise EndpointError(f"model {cfg.model!r} is not served at {cfg.base_url}; it serves {ids}")
+                raise EndpointError(f"model {cfg.model!r} is not served at {cfg.base_url}; "
+                                    f"it serves {clip(ids, 500)}")
             return
         try:
             await client.chat.completions.with_raw_response.create(
                 model=cfg.model, messages=[{"role": "user", "content": "ping"}], extra_body={"max_tokens": 1},
                 timeout=cfg.timeout_s)
         except openai.APIConnectionError as err:
-            raise EndpointError(f"cannot reach {where}: {type(err).__name__}: {err}") from None
+            raise EndpointError(f"cannot reach {where}: {type(err).__name__}: {clip(err, 300)}") from None
         except openai.APIStatusError as err:
-            raise EndpointError(f"{where} refused a one-token probe: HTTP {err.status_code}: {err.message}") from None
+            raise EndpointError(f"{where} refused a one-token probe: HTTP {err.status_code}: "
+                                f"{clip(err.message, 300)}") from None
 
     async def aclose(self) -> None:
         for c in self._clients.values():

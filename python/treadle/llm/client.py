@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import math
 import os
 import random
 import time
@@ -18,27 +19,37 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from treadle.llm.backends import Backend, BadResponseError, OpenAIBackend, Recorder
+from treadle.llm.backends import Backend, BadResponseError, EndpointError, OpenAIBackend, Recorder
 from treadle.llm.cache import Cache, CacheMode, request_key
 from treadle.llm.config import LLMConfig, RoleConfig, Sampling, UsageLimits
 from treadle.llm.ledger import Ledger
 from treadle.llm.parse import parse_response
 from treadle.llm.records import ChatResult, Failure, FailureKind, LLMCallError, StructuredResult
 from treadle.llm.structured import extract_and_validate, response_format, schema_instruction
+from treadle.untrusted import clip, mask_secrets
 
 __all__ = ["LLMClient"]
 
 
 def _retry_after(err) -> float | None:
+    """Seconds an endpoint's ``Retry-After`` asks for (a number or an HTTP date), or None when absent or not a
+    usable value (garbage, NaN, a date without a zone): a hostile header never raises."""
     resp = getattr(err, "response", None)
-    value = resp.headers.get("retry-after") if resp is not None else None
-    if not value:
+    try:
+        value = resp.headers.get("retry-after") if resp is not None else None
+    except Exception:  # noqa: BLE001 -- headers of a hostile reply
+        return None
+    if not value or not isinstance(value, str) or len(value) > 100:
         return None
     try:
-        return max(0.0, float(value))
+        secs = float(value)
     except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value)
-        return max(0.0, parsed.timestamp() - time.time()) if parsed else None
+        try:
+            parsed = email.utils.parsedate_to_datetime(value)
+            secs = parsed.timestamp() - time.time()
+        except (TypeError, ValueError, OverflowError, IndexError):
+            return None
+    return max(0.0, secs) if math.isfinite(secs) else None
 
 
 def classify(err: BaseException) -> tuple[FailureKind, int | None]:
@@ -68,10 +79,16 @@ def classify(err: BaseException) -> tuple[FailureKind, int | None]:
 def _message(err: BaseException, cfg: RoleConfig) -> str:
     """What failed, for humans; the role's API key is masked even when the server echoes it back."""
     body = getattr(err, "body", None)
-    detail = body if isinstance(body, (str, dict)) and body else str(err)
-    msg = f"{type(err).__name__} from {cfg.base_url} (model {cfg.model!r}): {str(detail)[:300]}"
+    detail = body if isinstance(body, (str, dict)) and body else err
+    try:
+        detail = str(detail)
+    except (ValueError, RecursionError):  # a body too deep or with too long an int to print
+        detail = f"({type(body).__name__} body not printable)"
     key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
-    return msg.replace(key, "***") if key else msg
+    if key:
+        detail = detail.replace(key, "***")
+    # masked before it is cut: a key straddling the cut would otherwise leave its head in the message
+    return f"{type(err).__name__} from {cfg.base_url} (model {cfg.model!r}): {clip(detail, 300)}"
 
 
 class LLMClient:
@@ -223,7 +240,9 @@ class LLMClient:
             try:
                 async with self._sem(cfg.base_url):
                     t0 = time.perf_counter()
-                    data = await self.backend.send(cfg, kind, payload, key)
+                    # timeout_s bounds the whole attempt: a reply trickled byte by byte resets the HTTP
+                    # client's read timeout on every byte, never this deadline
+                    data = await asyncio.wait_for(self.backend.send(cfg, kind, payload, key), cfg.timeout_s)
                 result = parse_response(data, kind=kind, model=cfg.model, key=key, sample_index=sample_index,
                                         latency_s=time.perf_counter() - t0, recorded=self.backend.recorded)
             except Exception as err:  # noqa: BLE001 -- classify re-raises what is not a call failure
@@ -405,5 +424,11 @@ class LLMClient:
         k = (cfg.base_url, cfg.model)
         if k in self._probed:
             return
-        await self.backend.probe(cfg)
+        try:
+            await asyncio.wait_for(self.backend.probe(cfg), 2 * cfg.timeout_s + 1)
+        except asyncio.TimeoutError:
+            raise EndpointError(f"{cfg.base_url} (model {cfg.model!r}) did not answer a probe within "
+                                f"{2 * cfg.timeout_s + 1:g} s") from None
+        except EndpointError as err:
+            raise EndpointError(mask_secrets(err)) from None
         self._probed.add(k)

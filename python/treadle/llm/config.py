@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from treadle.untrusted import register_secret
+
 __all__ = ["Sampling", "Prices", "RoleConfig", "LLMConfig", "UsageLimits", "ConfigError", "SAMPLING_FIELDS"]
 
 
@@ -129,6 +131,7 @@ class RoleConfig(_Frozen):
         if not key:
             raise ConfigError(f"environment variable {self.api_key_env} (api_key_env of model {self.model!r}) "
                               f"is not set")
+        register_secret(key)  # masked in every message from now on, whatever the variable's name
         return key
 
 

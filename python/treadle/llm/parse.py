@@ -7,6 +7,7 @@ import json
 
 from treadle.llm.backends import BadResponseError
 from treadle.llm.records import ChatResult, TokenLogprob, ToolCall, Usage
+from treadle.untrusted import as_count, clip
 
 __all__ = ["parse_response"]
 
@@ -15,7 +16,7 @@ def _ints(v) -> tuple[int, ...] | None:
     if v is None:
         return None
     if not isinstance(v, list) or not all(isinstance(x, int) for x in v):
-        raise BadResponseError(f"token ids must be a list of ints, got {str(v)[:80]}")
+        raise BadResponseError(f"token ids must be a list of ints, got {clip(v, 80)}")
     return tuple(v)
 
 
@@ -38,9 +39,11 @@ def _completion_logprobs(lp) -> tuple[TokenLogprob, ...] | None:
 def parse_response(data: dict, *, kind: str, model: str, key: str, sample_index: int, latency_s: float,
                    recorded: bool) -> ChatResult:
     """Parse one response body. Raises :class:`BadResponseError` on an empty choice list or missing fields."""
+    if not isinstance(data, dict):
+        raise BadResponseError(f"response body is a {type(data).__name__}, expected a JSON object")
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices:
-        raise BadResponseError(f"response has no choices (got {str(choices)[:80]})")
+        raise BadResponseError(f"response has no choices (got {clip(choices, 80)})")
     ch = choices[0]
     try:
         if kind == "chat":
@@ -60,13 +63,18 @@ def parse_response(data: dict, *, kind: str, model: str, key: str, sample_index:
         prompt_ids = data.get("prompt_token_ids", ch.get("prompt_token_ids"))
         return ChatResult(kind=kind, model=data.get("model") or model, text=text, tool_calls=tuple(calls),
                           finish_reason=ch.get("finish_reason") or "unknown",
-                          usage=Usage(prompt_tokens=usage.get("prompt_tokens") or 0,
-                                      completion_tokens=usage.get("completion_tokens") or 0),
+                          usage=Usage(prompt_tokens=as_count(usage.get("prompt_tokens"), "usage.prompt_tokens"),
+                                      completion_tokens=as_count(usage.get("completion_tokens"),
+                                                                 "usage.completion_tokens")),
                           prompt_token_ids=_ints(prompt_ids), token_ids=_ints(ch.get("token_ids")),
                           logprobs=logprobs, key=key, sample_index=sample_index, latency_s=latency_s,
                           recorded=recorded)
-    except (KeyError, TypeError, AttributeError, ValueError) as err:
-        if isinstance(err, BadResponseError):
-            raise
-        raise BadResponseError(f"malformed {kind} response ({type(err).__name__}: {err}): "
-                               f"{json.dumps(data)[:200]}") from None
+    except BadResponseError:
+        raise
+    except Exception as err:  # noqa: BLE001 -- any shape of a hostile body is a bad response, never a raise
+        try:
+            shown = json.dumps(data)
+        except (ValueError, TypeError, RecursionError):
+            shown = f"({type(data).__name__} body not printable)"
+        raise BadResponseError(f"malformed {kind} response ({type(err).__name__}: {clip(err, 200)}): "
+                               f"{clip(shown, 200)}") from None

@@ -8,7 +8,9 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from treadle.untrusted import mask_secrets
 
 __all__ = ["ToolCall", "Usage", "TokenLogprob", "ChatResult", "FailureKind", "Failure", "StructuredResult",
            "LLMCallError"]
@@ -103,6 +105,12 @@ class Failure(_Record):
     status_code: int | None = Field(None, description="HTTP status, when there was one.")
     attempts: int = Field(1, description="Attempts made (1 + retries, or 1 + repairs for invalid_output).")
     last_output: str | None = Field(None, description="invalid_output: the model's last text.")
+
+    @field_validator("message", "last_output")
+    @classmethod
+    def _masked(cls, v: str | None) -> str | None:
+        # the boundary every failure crosses on its way to a message, a trajectory or a run folder
+        return None if v is None else mask_secrets(v)
 
     @classmethod
     def of(cls, kind: FailureKind, message: str, role: str, **kw) -> "Failure":

@@ -2,17 +2,22 @@
 
 Extraction accepts a bare JSON value, one inside a ```json fence, or the first JSON object/array
 embedded in prose that validates; the pydantic error of the best candidate is what a repair re-ask quotes.
+Extraction is linear in the reply: fences are found with ``str.find``, at most :data:`MAX_EMBEDDED` embedded
+openers are tried, and every candidate goes through :func:`treadle.untrusted.loads_json` (nesting bounded,
+duplicated keys rejected, over-long integers a parse failure), so garbage text is "no JSON", never a raise.
 """
 from __future__ import annotations
 
 import json
-import re
 
 from pydantic import BaseModel, ValidationError
 
-__all__ = ["response_format", "schema_instruction", "extract_and_validate"]
+from treadle.untrusted import UntrustedInputError, clip, fenced_blocks, loads_json
 
-_FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.S)
+__all__ = ["MAX_EMBEDDED", "response_format", "schema_instruction", "extract_and_validate"]
+
+MAX_EMBEDDED = 32
+"""Embedded ``{`` / ``[`` positions tried per reply (each try is linear in the reply)."""
 
 
 def response_format(schema: type[BaseModel], mode: str) -> dict | None:
@@ -30,31 +35,44 @@ def schema_instruction(schema: type[BaseModel]) -> str:
 
 def _candidates(text: str):
     yield text.strip()
-    for m in _FENCE.finditer(text):
-        yield m.group(1).strip()
+    for body in fenced_blocks(text):
+        yield body.strip()
     dec = json.JSONDecoder()
-    for i, c in enumerate(text):
-        if c in "{[":
-            try:
-                _, end = dec.raw_decode(text, i)
-            except json.JSONDecodeError:
-                continue
-            yield text[i:end]
+    tried, i = 0, 0
+    while tried < MAX_EMBEDDED:
+        starts = [p for p in (text.find("{", i), text.find("[", i)) if p >= 0]
+        if not starts:
+            return
+        i = min(starts)
+        tried += 1
+        try:
+            _, end = dec.raw_decode(text, i)
+        except (ValueError, RecursionError):  # JSONDecodeError, the int-str digit limit, deep nesting
+            i += 1
+            continue
+        yield text[i:end]
+        i = end
 
 
 def extract_and_validate(text: str, schema: type[BaseModel]) -> tuple[BaseModel | None, str | None]:
     """``(instance, None)`` for the first JSON candidate in ``text`` that validates, else ``(None, error)``
     with the validation error of the first parseable candidate (or 'no JSON found')."""
     first_error = None
+    if not isinstance(text, str):
+        return None, f"the reply is not text ({type(text).__name__})"
     for cand in _candidates(text):
         if not cand:
             continue
         try:
-            data = json.loads(cand)
-        except json.JSONDecodeError:
+            data = loads_json(cand, what="the reply's JSON")
+        except UntrustedInputError as err:
+            if "duplicated key" in str(err) or "nested too deep" in str(err):
+                first_error = first_error or str(err)
             continue
         try:
             return schema.model_validate(data), None
         except ValidationError as err:
-            first_error = first_error or str(err)
+            first_error = first_error or clip(err, 2000)
+        except (ValueError, TypeError, RecursionError) as err:  # a validator that raised on hostile data
+            first_error = first_error or clip(f"{type(err).__name__}: {err}", 2000)
     return None, first_error or "no JSON object found in the reply"

@@ -22,6 +22,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict
+from treadle.untrusted import clip
 
 __all__ = ["ANSWER_CHECKER_VERSION", "EXACT_CHECKER_VERSION", "AnswerChecker", "AnswerVerdict", "exact_number_equal",
            "math_verify_equal"]
@@ -163,7 +164,7 @@ class AnswerChecker:
         except FutureTimeout:
             return AnswerVerdict(correct=False, status="timeout", detail="killed by the parent after the timeout")
         except Exception as err:  # the check raised, or its worker died (e.g. MemoryError, killed)
-            return AnswerVerdict(correct=False, status="error", detail=f"{type(err).__name__}: {err}"[:300])
+            return AnswerVerdict(correct=False, status="error", detail=clip(f"{type(err).__name__}: {err}", 300))
 
     def check(self, answer: str, reference: str) -> AnswerVerdict:
         """Whether ``answer`` matches ``reference``. Never raises for what the check does (TypeError for

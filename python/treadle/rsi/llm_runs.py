@@ -109,12 +109,18 @@ async def run_llm(out_dir, queue: list, domain, client: LLMClient, rounds: int, 
             _write_atomic(out / "measure.jsonl", "".join(q.model_dump_json() + "\n" for q in points))
 
     if state_path.exists():
-        st = json.loads(state_path.read_text())
-        done, per_round, reports = st["round"], st["per_round"], st["reports"]
-        points = [QueuePoint.model_validate(q) for q in st.get("points", [])]
-        solver_prompt = st.get("solver_prompt", solver_prompt)
-        loop.harness = Harness.model_validate(st["harness"])
-        chains = {k: ttype.model_validate(v) for k, v in st["chains"].items()}
+        try:  # a hand-edited or truncated state.json is one line, not a traceback
+            st = json.loads(state_path.read_text())
+            done, per_round, reports = st["round"], list(st["per_round"]), list(st["reports"])
+            if not isinstance(done, int) or isinstance(done, bool) or done < 0:
+                raise ValueError(f"'round' is {done!r}, not an int >= 0")
+            points = [QueuePoint.model_validate(q) for q in st.get("points", [])]
+            solver_prompt = st.get("solver_prompt", solver_prompt)
+            loop.harness = Harness.model_validate(st["harness"])
+            chains = {k: ttype.model_validate(v) for k, v in st["chains"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError, OSError, RecursionError) as err:
+            raise RunMismatchError(f"{state_path} is not a readable run state ({type(err).__name__}: "
+                                   f"{' '.join(str(err).split())[:200]}); the folder is left as it is") from None
         for name in ("problems.jsonl", "repairs.jsonl", "failures.jsonl", "log.jsonl"):
             _keep_rounds(out / name, done)
     else:

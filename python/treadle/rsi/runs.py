@@ -217,12 +217,18 @@ def run(out_dir, seeds: list[MathTask], heldout: list[MathTask] = (), loop: Loop
         _write_atomic(cfg_path, cfg.model_dump_json(indent=1))
     solver_impl = solver_obj or build_solver(solver)
     if state_path.exists():
-        st = json.loads(state_path.read_text())
-        done = st["round"]
-        L = RSILoop(seeds, solver_impl, loop, harness=Harness.model_validate(st["harness"]))
-        L.h0 = Harness.model_validate(st["h0"])
-        L.chains = {k: MathTask.model_validate(v) for k, v in st["chains"].items()}
-        L.round, L.curve, L.curve_ci = done, st["curve"], [tuple(c) for c in st["curve_ci"]]
+        try:  # a hand-edited or truncated state.json is one line, not a traceback
+            st = json.loads(state_path.read_text())
+            done = st["round"]
+            if not isinstance(done, int) or isinstance(done, bool) or done < 0:
+                raise ValueError(f"'round' is {done!r}, not an int >= 0")
+            L = RSILoop(seeds, solver_impl, loop, harness=Harness.model_validate(st["harness"]))
+            L.h0 = Harness.model_validate(st["h0"])
+            L.chains = {k: MathTask.model_validate(v) for k, v in st["chains"].items()}
+            L.round, L.curve, L.curve_ci = done, list(st["curve"]), [tuple(c) for c in st["curve_ci"]]
+        except (ValueError, KeyError, TypeError, AttributeError, OSError, RecursionError) as err:
+            raise RunMismatchError(f"{state_path} is not a readable run state ({type(err).__name__}: "
+                                   f"{' '.join(str(err).split())[:200]}); the folder is left as it is") from None
         L.log = [r for r in _keep_rounds(out / "log.jsonl", done)]
         L.ledger = CostLedger([CostEntry.model_validate(r) for r in _keep_rounds(out / "ledger.jsonl", done)])
         for name in ("problems.jsonl", "repairs.jsonl"):

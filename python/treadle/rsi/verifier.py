@@ -31,7 +31,23 @@ class TaskCheck:
     answer: str | None
 
 
+_SAFE = re.compile(r"[0-9x+\-*/()]{1,2000}")
+_LONG_NUMBER = re.compile(r"\d{31}")
+
+
 def _parse(expr: str):
+    """sympy expression of task text. ``sympy.parse_expr`` ``eval``s its input, so only the grammar tasks are
+    rendered in reaches it: integers of at most 30 digits, ``x`` at most twice (``sympy.solve`` stays at degree
+    2), ``+ - * /``, parentheses nested at most 20 deep, no ``**``. Model-written task text can then neither run
+    code nor build an exponent tower."""
+    if not _SAFE.fullmatch(expr) or "**" in expr or _LONG_NUMBER.search(expr) or expr.count("x") > 2:
+        raise SyntaxError("outside the task grammar")
+    depth = best = 0
+    for c in expr:
+        depth += (c == "(") - (c == ")")
+        best = max(best, depth)
+    if best > 20:
+        raise SyntaxError("parentheses nested too deep")
     return sympy.parse_expr(expr, local_dict={"x": _X}, evaluate=True)
 
 
@@ -52,7 +68,8 @@ def check_task(text: str, reference: str) -> TaskCheck:
             if len(sols) != 1:
                 return TaskCheck(False, "no_unique_solution", None)
             val = sols[0]
-    except (sympy.SympifyError, SyntaxError, TypeError, ZeroDivisionError):
+    except (sympy.SympifyError, SyntaxError, TypeError, ValueError, ZeroDivisionError, AttributeError,
+            RecursionError):
         return TaskCheck(False, "unparsable", None)
     if not val.is_Integer:
         return TaskCheck(False, "non_integer_answer", str(val))
@@ -68,8 +85,10 @@ def check_answer(answer: str, reference: str) -> bool:
     nums = _NUM.findall(answer or "")
     if not nums:
         return False
+    if len(nums[-1]) > 200:  # no task answer is that long; sympy would parse it digit by digit
+        return False
     try:
         return sympy.Rational(nums[-1]) == sympy.Rational(reference)
-    except (TypeError, ValueError, sympy.SympifyError):
+    except (TypeError, ValueError, ZeroDivisionError, sympy.SympifyError):
         return False
 

@@ -44,6 +44,7 @@ from treadle.weft.runtime import ToolOutcome
 from treadle.weft.runtime.sqlite_state import SqliteState
 from treadle.weft.runtime.state import Snapshot
 from treadle.weft.runtime.verify import CheckpointResult, CheckpointSpec, StateAssertion
+from treadle.untrusted import loads_json
 
 
 class Blame(str, Enum):
@@ -365,7 +366,7 @@ async def llm_attribute(client: Any, att: Attribution, *, role: str = "attributo
     except LLMCallError as err:
         return att.model_copy(update={"llm": {"role": role, "error": f"{err.failure.kind.value}: {err.failure.message}"}})
     try:
-        doc = json.loads(re.sub(r"^```(?:json)?|```$", "", r.text.strip()).strip())
+        doc = loads_json(re.sub(r"^```(?:json)?|```$", "", r.text.strip()).strip(), duplicates=True)
         blame = Blame(doc["blame"])
         reason = str(doc.get("reason", ""))
         if blame not in _LLM_BLAMES:

@@ -16,7 +16,6 @@ them reset to exactly the grounded state.
 """
 from __future__ import annotations
 
-import re
 import sqlite3
 from typing import Any
 
@@ -43,14 +42,18 @@ def new_id(con: sqlite3.Connection, table: str, column: str) -> Any:
     ints = [v for v in values if isinstance(v, int)]
     if ints or not values:
         return max(ints, default=0) + 1
-    best = None
+    best: tuple[str, str] | None = None
     for v in values:
-        m = re.fullmatch(r"(.*?)(\d+)", str(v))
-        if m and (best is None or int(m.group(2)) > int(best.group(2))):
-            best = m
+        s = str(v)
+        head = s.rstrip("0123456789")  # prefix + trailing digits, linear (a lazy regex is quadratic on digits)
+        digits = s[len(head):]
+        if not digits or "\n" in head or len(digits) > 18:
+            continue
+        if best is None or int(digits) > int(best[1]):
+            best = (head, digits)
     if best is None:
-        raise GroundingError(f"cannot make a new id for {table}.{column} from values like {values[:3]}")
-    return f"{best.group(1)}{int(best.group(2)) + 1:0{len(best.group(2))}d}"
+        raise GroundingError(f"cannot make a new id for {table}.{column} from values like {str(values[:3])[:200]}")
+    return f"{best[0]}{int(best[1]) + 1:0{len(best[1])}d}"
 
 
 def columns_of(con: sqlite3.Connection, table: str) -> list[str]:

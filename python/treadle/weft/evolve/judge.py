@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from treadle.weft.rollouts.tasks import AtomicTask
+from treadle.untrusted import loads_json
 
 __all__ = ["Criterion", "JudgeScore", "Pilot", "Rubric", "atomic_tasks_of", "judge", "pilot_scores", "pilots_of",
            "rubric_of"]
@@ -105,7 +106,7 @@ def _transcript(messages: Sequence[dict]) -> list[dict[str, Any]]:
 
 
 def _parse(text: str, n: int) -> tuple[list[float], str]:
-    doc = json.loads(re.sub(r"^```(?:json)?|```$", "", text.strip()).strip())
+    doc = loads_json(re.sub(r"^```(?:json)?|```$", "", text.strip()).strip(), duplicates=True)
     if not isinstance(doc, dict) or not isinstance(doc.get("scores"), list):
         raise ValueError('expected a JSON object with a "scores" list')
     scores = doc["scores"]

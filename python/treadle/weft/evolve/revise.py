@@ -36,7 +36,6 @@ an LLM never rewrites (the loop restores its certified source instead).
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from treadle.weft.evolve.attribute import Attribution
 from treadle.weft.evolve.synth_validate import Backend
 from treadle.weft.runtime.state import Snapshot
 from treadle.weft.runtime.verify import CheckpointSpec, StateAssertion
+from treadle.untrusted import clip, fenced_blocks, loads_json
 
 __all__ = ["REVISE_ROLES", "ArgumentRevision", "ComposedRevision", "LLMReviser", "RevisionAttempt", "StateRevision",
            "SynthEnv", "VerifierRevision", "read_only_sql", "undecided_parts"]
@@ -144,8 +144,10 @@ class RevisionAttempt(BaseModel):
 
 
 def _json_of(text: str) -> Any:
-    m = re.search(r"```(?:json)?\s*(.*?)```", text, re.S)
-    return json.loads(m.group(1) if m else text)
+    """The JSON of a model's answer (its first fenced block, else the whole text): linear, bounded nesting;
+    raises :class:`~treadle.untrusted.UntrustedInputError` (a ``ValueError``)."""
+    blocks = fenced_blocks(text)
+    return loads_json(blocks[0] if blocks else text, duplicates=True, what="the answer's JSON")
 
 
 def read_only_sql(sql: str, snapshot: Snapshot) -> str:
@@ -232,7 +234,7 @@ class LLMReviser:
             except SandboxUnavailableError:
                 raise  # no sandbox on this machine: nothing generated can be validated, say so
             except Exception as err:  # noqa: BLE001  (a proposal that breaks its validation is rejected, not fatal)
-                result, why = None, f"validation raised {type(err).__name__}: {str(err)[:300]}"
+                result, why = None, f"validation raised {type(err).__name__}: {clip(err, 300)}"
             self.log.append(RevisionAttempt(component=component, role=role, attempt=k, accepted=not why,
                                             detail=why or "accepted: passed validation", answer=r.text[:2000]))
             if not why:

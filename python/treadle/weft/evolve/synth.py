@@ -17,12 +17,12 @@ budget; nothing accepted earlier is lost.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from treadle.weft.evolve.synth_validate import Backend, Checks, Design, Failure, Schema, Stage, validate
+from treadle.untrusted import fenced_blocks, loads_json
 
 ROLES = ("designer", "schema", "backend", "checker")
 _MODELS = {Stage.design: Design, Stage.contract: Design, Stage.schema: Schema, Stage.backend: Backend,
@@ -56,8 +56,10 @@ class SynthResult(BaseModel):
 
 
 def _json_of(text: str) -> Any:
-    m = re.search(r"```(?:json)?\s*(.*?)```", text, re.S)
-    return json.loads(m.group(1) if m else text)
+    """The JSON of a model's answer (its first fenced block, else the whole text): linear, bounded nesting;
+    raises :class:`~treadle.untrusted.UntrustedInputError` (a ``ValueError``)."""
+    blocks = fenced_blocks(text)
+    return loads_json(blocks[0] if blocks else text, duplicates=True, what="the answer's JSON")
 
 
 def _prompt(stage: Stage, context: dict[str, Any], failures: list[Failure] | None) -> list[dict[str, str]]:

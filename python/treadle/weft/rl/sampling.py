@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from treadle.weft.rl.gold import REPLY, NoAtomicTurnsError, TurnStart, tool_text
 from treadle.weft.rollouts.harnesses import Harness
 from treadle.weft.rollouts.records import CallRecord, ParsedCall, PolicyOutput
+from treadle.untrusted import clip
 
 __all__ = ["FLAGS", "ENV_ERROR_KINDS", "Candidate", "TurnGroup", "Sampler", "HFSampler", "ReplaySampler", "sample_segments",
            "sample_groups", "prefix_ids", "GroupSizeError", "NoAtomicTurnsError"]
@@ -360,7 +361,7 @@ async def sample_segments(rt, server_hash: str, starts: Sequence[TurnStart], n: 
                     sid = await rt.fork(base)
                     state_hash = rt.snapshot(sid).digest
                 except Exception as err:  # noqa: BLE001  (an environment failure of this candidate)
-                    failure = f"fork: {type(err).__name__}: {err}"[:500]
+                    failure = clip(f"fork: {type(err).__name__}: {err}", 500)
                 rows.append(_Row(ts, g, sid, state_hash, list(pids), list(ts.messages), env_failure=failure,
                                  done=failure is not None))
         for step in range(max_steps):
@@ -372,7 +373,7 @@ async def sample_segments(rt, server_hash: str, starts: Sequence[TurnStart], n: 
                 try:
                     await _step(rt, r, gen, tokenizer, harness, sampler.eos_id)
                 except Exception as err:  # noqa: BLE001  (the environment failed, not the policy)
-                    r.env_failure, r.done = f"{type(err).__name__}: {err}"[:500], True
+                    r.env_failure, r.done = clip(f"{type(err).__name__}: {err}", 500), True
         groups = []
         for i, ts in enumerate(starts):
             cands = []
@@ -390,7 +391,7 @@ async def sample_segments(rt, server_hash: str, starts: Sequence[TurnStart], n: 
                             r.env_failure = "checkpoint: " + "; ".join(v.details)[:500]
                         rr = 0 if r.truncated else v.r
                     except Exception as err:  # noqa: BLE001
-                        r.env_failure = f"verify: {type(err).__name__}: {err}"[:500]
+                        r.env_failure = clip(f"verify: {type(err).__name__}: {err}", 500)
                 if r.env_failure is not None:
                     rr = 0
                 cands.append(Candidate(index=r.index, response_ids=tuple(r.response), policy_mask=tuple(r.mask),

@@ -19,6 +19,7 @@ from treadle.weft.rollouts.config import ENVS, Component, SampleConfig, build_se
 from treadle.weft.rollouts.records import Trajectory
 from treadle.weft.rollouts.rollout import ROLLOUTS, endpoint_failure, trajectory_key
 from treadle.weft.rollouts.tasks import RolloutTask
+from treadle.untrusted import clip
 
 __all__ = ["ENVS", "TRAJECTORIES", "Component", "ConfigMismatchError", "RunDirError", "SampleConfig",
            "build_setup", "check_run_dir", "env_builder", "read_trajectories", "sample", "sample_async", "shop_env"]
@@ -181,7 +182,7 @@ async def sample_async(run_dir: str | Path, tasks: Sequence[RolloutTask], cfg: S
                             from treadle.weft.rollouts.rollout import _trajectory
 
                             tr = _trajectory(task, env, method, k, setup, [], [], [], [], False,
-                                             failure=f"{type(err).__name__}: {err}"[:1000])
+                                             failure=clip(f"{type(err).__name__}: {err}", 1000))
                         async with lock:
                             fh.write(tr.model_dump_json() + "\n")
                             fh.flush()

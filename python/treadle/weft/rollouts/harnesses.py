@@ -5,6 +5,10 @@ has ONE tolerant parser used for data generation, training and evaluation alike,
 call and a tool result look in the history. ``parser`` and ``tolerance`` are stored in every
 trajectory. An unparseable span becomes a :class:`ParseFailure` (a policy error, shown to the model
 as an observation), a made-up tool name is dispatched and comes back ``unknown_tool``: never a crash.
+Every parser is linear in the output's length (line scans and ``str.find``, regexes only on single lines
+with no nested or adjacent overlapping quantifiers; JSON through :func:`treadle.untrusted.loads_json`,
+which bounds nesting and rejects duplicated keys), so one degenerate output cannot stall the event loop
+that parses it next to other rollouts.
 
 Adding a harness is one class registered with ``@HARNESSES.register("name")``. OpenClaw (the
 paper's third harness) lives in :mod:`~treadle.weft.rollouts.openclaw`; a harness may also define
@@ -18,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from treadle.llm.records import ToolCall as NativeCall
+from treadle.untrusted import loads_json, strip_fence
 from treadle.weft.runtime.callparse import ToolCall
 from treadle.weft.rollouts.records import ParsedCall, ParsedStep, ParseFailure, PolicyOutput
 from treadle.weft.rollouts.registry import HARNESSES
@@ -50,16 +55,63 @@ def _args_obj(raw: Any) -> dict[str, Any]:
     if raw is None or raw == "":
         return {}
     if isinstance(raw, str):
-        raw = json.loads(_unfence(raw))
+        raw = loads_json(strip_fence(raw), what="tool-call arguments")
     if not isinstance(raw, dict):
         raise ValueError(f"arguments must be a JSON object, got {type(raw).__name__}")
     return raw
 
 
-def _unfence(s: str) -> str:
-    s = s.strip()
-    m = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", s, flags=re.S)
-    return m.group(1) if m else s
+def _blocks(text: str, open_tag: str, close_tag: str) -> tuple[list[str], str]:
+    """The bodies between ``open_tag`` and ``close_tag`` (an unclosed last block runs to the end of the text),
+    and the text with the blocks removed: ``str.find`` scans, linear in the text."""
+    bodies, rest, i = [], [], 0
+    while True:
+        a = text.find(open_tag, i)
+        if a < 0:
+            rest.append(text[i:])
+            break
+        rest.append(text[i:a])
+        b = text.find(close_tag, a + len(open_tag))
+        if b < 0:
+            bodies.append(text[a + len(open_tag):])
+            break
+        bodies.append(text[a + len(open_tag):b])
+        i = b + len(close_tag)
+    return bodies, "".join(rest)
+
+
+_ACTION_LINE = re.compile(r"Action[ \t]*:(.*)", re.I)
+_INPUT_LINE = re.compile(r"Action[ \t]+Input[ \t]*:(.*)", re.I)
+_STOP_LINE = re.compile(r"(?:Action[ \t]*:|Thought[ \t]*:|Observation[ \t]*:|Final[ \t]+Answer[ \t]*:)", re.I)
+_FINAL = re.compile(r"Final[ \t]+Answer[ \t]*:", re.I)
+_TOOL_NAME = re.compile(r"[A-Za-z_][\w.\-]*")
+
+
+def _react_actions(text: str) -> list[tuple[str, str, str]]:
+    """``(name, raw input, raw span)`` per ``Action:`` line, its ``Action Input:`` (the next non-blank line) running
+    until the next Action/Thought/Observation/Final Answer line; one pass over the lines (each line is
+    ``lstrip``-ed before an anchored match, so no regex rescans whitespace)."""
+    lines = text.split("\n")
+    out, i, n = [], 0, len(lines)
+    while i < n:
+        m = _ACTION_LINE.match(lines[i].lstrip())
+        if m is None:
+            i += 1
+            continue
+        j = i + 1
+        while j < n and not lines[j].strip():
+            j += 1
+        mi = _INPUT_LINE.match(lines[j].lstrip()) if j < n else None
+        if mi is None:
+            out.append((m.group(1).strip(), "", lines[i]))
+            i += 1
+            continue
+        k = j + 1
+        while k < n and _STOP_LINE.match(lines[k].lstrip()) is None:
+            k += 1
+        out.append((m.group(1).strip(), "\n".join([mi.group(1), *lines[j + 1:k]]).strip(), "\n".join(lines[i:k])))
+        i = k
+    return out
 
 
 class _TextHarness:
@@ -87,7 +139,6 @@ class HermesHarness(_TextHarness):
     parser: ClassVar[str] = "hermes-json-v1"
     tolerance: ClassVar[str] = ("native tool_calls from a server-side parser; missing closing tag at end of text; ```json fences; 'parameters' for 'arguments'; "
                                 "arguments as a JSON string; whitespace")
-    _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.S)
 
     def instructions(self, tools: Sequence[dict]) -> str:
         return ("To call a tool, write <tool_call>{\"name\": <tool>, \"arguments\": <object>}</tool_call>; "
@@ -95,17 +146,17 @@ class HermesHarness(_TextHarness):
 
     def parse_text(self, out: PolicyOutput) -> ParsedStep:
         calls, fails = [], []
-        for i, m in enumerate(self._BLOCK.finditer(out.text)):
-            raw = m.group(1)
+        bodies, rest = _blocks(out.text, "<tool_call>", "</tool_call>")
+        for i, raw in enumerate(bodies):
             try:
-                obj = json.loads(_unfence(raw))
+                obj = loads_json(strip_fence(raw), what="tool call")
                 if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
                     raise ValueError("expected an object with a string 'name'")
                 calls.append(ParsedCall(id=f"call_{i}", name=obj["name"],
                                         arguments=_args_obj(obj.get("arguments", obj.get("parameters")))))
             except (ValueError, TypeError) as err:
                 fails.append(ParseFailure(raw=raw[:500], message=f"{type(err).__name__}: {err}"))
-        reply = self._BLOCK.sub("", out.text).strip()
+        reply = rest.strip()
         return ParsedStep(calls=tuple(calls), failures=tuple(fails), reply=reply)
 
     def tool_messages(self, calls: Sequence[ParsedCall], texts: Sequence[str]) -> list[dict[str, Any]]:
@@ -128,10 +179,6 @@ class ReActHarness(_TextHarness):
     parser: ClassVar[str] = "react-v1"
     tolerance: ClassVar[str] = ("native tool_calls from a server-side parser; case-insensitive keys; several Action blocks; empty or missing Action Input = {}; "
                                 "```json fences; 'Final Answer:' optional")
-    _ACTION = re.compile(r"^\s*Action\s*:\s*(.*?)\s*$\n?(?:^\s*Action\s+Input\s*:\s*(.*?)"
-                         r"(?=^\s*(?:Action\s*:|Thought\s*:|Observation\s*:|Final\s+Answer\s*:)|\Z))?",
-                         re.I | re.M | re.S)
-
     def instructions(self, tools: Sequence[dict]) -> str:
         return ("Answer in this format: 'Thought: <reasoning>' then either 'Action: <tool name>' and "
                 "'Action Input: <JSON object>' (the result comes back as 'Observation: ...'), or "
@@ -139,18 +186,22 @@ class ReActHarness(_TextHarness):
 
     def parse_text(self, out: PolicyOutput) -> ParsedStep:
         calls, fails = [], []
-        for i, m in enumerate(self._ACTION.finditer(out.text)):
-            name, raw = m.group(1).strip(), (m.group(2) or "").strip()
-            if not re.fullmatch(r"[A-Za-z_][\w.\-]*", name):
-                fails.append(ParseFailure(raw=m.group(0)[:500], message=f"Action {name!r} is not a tool name"))
+        for i, (name, raw, span) in enumerate(_react_actions(out.text)):
+            if not _TOOL_NAME.fullmatch(name):
+                fails.append(ParseFailure(raw=span[:500], message=f"Action {name[:200]!r} is not a tool name"))
                 continue
             try:
                 calls.append(ParsedCall(id=f"call_{i}", name=name, arguments=_args_obj(raw)))
             except (ValueError, TypeError) as err:
-                fails.append(ParseFailure(raw=m.group(0)[:500], message=f"Action Input: {type(err).__name__}: {err}"))
-        fa = re.search(r"Final\s+Answer\s*:\s*(.*)\Z", out.text, re.I | re.S)
-        reply = fa.group(1).strip() if fa else ("" if calls or fails else
-                                                re.sub(r"^\s*Thought\s*:.*$", "", out.text, flags=re.I | re.M).strip())
+                fails.append(ParseFailure(raw=span[:500], message=f"Action Input: {type(err).__name__}: {err}"))
+        fa = _FINAL.search(out.text)
+        if fa is not None:
+            reply = out.text[fa.end():].strip()
+        elif calls or fails:
+            reply = ""
+        else:
+            reply = "\n".join(ln for ln in out.text.split("\n")
+                              if not re.match(r"Thought[ \t]*:", ln.lstrip(), re.I)).strip()
         return ParsedStep(calls=tuple(calls), failures=tuple(fails), reply=reply)
 
     def tool_messages(self, calls: Sequence[ParsedCall], texts: Sequence[str]) -> list[dict[str, Any]]:

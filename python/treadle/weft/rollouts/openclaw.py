@@ -38,7 +38,8 @@ from treadle.weft.rollouts.registry import HARNESSES
 BOOTSTRAP_FILES = ("AGENTS.md", "SOUL.md", "TOOLS.md", "IDENTITY.md", "USER.md", "HEARTBEAT.md")
 SILENT_REPLY_TOKEN = "NO_REPLY"
 IDENTITY_LINE = "You are a personal assistant running inside OpenClaw."
-_REPLY_TAG = re.compile(r"\[\[\s*reply_to(?:_current|\s*:\s*[^\]]*)\s*\]\]")
+# the tag's body is bounded and cannot contain brackets, so a text of many unclosed tags is scanned once
+_REPLY_TAG = re.compile(r"\[\[[ \t]*reply_to(?:_current[ \t]*|[ \t]*:[^\[\]\n]{0,200})\]\]")
 _THINK = re.compile(r"<think>.*?(?:</think>|\Z)", re.S)
 _FINAL = re.compile(r"<final>(.*?)(?:</final>|\Z)", re.S)
 

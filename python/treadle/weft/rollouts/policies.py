@@ -22,6 +22,7 @@ from treadle.weft.rollouts.harnesses import Harness
 from treadle.weft.rollouts.records import PolicyOutput
 from treadle.weft.rollouts.registry import POLICIES
 from treadle.weft.rollouts.tasks import AtomicTask, RolloutTask
+from treadle.untrusted import clip
 
 PERTURBATIONS = ("wrong_argument", "skipped_call", "extra_call", "malformed_call", "made_up_tool")
 
@@ -75,7 +76,7 @@ class LLMPolicy:
             f = err.failure
             return PolicyOutput(finish_reason="error", error=f"{f.kind.value}: {f.message}"[:500])
         except Exception as err:  # noqa: BLE001  (a rollout records the failure; the batch goes on)
-            return PolicyOutput(finish_reason="error", error=f"{type(err).__name__}: {err}"[:500])
+            return PolicyOutput(finish_reason="error", error=clip(f"{type(err).__name__}: {err}", 500))
         return PolicyOutput(text=r.text, tool_calls=r.tool_calls, finish_reason=r.finish_reason,
                             token_ids=r.token_ids)
 
@@ -212,4 +213,4 @@ class HFPolicy:
             async with self._lock:
                 return await anyio.to_thread.run_sync(self._generate, list(messages), list(tools), seed)
         except Exception as err:  # noqa: BLE001  (a failed generation is a recorded failure)
-            return PolicyOutput(finish_reason="error", error=f"{type(err).__name__}: {err}"[:500])
+            return PolicyOutput(finish_reason="error", error=clip(f"{type(err).__name__}: {err}", 500))

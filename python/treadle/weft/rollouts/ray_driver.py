@@ -30,6 +30,7 @@ import anyio
 
 from treadle.weft.rollouts.records import Trajectory
 from treadle.weft.rollouts.tasks import RolloutTask
+from treadle.untrusted import clip
 
 __all__ = ["RolloutActor", "needs_llm_client", "run_on_ray"]
 
@@ -71,7 +72,7 @@ class RolloutActor:
             tr = self.portal.call(ROLLOUTS[method], self.rt, env, task, k, self.setup)
         except Exception as err:  # noqa: BLE001  (recorded; siblings go on)
             tr = _trajectory(task, env, method, k, self.setup, [], [], [], [], False,
-                             failure=f"{type(err).__name__}: {err}"[:1000])
+                             failure=clip(f"{type(err).__name__}: {err}", 1000))
         return tr.model_dump_json()
 
 
@@ -170,10 +171,10 @@ async def run_on_ray(jobs: Sequence[tuple[RolloutTask, str, int]], *, envs: dict
                     todo.append((task, method, k, tries + 1))
                     continue
                 tr = _trajectory(task, envs[task.env], method, k, setup, [], [], [], [], False,
-                                 failure=f"worker lost {tries + 1} times: {type(err).__name__}: {err}"[:1000])
+                                 failure=clip(f"worker lost {tries + 1} times: {type(err).__name__}: {err}", 1000))
             except Exception as err:  # noqa: BLE001  (Ray could not run it: recorded, a rerun redoes it)
                 tr = _trajectory(task, envs[task.env], method, k, setup, [], [], [], [], False,
-                                 failure=f"{type(err).__name__}: {err}"[:1000])
+                                 failure=clip(f"{type(err).__name__}: {err}", 1000))
             else:
                 tr = Trajectory.model_validate_json(text)
             finally:

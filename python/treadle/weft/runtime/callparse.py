@@ -5,7 +5,10 @@ Accepts ``f(a=1, b="x")``, dotted names (``Class.method(...)``: the last part is
 style). Argument values must be literals (numbers, strings, bytes, True/False/None, and
 lists/tuples/dicts/sets of literals, negative numbers): anything else (names, calls, attribute
 access, comprehensions, f-strings) is rejected. Positional arguments need ``param_order`` (the
-tool's parameter names in order) to be mapped to names.
+tool's parameter names in order) to be mapped to names. A dict literal that repeats a key is rejected (a
+model that writes two values for one key has not made a call), as is an argument given twice. Parsing is
+bounded: at most :data:`MAX_CALL_CHARS` characters, and ``ast`` refuses nesting deeper than 200 brackets
+and integers over Python's digit limit (both a :class:`CallParseError`).
 """
 from __future__ import annotations
 
@@ -31,7 +34,24 @@ class ToolCall(BaseModel):
         return f"{self.name}({args})"
 
 
+def _no_duplicate_keys(node: ast.AST, text: str) -> None:
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Dict):
+            seen: set = set()
+            for k in sub.keys:
+                if isinstance(k, ast.Constant):
+                    try:
+                        new = k.value not in seen
+                        seen.add(k.value)
+                    except TypeError:  # an unhashable key: literal_eval rejects it below
+                        continue
+                    if not new:
+                        raise CallParseError(f"dict key {k.value!r:.60} given twice in "
+                                             f"{(ast.get_source_segment(text, sub) or '')[:80]!r}")
+
+
 def _literal(node: ast.AST, text: str) -> Any:
+    _no_duplicate_keys(node, text)
     try:
         return ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as err:
@@ -81,8 +101,8 @@ def _parse_expr(text: str) -> ast.expr:
         raise CallParseError(f"call string too long ({len(text)} chars > {MAX_CALL_CHARS})")
     try:
         return ast.parse(text.strip(), mode="eval").body
-    except SyntaxError as err:
-        raise CallParseError(f"not a call: {err.msg} in {text[:120]!r}") from None
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as err:
+        raise CallParseError(f"not a call: {getattr(err, 'msg', None) or err} in {text[:120]!r}") from None
 
 
 def parse_call(text: str, *, keep_dotted: bool = False,

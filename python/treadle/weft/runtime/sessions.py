@@ -1,7 +1,6 @@
 """A session's bookkeeping and the binding of sessions to a connected MCP server (runtime-internal)."""
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import tempfile
@@ -18,6 +17,7 @@ from treadle.weft.runtime.registry import ServerSpec
 from treadle.weft.runtime.records import LogEntry
 from treadle.weft.runtime.server import ToolError, WeftServer
 from treadle.weft.runtime.state import Snapshot, StateBackend
+from treadle.untrusted import loads_json
 
 Transport = Literal["inproc", "stdio", "http"]
 TRANSPORTS = ("inproc", "stdio", "http")
@@ -90,7 +90,7 @@ def result_payload(res: Any) -> tuple[Any, str]:
     text = "".join(getattr(c, "text", "") for c in (res.content or []))
     if res.structured_content is not None:
         return res.structured_content, text
-    try:
-        return json.loads(text), text
+    try:  # a tool result is server output: nesting bounded, an over-long integer is text, never a raise
+        return loads_json(text, duplicates=True, what="tool result"), text
     except ValueError:
         return text, text
