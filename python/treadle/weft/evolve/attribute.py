@@ -53,6 +53,7 @@ class Blame(str, Enum):
     environment = "environment"
     task = "task"
     evaluator = "evaluator"
+    harness = "harness"
     undecided = "undecided"
 
 
