@@ -269,7 +269,9 @@ async def _start_state_at_fault(rt: Any, server_hash: str, start: Snapshot, spec
 async def attribute(rt: Any, server_hash: str, start: Snapshot, spec: CheckpointSpec, evidence: ReferenceEvidence,
                     outcomes: Sequence[ToolOutcome], verdict: CheckpointResult, *, turn: int = 0,
                     rubric_pass: bool | None = None, harness_verdicts: dict[str, int] | None = None,
-                    min_harnesses: int = 3) -> Attribution:
+                    min_harnesses: int = 3, request: str | None = None, harness: Any = None,
+                    forbidden: Sequence[str] = (), history: Sequence[Any] = (), healthy: str | None = None,
+                    every_harness_rule: bool = True) -> Attribution:
     """Attribute one failed checkpoint (``verdict.r == 0``) deterministically (see the module docstring).
 
     Args:
@@ -279,6 +281,15 @@ async def attribute(rt: Any, server_hash: str, start: Snapshot, spec: Checkpoint
         outcomes, verdict: the policy's calls in the turn and the verifier's verdict on them.
         rubric_pass: a rubric judge's pass/fail on the same trajectory, if any.
         harness_verdicts: ``{harness: r}`` of the same task under each harness, if known.
+        request: the task's request: turns on the task checks (:mod:`~treadle.weft.evolve.task_checks`) and the
+            free-text comparison (:mod:`~treadle.weft.evolve.text_checks`); None leaves them off.
+        harness: the harness the policy's calls went through: checked by :func:`~treadle.weft.evolve.probes.
+            harness_faults` (a harness that cannot carry the reference calls is blamed, ``harness``).
+        forbidden: tools the task forbids besides the verifier's ``forbidden_tools``.
+        history: earlier results the policy could read (a composed node's upstream results).
+        healthy: the certified server (default ``evidence.server_hash``) for the off-path replays.
+        every_harness_rule: a failure under every harness points away from the policy; off when one policy is
+            behind every harness (the evolution loop), where it says nothing.
 
     Raises:
         ValueError: ``verdict`` passed (nothing to attribute).
@@ -322,6 +333,15 @@ async def attribute(rt: Any, server_hash: str, start: Snapshot, spec: Checkpoint
         return Attribution(blame=Blame.evaluator, rule="reference_rejected",
                            detail="the verifier fails the reference plan: " + "; ".join(ref_verdict.details)[:300],
                            **base)
+    if request is not None or harness is not None or forbidden:
+        from treadle.weft.evolve.attribute_more import further_checks
+
+        found = await further_checks(rt, server_hash, start, spec, evidence, outcomes, request=request,
+                                     harness=harness, forbidden=forbidden, history=history, healthy=healthy,
+                                     harness_verdicts=harness_verdicts)
+        if found is not None:
+            blame, rule, detail = found
+            return Attribution(blame=blame, rule=rule, detail=detail[:500], **base)
     ok_results = [o.result for o in outcomes if o.ok]
     if all(any(r == x for x in ok_results) for r in evidence.results) and verdict.diff is not None \
             and verdict.diff.empty and all(o.ok for o in outcomes):
@@ -332,7 +352,7 @@ async def attribute(rt: Any, server_hash: str, start: Snapshot, spec: Checkpoint
         return Attribution(blame=Blame.evaluator, rule="rubric_disagrees",
                            detail="a rubric judge passes what the executable check fails", **base)
     hv = harness_verdicts or {}
-    if len(hv) >= min_harnesses and not any(hv.values()):
+    if every_harness_rule and len(hv) >= min_harnesses and not any(hv.values()):
         return Attribution(blame=Blame.undecided, rule="fails_every_harness",
                            detail=f"fails under every harness {sorted(hv)} while the reference passes: not the "
                                   "policy's, but no executable signal says whose (see llm_attribute)", **base)
@@ -340,14 +360,15 @@ async def attribute(rt: Any, server_hash: str, start: Snapshot, spec: Checkpoint
     return Attribution(blame=Blame.policy, rule=rule, detail="the reference passes; the policy's calls do not", **base)
 
 
-_LLM_BLAMES = (Blame.policy, Blame.environment, Blame.task, Blame.evaluator)
+_LLM_BLAMES = (Blame.policy, Blame.environment, Blame.task, Blame.evaluator, Blame.harness)
 
 
 async def llm_attribute(client: Any, att: Attribution, *, role: str = "attributor", request: str = "") -> Attribution:
     """Ask an LLM role to decide an :attr:`Blame.undecided` attribution from its recorded evidence (the
     trajectory span, the failed check, the reference diff, the deterministic rule that abstained).
 
-    The answer must be a JSON object ``{"blame": "policy"|"environment"|"task"|"evaluator", "reason": str}``;
+    The answer must be a JSON object ``{"blame": "policy"|"environment"|"task"|"evaluator"|"harness",
+    "reason": str}``;
     the raw answer is stored in :attr:`Attribution.llm`. A failed call or an answer of another shape leaves
     the attribution undecided with the problem recorded (never an exception). Decided attributions are
     returned unchanged (the deterministic path always comes first).
@@ -358,7 +379,8 @@ async def llm_attribute(client: Any, att: Attribution, *, role: str = "attributo
 
     evidence = att.model_dump(mode="json", exclude={"llm", "blame"})
     messages = [{"role": "system", "content": "You attribute failed checkpoints of tool-use tasks to the component "
-                                              "at fault: policy, environment, task or evaluator. Answer with one "
+                                              "at fault: policy, environment, task, evaluator or harness (the "
+                                              "prompt and parser between the policy and the tools). Answer with one "
                                               'JSON object {"blame": ..., "reason": ...}.'},
                 {"role": "user", "content": json.dumps({"request": request, "evidence": evidence}, sort_keys=True)}]
     try:

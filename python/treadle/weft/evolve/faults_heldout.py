@@ -114,12 +114,6 @@ class FunctionTagPromptHermes(HermesHarness):
         return out.model_copy(update={"text": out.text.replace("tool_call>", "function_call>")})
 
 
-class HermesOnlyPolicyReAct(ReActHarness):
-    """Not a harness bug: a policy that writes Hermes blocks whatever harness it runs under (it does not adapt
-    to ReAct); the ReAct harness itself is healthy."""
-
-    def render(self, calls, text=""):
-        return HermesHarness().render(calls, text)
 
 
 # -- the cases -------------------------------------------------------------------------------------------------
@@ -136,6 +130,8 @@ class HeldoutFault:
         verifier: the verifier as it is now, made from the generated one (None: the generated one).
         harness: the harness the policy's calls pass through (default Hermes); the healthy ``hermes``,
             ``react`` and ``native`` harnesses give the cross-harness verdicts, this one in place of its kind.
+        writer: the format the policy writes its calls in under ``harness`` (default: the harness's own; a
+            policy that does not adapt to the harness writes another's).
         silent: the fault rewards what it should not (no checkpoint fails).
     """
 
@@ -151,6 +147,7 @@ class HeldoutFault:
     verifier: Callable[[CheckpointSpec], CheckpointSpec] | None = None
     harness: Any = None
     harness_kind: str = "hermes"
+    writer: Any = None
     silent: bool = False
     notes: str = field(default="")
 
@@ -310,7 +307,7 @@ HELDOUT: tuple[HeldoutFault, ...] = (
     HeldoutFault("policy/forbidden-case-read", P, "forbidden_action", "crm", "ho-resolve-no-lookup",
                  calls=["get_case(case_id=1)", 'resolve_case(case_id=1, resolution="Replacement sent")']),
     HeldoutFault("policy/hermes-blocks-under-react", P, "interaction_adaptation", "crm", "crm-escalate",
-                 harness=HermesOnlyPolicyReAct(), harness_kind="react"),
+                 harness=ReActHarness(), harness_kind="react", writer=HermesHarness()),
     HeldoutFault("policy/note-says-otherwise", P, "wrong_text", "crm", "crm-note",
                  calls=["get_case(case_id=1)", 'add_note(case_id=1, body="Refund issued to the card")']),
     HeldoutFault("policy/cancel-instead-of-ship", P, "wrong_tool", "shop", "shop-ship-order",
@@ -394,9 +391,10 @@ class Prepared:
     harness_calls: dict[str, list[ToolCall]]
 
 
-def _through(harness: Any, calls: Sequence[ToolCall]) -> list[ToolCall]:
-    """``calls`` as a policy writes them under ``harness`` (its render) and the harness reads them back."""
-    return [ToolCall(name=c.name, arguments=dict(c.arguments)) for c in harness.parse(harness.render(list(calls))).calls]
+def _through(harness: Any, calls: Sequence[ToolCall], writer: Any = None) -> list[ToolCall]:
+    """``calls`` as a policy writes them under ``harness`` (its render, or ``writer``'s) and the harness reads back."""
+    return [ToolCall(name=c.name, arguments=dict(c.arguments))
+            for c in harness.parse((writer or harness).render(list(calls))).calls]
 
 
 async def prepare(rt: Any, f: HeldoutFault) -> Prepared:
@@ -434,20 +432,45 @@ async def prepare(rt: Any, f: HeldoutFault) -> Prepared:
     harness = f.harness or HermesHarness()
     healthy_h = {"hermes": HermesHarness(), "react": ReActHarness(), "native": NativeHarness()}
     healthy_h[f.harness_kind] = harness
-    per = {k: _through(h, intended) for k, h in healthy_h.items()}
+    per = {k: _through(h, intended, f.writer) for k, h in healthy_h.items()}
     return Prepared(fault=f, task=task, server_hash=h_now, certified_hash=h_cert, certified_source=certified_source,
                     source=source, start=start, evidence=ev, spec=spec, calls=per[f.harness_kind], harness=harness,
                     harness_calls=per)
 
 
-async def loop_attributor(rt: Any, p: Prepared, outs: Sequence[Any], verdict: Any) -> Any:
-    """Today's call of the evolution loop for a failed slot: ``attribute`` with the slot's server, start,
-    verifier and evidence (no cross-harness verdicts, no audit of passing slots)."""
+async def attribute_only(rt: Any, p: Prepared, outs: Sequence[Any], verdict: Any) -> Any:
+    """``attribute`` with the slot's server, start, verifier and evidence alone (no request, harness or
+    cross-harness verdicts; passing slots not audited): the reference-replay rules by themselves."""
     from treadle.weft.evolve.attribute import attribute
 
     if verdict.r == 1:
         return None
     return await attribute(rt, p.server_hash, p.start, p.spec, p.evidence, outs, verdict)
+
+
+def slot_of(p: Prepared) -> Any:
+    """The evolution loop's slot for a prepared case."""
+    from treadle.weft.evolve.loop import TaskSlot
+
+    return TaskSlot(env=p.fault.env, task=p.task, start=p.start, spec=p.spec, evidence=p.evidence,
+                    certified_start=p.start)
+
+
+async def loop_attributor(rt: Any, p: Prepared, outs: Sequence[Any], verdict: Any) -> Any:
+    """What the evolution loop does with the slot: a failed checkpoint is attributed by
+    :func:`~treadle.weft.evolve.loop.attribute_failure` with the harness the calls went through and the
+    verdicts of the same calls under every harness; a passing one is audited
+    (:func:`~treadle.weft.evolve.loop.audit_passing`)."""
+    from treadle.weft.evolve.certify import play
+    from treadle.weft.evolve.loop import attribute_failure, audit_passing
+
+    slot = slot_of(p)
+    if verdict.r == 1:
+        return await audit_passing(rt, slot, p.server_hash)
+    hv = {}
+    for name, calls in p.harness_calls.items():
+        hv[name] = (await play(rt, p.server_hash, p.start, p.spec, calls))[1].r
+    return await attribute_failure(rt, slot, p.server_hash, outs, verdict, harness=p.harness, harness_verdicts=hv)
 
 
 async def heldout_suite(rt: Any, faults: Sequence[HeldoutFault] = HELDOUT, attributor: Any = None
