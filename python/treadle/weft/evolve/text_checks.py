@@ -1,8 +1,9 @@
 """Evaluator strength: free text compared by meaning, and verifiers tested by negative controls (seed: WEFT 5.1).
 
 - :func:`text_verdict`: whether a policy's free text is a faithful paraphrase of the reference's. Text the
-  request quotes (``"..."``) must be reproduced exactly; other text is compared by its content words (an
-  overlap coefficient over lower-cased, lightly stemmed words without stop words): ``same`` at or above
+  request quotes (``"..."``) must be reproduced exactly; other text is compared by its content words (Jaccard
+  similarity of lower-cased, lightly stemmed words without stop words; a negation on one side only makes
+  them different): ``same`` at or above
   :data:`SAME`, ``different`` at or below :data:`DIFFERENT`, ``undecided`` between (an LLM judge decides
   those where one is configured; offline they stay undecided, never a silent policy failure);
 - :func:`free_text_only_diff`: the rows where the policy's final state and the reference's differ, when
@@ -20,7 +21,7 @@ from typing import Any
 
 from treadle.weft.callparse import ToolCall
 
-SAME = 0.75
+SAME = 0.7
 DIFFERENT = 0.34
 STOP = frozenset("a an the is are was were be been being has have had to of on in for at by with it its this that "
                  "and or but so as from our your their his her my we you they he she i me us them will would "
@@ -45,17 +46,25 @@ def quoted(request: str) -> list[str]:
     return [m for pair in re.findall(r'"([^"]+)"|“([^”]+)”|`([^`]+)`', request) for m in pair if m]
 
 
+NEGATION = frozenset("not no never none nothing without cannot can't won't didn't don't isn't wasn't unable".split())
+
+
 def similarity(a: str, b: str) -> float:
+    """Jaccard similarity of the two texts' content words (1.0 for two texts without any)."""
     wa, wb = _words(a), _words(b)
     if not wa or not wb:
         return 1.0 if wa == wb else 0.0
-    return len(wa & wb) / min(len(wa), len(wb))
+    return len(wa & wb) / len(wa | wb)
 
 
 def text_verdict(reference: str, policy: str, request: str = "") -> str:
-    """``same`` | ``different`` | ``undecided`` for one free-text value (see the module docstring)."""
+    """``same`` | ``different`` | ``undecided`` for one free-text value (see the module docstring); a negation
+    on one side only makes the texts different whatever their overlap."""
     if any(q.strip().lower() == reference.strip().lower() for q in quoted(request)):
         return "same" if policy.strip() == reference.strip() else "different"
+    if (NEGATION & set(re.findall(r"[a-z']+", reference.lower()))) != \
+            (NEGATION & set(re.findall(r"[a-z']+", policy.lower()))):
+        return "different"
     s = similarity(reference, policy)
     return "same" if s >= SAME else "different" if s <= DIFFERENT else "undecided"
 
