@@ -1,4 +1,4 @@
-"""Deterministic failure attribution: policy, environment, task or evaluator (seed: WEFT 5.1).
+"""Deterministic failure attribution: policy, environment, task, harness or evaluator (seed: WEFT 5.1).
 
 A failed checkpoint is blamed on the component that must be repaired, using every deterministic
 signal before any model is asked (an LLM attributor, when one is configured, only sees what this
@@ -16,14 +16,22 @@ leaves :attr:`Blame.undecided`):
    other than the certified one, "differs" compares the change the reference makes (start -> final)
    with the certified change, not the final states;
 3. **evaluator**: the reference plan executes as certified but the verifier fails it (the check was
-   not tested on the reference evidence); also when the policy did exactly what the reference did
-   (same results, same state) and is still failed, and when a rubric judge and the executable check
-   disagree on a trajectory that reproduces the reference;
-4. cross-harness pattern: a task that fails under every one of at least ``min_harnesses`` harnesses
+   not tested on the reference evidence);
+4. the checks off the reference's path, when the caller gives the task's request, the harness or the
+   forbidden tools (the evolution loop always does; :mod:`~treadle.weft.evolve.attribute_more`): a
+   forbidden tool called (**policy**), a harness that cannot carry the reference calls (**harness**), a
+   policy call or a schema-allowed input the certified server treats otherwise than the current one, or a
+   call that breaks its tool's contract (**environment**), a request that is inconsistent, names another
+   party than the gold acts for, or does not give the gold's values (**task**), a state that differs from
+   the reference's only in faithfully paraphrased free text (**evaluator**; undecided where the offline
+   comparison cannot place the text);
+5. **evaluator**: the policy did exactly what the reference did (same results, same state) and is still
+   failed; a rubric judge and the executable check disagree on a trajectory that reproduces the reference;
+6. cross-harness pattern: a task that fails under every one of at least ``min_harnesses`` harnesses
    while its reference passes points away from the policy but says nothing of where: **undecided**,
-   left to :func:`llm_attribute`; a failure under one harness only is the policy's
-   (``interaction_adaptation``);
-5. otherwise **policy** (the task is valid and the policy is at fault).
+   left to :func:`llm_attribute` (only when different policies stand behind the harnesses); a failure under
+   one harness only whose harness carries the reference calls is the policy's (``interaction_adaptation``);
+7. otherwise **policy** (the task is valid and the policy is at fault).
 
 Every verdict stores its evidence beside it: the turn's calls (trajectory span), the state diff of
 the reference against the evidence, and the check results.
@@ -122,13 +130,24 @@ async def record_evidence(rt: Any, server_hash: str, start: Snapshot, name: str,
                              final_digest=final.digest, start=start, server_hash=rt.registry.spec(server_hash).hash)
 
 
-def generate_verifier(spec: CheckpointSpec, start: Snapshot, evidence: ReferenceEvidence) -> CheckpointSpec:
+def generate_verifier(spec: CheckpointSpec, start: Snapshot, evidence: ReferenceEvidence,
+                      request: str | None = None) -> CheckpointSpec:
     """The deterministic check of a task, made from its reference evidence (seed: WEFT 5.1 verifier generation):
     the spec's gold-replay checks plus, for every table the reference changed, an SQL assertion that its
     rows equal the evidence's, and the reference's results as expected returns. The generated check holds
     independently of the server it later runs against (an environment bug then fails it). For object state
-    (BFCL classes) the state check is a predicate: public attributes equal the evidence's."""
+    (BFCL classes) the state check is a predicate: public attributes equal the evidence's.
+
+    With ``request`` (SQLite state), free text the reference wrote (a value with spaces) is compared by meaning
+    unless the request quotes it (:func:`~treadle.weft.evolve.text_checks.text_verdict`): the state check is then
+    one predicate, the final state equals the evidence's up to free text that says the same, instead of the gold
+    replay's byte-for-byte comparison and the SQL assertions."""
     returns = [r for r in evidence.results if r not in (None, [], {})]
+    if request is not None and start.kind == "sqlite":
+        semantic = _semantic_state_check(start, evidence, request)
+        if semantic is not None:
+            return spec.model_copy(update={"compare_state": False, "predicates": [*spec.predicates, semantic],
+                                           "expected_returns": [*spec.expected_returns, *returns]})
     if start.kind != "sqlite":
         def matches_reference(obj: Any) -> bool:
             from treadle.weft.object_state import ObjectState, snapshot_from_object
@@ -153,6 +172,38 @@ def generate_verifier(spec: CheckpointSpec, start: Snapshot, evidence: Reference
         con.close()
     return spec.model_copy(update={"assertions": [*spec.assertions, *asserts],
                                    "expected_returns": [*spec.expected_returns, *returns]})
+
+
+def _semantic_state_check(start: Snapshot, evidence: ReferenceEvidence, request: str) -> Any:
+    """The predicate of :func:`generate_verifier`'s free-text mode, or None when the reference wrote no free text
+    the request does not quote (the exact checks are then right)."""
+    from treadle.weft.evolve.text_checks import free_text_only_diff, quoted, text_verdict
+    from treadle.weft.sqlite_state import diff_connections
+
+    st = SqliteState(start)
+    try:
+        diff = st.diff(evidence.final)
+    finally:
+        st.close()
+    quotes = {q.strip().lower() for q in quoted(request)}
+    texts = [v for td in diff.tables.values() for r in [*td.added.values(), *(c.after for c in td.changed.values())]
+             for v in r.values() if isinstance(v, str) and " " in v.strip() and v.strip().lower() not in quotes]
+    if not texts:
+        return None
+    final = evidence.final
+
+    def matches_reference_up_to_paraphrase(con: Any) -> bool:
+        ref = SqliteState(final)
+        try:
+            d = diff_connections(ref.handle, con)
+        finally:
+            ref.close()
+        if d.empty:
+            return True
+        pairs = free_text_only_diff(d)
+        return pairs is not None and all(text_verdict(a, b, request) == "same" for a, b in pairs)
+
+    return matches_reference_up_to_paraphrase
 
 
 def missing_entities(con: Any, emap: EntityMap, tools: dict[str, dict], gold: Sequence[ToolCall]) -> list[str]:

@@ -375,7 +375,9 @@ def heldout_tasks() -> dict[str, Any]:
 
 @dataclass
 class Prepared:
-    """A case made concrete: servers (now, certified), start, task, evidence, verifier as now, calls per harness."""
+    """A case made concrete: servers (now, certified), start, task, evidence, verifier as now, calls per harness,
+    and ``refused``: the reasons certification gives when it refuses the task for its expected effect alone (a
+    born-broken server caught before any rollout; the case is still played as if it had been certified)."""
 
     fault: HeldoutFault
     task: Any
@@ -389,6 +391,7 @@ class Prepared:
     calls: list[ToolCall]
     harness: Any
     harness_calls: dict[str, list[ToolCall]]
+    refused: list[str] = field(default_factory=list)
 
 
 def _through(harness: Any, calls: Sequence[ToolCall], writer: Any = None) -> list[ToolCall]:
@@ -421,7 +424,8 @@ async def prepare(rt: Any, f: HeldoutFault) -> Prepared:
         finally:
             con.close()
     cert = await certify_task(rt, h_cert, start, task)
-    if not cert.certified:
+    refused = [k for k, ok in cert.checks.items() if not ok]
+    if refused and refused != ["expected_effect"]:
         raise ValueError(f"held-apart case {f.id}: task {task.name} does not certify: {list(cert.reasons)}")
     gold = list(task.checkpoint.gold_calls or [])
     ev = await record_evidence(rt, h_cert, start, task.name, gold)
@@ -435,7 +439,7 @@ async def prepare(rt: Any, f: HeldoutFault) -> Prepared:
     per = {k: _through(h, intended, f.writer) for k, h in healthy_h.items()}
     return Prepared(fault=f, task=task, server_hash=h_now, certified_hash=h_cert, certified_source=certified_source,
                     source=source, start=start, evidence=ev, spec=spec, calls=per[f.harness_kind], harness=harness,
-                    harness_calls=per)
+                    harness_calls=per, refused=list(cert.reasons) if refused else [])
 
 
 async def attribute_only(rt: Any, p: Prepared, outs: Sequence[Any], verdict: Any) -> Any:
@@ -461,9 +465,13 @@ async def loop_attributor(rt: Any, p: Prepared, outs: Sequence[Any], verdict: An
     :func:`~treadle.weft.evolve.loop.attribute_failure` with the harness the calls went through and the
     verdicts of the same calls under every harness; a passing one is audited
     (:func:`~treadle.weft.evolve.loop.audit_passing`)."""
+    from treadle.weft.evolve.attribute import Attribution
     from treadle.weft.evolve.certify import play
     from treadle.weft.evolve.loop import attribute_failure, audit_passing
 
+    if p.refused:  # certification refused the task: its server's effect is not the contract's
+        return Attribution(checkpoint=p.spec.name, blame=Blame.environment, rule="certification_expected_effect",
+                           detail="; ".join(p.refused)[:500])
     slot = slot_of(p)
     if verdict.r == 1:
         return await audit_passing(rt, slot, p.server_hash)

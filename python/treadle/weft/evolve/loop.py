@@ -8,9 +8,15 @@ punishing the policy). One round:
    policy's noise) from its current initial state on the current server; the first passing attempt is selected
    (else the last one); the round's metric is the **tool-call error rate of the selected
    trajectories** (failed calls / calls);
-2. each task with no passing attempt is attributed (:func:`~treadle.weft.evolve.attribute.attribute`);
+2. each task with no passing attempt is attributed (:func:`attribute_failure`: the task's request and
+   forbidden tools, the harness its calls went through, and the verdicts of the same attempt under every
+   harness of :attr:`EvolvingSystem.harnesses`, Hermes, ReAct and native calls by default); each passing task
+   is audited (:func:`audit_passing`: its server's tool contracts on the reference calls, the verifier's
+   negative controls), since a born-broken server or a lenient verifier fails no checkpoint;
 3. each blamed component, and only it, is revised: **environment** -> the server's backend, **task** ->
-   the task's initial state, **evaluator** -> the verifier; **policy** failures revise nothing (they are
+   the task's initial state, **evaluator** -> the verifier (offline: regenerated from the evidence, comparing
+   free text by meaning unless the request quotes it); **harness** is reported (``harness:<name>`` among the
+   blamed) and not revised here, harness code being trusted; **policy** failures revise nothing (they are
    training signal). Offline (no ``reviser``): the backend is restored to the last certified source, the
    initial state to the certified snapshot, the verifier regenerated from the reference evidence. With an
    :class:`~treadle.weft.evolve.revise.LLMReviser`, an LLM role proposes the revised component from its
@@ -250,7 +256,8 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
                 slot.start = new
                 slot.versions["task"] += 1
         else:
-            new = (generate_verifier(slot.task.checkpoint, slot.start, slot.evidence) if reviser is None
+            new = (generate_verifier(slot.task.checkpoint, slot.start, slot.evidence, request=slot.task.request)
+                   if reviser is None
                    else await reviser.verifier(rt, hashes[slot.env], slot, att))
             if new is not None:
                 slot.spec = new

@@ -100,11 +100,32 @@ def contract_violations(tool: dict, call: ToolCall, diff: Any) -> list[str]:
                     if b is None or a is None:
                         continue
                     x, y = b.get(col), a.get(col)
-                    if isinstance(x, (int, float)) and isinstance(y, (int, float)) and x != y \
-                            and (y > x) != (op == "+="):
+                    if not (isinstance(x, (int, float)) and isinstance(y, (int, float))) or x == y:
+                        continue
+                    if (y > x) != (op == "+="):
                         out.append(f"{name} changed {table}.{col} from {x} to {y}; its contract says {op} {rhs}")
                         break
+                    amount = _amount(call, rhs, a)
+                    if amount is not None and abs(y - x) != amount:
+                        out.append(f"{name} changed {table}.{col} by {y - x}; its contract says {op} {rhs} "
+                                   f"({rhs} = {amount})")
+                        break
     return out
+
+
+def _amount(call: ToolCall, rhs: str, row: dict) -> Any:
+    """The size of a ``+= rhs`` / ``-= rhs`` change for ``row``: the argument ``rhs``, or the ``rhs`` field of the
+    list item that names the row (an order line's ``qty`` for the product whose ``sku`` it gives); None when the
+    call does not give it (the amount then comes from the state: only the direction is checked)."""
+    v = call.arguments.get(rhs)
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return abs(v)
+    for value in call.arguments.values():
+        for item in value if isinstance(value, list) else []:
+            if isinstance(item, dict) and rhs in item and any(
+                    k != rhs and row.get(k) == x for k, x in item.items()):
+                return abs(item[rhs])
+    return None
 
 
 def _pool(con: Any, tool: dict, arg: str, limit: int = 4) -> list[Any]:

@@ -5,7 +5,8 @@ composed task with its upstream results as history):
 
 - :func:`underivable_values`: gold argument values that neither the request, the history nor the results of
   the gold calls before them give (an amount the request never states, a quantity, an order number).
-  Identifiers, numbers and enumerated values are checked; free text (a value with spaces) is a paraphrase
+  Identifiers, numbers and enumerated values are checked; free text (a value with spaces, or a field the
+  schema lets hold 100 characters or more) is a paraphrase
   matter, left to :mod:`~treadle.weft.evolve.text_checks`; a value equal to the schema default, and the
   quantity one (``a``, ``an``, ``one``), count as given;
 - :func:`other_party`: the request names one party by e-mail, and the gold changes rows that belong to
@@ -65,7 +66,8 @@ def _given(value: Any, arg: str, text: str, nums: set[float], seen: list[tuple[s
         return True
     seen = [s for k, s in seen if _related(k, arg)]
     if isinstance(value, (int, float)):
-        return value == 1 or float(value) in nums or any(
+        one = value == 1 and not re.search(r"(^|_)(id|ref|key|no|number)$", arg)  # "a mug": not "case 1"
+        return one or float(value) in nums or any(
             isinstance(s, (int, float)) and not isinstance(s, bool) and s == value for s in seen)
     if isinstance(value, str):
         v = value.strip().lower()
@@ -91,8 +93,11 @@ def underivable_values(request: str, gold: Sequence[ToolCall], results: Sequence
     out = []
     for i, c in enumerate(gold):
         defaults = _defaults(tools.get(c.name) or {})
+        props = (((tools.get(c.name) or {}).get("input_schema") or {}).get("properties") or {})
         for arg, value in c.arguments.items():
             if arg in defaults and defaults[arg] == value:
+                continue
+            if (props.get(arg) or {}).get("maxLength", 0) >= 100:  # a free-text field (a reason, a note)
                 continue
             items = value if isinstance(value, list) else [value]
             for item in items:
