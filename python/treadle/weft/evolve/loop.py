@@ -12,7 +12,8 @@ punishing the policy). One round:
    forbidden tools, the harness its calls went through, and the verdicts of the same attempt under every
    harness of :attr:`EvolvingSystem.harnesses`, Hermes, ReAct and native calls by default); each passing task
    is audited (:func:`audit_passing`: its server's tool contracts on the reference calls, the verifier's
-   negative controls), since a born-broken server or a lenient verifier fails no checkpoint;
+   negative controls), since a born-broken server or a lenient verifier fails no checkpoint; what stays
+   undecided goes to the reviser's LLM role ``attributor`` when its config has one;
 3. each blamed component, and only it, is revised: **environment** -> the server's backend, **task** ->
    the task's initial state, **evaluator** -> the verifier (offline: regenerated from the evidence, comparing
    free text by meaning unless the request quotes it); **harness** is reported (``harness:<name>`` among the
@@ -227,6 +228,7 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
     verdicts = [(slot, await attribute_failure(rt, slot, hashes[slot.env], outs, verdict, harness=primary,
                                                harness_verdicts=hv)) for slot, outs, verdict, hv in failed]
     for slot, att in verdicts + [(s, a) for s, a in audits if a is not None]:
+        att = await _llm_decides(reviser, slot, att)
         rnd.attributions.append(att)
         if att.blame == Blame.harness:  # harness code is trusted: blamed and reported, not revised here
             rnd.blamed.append(f"harness:{primary_name}")
@@ -282,6 +284,19 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
             cert = await recertify_composed(rt, cslot.task, {s: hashes[s] for s in cslot.task.snapshots})
             rnd.revalidated[f"composed:{cslot.task.name}"] = cert.certified
     return rnd
+
+
+async def _llm_decides(reviser: Any, slot: TaskSlot, att: Attribution) -> Attribution:
+    """An undecided attribution goes to the reviser's LLM role ``attributor`` when its config has one
+    (:func:`~treadle.weft.evolve.attribute.llm_attribute`); offline, or without that role, it stays undecided
+    (never a silent policy failure)."""
+    client = getattr(reviser, "client", None)
+    roles = getattr(getattr(client, "config", None), "roles", {}) or {}
+    if att.blame != Blame.undecided or client is None or "attributor" not in roles:
+        return att
+    from treadle.weft.evolve.attribute import llm_attribute
+
+    return await llm_attribute(client, att, request=slot.task.request)
 
 
 def _structural_faults(rt: Any, cslot: ComposedSlot, hashes: dict[str, str]) -> list:

@@ -197,22 +197,32 @@ def _key(outs: Sequence[Any], diff: Any) -> str:
         json.dumps(diff.model_dump(), default=repr, sort_keys=True)
 
 
-async def off_path_difference(rt: Any, healthy: str, current: str, start: Any, calls: Sequence[ToolCall]
-                              ) -> str | None:
-    """The first call of ``calls`` whose outcome or state change differs between the healthy and the current
-    server (from the same ``start``, the calls before it played on each), or None when they agree."""
+async def _trace(rt: Any, server_hash: str, start: Any, calls: Sequence[ToolCall]) -> list[tuple[Any, str]]:
+    """Per call: its outcome and a key of (ok, result, state change so far) on ``server_hash`` from ``start``."""
+    sid = await rt.create_session(server_hash, start)
+    try:
+        out = []
+        for c in calls:
+            o = await rt.call_tool(sid, c.name, c.arguments)
+            out.append((o, _key([o], rt.diff(sid))))
+        return out
+    finally:
+        await rt.close(sid)
+
+
+async def off_path_difference(rt: Any, healthy: str, current: str, start: Any, calls: Sequence[ToolCall],
+                              limit: int = 64) -> str | None:
+    """The first call of ``calls`` (at most ``limit``) whose outcome or state change differs between the healthy
+    and the current server, each playing the calls in order from the same ``start``; None when they agree."""
     if healthy == current or healthy not in rt.registry:
         return None
-    for i in range(len(calls)):
-        a_outs, a_diff = await run_calls(rt, healthy, start, calls[: i + 1])
-        b_outs, b_diff = await run_calls(rt, current, start, calls[: i + 1])
-        if _key(a_outs, a_diff) != _key(b_outs, b_diff):
-            o = b_outs[-1]
-            now = "fails" if not o.ok else "returns or changes something else"
-            return (f"{calls[i]}: the certified server {'accepts' if a_outs[-1].ok else 'rejects'} it, the current "
-                    f"one {now}" + (f" ({o.text[:120]})" if not o.ok else ""))
-        if not a_outs[-1].ok:
-            return None
+    calls = list(calls)[:limit]
+    a, b = await _trace(rt, healthy, start, calls), await _trace(rt, current, start, calls)
+    for c, (ao, ak), (bo, bk) in zip(calls, a, b):
+        if ak != bk:
+            now = "fails" if not bo.ok else "returns or changes something else"
+            return (f"{c}: the certified server {'accepts' if ao.ok else 'rejects'} it, the current one {now}"
+                    + (f" ({bo.text[:120]})" if not bo.ok else ""))
     return None
 
 
