@@ -8,6 +8,7 @@
   healthy server, so it finds bugs present at certification (born broken).
 - :func:`input_variants`: inputs the schema allows other than the reference's: another letter case or
   surrounding spaces of an identifier, list items in another order, an optional argument given its default,
+  every value of an enumerated argument,
   other values of the same column from the start state (the entity pool), the bounds the schema gives an
   integer argument.
 - :func:`off_path_difference`: the same calls on the healthy (certified) and the current server from the same
@@ -179,6 +180,8 @@ def input_variants(call: ToolCall, tool: dict, con: Any = None) -> list[tuple[st
                     add("bound", arg, prop[bound])
         if arg not in call.arguments and arg not in required and "default" in prop:
             add("explicit_default", arg, prop["default"])
+        for other in prop.get("enum") or ():  # every value of an enumerated argument, given or optional
+            add("enum", arg, other)
     return out
 
 
