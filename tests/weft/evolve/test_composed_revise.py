@@ -248,3 +248,30 @@ def test_the_loop_repairs_composed_faults_and_touches_nothing_else(certified):
     assert [s.version for s in system.composed] == [2, 2]
     theirs = cr.component_digests(certified)
     assert all(cr.component_digests(s.task) == theirs for s in system.composed)
+
+
+def test_a_composed_node_whose_gold_value_nothing_gives_is_the_tasks(certified):
+    """The credit node's amount changed to one no request, earlier node or tool result gives: a correct agent
+    (the request's amount) fails it and the task is blamed, not the policy."""
+    from treadle.weft.callparse import ToolCall
+
+    node = next(n for n in certified.nodes if n.name == CREDIT)
+    gold = list(node.atomic.checkpoint.gold_calls)
+    bad_gold = [ToolCall(name=c.name, arguments={**c.arguments, "amount_cents": 777})
+                if c.name == "issue_credit" else c for c in gold]
+    bad_node = node.model_copy(update={"atomic": node.atomic.model_copy(update={
+        "checkpoint": node.atomic.checkpoint.model_copy(update={"gold_calls": bad_gold})})})
+    bad = certified.model_copy(update={"nodes": tuple(bad_node if n.name == CREDIT else n for n in certified.nodes)})
+
+    def request_amount(n, history):
+        return list((node if n.name == CREDIT else n).atomic.checkpoint.gold_calls)
+
+    async def main():
+        async with Runtime() as rt:
+            h = _hashes(rt)
+            res = await run_composed(rt, bad, h, request_amount)
+            return await cr.attribute_composed(rt, bad, bad, h, res)
+    [v] = anyio.run(main)
+    assert (v.attribution.blame, v.attribution.rule, v.attribution.checkpoint) == (Blame.task, "underivable_gold",
+                                                                                   CREDIT)
+    assert "777" in v.attribution.detail

@@ -11,7 +11,10 @@ def test_demo_section_quick(tmp_path):
     buf = io.StringIO()
     run(tmp_path, True, Console(file=buf, width=200))
     text = buf.getvalue()
-    assert "failure attribution on injected faults" in text and "reference plan R = 1.00" in text
+    assert "failure attribution on the fault catalogue" in text and "reference plan R = 1.00" in text
+    assert text.index("held-apart fault set") < text.index("failure attribution on the fault catalogue")
+    held = json.loads((tmp_path / "heldout.json").read_text())
+    assert held["accuracy"] >= 0.9 and held["blamed_on_policy"] == held["policy_blamed_elsewhere"] == []
     assert "of which composed cross-server (ada-across-shop-and-crm): 21 of 21 correct (16 wrong bindings" in text
     conf = json.loads((tmp_path / "confusion.json").read_text())
     assert conf["accuracy"] >= 0.95 and conf["observed"] >= 60

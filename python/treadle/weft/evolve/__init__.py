@@ -9,8 +9,14 @@
   drill in :mod:`~treadle.weft.evolve.drill`); :mod:`~treadle.weft.evolve.revise`: revision of the blamed
   component by LLM roles, accepted only when it passes its validation.
 - :mod:`~treadle.weft.evolve.attribute`: deterministic failure attribution (policy / environment /
-  task / evaluator) and verifier generation from reference evidence; :mod:`~treadle.weft.evolve.faults`
-  and :mod:`~treadle.weft.evolve.faults_bfcl`: the fault-injection suites.
+  task / harness / evaluator) and verifier generation from reference evidence, with the checks off the
+  reference's path in :mod:`~treadle.weft.evolve.attribute_more`, :mod:`~treadle.weft.evolve.probes`
+  (tool contracts, off-path inputs, harness formats), :mod:`~treadle.weft.evolve.task_checks` (derivable
+  gold values, consistent requests, the request's party) and :mod:`~treadle.weft.evolve.text_checks`
+  (free text by meaning, negative controls); :mod:`~treadle.weft.evolve.faults`,
+  :mod:`~treadle.weft.evolve.faults_bfcl` and :mod:`~treadle.weft.evolve.faults_composed`: the fault
+  catalogue; :mod:`~treadle.weft.evolve.faults_heldout`: the held-apart fault set, and
+  :mod:`~treadle.weft.evolve.drill_report`: both measured apart (``treadle weft evolve --drill``).
 - :mod:`~treadle.weft.evolve.reverify`: stored rollouts re-scored with a revised verifier.
 - :mod:`~treadle.weft.evolve.filtering`: RL task filtering by judge/executable correlation;
   :mod:`~treadle.weft.evolve.judge`: task rubrics and the rubric-guided LLM judge (``treadle weft judge``).

@@ -1,4 +1,4 @@
-"""Deterministic failure attribution: policy, environment, task or evaluator (seed: WEFT 5.1).
+"""Deterministic failure attribution: policy, environment, task, harness or evaluator (seed: WEFT 5.1).
 
 A failed checkpoint is blamed on the component that must be repaired, using every deterministic
 signal before any model is asked (an LLM attributor, when one is configured, only sees what this
@@ -16,14 +16,22 @@ leaves :attr:`Blame.undecided`):
    other than the certified one, "differs" compares the change the reference makes (start -> final)
    with the certified change, not the final states;
 3. **evaluator**: the reference plan executes as certified but the verifier fails it (the check was
-   not tested on the reference evidence); also when the policy did exactly what the reference did
-   (same results, same state) and is still failed, and when a rubric judge and the executable check
-   disagree on a trajectory that reproduces the reference;
-4. cross-harness pattern: a task that fails under every one of at least ``min_harnesses`` harnesses
+   not tested on the reference evidence);
+4. the checks off the reference's path, when the caller gives the task's request, the harness or the
+   forbidden tools (the evolution loop always does; :mod:`~treadle.weft.evolve.attribute_more`): a
+   forbidden tool called (**policy**), a harness that cannot carry the reference calls (**harness**), a
+   policy call or a schema-allowed input the certified server treats otherwise than the current one, or a
+   call that breaks its tool's contract (**environment**), a request that is inconsistent, names another
+   party than the gold acts for, or does not give the gold's values (**task**), a state that differs from
+   the reference's only in faithfully paraphrased free text (**evaluator**; undecided where the offline
+   comparison cannot place the text);
+5. **evaluator**: the policy did exactly what the reference did (same results, same state) and is still
+   failed; a rubric judge and the executable check disagree on a trajectory that reproduces the reference;
+6. cross-harness pattern: a task that fails under every one of at least ``min_harnesses`` harnesses
    while its reference passes points away from the policy but says nothing of where: **undecided**,
-   left to :func:`llm_attribute`; a failure under one harness only is the policy's
-   (``interaction_adaptation``);
-5. otherwise **policy** (the task is valid and the policy is at fault).
+   left to :func:`llm_attribute` (only when different policies stand behind the harnesses); a failure under
+   one harness only whose harness carries the reference calls is the policy's (``interaction_adaptation``);
+7. otherwise **policy** (the task is valid and the policy is at fault).
 
 Every verdict stores its evidence beside it: the turn's calls (trajectory span), the state diff of
 the reference against the evidence, and the check results.
@@ -54,6 +62,7 @@ class Blame(str, Enum):
     environment = "environment"
     task = "task"
     evaluator = "evaluator"
+    harness = "harness"
     undecided = "undecided"
 
 
@@ -122,13 +131,24 @@ async def record_evidence(rt: Any, server_hash: str, start: Snapshot, name: str,
                              final_digest=final.digest, start=start, server_hash=rt.registry.spec(server_hash).hash)
 
 
-def generate_verifier(spec: CheckpointSpec, start: Snapshot, evidence: ReferenceEvidence) -> CheckpointSpec:
+def generate_verifier(spec: CheckpointSpec, start: Snapshot, evidence: ReferenceEvidence,
+                      request: str | None = None) -> CheckpointSpec:
     """The deterministic check of a task, made from its reference evidence (seed: WEFT 5.1 verifier generation):
     the spec's gold-replay checks plus, for every table the reference changed, an SQL assertion that its
     rows equal the evidence's, and the reference's results as expected returns. The generated check holds
     independently of the server it later runs against (an environment bug then fails it). For object state
-    (BFCL classes) the state check is a predicate: public attributes equal the evidence's."""
+    (BFCL classes) the state check is a predicate: public attributes equal the evidence's.
+
+    With ``request`` (SQLite state), free text the reference wrote (a value with spaces) is compared by meaning
+    unless the request quotes it (:func:`~treadle.weft.evolve.text_checks.text_verdict`): the state check is then
+    one predicate, the final state equals the evidence's up to free text that says the same, instead of the gold
+    replay's byte-for-byte comparison and the SQL assertions."""
     returns = [r for r in evidence.results if r not in (None, [], {})]
+    if request is not None and start.kind == "sqlite":
+        semantic = _semantic_state_check(start, evidence, request)
+        if semantic is not None:
+            return spec.model_copy(update={"compare_state": False, "predicates": [*spec.predicates, semantic],
+                                           "expected_returns": [*spec.expected_returns, *returns]})
     if start.kind != "sqlite":
         def matches_reference(obj: Any) -> bool:
             from treadle.weft.runtime.object_state import ObjectState, snapshot_from_object
@@ -153,6 +173,38 @@ def generate_verifier(spec: CheckpointSpec, start: Snapshot, evidence: Reference
         con.close()
     return spec.model_copy(update={"assertions": [*spec.assertions, *asserts],
                                    "expected_returns": [*spec.expected_returns, *returns]})
+
+
+def _semantic_state_check(start: Snapshot, evidence: ReferenceEvidence, request: str) -> Any:
+    """The predicate of :func:`generate_verifier`'s free-text mode, or None when the reference wrote no free text
+    the request does not quote (the exact checks are then right)."""
+    from treadle.weft.evolve.text_checks import free_text_only_diff, quoted, text_verdict
+    from treadle.weft.sqlite_state import diff_connections
+
+    st = SqliteState(start)
+    try:
+        diff = st.diff(evidence.final)
+    finally:
+        st.close()
+    quotes = {q.strip().lower() for q in quoted(request)}
+    texts = [v for td in diff.tables.values() for r in [*td.added.values(), *(c.after for c in td.changed.values())]
+             for v in r.values() if isinstance(v, str) and " " in v.strip() and v.strip().lower() not in quotes]
+    if not texts:
+        return None
+    final = evidence.final
+
+    def matches_reference_up_to_paraphrase(con: Any) -> bool:
+        ref = SqliteState(final)
+        try:
+            d = diff_connections(ref.handle, con)
+        finally:
+            ref.close()
+        if d.empty:
+            return True
+        pairs = free_text_only_diff(d)
+        return pairs is not None and all(text_verdict(a, b, request) == "same" for a, b in pairs)
+
+    return matches_reference_up_to_paraphrase
 
 
 def missing_entities(con: Any, emap: EntityMap, tools: dict[str, dict], gold: Sequence[ToolCall]) -> list[str]:
@@ -269,7 +321,9 @@ async def _start_state_at_fault(rt: Any, server_hash: str, start: Snapshot, spec
 async def attribute(rt: Any, server_hash: str, start: Snapshot, spec: CheckpointSpec, evidence: ReferenceEvidence,
                     outcomes: Sequence[ToolOutcome], verdict: CheckpointResult, *, turn: int = 0,
                     rubric_pass: bool | None = None, harness_verdicts: dict[str, int] | None = None,
-                    min_harnesses: int = 3) -> Attribution:
+                    min_harnesses: int = 3, request: str | None = None, harness: Any = None,
+                    forbidden: Sequence[str] = (), history: Sequence[Any] = (), healthy: str | None = None,
+                    every_harness_rule: bool = True) -> Attribution:
     """Attribute one failed checkpoint (``verdict.r == 0``) deterministically (see the module docstring).
 
     Args:
@@ -279,6 +333,15 @@ async def attribute(rt: Any, server_hash: str, start: Snapshot, spec: Checkpoint
         outcomes, verdict: the policy's calls in the turn and the verifier's verdict on them.
         rubric_pass: a rubric judge's pass/fail on the same trajectory, if any.
         harness_verdicts: ``{harness: r}`` of the same task under each harness, if known.
+        request: the task's request: turns on the task checks (:mod:`~treadle.weft.evolve.task_checks`) and the
+            free-text comparison (:mod:`~treadle.weft.evolve.text_checks`); None leaves them off.
+        harness: the harness the policy's calls went through: checked by :func:`~treadle.weft.evolve.probes.
+            harness_faults` (a harness that cannot carry the reference calls is blamed, ``harness``).
+        forbidden: tools the task forbids besides the verifier's ``forbidden_tools``.
+        history: earlier results the policy could read (a composed node's upstream results).
+        healthy: the certified server (default ``evidence.server_hash``) for the off-path replays.
+        every_harness_rule: a failure under every harness points away from the policy; off when one policy is
+            behind every harness (the evolution loop), where it says nothing.
 
     Raises:
         ValueError: ``verdict`` passed (nothing to attribute).
@@ -322,6 +385,15 @@ async def attribute(rt: Any, server_hash: str, start: Snapshot, spec: Checkpoint
         return Attribution(blame=Blame.evaluator, rule="reference_rejected",
                            detail="the verifier fails the reference plan: " + "; ".join(ref_verdict.details)[:300],
                            **base)
+    if request is not None or harness is not None or forbidden:
+        from treadle.weft.evolve.attribute_more import further_checks
+
+        found = await further_checks(rt, server_hash, start, spec, evidence, outcomes, request=request,
+                                     harness=harness, forbidden=forbidden, history=history, healthy=healthy,
+                                     harness_verdicts=harness_verdicts)
+        if found is not None:
+            blame, rule, detail = found
+            return Attribution(blame=blame, rule=rule, detail=detail[:500], **base)
     ok_results = [o.result for o in outcomes if o.ok]
     if all(any(r == x for x in ok_results) for r in evidence.results) and verdict.diff is not None \
             and verdict.diff.empty and all(o.ok for o in outcomes):
@@ -332,7 +404,7 @@ async def attribute(rt: Any, server_hash: str, start: Snapshot, spec: Checkpoint
         return Attribution(blame=Blame.evaluator, rule="rubric_disagrees",
                            detail="a rubric judge passes what the executable check fails", **base)
     hv = harness_verdicts or {}
-    if len(hv) >= min_harnesses and not any(hv.values()):
+    if every_harness_rule and len(hv) >= min_harnesses and not any(hv.values()):
         return Attribution(blame=Blame.undecided, rule="fails_every_harness",
                            detail=f"fails under every harness {sorted(hv)} while the reference passes: not the "
                                   "policy's, but no executable signal says whose (see llm_attribute)", **base)
@@ -340,14 +412,15 @@ async def attribute(rt: Any, server_hash: str, start: Snapshot, spec: Checkpoint
     return Attribution(blame=Blame.policy, rule=rule, detail="the reference passes; the policy's calls do not", **base)
 
 
-_LLM_BLAMES = (Blame.policy, Blame.environment, Blame.task, Blame.evaluator)
+_LLM_BLAMES = (Blame.policy, Blame.environment, Blame.task, Blame.evaluator, Blame.harness)
 
 
 async def llm_attribute(client: Any, att: Attribution, *, role: str = "attributor", request: str = "") -> Attribution:
     """Ask an LLM role to decide an :attr:`Blame.undecided` attribution from its recorded evidence (the
     trajectory span, the failed check, the reference diff, the deterministic rule that abstained).
 
-    The answer must be a JSON object ``{"blame": "policy"|"environment"|"task"|"evaluator", "reason": str}``;
+    The answer must be a JSON object ``{"blame": "policy"|"environment"|"task"|"evaluator"|"harness",
+    "reason": str}``;
     the raw answer is stored in :attr:`Attribution.llm`. A failed call or an answer of another shape leaves
     the attribution undecided with the problem recorded (never an exception). Decided attributions are
     returned unchanged (the deterministic path always comes first).
@@ -358,7 +431,8 @@ async def llm_attribute(client: Any, att: Attribution, *, role: str = "attributo
 
     evidence = att.model_dump(mode="json", exclude={"llm", "blame"})
     messages = [{"role": "system", "content": "You attribute failed checkpoints of tool-use tasks to the component "
-                                              "at fault: policy, environment, task or evaluator. Answer with one "
+                                              "at fault: policy, environment, task, evaluator or harness (the "
+                                              "prompt and parser between the policy and the tools). Answer with one "
                                               'JSON object {"blame": ..., "reason": ...}.'},
                 {"role": "user", "content": json.dumps({"request": request, "evidence": evidence}, sort_keys=True)}]
     try:

@@ -9,7 +9,11 @@ initial snapshot:
    state; for checks without state comparison, the assertions fail on the initial state);
 4. ``do_nothing_zero``: an agent that makes no call scores 0;
 5. ``read_only_zero``: an agent that makes the gold's read-only calls (those whose contract writes
-   nothing) and no write scores 0.
+   nothing) and no write scores 0;
+6. ``expected_effect`` (SQLite state): each gold call's state change is the one its tool's contract states
+   (:func:`~treadle.weft.evolve.probes.contract_violations`: declared writes, read-only claims, stored values,
+   assignments, directions, the keyed row), so that a server whose bug is present at certification (a
+   wrong-row write, a unit or a direction its description contradicts) does not certify it into the evidence.
 
 Public synthesisers ship tasks that fail each of 3-5 (a lookup a read-only agent passes, a turn with
 nothing to do, a check that holds from the start). Certified tasks are then pruned for
@@ -137,6 +141,11 @@ async def certify_task(rt: Any, server_hash: str, snapshot: Snapshot, task: Atom
     reads = [c for c in gold if not _writes(contracts, c.name)]
     _, ro = await play(rt, server_hash, snapshot, task.checkpoint, reads)
     record("read_only_zero", ro.r == 0, f"an agent making only the read calls {[c.name for c in reads]} passes")
+    if snapshot.kind == "sqlite" and not failed:
+        from treadle.weft.evolve.probes import contract_probe
+
+        broken = await contract_probe(rt, server_hash, snapshot, gold, contracts)
+        record("expected_effect", not broken, "; ".join(broken[:3]))
     return Certificate(server=spec.name, task=task.name, tools=tuple(c.name for c in gold), checks=checks,
                        certified=all(checks.values()), reasons=tuple(reasons))
 

@@ -238,7 +238,11 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
                backend_file: Path = typer.Option(None, "--backend", help="With --synth: the backend source served "
                                                  "now (default: the synthesised one), e.g. one edited since."),
                overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run of other settings in --out "
-                                                                         "(deleting it).")
+                                                                         "(deleting it)."),
+               drill: bool = typer.Option(False, "--drill", help="Instead of rounds: attribution accuracy per "
+                                          "component and the cross-blames (non-policy faults blamed on the policy, "
+                                          "policy errors blamed elsewhere) on the held-apart fault set and on the "
+                                          "fault catalogue, reported apart; writes attribution_drill.json.")
                ) -> None:
     """Attribution and revision rounds on the offline drill (certified shop and CRM with one injected fault of
     each kind), or on a synthesised environment (``--synth``), until the tool-call error rate of the selected
@@ -246,6 +250,17 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
     certified source, never rewritten by an LLM; a synthesised backend is revised by the ``backend`` role."""
     from treadle.weft.rollouts.policies import PERTURBATIONS
 
+    if drill:
+        for flag, given in (("--synth", synth), ("--tasks", tasks_file), ("--backend", backend_file),
+                            ("--llm-config", llm_config)):
+            if given is not None:
+                _fail(flag, "not with --drill (the drill's fault sets are built in and attributed offline)")
+        run = _open(out, "weft evolve --drill", {"drill": True}, overwrite)
+        if _shown(run, "attribution drill"):
+            return
+        with recorded(run, console, saved=lambda: "nothing (the drill is written at the end)"):
+            _drill_run(out)
+        return
     rates: dict[str, float] = {}
     for item in rate:
         name, _, value = item.partition("=")
@@ -405,6 +420,41 @@ def _evolve_run(out: Path, rates: dict, k: int, max_rounds: int, seed: int, cfg,
         console.print(("backend revised" if changed else "backend unchanged") + f": {out / 'backend.py'}",
                       markup=False)
     console.print(f"written to {out}", markup=False)
+
+
+def _drill_run(out: Path) -> None:
+    """``weft evolve --drill``: the attribution drill's two tables and ``attribution_drill.json``."""
+    import json
+    import logging
+
+    import anyio
+    from rich.table import Table
+
+    from treadle.weft.evolve.drill_report import attribution_drill, rows
+    from treadle.weft.runtime import Runtime
+
+    logging.getLogger("treadle.weft.tools").setLevel(logging.CRITICAL)  # injected crashes are expected
+
+    async def main():
+        async with Runtime() as rt:
+            return await attribution_drill(rt)
+
+    res = anyio.run(main)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "attribution_drill.json").write_text(json.dumps(res, indent=1, default=str), encoding="utf-8")
+    for key, title in (("held_apart", "held-apart fault set"), ("catalogue", "fault catalogue")):
+        s = res[key]
+        t = Table(title=f"attribution on the {title} ({s['observed']} observed of {s['cases']} faults)")
+        for col in ("component", "correct", "accuracy"):
+            t.add_column(col)
+        for row in rows(s):
+            t.add_row(*row)
+        console.print(t)
+        console.print(f"{title}: non-policy faults blamed on the policy: {len(s['blamed_on_policy'])} "
+                      f"{s['blamed_on_policy'][:5]}; policy errors blamed elsewhere: "
+                      f"{len(s['policy_blamed_elsewhere'])} {s['policy_blamed_elsewhere'][:5]}; undecided "
+                      f"(offline): {len(s['undecided'])} {s['undecided'][:5]}", markup=False)
+    console.print(f"written to {out / 'attribution_drill.json'}", markup=False)
 
 
 def _synth_input(synth: Path, tasks_file: Path | None, backend_file: Path | None):

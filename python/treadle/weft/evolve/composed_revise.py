@@ -265,6 +265,25 @@ def _failed_nodes(task: ComposedTask, result: ComposedResult | None) -> list[str
     return [name for name, r in zip(result.nodes, result.results) if r.r != 1]
 
 
+def _underivable_nodes(rt: Any, task: ComposedTask, hashes: dict[str, str], ref: Any) -> dict[str, list[str]]:
+    """Per node, the gold values of :func:`~treadle.weft.evolve.task_checks.underivable_values` (its history: the
+    earlier nodes' requests and the results of their reference calls)."""
+    from treadle.weft.evolve.task_checks import underivable_values
+
+    tools = {t["name"]: t for h in hashes.values() for t in rt.registry.spec(h).tools}
+    by = {n.name: n for n in task.nodes}
+    out: dict[str, list[str]] = {}
+    text, history = "", []
+    for name, outs in zip(ref.nodes, ref.outcomes):
+        node = by[name]
+        request = f"{text}\n{node.atomic.request}"
+        results = [o.result for o in outs]
+        out[name] = underivable_values(request, list(node.atomic.checkpoint.gold_calls or []), results, tools, history)
+        text = request
+        history += [o.result for o in outs if o.ok]
+    return out
+
+
 async def attribute_composed(rt: Any, task: ComposedTask, certified: ComposedTask, hashes: dict[str, str],
                              result: ComposedResult | None) -> list[ComposedAttribution]:
     """Attribute a failed run of ``task`` (``result``; None when it could not run, e.g. a cycle): the structural
@@ -297,9 +316,16 @@ async def attribute_composed(rt: Any, task: ComposedTask, certified: ComposedTas
                                                             rule="composed_cycle", detail=str(err)))]
     ref_ok = {name: r.r == 1 and all(o.ok for o in outs)
               for name, r, outs in zip(ref.nodes, ref.results, ref.outcomes)}
+    ungiven = _underivable_nodes(rt, task, hashes, ref)
     out = []
     for name in failed:
         good = ref_ok.get(name, False)
+        if good and ungiven.get(name):
+            out.append(ComposedAttribution(attribution=Attribution(
+                checkpoint=name, blame=Blame.task, rule="underivable_gold", span=spans.get(name, []),
+                detail="gold values the node's request, the earlier nodes' requests and results and its own tool "
+                       f"results do not give: {ungiven[name][:6]}")))
+            continue
         out.append(ComposedAttribution(attribution=Attribution(
             checkpoint=name, blame=Blame.policy if good else Blame.environment,
             rule="reference_passes" if good else "reference_fails", span=spans.get(name, []),

@@ -41,7 +41,7 @@ from treadle.weft.rollouts.tasks import AtomicTask
 from treadle.weft.runtime.state import Snapshot
 from treadle.weft.runtime.verify import CheckpointSpec
 
-LABELS = (Blame.policy, Blame.environment, Blame.task, Blame.evaluator)
+LABELS = (Blame.policy, Blame.environment, Blame.task, Blame.evaluator, Blame.harness)
 
 
 class EnvBug(BaseModel):
@@ -152,12 +152,20 @@ def confusion(cases: Sequence[CaseResult]) -> dict[str, dict[str, int]]:
 
 async def run_case(rt: Any, *, case_id: str, env: str, task: AtomicTask, label: Blame, fault: str,
                    server_hash: str, start: Snapshot, spec: CheckpointSpec, calls: Sequence[ToolCall],
-                   evidence: ReferenceEvidence) -> CaseResult:
-    """Play ``calls`` on ``server_hash`` from ``start``, judge with ``spec``; attribute if the checkpoint fails."""
+                   evidence: ReferenceEvidence, as_loop: bool = False) -> CaseResult:
+    """Play ``calls`` on ``server_hash`` from ``start``, judge with ``spec``; attribute if the checkpoint fails
+    (``as_loop``: with what the evolution loop passes, :func:`~treadle.weft.evolve.loop.attribute_failure`)."""
     outs, verdict = await play(rt, server_hash, start, spec, calls)
     if verdict.r == 1:
         return CaseResult(id=case_id, env=env, task=task.name, label=label, fault=fault, observed=False)
-    att = await attribute(rt, server_hash, start, spec, evidence, outs, verdict)
+    if as_loop:
+        from treadle.weft.evolve.loop import TaskSlot, attribute_failure
+        from treadle.weft.rollouts.harnesses import HermesHarness
+
+        slot = TaskSlot(env=env, task=task, start=start, spec=spec, evidence=evidence, certified_start=start)
+        att = await attribute_failure(rt, slot, server_hash, outs, verdict, harness=HermesHarness())
+    else:
+        att = await attribute(rt, server_hash, start, spec, evidence, outs, verdict)
     return CaseResult(id=case_id, env=env, task=task.name, label=label, fault=fault, observed=True, attribution=att)
 
 
@@ -256,9 +264,10 @@ def perturbed_calls(task: AtomicTask, perturbation: str, seed: int, harness: Any
     return calls
 
 
-async def native_suite(rt: Any, envs: Sequence[tuple[Any, Sequence[AtomicTask]]], *, seeds: Sequence[int] = (0,)
-                       ) -> list[CaseResult]:
-    """Every fault kind over every certified task of each ``(server module, certified tasks)`` in ``envs``."""
+async def native_suite(rt: Any, envs: Sequence[tuple[Any, Sequence[AtomicTask]]], *, seeds: Sequence[int] = (0,),
+                       as_loop: bool = False) -> list[CaseResult]:
+    """Every fault kind over every certified task of each ``(server module, certified tasks)`` in ``envs``
+    (``as_loop``: attributed with the task's request and harness, as the evolution loop does)."""
     cases: list[CaseResult] = []
     for module, tasks in envs:
         env = module.server.name
@@ -271,7 +280,7 @@ async def native_suite(rt: Any, envs: Sequence[tuple[Any, Sequence[AtomicTask]]]
             gold = list(task.checkpoint.gold_calls or [])
             ev = await record_evidence(rt, h, start, task.name, gold)
             spec = generate_verifier(task.checkpoint, start, ev)
-            common = {"env": env, "task": task, "start": start, "evidence": ev}
+            common = {"env": env, "task": task, "start": start, "evidence": ev, "as_loop": as_loop}
             for name, (bug, bh) in broken.items():
                 if bug.tool in {c.name for c in gold}:
                     cases.append(await run_case(rt, case_id=f"{env}/{task.name}/env:{name}", label=Blame.environment,

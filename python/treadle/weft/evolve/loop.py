@@ -8,9 +8,16 @@ punishing the policy). One round:
    policy's noise) from its current initial state on the current server; the first passing attempt is selected
    (else the last one); the round's metric is the **tool-call error rate of the selected
    trajectories** (failed calls / calls);
-2. each task with no passing attempt is attributed (:func:`~treadle.weft.evolve.attribute.attribute`);
+2. each task with no passing attempt is attributed (:func:`attribute_failure`: the task's request and
+   forbidden tools, the harness its calls went through, and the verdicts of the same attempt under every
+   harness of :attr:`EvolvingSystem.harnesses`, Hermes, ReAct and native calls by default); each passing task
+   is audited (:func:`audit_passing`: its server's tool contracts on the reference calls, the verifier's
+   negative controls), since a born-broken server or a lenient verifier fails no checkpoint; what stays
+   undecided goes to the reviser's LLM role ``attributor`` when its config has one;
 3. each blamed component, and only it, is revised: **environment** -> the server's backend, **task** ->
-   the task's initial state, **evaluator** -> the verifier; **policy** failures revise nothing (they are
+   the task's initial state, **evaluator** -> the verifier (offline: regenerated from the evidence, comparing
+   free text by meaning unless the request quotes it); **harness** is reported (``harness:<name>`` among the
+   blamed) and not revised here, harness code being trusted; **policy** failures revise nothing (they are
    training signal). Offline (no ``reviser``): the backend is restored to the last certified source, the
    initial state to the certified snapshot, the verifier regenerated from the reference evidence. With an
    :class:`~treadle.weft.evolve.revise.LLMReviser`, an LLM role proposes the revised component from its
@@ -90,6 +97,7 @@ class EvolvingSystem:
     backend_versions: dict[str, int] = field(default_factory=dict)
     synth: dict[str, SynthEnv] = field(default_factory=dict)
     composed: list[ComposedSlot] = field(default_factory=list)
+    harnesses: dict[str, Any] = field(default_factory=lambda: default_harnesses())
 
     def digests(self) -> dict[str, str]:
         """``{component: digest}`` for every backend, task initial state and verifier."""
@@ -128,12 +136,43 @@ class Round(BaseModel):
         return set(self.revised) <= set(self.blamed)
 
 
-def _attempt_calls(task: AtomicTask, rates: dict[str, float], seed: int, attempt: int) -> list[ToolCall]:
+def default_harnesses() -> dict[str, Any]:
+    """The harnesses every task is played under: Hermes (the one the round's metric uses), ReAct and native calls."""
+    from treadle.weft.rollouts.harnesses import HermesHarness, NativeHarness, ReActHarness
+
+    return {"hermes": HermesHarness(), "react": ReActHarness(), "native": NativeHarness()}
+
+
+async def attribute_failure(rt: Any, slot: TaskSlot, server_hash: str, outcomes: Sequence[Any], verdict: Any, *,
+                            harness: Any = None, harness_verdicts: dict[str, int] | None = None) -> Attribution:
+    """The loop's attribution of a failed slot: :func:`~treadle.weft.evolve.attribute.attribute` with the task's
+    request and forbidden tools, the harness the calls went through and the cross-harness verdicts (one policy
+    behind every harness: failing under all of them is no signal, so that rule is off)."""
+    return await attribute(rt, server_hash, slot.start, slot.spec, slot.evidence, outcomes, verdict,
+                           harness_verdicts=harness_verdicts, request=slot.task.request, harness=harness,
+                           forbidden=list(slot.task.checkpoint.forbidden_tools), every_harness_rule=False)
+
+
+async def audit_passing(rt: Any, slot: TaskSlot, server_hash: str) -> Attribution | None:
+    """A passing slot's audit (:func:`~treadle.weft.evolve.attribute_more.audit_slot`): a born-broken server or a
+    lenient verifier, as an attribution; None when neither shows."""
+    from treadle.weft.evolve.attribute_more import audit_slot
+
+    found = await audit_slot(rt, server_hash, slot.start, slot.spec, slot.evidence, request=slot.task.request,
+                             forbidden=list(slot.task.checkpoint.forbidden_tools))
+    if found is None:
+        return None
+    blame, rule, detail = found
+    return Attribution(checkpoint=slot.spec.name, blame=Blame(blame), rule=rule, detail=detail[:500])
+
+
+def _attempt_calls(task: AtomicTask, rates: dict[str, float], seed: int, attempt: int,
+                   harness: Any = None) -> list[ToolCall]:
     from treadle.weft.rollouts.harnesses import HermesHarness
     from treadle.weft.rollouts.policies import PolicyContext, ReplayPolicy
     from treadle.weft.rollouts.tasks import RolloutTask
 
-    h = HermesHarness()
+    h = harness if harness is not None else HermesHarness()
     ctx = PolicyContext(task=RolloutTask(name=task.name, env="evolve", atomic=(task,)), atomic=task, index=0,
                         attempt=attempt, step=0, seed=seed)
     return [ToolCall(name=c.name, arguments=dict(c.arguments))
@@ -146,22 +185,30 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
     :class:`~treadle.weft.evolve.revise.LLMReviser`, or None for the offline revisions)."""
     hashes = {e: rt.register(src) for e, src in system.sources.items()}
     calls = errors = passed = 0
-    failed: list[tuple[TaskSlot, Any, Any]] = []
+    failed: list[tuple[TaskSlot, Any, Any, dict[str, int]]] = []
+    passing: list[TaskSlot] = []
+    primary_name, primary = next(iter(system.harnesses.items())) if system.harnesses else ("hermes", None)
     for slot in system.tasks:
         last = None
         for a in range(k):
             outs, verdict = await play(rt, hashes[slot.env], slot.start, slot.spec,
-                                       _attempt_calls(slot.task, rates, seed, a))
-            last = (outs, verdict)
+                                       _attempt_calls(slot.task, rates, seed, a, primary))
+            last = (outs, verdict, a)
             if verdict.r == 1:
                 break
-        outs, verdict = last
+        outs, verdict, a = last
         calls += len(outs)
         errors += sum(not o.ok for o in outs)
         if verdict.r == 1:
             passed += 1
-        else:
-            failed.append((slot, outs, verdict))
+            passing.append(slot)
+        else:  # the same attempt under every harness: the cross-harness verdicts
+            hv = {primary_name: 0}
+            for name, h in system.harnesses.items():
+                if name != primary_name:
+                    hv[name] = (await play(rt, hashes[slot.env], slot.start, slot.spec,
+                                           _attempt_calls(slot.task, rates, seed, a, h)))[1].r
+            failed.append((slot, outs, verdict, hv))
     composed_failed = []
     for cslot in system.composed:
         outcome = await _play_composed(rt, cslot, hashes)
@@ -177,10 +224,15 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
     logged = len(reviser.log) if reviser is not None else 0
     env_evidence: dict[str, list[Attribution]] = {}
     blamed_slots: list[tuple[TaskSlot, Attribution]] = []
-    for slot, outs, verdict in failed:
-        att = await attribute(rt, hashes[slot.env], slot.start, slot.spec, slot.evidence, outs, verdict)
+    audits = [(slot, await audit_passing(rt, slot, hashes[slot.env])) for slot in passing]
+    verdicts = [(slot, await attribute_failure(rt, slot, hashes[slot.env], outs, verdict, harness=primary,
+                                               harness_verdicts=hv)) for slot, outs, verdict, hv in failed]
+    for slot, att in verdicts + [(s, a) for s, a in audits if a is not None]:
+        att = await _llm_decides(reviser, slot, att)
         rnd.attributions.append(att)
-        if att.blame == Blame.environment:
+        if att.blame == Blame.harness:  # harness code is trusted: blamed and reported, not revised here
+            rnd.blamed.append(f"harness:{primary_name}")
+        elif att.blame == Blame.environment:
             rnd.blamed.append(f"backend:{slot.env}")
             env_evidence.setdefault(slot.env, []).append(att)
         elif att.blame in (Blame.task, Blame.evaluator):
@@ -206,7 +258,8 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
                 slot.start = new
                 slot.versions["task"] += 1
         else:
-            new = (generate_verifier(slot.task.checkpoint, slot.start, slot.evidence) if reviser is None
+            new = (generate_verifier(slot.task.checkpoint, slot.start, slot.evidence, request=slot.task.request)
+                   if reviser is None
                    else await reviser.verifier(rt, hashes[slot.env], slot, att))
             if new is not None:
                 slot.spec = new
@@ -231,6 +284,19 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
             cert = await recertify_composed(rt, cslot.task, {s: hashes[s] for s in cslot.task.snapshots})
             rnd.revalidated[f"composed:{cslot.task.name}"] = cert.certified
     return rnd
+
+
+async def _llm_decides(reviser: Any, slot: TaskSlot, att: Attribution) -> Attribution:
+    """An undecided attribution goes to the reviser's LLM role ``attributor`` when its config has one
+    (:func:`~treadle.weft.evolve.attribute.llm_attribute`); offline, or without that role, it stays undecided
+    (never a silent policy failure)."""
+    client = getattr(reviser, "client", None)
+    roles = getattr(getattr(client, "config", None), "roles", {}) or {}
+    if att.blame != Blame.undecided or client is None or "attributor" not in roles:
+        return att
+    from treadle.weft.evolve.attribute import llm_attribute
+
+    return await llm_attribute(client, att, request=slot.task.request)
 
 
 def _structural_faults(rt: Any, cslot: ComposedSlot, hashes: dict[str, str]) -> list:
@@ -325,7 +391,7 @@ def plot_rounds(rounds: Sequence[Round], path: Any) -> None:
     a.set_ylabel("tool-call error rate (selected)")
     a.set_xticks(xs)
     bottom = [0] * len(rounds)
-    for blame in (Blame.environment, Blame.task, Blame.evaluator, Blame.policy):
+    for blame in (Blame.environment, Blame.task, Blame.evaluator, Blame.harness, Blame.policy):
         ys = [sum(x.blame == blame for x in r.attributions) for r in rounds]
         b.bar(xs, ys, bottom=bottom, label=blame.value)
         bottom = [p + q for p, q in zip(bottom, ys)]

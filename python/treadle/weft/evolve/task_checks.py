@@ -1,0 +1,195 @@
+"""Checks of a task's semantics against its request, by execution and by the data (seed: WEFT 4.1 grounding).
+
+They apply to every atomic task with a request and gold calls (native, synthesised, and each node of a
+composed task with its upstream results as history):
+
+- :func:`underivable_values`: gold argument values that neither the request, the history nor the results of
+  the gold calls before them give (an amount the request never states, a quantity, an order number).
+  Identifiers, numbers and enumerated values are checked; free text (a value with spaces, or a field the
+  schema lets hold 100 characters or more) is a paraphrase
+  matter, left to :mod:`~treadle.weft.evolve.text_checks`; a value equal to the schema default, and the
+  quantity one (``a``, ``an``, ``one``), count as given;
+- :func:`other_party`: the request names one party by e-mail, and the gold changes rows that belong to
+  another (a row of the party's table with another key, or a row whose foreign key to that table names
+  another party);
+- :func:`inconsistent_request`: the request asks for a write tool the gold does not use, on the same
+  entity as a gold write, and neither order of the two calls executes on the healthy server (two actions
+  that exclude each other: cancel and ship one order).
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from treadle.weft.callparse import ToolCall
+
+NUMBER_WORDS = {"zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
+                "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "a": 1, "an": 1, "single": 1, "pair": 2,
+                "couple": 2, "dozen": 12, "half": 0.5}
+_NEGATION = {"not", "don't", "dont", "never", "no", "without", "nor"}
+_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
+
+
+def _scalars(x: Any, key: str = "") -> list[tuple[str, Any]]:
+    """``(key, value)`` of every scalar inside ``x`` (the key of the innermost object holding it)."""
+    if isinstance(x, dict):
+        return [v for k, y in x.items() for v in _scalars(y, str(k))]
+    if isinstance(x, (list, tuple)):
+        return [v for y in x for v in _scalars(y, key)]
+    return [(key, x)]
+
+
+def _related(key: str, arg: str) -> bool:
+    """A result field ``key`` can give argument ``arg``: the same name, or an ``id`` for a ``<thing>_id`` /
+    ``<thing>_ref`` argument (``find_customer`` -> ``{id}`` gives ``customer_id``); a field without a name
+    (a bare result) gives any."""
+    if not key or key == arg:
+        return True
+    stem = re.sub(r"_(id|ref|key|code)$", "", arg)
+    return key in ("id", f"{stem}_id", stem) and stem != arg
+
+
+def _numbers(text: str) -> set[float]:
+    out = {float(m.replace(",", "")) for m in re.findall(r"\d[\d,]*(?:\.\d+)?", text)}
+    out |= {float(NUMBER_WORDS[w]) for w in re.findall(r"[a-z']+", text.lower()) if w in NUMBER_WORDS}
+    return out
+
+
+def _free_text(value: Any) -> bool:
+    return isinstance(value, str) and (" " in value.strip() or len(value) > 40)
+
+
+def _given(value: Any, arg: str, text: str, nums: set[float], seen: list[tuple[str, Any]]) -> bool:
+    if value is None or isinstance(value, bool):
+        return True
+    seen = [s for k, s in seen if _related(k, arg)]
+    if isinstance(value, (int, float)):
+        one = value == 1 and not re.search(r"(^|_)(id|ref|key|no|number)$", arg)  # "a mug": not "case 1"
+        return one or float(value) in nums or any(
+            isinstance(s, (int, float)) and not isinstance(s, bool) and s == value for s in seen)
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if not v or _free_text(value):
+            return True
+        if re.search(r"(?<![\w-])" + re.escape(v) + r"(?![\w-])", text.lower()):
+            return True
+        return any(isinstance(s, str) and s.strip().lower() == v for s in seen)
+    return True
+
+
+def _defaults(tool: dict) -> dict[str, Any]:
+    props = ((tool.get("input_schema") or {}).get("properties") or {})
+    return {k: p["default"] for k, p in props.items() if "default" in p}
+
+
+def underivable_values(request: str, gold: Sequence[ToolCall], results: Sequence[Any], tools: dict[str, dict],
+                       history: Sequence[Any] = ()) -> list[str]:
+    """``tool.arg=value`` of each gold value not given by ``request``, ``history`` or the results of the gold
+    calls before it (see the module docstring)."""
+    nums = _numbers(request)
+    seen = [s for h in history for s in _scalars(h)]
+    out = []
+    for i, c in enumerate(gold):
+        defaults = _defaults(tools.get(c.name) or {})
+        props = (((tools.get(c.name) or {}).get("input_schema") or {}).get("properties") or {})
+        for arg, value in c.arguments.items():
+            if arg in defaults and defaults[arg] == value:
+                continue
+            if (props.get(arg) or {}).get("maxLength", 0) >= 100:  # a free-text field (a reason, a note)
+                continue
+            items = value if isinstance(value, list) else [value]
+            for item in items:
+                parts = item.items() if isinstance(item, dict) else [(arg, item)]
+                for k, v in parts:
+                    if not _given(v, k, request, nums, seen):
+                        out.append(f"{c.name}.{arg}{'[].' + k if k != arg else ''}={v!r}")
+        if i < len(results):
+            seen += _scalars(results[i])
+    return out
+
+
+def _parties(con: Any, request: str) -> list[tuple[str, str, Any]]:
+    """``(table, key column, key)`` of each row an e-mail of ``request`` names (tables with an ``email`` column)."""
+    out = []
+    emails = {e.lower().rstrip(".") for e in _EMAIL.findall(request)}
+    if not emails:
+        return out
+    for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"):
+        info = list(con.execute(f'PRAGMA table_info("{t}")'))
+        cols = [r[1] for r in info]
+        pk = [r[1] for r in info if r[5]]
+        if "email" not in cols or len(pk) != 1:
+            continue
+        for e in emails:
+            row = con.execute(f'SELECT "{pk[0]}" FROM "{t}" WHERE lower(email) = ?', (e,)).fetchone()
+            if row is not None:
+                out.append((t, pk[0], row[0]))
+    return out
+
+
+def other_party(con: Any, request: str, diff: Any) -> list[str]:
+    """Rows the gold changed (``diff``: start -> reference final) that belong to another party than the one the
+    request names by e-mail (``con``: the start state); ``[]`` when the request names no single party."""
+    parties = _parties(con, request)
+    if len({(t, k) for t, _, k in parties}) != 1 or len(parties) != 1:
+        return []
+    table, key, me = parties[0]
+    fks: dict[str, list[str]] = {}
+    for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"):
+        for r in con.execute(f'PRAGMA foreign_key_list("{t}")'):
+            if r[2] == table and (r[4] in (key, None)):
+                fks.setdefault(t, []).append(r[3])
+    out = []
+    for t, td in diff.tables.items():
+        rows = [*td.added.values(), *(c.after for c in td.changed.values()), *td.removed.values()]
+        for row in rows:
+            if t == table and row.get(key) != me:
+                out.append(f"{t} row {row.get(key)!r} changed; the request's party is {me!r}")
+            for col in fks.get(t, ()):
+                if row.get(col) is not None and row.get(col) != me:
+                    out.append(f"{t} row of {col}={row.get(col)!r} changed; the request's party is {me!r}")
+    return out[:5]
+
+
+def _mentioned_tools(request: str, tools: dict[str, dict], gold: Sequence[ToolCall]) -> list[str]:
+    words = re.findall(r"[a-z']+", request.lower())
+    used = {c.name for c in gold}
+    out = []
+    for name, t in sorted(tools.items()):
+        if name in used or not (t.get("contract") or {}).get("writes"):
+            continue
+        verb = name.split("_")[0].lower()
+        for i, w in enumerate(words):
+            if w == verb and not (_NEGATION & set(words[max(0, i - 3):i])):
+                out.append(name)
+                break
+    return out
+
+
+async def inconsistent_request(rt: Any, healthy: str, start: Any, request: str, gold: Sequence[ToolCall],
+                               tools: dict[str, dict]) -> str | None:
+    """A write the request asks for that excludes a gold write on the same entity (see the module docstring)."""
+    from treadle.weft.evolve.probes import run_calls
+
+    for name in _mentioned_tools(request, tools, gold):
+        required = set(((tools[name].get("input_schema") or {}).get("required") or ()))
+        for c in gold:
+            if not (tools.get(c.name) or {}).get("contract", {}).get("writes"):
+                continue
+            if not required or not required <= set(c.arguments):
+                continue
+            other = ToolCall(name=name, arguments={k: c.arguments[k] for k in required})
+            results = []
+            for seq in ([c, other], [other, c]):
+                outs, _ = await run_calls(rt, healthy, start, seq)
+                results.append(all(o.ok for o in outs))
+            if not any(results):
+                return (f"the request asks for {name} and the gold does {c}: neither order of {other} and {c} "
+                        "executes on the certified server")
+    return None
+
+
+def describe(values: Sequence[str]) -> str:
+    return json.dumps(list(values)[:6])
