@@ -1,12 +1,12 @@
-"""Fuzz target: tool-call strings (:mod:`treadle.weft.callparse`). Any text is a list of calls or a
+"""Fuzz target: tool-call strings (:mod:`treadle.weft.runtime.callparse`). Any text is a list of calls or a
 :class:`CallParseError`, in time linear in its length."""
 import keyword
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from treadle.weft.callparse import ToolCall, parse_call, parse_calls
-from treadle.weft.errors import CallParseError
+from treadle.weft.runtime.callparse import ToolCall, parse_call, parse_calls
+from treadle.weft.runtime.errors import CallParseError
 
 from .linearity import FUZZ, assert_linear, hostile_text, repeat_to, unit
 

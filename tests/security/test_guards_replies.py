@@ -14,8 +14,8 @@ from treadle.llm.config import UsageLimits
 from treadle.llm.fake_endpoint import FAKE_MODEL, FakeEndpoint, Step, chat_reply
 from treadle.llm.records import Failure, FailureKind
 from treadle.llm.records import ToolCall as NativeCall
-from treadle.weft.callparse import parse_call, parse_calls
-from treadle.weft.errors import CallParseError
+from treadle.weft.runtime.callparse import parse_call, parse_calls
+from treadle.weft.runtime.errors import CallParseError
 from treadle.weft.rollouts import harnesses  # noqa: F401  (registers the harnesses)
 from treadle.weft.rollouts.records import PolicyOutput
 from treadle.weft.rollouts.registry import HARNESSES

@@ -6,7 +6,7 @@ import logging
 import anyio
 import pytest
 
-from treadle.weft.callparse import parse_call
+from treadle.weft.runtime.callparse import parse_call
 from treadle.weft.envs import crm, crm_tasks, shop, shop_atomic
 from treadle.weft.evolve import probes, task_checks, text_checks
 from treadle.weft.evolve.attribute import generate_verifier, record_evidence
@@ -22,7 +22,7 @@ from treadle.weft.evolve.faults_heldout import (
 )
 from treadle.weft.rollouts.harnesses import HermesHarness, NativeHarness, ReActHarness
 from treadle.weft.runtime import Runtime
-from treadle.weft.state import RowChange, StateDiff, TableDiff
+from treadle.weft.runtime.state import RowChange, StateDiff, TableDiff
 
 logging.getLogger("treadle.weft.tools").setLevel(logging.CRITICAL)
 

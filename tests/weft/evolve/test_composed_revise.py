@@ -253,7 +253,7 @@ def test_the_loop_repairs_composed_faults_and_touches_nothing_else(certified):
 def test_a_composed_node_whose_gold_value_nothing_gives_is_the_tasks(certified):
     """The credit node's amount changed to one no request, earlier node or tool result gives: a correct agent
     (the request's amount) fails it and the task is blamed, not the policy."""
-    from treadle.weft.callparse import ToolCall
+    from treadle.weft.runtime.callparse import ToolCall
 
     node = next(n for n in certified.nodes if n.name == CREDIT)
     gold = list(node.atomic.checkpoint.gold_calls)

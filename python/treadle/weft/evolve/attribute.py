@@ -179,7 +179,7 @@ def _semantic_state_check(start: Snapshot, evidence: ReferenceEvidence, request:
     """The predicate of :func:`generate_verifier`'s free-text mode, or None when the reference wrote no free text
     the request does not quote (the exact checks are then right)."""
     from treadle.weft.evolve.text_checks import free_text_only_diff, quoted, text_verdict
-    from treadle.weft.sqlite_state import diff_connections
+    from treadle.weft.runtime.sqlite_state import diff_connections
 
     st = SqliteState(start)
     try:

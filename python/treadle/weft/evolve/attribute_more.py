@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from treadle.weft.callparse import ToolCall
+from treadle.weft.runtime.callparse import ToolCall
 
 
 def _calls(outcomes: Sequence[Any]) -> list[ToolCall]:
@@ -92,7 +92,7 @@ async def further_checks(rt: Any, server_hash: str, start: Any, spec: Any, evide
         if clash:
             return "task", "inconsistent_request", clash
         if con is not None:
-            from treadle.weft.sqlite_state import SqliteState
+            from treadle.weft.runtime.sqlite_state import SqliteState
 
             st = SqliteState(start)
             try:
@@ -111,7 +111,7 @@ async def further_checks(rt: Any, server_hash: str, start: Any, spec: Any, evide
         if con is not None:
             con.close()
     if sqlite and all(o.ok for o in outcomes):
-        from treadle.weft.sqlite_state import SqliteState
+        from treadle.weft.runtime.sqlite_state import SqliteState
 
         final = await _final(rt, server_hash, start, policy_calls)
         ref = SqliteState(evidence.final)

@@ -34,11 +34,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from treadle.weft.callparse import ToolCall, parse_call
+from treadle.weft.runtime.callparse import ToolCall, parse_call
 from treadle.weft.evolve.attribute import Blame
 from treadle.weft.evolve.faults import CaseResult, EnvBug, patch_source
 from treadle.weft.rollouts.harnesses import HermesHarness, NativeHarness, ReActHarness
-from treadle.weft.verify import CheckpointSpec, StateAssertion
+from treadle.weft.runtime.verify import CheckpointSpec, StateAssertion
 
 __all__ = ["HELDOUT", "HeldoutFault", "heldout_suite", "heldout_tasks"]
 

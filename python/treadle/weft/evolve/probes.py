@@ -23,7 +23,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from treadle.weft.callparse import ToolCall
+from treadle.weft.runtime.callparse import ToolCall
 
 _CLAUSE = re.compile(r"^\s*(\w+)\.(\w+)\s*(:=|\+=|-=)?\s*(.*?)\s*$")
 
