@@ -11,7 +11,9 @@ shared memory over the sm_90 limit (232,448 B) or an ``expect_*`` of its spec th
 
 Each kernel module compiles in its own subprocesses (a crash in the compiler is that module's
 failure, not the run's) with a fresh ``TRITON_CACHE_DIR`` (a cached kernel prints no ptxas log).
-The check runs under the Triton version of the GPU image (3.6), pinned in requirements-dev.txt.
+The check compiles with the Triton of the GPU image (3.6): the environment's own when it is 3.6,
+else a side install given by ``TREADLE_AOT_TRITON`` or found at ``<venv>/aot-triton`` (``make setup``
+puts triton 3.6.0 there with ``pip install --target``), first on the compile workers' path only.
 
     python bench/gpu_aot.py                      # table, exit 1 on any failure
     python bench/gpu_aot.py --json aot.json      # also the rows as JSON
@@ -140,17 +142,20 @@ def compile_spec(spec) -> dict:
 
 def _worker(module: str, indices: list[int], out_path: str) -> None:
     _import_path()
+    import triton
+
     specs = _specs(module) or []
-    rows = [dict(compile_spec(specs[i]), module=module) for i in indices]
+    rows = [dict(compile_spec(specs[i]), module=module, triton=triton.__version__) for i in indices]
     Path(out_path).write_text(json.dumps(rows))
 
 
 # ------------------------------------------------------------------ driver
-def _run_chunk(module: str, indices: list[int], timeout: float) -> list[dict]:
+def _run_chunk(module: str, indices: list[int], timeout: float, side: Path | None) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="treadle-aot-") as tmp:
+        first = ([str(side)] if side else []) + [str(ROOT / "python")]
         env = dict(os.environ, TRITON_CACHE_DIR=str(Path(tmp) / "cache"), TRITON_DUMP_PTXAS_LOG="1",
                    TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join(
-                       [str(ROOT / "python")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+                       first + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
         out = Path(tmp) / "rows.json"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", module,
                "--indices", ",".join(map(str, indices)), "--out", str(out)]
@@ -166,8 +171,10 @@ def _run_chunk(module: str, indices: list[int], timeout: float) -> list[dict]:
         return json.loads(out.read_text())
 
 
-def check(modules: list[str] | None = None, jobs: int = 2, timeout: float = 600) -> tuple[list[dict], list[str]]:
-    """Compile every spec of ``modules`` (default: all kernel modules); returns ``(rows, notes)``."""
+def check(modules: list[str] | None = None, jobs: int = 2, timeout: float = 600,
+          side: Path | None = None) -> tuple[list[dict], list[str]]:
+    """Compile every spec of ``modules`` (default: all kernel modules) in worker processes (``side``:
+    a triton install put first on their path); returns ``(rows, notes)``."""
     _import_path()
     modules = modules or kernel_modules()
     notes, work = [], []
@@ -196,7 +203,7 @@ def check(modules: list[str] | None = None, jobs: int = 2, timeout: float = 600)
                 rows.append({"module": m, "kernel": m, "config": "-", "error": "import failed",
                              "fail": ["module does not import"]})
                 continue
-            futs.append(pool.submit(_run_chunk, m, idx, timeout))
+            futs.append(pool.submit(_run_chunk, m, idx, timeout, side))
         for f in futs:
             rows.extend(f.result())
     for r in rows:
@@ -218,13 +225,28 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def version_problem() -> str | None:
+def side_triton() -> Path | None:
+    """A directory holding the GPU image's triton (``pip install --target DIR triton==3.6.0``), or None."""
+    cands = [os.environ.get("TREADLE_AOT_TRITON"), str(Path(sys.prefix) / "aot-triton")]
+    for c in cands:
+        if c and list(Path(c).glob(f"triton-{TRITON_VERSION}.*.dist-info")) and (Path(c) / "triton").is_dir():
+            return Path(c)
+    return None
+
+
+def compile_path() -> tuple[Path | None, str | None]:
+    """(side install to put first on the workers' path or None, a problem that stops the check or None)."""
     import triton
 
-    if not triton.__version__.startswith(TRITON_VERSION + "."):
-        return (f"triton {triton.__version__} is installed; this check compiles with the GPU image's triton "
-                f"{TRITON_VERSION}.x (pip install -r requirements-dev.txt, or pass --any-triton)")
-    return None
+    if triton.__version__.startswith(TRITON_VERSION + "."):
+        return None, None
+    side = side_triton()
+    if side is not None:
+        return side, None
+    return None, (f"triton {triton.__version__} is installed and no triton {TRITON_VERSION}.x side install was "
+                  f"found; this check compiles with the GPU image's triton: `pip install --no-deps --target "
+                  f"{Path(sys.prefix) / 'aot-triton'} triton=={TRITON_VERSION}.0` (make setup does it), set "
+                  f"TREADLE_AOT_TRITON to such a folder, or pass --any-triton")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,13 +264,13 @@ def main(argv: list[str] | None = None) -> int:
         _worker(a.worker, [int(i) for i in a.indices.split(",") if i], a.out)
         return 0
     _import_path()
-    problem = version_problem()
+    side, problem = compile_path()
     if problem and not a.any_triton:
         print(f"gpu_aot: {problem}", file=sys.stderr)
         return 2
     mods = a.modules.split(",") if a.modules else None
     t0 = time.time()
-    rows, notes = check(mods, jobs=a.jobs, timeout=a.timeout)
+    rows, notes = check(mods, jobs=a.jobs, timeout=a.timeout, side=side)
     print(table(rows))
     for n in notes:
         print(f"note: {n}")
