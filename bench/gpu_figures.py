@@ -322,6 +322,17 @@ def grpo():
             return (rewards - mean[ids]) / (var.sqrt()[ids] + 1e-6)
 
         row["torch_scatter_ms"] = bench(scatter)
+        if not SMOKE:  # the Triton kernels take their route on the device: one CUDA graph replays them
+            try:
+                expect = grpo_advantages(rewards, ids, backend="triton")
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    got = grpo_advantages(rewards, ids, backend="triton")
+                g.replay()
+                torch.cuda.synchronize()
+                row["triton_cuda_graph_max_abs_diff"] = float((got - expect).abs().max())
+            except Exception as exc:
+                row["triton_cuda_graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
         # where treadle's CUDA op spends its time (the glue in csrc/cuda/grpo_advantages_cuda.cpp)
         def dense():
             keys, perm = torch.sort(ids)
