@@ -74,7 +74,8 @@ def parse_ptxas(log: str) -> dict:
     st = [int(x) for x in re.findall(r"(\d+) bytes spill stores", log)]
     ld = [int(x) for x in re.findall(r"(\d+) bytes spill loads", log)]
     stack = [int(x) for x in re.findall(r"(\d+) bytes stack frame", log)]
-    codes = sorted(set(re.findall(r"ptxas (?:warning|error)\s*:\s*\((C\d+)\)", log)))
+    # ptxas prints its advisories at any level, e.g. "ptxas info    : (C7511) ... wgmma ... serialized"
+    codes = sorted(set(re.findall(r"ptxas\s+\w+\s*:\s*\((C\d+)\)", log)))
     return {"registers": max(regs) if regs else None, "spill_store_bytes": sum(st), "spill_load_bytes": sum(ld),
             "spill_bytes": sum(st) + sum(ld), "stack_bytes": max(stack) if stack else 0, "warnings": codes}
 

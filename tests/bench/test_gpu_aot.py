@@ -15,7 +15,7 @@ spec.loader.exec_module(aot)
 
 LOG = """ptxas info    : 0 bytes gmem
 ptxas info    : Compiling entry function '_stair_fwd_kernel' for 'sm_90a'
-ptxas warning : (C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized due to insufficient register resources for the wgmma pipeline in the function '_stair_fwd_kernel'
+ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized due to insufficient register resources for the wgmma pipeline in the function '_stair_fwd_kernel'
 ptxas info    : Function properties for _stair_fwd_kernel
     252 bytes stack frame, 252 bytes spill stores, 228 bytes spill loads
 ptxas info    : Used 255 registers, used 1 barriers, 252 bytes cumulative stack size
@@ -29,6 +29,7 @@ def test_ptxas_log_is_read():
     clean = aot.parse_ptxas("ptxas info    : Used 40 registers, used 0 barriers\n    0 bytes stack frame, "
                             "0 bytes spill stores, 0 bytes spill loads\n")
     assert clean["registers"] == 40 and clean["spill_bytes"] == 0 and clean["warnings"] == []
+    assert aot.parse_ptxas("ptxas warning : (C7515) Potential Performance Loss: wgmma.mma_async ...")["warnings"] == ["C7515"]
 
 
 def test_structure_markers():
