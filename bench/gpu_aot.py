@@ -76,8 +76,11 @@ def parse_ptxas(log: str) -> dict:
     stack = [int(x) for x in re.findall(r"(\d+) bytes stack frame", log)]
     # ptxas prints its advisories at any level, e.g. "ptxas info    : (C7511) ... wgmma ... serialized"
     codes = sorted(set(re.findall(r"ptxas\s+\w+\s*:\s*\((C\d+)\)", log)))
+    # any advisory that says wgmma is serialised (C7511, C7515 and kin such as C7512) fails the check
+    serial = sorted(set(re.findall(r"ptxas\s+\w+\s*:\s*\((C\d+)\)[^\n]*wgmma[^\n]*serialized", log)))
     return {"registers": max(regs) if regs else None, "spill_store_bytes": sum(st), "spill_load_bytes": sum(ld),
-            "spill_bytes": sum(st) + sum(ld), "stack_bytes": max(stack) if stack else 0, "warnings": codes}
+            "spill_bytes": sum(st) + sum(ld), "stack_bytes": max(stack) if stack else 0, "warnings": codes,
+            "wgmma_serialized": serial}
 
 
 def structure(ptx: str, ttgir: str) -> dict:
@@ -96,7 +99,7 @@ def failures(row: dict, expect: dict) -> list[str]:
         why.append("no ptxas log (was the kernel taken from a cache?)")
     if row["spill_bytes"]:
         why.append(f"spills {row['spill_store_bytes']} B stored / {row['spill_load_bytes']} B loaded")
-    bad = [c for c in row["warnings"] if c in FATAL_WARNINGS]
+    bad = sorted({c for c in row["warnings"] if c in FATAL_WARNINGS} | set(row.get("wgmma_serialized") or []))
     if bad:
         why.append(f"ptxas {', '.join(bad)}: wgmma serialised")
     if row["shared_bytes"] > SMEM_LIMIT:

@@ -26,6 +26,7 @@ def test_ptxas_log_is_read():
     p = aot.parse_ptxas(LOG)
     assert p["registers"] == 255 and p["spill_store_bytes"] == 252 and p["spill_load_bytes"] == 228
     assert p["spill_bytes"] == 480 and p["stack_bytes"] == 252 and p["warnings"] == ["C7511"]
+    assert p["wgmma_serialized"] == ["C7511"]
     clean = aot.parse_ptxas("ptxas info    : Used 40 registers, used 0 barriers\n    0 bytes stack frame, "
                             "0 bytes spill stores, 0 bytes spill loads\n")
     assert clean["registers"] == 40 and clean["spill_bytes"] == 0 and clean["warnings"] == []
@@ -50,6 +51,8 @@ def test_every_kind_of_failure_is_caught():
     assert aot.failures(_row(spill_bytes=8, spill_store_bytes=4, spill_load_bytes=4), {})
     assert aot.failures(_row(warnings=["C7515"]), {})
     assert aot.failures(_row(warnings=["C7511", "C7520"]), {})
+    assert aot.failures(_row(warnings=["C7512"], wgmma_serialized=["C7512"]), {})  # any "wgmma serialized" code
+    assert aot.failures(_row(warnings=["C7520"]), {}) == []  # other advisories are reported, not fatal
     assert aot.failures(_row(shared_bytes=aot.SMEM_LIMIT + 1), {})
     assert aot.failures(_row(shared_bytes=aot.SMEM_LIMIT), {}) == []
     for key in ("wgmma", "tma", "warp_specialized"):
