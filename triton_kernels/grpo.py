@@ -37,7 +37,8 @@ import triton.language as tl
 from .aot import AotSpec
 
 BLOCK = 1024  # rows per program of the general route's passes
-CHUNK = 1024  # rows per program of the sorted route (8 rows a thread at 4 warps: no spills, see aot_specs)
+CHUNK = 512  # rows per program of the sorted route: 4 rows a thread at 4 warps, 126 registers on sm_90a
+# (1024 rows take 195: half the blocks per SM for the same bytes in flight; 2048 / 8 warps take 214)
 WALK_LIMIT = 64  # chunks one run may span on the sorted route before the general route takes over
 _I64_MAX = 2 ** 63 - 1
 _I64_MIN = -2 ** 63

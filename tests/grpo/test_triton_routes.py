@@ -62,7 +62,7 @@ def _reference(r, ids, valid, flags, opts, skip=False):
 @pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: "-".join(str(v) for v in o.values()))
 def test_routes_match_reference(small_chunks, layout, opts):
     gen = torch.Generator().manual_seed(1)
-    n = 203
+    n = 131
     ids = _ids(layout, n, gen)
     r = (torch.rand(n, generator=gen, dtype=torch.float64) < 0.5).double() + 0.1 * torch.rand(n, generator=gen,
                                                                                               dtype=torch.float64)
