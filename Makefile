@@ -18,6 +18,8 @@ $(PY):
 $(STAMP): $(PY) $(SOURCES)
 	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
 	$(PIP) install -q -r requirements-dev.txt
+	# the GPU image's triton, for bench/gpu_aot.py's sm_90a compile only (kept off the venv's import path)
+	$(PIP) install -q --no-deps --target $(VENV)/aot-triton "triton==3.6.0"
 	$(PIP) install -q --no-deps "verl==0.9.1" "bfcl-eval==2026.3.23"
 	# --no-build-isolation: treadle._C is compiled against the torch installed above (see pyproject.toml)
 	$(PIP) install -q --no-build-isolation -e .

@@ -1,19 +1,32 @@
 """Triton kernels of ``treadle.ops.grpo_advantages`` (spec: treadle/reference/grpo.py).
 
-Group ids are made dense without a host sync: ``torch.sort`` then a cumulative sum over "id changes"
-gives every row a group index in [0, N). Four launches follow, each one pass over the rows:
+Two routes, chosen on the device (no host sync, no sort; every launch has a fixed grid, so a CUDA
+graph can capture the op):
 
-1. ``_stats_kernel``: per group count and sum (float64 atomics), plus a representative reward for the
-   "all equal" test; per-block partial batch sums.
-2. ``_dev_kernel``: per group sum of squared deviations and "differs from the representative" flag
-   (int32 atomic max); batch sum of squared deviations (for ``scale="batch"``).
-3. ``_advantage_kernel``: the per-row advantage (same maths as csrc/grpo_common.h), flags clamp, and
-   for ``reinforce_baseline`` partial sums of the pre-whitening advantages and a representative one.
-4. ``reinforce_baseline`` only: ``_whiten_dev_kernel`` (sum of squared deviations from the batch mean
-   of the pre-whitening advantages, i.e. two-pass statistics as everywhere else, and whether any
-   differs from the representative) and ``_whiten_kernel``; all equal gives exactly 0 (no 0/0 at eps=0).
+* **Sorted ids** (rows of a group adjacent and ids non-decreasing: ``arange(N) // G``, verl's and
+  TRL's layouts), group-local estimators (``grpo`` with group or no scaling, ``dr_grpo``, ``rloo``):
+  one pass over the rows. ``_runs_kernel`` reads ``CHUNK`` rows (reward, id, masks) per program and
+  finds its runs of equal ids with segmented ``tl.associative_scan`` in registers: count, sum,
+  min/max (the exact "all equal" test) and NaN count, then a second in-register segmented scan of
+  ``(r - mean)^2`` (two-pass statistics with no second read). Runs that start and end inside the
+  chunk get their advantages at once; the chunk's first and last runs write (count, mean, M2, min,
+  max, NaNs) partials (O(N / CHUNK) words, not zero-filled). It also raises a device flag if some
+  ``id[i] < id[i-1]`` and records min/max id. ``_stitch_kernel`` (one program per chunk) merges the
+  partials of a run that crosses chunks (Chan et al.'s pairwise update) and rewrites only its rows
+  (about 2 runs per chunk); a run longer than ``WALK_LIMIT`` chunks raises the flag instead.
+  The work is the minimum: read 4 + 8 (+ masks) bytes and write 4 bytes per row.
 
-Shapes of every buffer are static (N groups at most), so the op never waits on the device.
+* **General** (the flag raised: unsorted ids, batch-level statistics, very long runs): a group table
+  indexed by ``id - min(id)`` when the id range is smaller than the table, else an open-addressing
+  hash table of the ids (linear probing with ``atomic_cas``); tables are ``torch.empty`` and the
+  kernels zero only the part they use (for dense ids: about the number of groups, which stays in
+  L2). Then per group float64 count and sum, a representative reward ("all equal" test), the
+  squared deviations from the group mean, and the per-row advantage; ``reinforce_baseline`` whitens
+  over the batch in two more passes (two-pass statistics everywhere). Every general-route kernel
+  returns at once when the flag is down, so both routes are always launched.
+
+``aot_specs()`` lists each kernel at its launch config for the sm_90a structure check
+(bench/gpu_aot.py).
 """
 from __future__ import annotations
 
@@ -21,57 +34,24 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK = 1024
+from .aot import AotSpec
+
+BLOCK = 1024  # rows per program of the general route's passes
+CHUNK = 512  # rows per program of the sorted route: 4 rows a thread at 4 warps, 126 registers on sm_90a
+# (1024 rows take 195: half the blocks per SM for the same bytes in flight; 2048 / 8 warps take 214)
+WALK_LIMIT = 64  # chunks one run may span on the sorted route before the general route takes over
+_I64_MAX = 2 ** 63 - 1
+_I64_MIN = -2 ** 63
+_MAX_ID: tl.constexpr = tl.constexpr(_I64_MAX)  # the kernels' neutral elements of min / max id
+_MIN_ID: tl.constexpr = tl.constexpr(_I64_MIN)
 
 
+# ------------------------------------------------------------------ the advantage formula (both routes)
 @triton.jit
-def _stats_kernel(r_ptr, g_ptr, ok_ptr, cnt_ptr, sum_ptr, rep_ptr, bsum_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    inb = offs < n
-    ok = tl.load(ok_ptr + offs, mask=inb, other=0) != 0
-    r = tl.where(ok, tl.load(r_ptr + offs, mask=inb, other=0.0).to(tl.float64), 0.0)  # invalid rows: never read
-    g = tl.load(g_ptr + offs, mask=inb, other=0)
-    tl.atomic_add(cnt_ptr + g, tl.where(ok, 1.0, 0.0).to(tl.float64), mask=ok)
-    tl.atomic_add(sum_ptr + g, r, mask=ok)
-    tl.store(rep_ptr + g, r, mask=ok)  # any member will do: a benign race
-    tl.atomic_add(bsum_ptr + 0, tl.sum(tl.where(ok, r, 0.0), axis=0))
-    tl.atomic_add(bsum_ptr + 1, tl.sum(tl.where(ok, 1.0, 0.0).to(tl.float64), axis=0))
-
-
-@triton.jit
-def _dev_kernel(r_ptr, g_ptr, ok_ptr, cnt_ptr, sum_ptr, rep_ptr, m2_ptr, diff_ptr, bsum_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    inb = offs < n
-    ok = tl.load(ok_ptr + offs, mask=inb, other=0) != 0
-    r = tl.where(ok, tl.load(r_ptr + offs, mask=inb, other=0.0).to(tl.float64), 0.0)  # invalid rows: never read
-    g = tl.load(g_ptr + offs, mask=inb, other=0)
-    c = tl.load(cnt_ptr + g, mask=ok, other=1.0)
-    mean = tl.load(sum_ptr + g, mask=ok, other=0.0) / c
-    d = r - mean
-    tl.atomic_add(m2_ptr + g, d * d, mask=ok)
-    rep = tl.load(rep_ptr + g, mask=ok, other=0.0)
-    tl.atomic_max(diff_ptr + g, (r != rep).to(tl.int32), mask=ok)
-    bcnt = tl.load(bsum_ptr + 1)
-    bmean = tl.load(bsum_ptr + 0) / tl.maximum(bcnt, 1.0)
-    bd = tl.where(ok, r - bmean, 0.0)
-    tl.atomic_add(bsum_ptr + 2, tl.sum(bd * bd, axis=0))
-
-
-@triton.jit
-def _advantage_kernel(r_ptr, g_ptr, ok_ptr, flag_ptr, cnt_ptr, sum_ptr, m2_ptr, diff_ptr, bsum_ptr, out_ptr, a_ptr, n,
-                      eps, ESTIMATOR: tl.constexpr, UNBIASED: tl.constexpr, EPS_IN_SQRT: tl.constexpr,
-                      SINGLETON_RAW: tl.constexpr, SCALE: tl.constexpr, HAS_FLAGS: tl.constexpr,
-                      BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    inb = offs < n
-    ok = tl.load(ok_ptr + offs, mask=inb, other=0) != 0
-    r = tl.where(ok, tl.load(r_ptr + offs, mask=inb, other=0.0).to(tl.float64), 0.0)  # invalid rows: never read
-    g = tl.load(g_ptr + offs, mask=inb, other=0)
-    c = tl.load(cnt_ptr + g, mask=ok, other=1.0)
-    mean = tl.load(sum_ptr + g, mask=ok, other=0.0) / c
-    m2 = tl.load(m2_ptr + g, mask=ok, other=0.0)
-    differs = tl.load(diff_ptr + g, mask=ok, other=0) != 0
-    d = r - mean
+def _adv_math(r, d, c, m2, differs, ok, bcnt, bm2, eps, ESTIMATOR: tl.constexpr, UNBIASED: tl.constexpr,
+              EPS_IN_SQRT: tl.constexpr, SINGLETON_RAW: tl.constexpr, SCALE: tl.constexpr):
+    """Per-row advantage from the row's reward, ``d = r - mean`` and its group's count, M2 and "some
+    considered reward differs" (ESTIMATOR 3 returns the pre-whitening ``d``)."""
     if ESTIMATOR == 0:  # grpo
         if SCALE == 0:
             if UNBIASED:
@@ -83,11 +63,10 @@ def _advantage_kernel(r_ptr, g_ptr, ok_ptr, flag_ptr, cnt_ptr, sum_ptr, m2_ptr, 
             else:
                 adv = d / (tl.sqrt(var) + eps)
         elif SCALE == 1:
-            bcnt = tl.load(bsum_ptr + 1)
             if UNBIASED:
-                bvar = tl.load(bsum_ptr + 2) / tl.maximum(bcnt - 1.0, 1.0)
+                bvar = bm2 / tl.maximum(bcnt - 1.0, 1.0)
             else:
-                bvar = tl.load(bsum_ptr + 2) / tl.maximum(bcnt, 1.0)
+                bvar = bm2 / tl.maximum(bcnt, 1.0)
             bstd = tl.where(bcnt > 1.5, tl.sqrt(bvar), 0.0)
             adv = d / (bstd + eps)
         else:
@@ -105,66 +84,366 @@ def _advantage_kernel(r_ptr, g_ptr, ok_ptr, flag_ptr, cnt_ptr, sum_ptr, m2_ptr, 
         adv = tl.where(c < 1.5, raw, adv)
     else:
         adv = tl.where(c < 1.5, 0.0, adv)
-    adv = tl.where(ok, adv, 0.0)
-    if ESTIMATOR == 3:
-        tl.store(a_ptr + offs, adv, mask=inb)
-        tl.atomic_add(bsum_ptr + 3, tl.sum(adv, axis=0))
-        tl.store(bsum_ptr + 5 + offs * 0, adv, mask=ok)  # representative pre-whitening advantage: a benign race
+    return tl.where(ok, adv, 0.0)
+
+
+@triton.jit
+def _load_rows(r_ptr, ok_ptr, offs, inb, HAS_OK: tl.constexpr, SKIP_NONFINITE: tl.constexpr):
+    """Considered-row mask and float64 rewards (0 at rows not considered, which are never read)."""
+    if HAS_OK:
+        ok = (tl.load(ok_ptr + offs, mask=inb, other=0) != 0) & inb
     else:
+        ok = inb
+    r = tl.load(r_ptr + offs, mask=ok, other=0.0).to(tl.float64)
+    if SKIP_NONFINITE:
+        ok = ok & (tl.abs(r) < float("inf"))  # NaN compares false too
+        r = tl.where(ok, r, 0.0)
+    return ok, r
+
+
+# ------------------------------------------------------------------ sorted route
+@triton.jit
+def _seg_add(fa, ca, sa, na, fb, cb, sb, nb):
+    # segmented sum: a run start (flag) in the right operand resets the sums
+    return fa | fb, tl.where(fb, cb, ca + cb), tl.where(fb, sb, sa + sb), tl.where(fb, nb, na + nb)
+
+
+@triton.jit
+def _seg_minmax(fa, lo_a, hi_a, fb, lo_b, hi_b):
+    return fa | fb, tl.where(fb, lo_b, tl.minimum(lo_a, lo_b)), tl.where(fb, hi_b, tl.maximum(hi_a, hi_b))
+
+
+@triton.jit
+def _seg_copy(fa, ca, sa, na, fb, cb, sb, nb):
+    # reverse scan with run *ends* as flags: every row takes the value at its run's end
+    return fa | fb, tl.where(fb, cb, ca), tl.where(fb, sb, sa), tl.where(fb, nb, na)
+
+
+@triton.jit
+def _seg_add1(fa, sa, fb, sb):
+    return fa | fb, tl.where(fb, sb, sa + sb)
+
+
+@triton.jit
+def _seg_copy1(fa, sa, fb, sb):
+    return fa | fb, tl.where(fb, sb, sa)
+
+
+@triton.jit
+def _pick(x, sel):
+    """The one element of ``x`` where ``sel`` is true (a scalar)."""
+    return tl.sum(tl.where(sel, x, tl.zeros_like(x)), axis=0)
+
+
+@triton.jit
+def _runs_kernel(r_ptr, g_ptr, ok_ptr, flag_ptr, out_ptr, part_ptr, bnd_ptr, state_ptr, n, eps,
+                 ESTIMATOR: tl.constexpr, UNBIASED: tl.constexpr, EPS_IN_SQRT: tl.constexpr,
+                 SINGLETON_RAW: tl.constexpr, SCALE: tl.constexpr, HAS_OK: tl.constexpr, HAS_FLAGS: tl.constexpr,
+                 SKIP_NONFINITE: tl.constexpr, LOCAL: tl.constexpr, CHUNK: tl.constexpr):
+    pid = tl.program_id(0)
+    c0 = pid.to(tl.int64) * CHUNK
+    pos = tl.arange(0, CHUNK)
+    offs = c0 + pos
+    inb = offs < n
+    g = tl.load(g_ptr + offs, mask=inb, other=0)
+    gp = tl.load(g_ptr + offs - 1, mask=inb & (offs > 0), other=0)
+    # sortedness and id range, for the route choice (device side)
+    down = inb & (offs > 0) & (g < gp)
+    tl.atomic_max(state_ptr + 0, tl.max(down.to(tl.int64), axis=0))
+    tl.atomic_min(state_ptr + 1, tl.min(tl.where(inb, g, _MAX_ID), axis=0))
+    tl.atomic_max(state_ptr + 2, tl.max(tl.where(inb, g, _MIN_ID), axis=0))
+    if LOCAL:
+        ok, r = _load_rows(r_ptr, ok_ptr, offs, inb, HAS_OK, SKIP_NONFINITE)
+        start = (pos == 0) | (g != gp)
+        gn = tl.load(g_ptr + offs + 1, mask=offs + 1 < n, other=0)
+        end = (pos == CHUNK - 1) | (offs + 1 >= n) | (g != gn)
+        okf = ok.to(tl.float64)
+        isnan = (ok & (r != r)).to(tl.float64)
+        _, cnt, tot, nan = tl.associative_scan((start, okf, r, isnan), 0, _seg_add)
+        lo0 = tl.where(ok, r, float("inf"))
+        hi0 = tl.where(ok, r, -float("inf"))
+        _, lo, hi = tl.associative_scan((start, lo0, hi0), 0, _seg_minmax)
+        _, cnt, tot, nan = tl.associative_scan((end, cnt, tot, nan), 0, _seg_copy, reverse=True)
+        _, lo, hi, _ = tl.associative_scan((end, lo, hi, lo), 0, _seg_copy, reverse=True)
+        mean = tot / tl.maximum(cnt, 1.0)
+        d = r - mean
+        _, m2 = tl.associative_scan((start, tl.where(ok, d * d, 0.0)), 0, _seg_add1)
+        _, m2 = tl.associative_scan((end, m2), 0, _seg_copy1, reverse=True)
+        differs = (hi != lo) | (nan > 0.5)
+        adv = _adv_math(r, d, cnt, m2, differs, ok, 0.0, 0.0, eps, ESTIMATOR, UNBIASED, EPS_IN_SQRT, SINGLETON_RAW,
+                        SCALE)
+        if HAS_FLAGS:
+            f = tl.load(flag_ptr + offs, mask=inb, other=0) != 0
+            adv = tl.where(f, tl.minimum(adv, 0.0), adv)
+        # runs cut by the chunk's edges wait for _stitch_kernel
+        seg = tl.cumsum(start.to(tl.int32), axis=0) - 1
+        nseg = tl.max(tl.where(inb, seg, 0), axis=0) + 1
+        last_pos = tl.minimum(n - c0, CHUNK).to(tl.int32) - 1
+        g_first = tl.load(g_ptr + c0)
+        open_left = (c0 > 0) & (g_first == tl.load(g_ptr + c0 - 1, mask=c0 > 0, other=0))
+        g_last = tl.load(g_ptr + c0 + last_pos)
+        has_next = c0 + last_pos + 1 < n
+        open_right = has_next & (g_last == tl.load(g_ptr + c0 + last_pos + 1, mask=has_next, other=0))
+        # (tl.where: the interpreter turns a block & scalar of booleans into integers)
+        cut = tl.where(seg == 0, open_left, False) | tl.where(seg == nseg - 1, open_right, False)
+        tl.store(out_ptr + offs, adv.to(out_ptr.dtype.element_ty), mask=inb & (cut == False))  # noqa: E712
+        first = pos == 0
+        last = pos == last_pos
+        pbase = part_ptr + pid.to(tl.int64) * 12
+        tl.store(pbase + 0, _pick(cnt, first))
+        tl.store(pbase + 1, _pick(mean, first))
+        tl.store(pbase + 2, _pick(m2, first))
+        tl.store(pbase + 3, _pick(lo, first))
+        tl.store(pbase + 4, _pick(hi, first))
+        tl.store(pbase + 5, _pick(nan, first))
+        tl.store(pbase + 6, _pick(cnt, last))
+        tl.store(pbase + 7, _pick(mean, last))
+        tl.store(pbase + 8, _pick(m2, last))
+        tl.store(pbase + 9, _pick(lo, last))
+        tl.store(pbase + 10, _pick(hi, last))
+        tl.store(pbase + 11, _pick(nan, last))
+        bbase = bnd_ptr + pid.to(tl.int64) * 4
+        tl.store(bbase + 0, c0 + tl.sum(((seg == 0) & inb).to(tl.int64), axis=0))  # end (exclusive) of the first run
+        tl.store(bbase + 1, c0 + tl.min(tl.where(seg == nseg - 1, pos, CHUNK), axis=0))  # start of the last run
+        tl.store(bbase + 2, nseg.to(tl.int64))
+        tl.store(bbase + 3, (open_left.to(tl.int64)) + 2 * (open_right.to(tl.int64)))
+
+
+@triton.jit
+def _merge(na, ma, qa, nb, mb, qb):
+    """Chan et al.'s pairwise update of (count, mean, M2); empty sides are neutral."""
+    n = na + nb
+    delta = mb - ma
+    w = nb / tl.maximum(n, 1.0)
+    m = tl.where(na == 0.0, mb, tl.where(nb == 0.0, ma, ma + delta * w))
+    q = tl.where(na == 0.0, qb, tl.where(nb == 0.0, qa, qa + qb + delta * delta * na * w))
+    return n, m, q
+
+
+@triton.jit
+def _stitch_kernel(r_ptr, g_ptr, ok_ptr, flag_ptr, out_ptr, part_ptr, bnd_ptr, state_ptr, n, nchunks, eps,
+                   ESTIMATOR: tl.constexpr, UNBIASED: tl.constexpr, EPS_IN_SQRT: tl.constexpr,
+                   SINGLETON_RAW: tl.constexpr, SCALE: tl.constexpr, HAS_OK: tl.constexpr, HAS_FLAGS: tl.constexpr,
+                   SKIP_NONFINITE: tl.constexpr, WALK_LIMIT: tl.constexpr, CHUNK: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    if tl.load(state_ptr + 0) == 0:
+        edges = tl.load(bnd_ptr + pid * 4 + 3)
+        nseg = tl.load(bnd_ptr + pid * 4 + 2)
+        # this program owns the run that starts in its chunk and goes on into the next one
+        if ((edges & 2) != 0) & (((nseg == 1) & ((edges & 1) != 0)) == 0):
+            p = part_ptr + pid * 12
+            cn = tl.load(p + 6)
+            mn = tl.load(p + 7)
+            q = tl.load(p + 8)
+            lo = tl.load(p + 9)
+            hi = tl.load(p + 10)
+            nan = tl.load(p + 11)
+            j = pid + 1
+            going = j > pid
+            while going:
+                pj = part_ptr + j * 12
+                cn, mn, q = _merge(cn, mn, q, tl.load(pj + 0), tl.load(pj + 1), tl.load(pj + 2))
+                lo = tl.minimum(lo, tl.load(pj + 3))
+                hi = tl.maximum(hi, tl.load(pj + 4))
+                nan += tl.load(pj + 5)
+                ej = tl.load(bnd_ptr + j * 4 + 3)
+                sj = tl.load(bnd_ptr + j * 4 + 2)
+                going = (sj == 1) & ((ej & 2) != 0) & (j - pid < WALK_LIMIT)
+                j += 1
+            j -= 1
+            if j - pid >= WALK_LIMIT:
+                tl.atomic_max(state_ptr + 0, 2)  # a very long run: the general route redoes the batch
+            else:
+                lo_row = tl.load(bnd_ptr + pid * 4 + 1)
+                hi_row = tl.load(bnd_ptr + j * 4 + 0)
+                differs = (hi != lo) | (nan > 0.5)
+                for s in range(lo_row, hi_row, CHUNK):
+                    offs = s + tl.arange(0, CHUNK)
+                    inb = offs < hi_row
+                    ok, r = _load_rows(r_ptr, ok_ptr, offs, inb, HAS_OK, SKIP_NONFINITE)
+                    adv = _adv_math(r, r - mn, cn, q, differs, ok, 0.0, 0.0, eps, ESTIMATOR, UNBIASED, EPS_IN_SQRT,
+                                    SINGLETON_RAW, SCALE)
+                    if HAS_FLAGS:
+                        f = tl.load(flag_ptr + offs, mask=inb, other=0) != 0
+                        adv = tl.where(f, tl.minimum(adv, 0.0), adv)
+                    tl.store(out_ptr + offs, adv.to(out_ptr.dtype.element_ty), mask=inb)
+
+
+# ------------------------------------------------------------------ general route
+@triton.jit
+def _hash(key):
+    # splitmix64's finaliser on the 64-bit key (uint64 arithmetic wraps)
+    x = key.to(tl.uint64, bitcast=True)
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB
+    return x ^ (x >> 31)
+
+
+@triton.jit
+def _table_size(state_ptr, CAP):
+    """(direct, hashed, size): direct indexing by ``id - min`` when the id range fits the table, else hashing."""
+    lo = tl.load(state_ptr + 1)
+    hi = tl.load(state_ptr + 2)
+    span = (hi - lo).to(tl.uint64, bitcast=True)  # wraps into [0, 2^64) for any int64 range
+    direct = span < CAP.to(tl.uint64)
+    hashed = span >= CAP.to(tl.uint64)
+    size = tl.where(direct, span.to(tl.int64) + 1, CAP)
+    return direct, hashed, size
+
+
+@triton.jit
+def _table_init_kernel(state_ptr, cnt_ptr, sum_ptr, m2_ptr, diff_ptr, key_ptr, CAP, BLOCK: tl.constexpr):
+    """Zero the part of the group table the general route uses (keys to the empty mark -1)."""
+    if tl.load(state_ptr + 0) != 0:
+        direct, hashed, size = _table_size(state_ptr, CAP)
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < size + 2  # two spare slots: the key -1 and the masked lanes of the probe
+        tl.store(cnt_ptr + offs, tl.zeros([BLOCK], tl.float64), mask=m)
+        tl.store(sum_ptr + offs, tl.zeros([BLOCK], tl.float64), mask=m)
+        tl.store(m2_ptr + offs, tl.zeros([BLOCK], tl.float64), mask=m)
+        tl.store(diff_ptr + offs, tl.zeros([BLOCK], tl.int32), mask=m)
+        tl.store(key_ptr + offs, tl.full([BLOCK], -1, tl.int64), mask=tl.where(m, hashed, False))
+
+
+@triton.jit
+def _slot_kernel(g_ptr, slot_ptr, key_ptr, state_ptr, n, CAP, BLOCK: tl.constexpr):
+    """Row -> table slot: ``id - min`` (direct) or the key's place in the hash table (the key
+    ``id - min = -1``, only possible for ids spanning all of int64, has the spare slot ``CAP``)."""
+    if tl.load(state_ptr + 0) != 0:
+        direct, hashed, size = _table_size(state_ptr, CAP)
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        inb = offs < n
+        key = tl.load(g_ptr + offs, mask=inb, other=0) - tl.load(state_ptr + 1)  # wraps like the span
+        if direct:
+            slot = key
+        else:
+            mask = (CAP - 1).to(tl.int64)
+            slot = (_hash(key) & mask.to(tl.uint64)).to(tl.int64)
+            pending = inb & (key != -1)
+            while tl.max(pending.to(tl.int32), axis=0) > 0:
+                addr = tl.where(pending, slot, CAP + 1)  # settled lanes hit the unused spare slot
+                old = tl.atomic_cas(key_ptr + addr, tl.full([BLOCK], -1, tl.int64), tl.where(pending, key, -2))
+                found = pending & ((old == -1) | (old == key))
+                slot = tl.where(pending & (found == 0), (slot + 1) & mask, slot)
+                pending = pending & (found == 0)
+            slot = tl.where(key == -1, CAP, slot)
+        tl.store(slot_ptr + offs, slot, mask=inb)
+
+
+@triton.jit
+def _stats_kernel(r_ptr, s_ptr, ok_ptr, state_ptr, cnt_ptr, sum_ptr, rep_ptr, bsum_ptr, n,
+                  HAS_OK: tl.constexpr, SKIP_NONFINITE: tl.constexpr, BLOCK: tl.constexpr):
+    if tl.load(state_ptr + 0) != 0:
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        inb = offs < n
+        ok, r = _load_rows(r_ptr, ok_ptr, offs, inb, HAS_OK, SKIP_NONFINITE)
+        g = tl.load(s_ptr + offs, mask=inb, other=0)
+        tl.atomic_add(cnt_ptr + g, tl.where(ok, 1.0, 0.0).to(tl.float64), mask=ok)
+        tl.atomic_add(sum_ptr + g, r, mask=ok)
+        tl.store(rep_ptr + g, r, mask=ok)  # any member will do: a benign race
+        tl.atomic_add(bsum_ptr + 0, tl.sum(tl.where(ok, r, 0.0), axis=0))
+        tl.atomic_add(bsum_ptr + 1, tl.sum(tl.where(ok, 1.0, 0.0).to(tl.float64), axis=0))
+
+
+@triton.jit
+def _dev_kernel(r_ptr, s_ptr, ok_ptr, state_ptr, cnt_ptr, sum_ptr, rep_ptr, m2_ptr, diff_ptr, bsum_ptr, n,
+                HAS_OK: tl.constexpr, SKIP_NONFINITE: tl.constexpr, BLOCK: tl.constexpr):
+    if tl.load(state_ptr + 0) != 0:
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        inb = offs < n
+        ok, r = _load_rows(r_ptr, ok_ptr, offs, inb, HAS_OK, SKIP_NONFINITE)
+        g = tl.load(s_ptr + offs, mask=inb, other=0)
+        c = tl.load(cnt_ptr + g, mask=ok, other=1.0)
+        mean = tl.load(sum_ptr + g, mask=ok, other=0.0) / c
+        d = r - mean
+        tl.atomic_add(m2_ptr + g, d * d, mask=ok)
+        rep = tl.load(rep_ptr + g, mask=ok, other=0.0)
+        tl.atomic_max(diff_ptr + g, (r != rep).to(tl.int32), mask=ok)
+        bcnt = tl.load(bsum_ptr + 1)
+        bmean = tl.load(bsum_ptr + 0) / tl.maximum(bcnt, 1.0)
+        bd = tl.where(ok, r - bmean, 0.0)
+        tl.atomic_add(bsum_ptr + 2, tl.sum(bd * bd, axis=0))
+
+
+@triton.jit
+def _advantage_kernel(r_ptr, s_ptr, ok_ptr, flag_ptr, state_ptr, cnt_ptr, sum_ptr, m2_ptr, diff_ptr, bsum_ptr, out_ptr,
+                      a_ptr, n, eps, ESTIMATOR: tl.constexpr, UNBIASED: tl.constexpr, EPS_IN_SQRT: tl.constexpr,
+                      SINGLETON_RAW: tl.constexpr, SCALE: tl.constexpr, HAS_OK: tl.constexpr,
+                      HAS_FLAGS: tl.constexpr, SKIP_NONFINITE: tl.constexpr, BLOCK: tl.constexpr):
+    if tl.load(state_ptr + 0) != 0:
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        inb = offs < n
+        ok, r = _load_rows(r_ptr, ok_ptr, offs, inb, HAS_OK, SKIP_NONFINITE)
+        g = tl.load(s_ptr + offs, mask=inb, other=0)
+        c = tl.load(cnt_ptr + g, mask=ok, other=1.0)
+        mean = tl.load(sum_ptr + g, mask=ok, other=0.0) / c
+        m2 = tl.load(m2_ptr + g, mask=ok, other=0.0)
+        differs = tl.load(diff_ptr + g, mask=ok, other=0) != 0
+        adv = _adv_math(r, r - mean, c, m2, differs, ok, tl.load(bsum_ptr + 1), tl.load(bsum_ptr + 2), eps,
+                        ESTIMATOR, UNBIASED, EPS_IN_SQRT, SINGLETON_RAW, SCALE)
+        if ESTIMATOR == 3:
+            tl.store(a_ptr + offs, adv, mask=inb)
+            tl.atomic_add(bsum_ptr + 3, tl.sum(adv, axis=0))
+            tl.store(bsum_ptr + 5 + offs * 0, adv, mask=ok)  # representative pre-whitening advantage: a benign race
+        else:
+            if HAS_FLAGS:
+                f = tl.load(flag_ptr + offs, mask=inb, other=0) != 0
+                adv = tl.where(f, tl.minimum(adv, 0.0), adv)
+            tl.store(out_ptr + offs, adv.to(out_ptr.dtype.element_ty), mask=inb)
+
+
+@triton.jit
+def _whiten_dev_kernel(a_ptr, r_ptr, ok_ptr, state_ptr, bsum_ptr, adiff_ptr, n, HAS_OK: tl.constexpr,
+                       SKIP_NONFINITE: tl.constexpr, BLOCK: tl.constexpr):
+    # second pass over the pre-whitening advantages: sum (a - mean(a))^2 (no E[a^2] - E[a]^2
+    # cancellation) and "some a differs from the representative"
+    if tl.load(state_ptr + 0) != 0:
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        inb = offs < n
+        ok, _ = _load_rows(r_ptr, ok_ptr, offs, inb, HAS_OK, SKIP_NONFINITE)
+        a = tl.load(a_ptr + offs, mask=inb, other=0.0)
+        bcnt = tl.load(bsum_ptr + 1)
+        amean = tl.load(bsum_ptr + 3) / tl.maximum(bcnt, 1.0)
+        d = tl.where(ok, a - amean, 0.0)
+        tl.atomic_add(bsum_ptr + 4, tl.sum(d * d, axis=0))
+        rep = tl.load(bsum_ptr + 5)
+        tl.atomic_max(adiff_ptr + 0, tl.max(tl.where(ok & (a != rep), 1, 0).to(tl.int32), axis=0))
+
+
+@triton.jit
+def _whiten_kernel(a_ptr, r_ptr, ok_ptr, flag_ptr, state_ptr, bsum_ptr, adiff_ptr, out_ptr, n, eps,
+                   UNBIASED: tl.constexpr, HAS_OK: tl.constexpr, HAS_FLAGS: tl.constexpr,
+                   SKIP_NONFINITE: tl.constexpr, BLOCK: tl.constexpr):
+    if tl.load(state_ptr + 0) != 0:
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        inb = offs < n
+        ok, _ = _load_rows(r_ptr, ok_ptr, offs, inb, HAS_OK, SKIP_NONFINITE)
+        a = tl.load(a_ptr + offs, mask=inb, other=0.0)
+        bcnt = tl.load(bsum_ptr + 1)
+        amean = tl.load(bsum_ptr + 3) / tl.maximum(bcnt, 1.0)
+        am2 = tl.load(bsum_ptr + 4)
+        differs = tl.load(adiff_ptr) != 0
+        if UNBIASED:
+            avar = am2 / tl.maximum(bcnt - 1.0, 1.0)
+        else:
+            avar = am2 / tl.maximum(bcnt, 1.0)
+        astd = tl.where(bcnt > 1.5, tl.sqrt(avar), 0.0)
+        adv = tl.where(ok & differs, (a - amean) / (astd + eps), 0.0)
         if HAS_FLAGS:
             f = tl.load(flag_ptr + offs, mask=inb, other=0) != 0
             adv = tl.where(f, tl.minimum(adv, 0.0), adv)
         tl.store(out_ptr + offs, adv.to(out_ptr.dtype.element_ty), mask=inb)
 
 
-@triton.jit
-def _whiten_dev_kernel(a_ptr, ok_ptr, bsum_ptr, adiff_ptr, n, BLOCK: tl.constexpr):
-    # second pass over the pre-whitening advantages: sum (a - mean(a))^2 (no E[a^2] - E[a]^2
-    # cancellation) and "some a differs from the representative"
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    inb = offs < n
-    ok = tl.load(ok_ptr + offs, mask=inb, other=0) != 0
-    a = tl.load(a_ptr + offs, mask=inb, other=0.0)
-    bcnt = tl.load(bsum_ptr + 1)
-    amean = tl.load(bsum_ptr + 3) / tl.maximum(bcnt, 1.0)
-    d = tl.where(ok, a - amean, 0.0)
-    tl.atomic_add(bsum_ptr + 4, tl.sum(d * d, axis=0))
-    rep = tl.load(bsum_ptr + 5)
-    tl.atomic_max(adiff_ptr + 0, tl.max(tl.where(ok & (a != rep), 1, 0).to(tl.int32), axis=0))
+# ------------------------------------------------------------------ launcher
+def _local(estimator: int, scale: int) -> bool:
+    """Estimators whose statistics are per group only (the sorted route handles them)."""
+    return estimator in (1, 2) or (estimator == 0 and scale != 1)
 
 
-@triton.jit
-def _whiten_kernel(a_ptr, ok_ptr, flag_ptr, bsum_ptr, adiff_ptr, out_ptr, n, eps, UNBIASED: tl.constexpr,
-                   HAS_FLAGS: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    inb = offs < n
-    ok = tl.load(ok_ptr + offs, mask=inb, other=0) != 0
-    a = tl.load(a_ptr + offs, mask=inb, other=0.0)
-    bcnt = tl.load(bsum_ptr + 1)
-    amean = tl.load(bsum_ptr + 3) / tl.maximum(bcnt, 1.0)
-    am2 = tl.load(bsum_ptr + 4)
-    differs = tl.load(adiff_ptr) != 0
-    if UNBIASED:
-        avar = am2 / tl.maximum(bcnt - 1.0, 1.0)
-    else:
-        avar = am2 / tl.maximum(bcnt, 1.0)
-    astd = tl.where(bcnt > 1.5, tl.sqrt(avar), 0.0)
-    adv = tl.where(ok & differs, (a - amean) / (astd + eps), 0.0)
-    if HAS_FLAGS:
-        f = tl.load(flag_ptr + offs, mask=inb, other=0) != 0
-        adv = tl.where(f, tl.minimum(adv, 0.0), adv)
-    tl.store(out_ptr + offs, adv.to(out_ptr.dtype.element_ty), mask=inb)
-
-
-def dense_group_index(group_ids: torch.Tensor) -> torch.Tensor:
-    """``(N,)`` int64 ids -> ``(N,)`` int64 dense group index in [0, N), without a host sync."""
-    sorted_ids, perm = torch.sort(group_ids)
-    starts = torch.ones_like(sorted_ids, dtype=torch.int64)
-    starts[1:] = (sorted_ids[1:] != sorted_ids[:-1]).to(torch.int64)
-    seg = torch.cumsum(starts, 0) - 1
-    dense = torch.empty_like(seg)
-    dense[perm] = seg
-    return dense
+def table_capacity(n: int) -> int:
+    """Slots of the general route's group table: a power of two >= 2 n (hash load <= 1/2)."""
+    return max(16, 1 << (2 * n - 1).bit_length())
 
 
 def grpo_advantages_triton(rewards, group_ids, valid, flags, estimator, unbiased, eps, eps_in_sqrt, singleton_raw,
@@ -172,30 +451,112 @@ def grpo_advantages_triton(rewards, group_ids, valid, flags, estimator, unbiased
     """Triton backend; arguments as the ``treadle::grpo_advantages`` custom op (contiguous inputs)."""
     n = rewards.numel()
     dev = rewards.device
-    ok = torch.ones(n, dtype=torch.bool, device=dev) if valid is None else valid.clone()
-    if skip_nonfinite:
-        ok &= torch.isfinite(rewards)
-    ok8 = ok.to(torch.int8)
-    g = dense_group_index(group_ids)
-    f64 = dict(dtype=torch.float64, device=dev)
-    cnt = torch.zeros(n, **f64)
-    total = torch.zeros(n, **f64)
-    rep = torch.zeros(n, **f64)
-    m2 = torch.zeros(n, **f64)
-    diff = torch.zeros(n, dtype=torch.int32, device=dev)
-    bsum = torch.zeros(8, **f64)  # [sum r, count, sum (r - mean)^2, sum a, sum (a - mean a)^2, representative a]
+    local = _local(estimator, scale)
+    has_ok = valid is not None
+    ok8 = valid.view(torch.int8) if has_ok else rewards  # never read without HAS_OK
+    fl = flags.view(torch.int8) if flags is not None else ok8
     out = torch.empty_like(rewards)
+    # [route flag (0: sorted route done; 1: not a group-local estimator; 1/2: unsorted / long run), min id, max id]
+    state = torch.zeros(4, dtype=torch.int64, device=dev)
+    if not local:
+        state[0].fill_(1)
+    state[1].fill_(_I64_MAX)
+    state[2].fill_(_I64_MIN)
+    nchunks = triton.cdiv(n, CHUNK)
+    part = torch.empty(nchunks * 12 if local else 1, dtype=torch.float64, device=dev)
+    bnd = torch.empty(nchunks * 4 if local else 1, dtype=torch.int64, device=dev)
+    opts = dict(ESTIMATOR=estimator, UNBIASED=unbiased, EPS_IN_SQRT=eps_in_sqrt, SINGLETON_RAW=singleton_raw,
+                SCALE=scale, HAS_OK=has_ok, HAS_FLAGS=flags is not None, SKIP_NONFINITE=skip_nonfinite)
+    _runs_kernel[(nchunks,)](rewards, group_ids, ok8, fl, out, part, bnd, state, n, float(eps), LOCAL=local,
+                             CHUNK=CHUNK, **opts)
+    if local:
+        _stitch_kernel[(nchunks,)](rewards, group_ids, ok8, fl, out, part, bnd, state, n, nchunks, float(eps),
+                                   WALK_LIMIT=WALK_LIMIT, CHUNK=CHUNK, **opts)
+    # general route: always launched, returns at once unless the flag is up
+    cap = table_capacity(n)
+    f64 = dict(dtype=torch.float64, device=dev)
+    cnt, total, rep, m2 = (torch.empty(cap + 2, **f64) for _ in range(4))
+    diff = torch.empty(cap + 2, dtype=torch.int32, device=dev)
+    keys = torch.empty(cap + 2, dtype=torch.int64, device=dev)
+    slot = torch.empty(n, dtype=torch.int64, device=dev)
+    bsum = torch.zeros(8, **f64)  # [sum r, count, sum (r - mean)^2, sum a, sum (a - mean a)^2, representative a]
     a = torch.empty(n if estimator == 3 else 1, **f64)
-    fl = flags.to(torch.int8) if flags is not None else ok8
     grid = (triton.cdiv(n, BLOCK),)
-    _stats_kernel[grid](rewards, g, ok8, cnt, total, rep, bsum, n, BLOCK=BLOCK)
-    _dev_kernel[grid](rewards, g, ok8, cnt, total, rep, m2, diff, bsum, n, BLOCK=BLOCK)
-    _advantage_kernel[grid](rewards, g, ok8, fl, cnt, total, m2, diff, bsum, out, a, n, float(eps),
+    _table_init_kernel[(triton.cdiv(cap + 2, BLOCK),)](state, cnt, total, m2, diff, keys, cap, BLOCK=BLOCK)
+    _slot_kernel[grid](group_ids, slot, keys, state, n, cap, BLOCK=BLOCK)
+    sk = dict(HAS_OK=has_ok, SKIP_NONFINITE=skip_nonfinite, BLOCK=BLOCK)
+    _stats_kernel[grid](rewards, slot, ok8, state, cnt, total, rep, bsum, n, **sk)
+    _dev_kernel[grid](rewards, slot, ok8, state, cnt, total, rep, m2, diff, bsum, n, **sk)
+    _advantage_kernel[grid](rewards, slot, ok8, fl, state, cnt, total, m2, diff, bsum, out, a, n, float(eps),
                             ESTIMATOR=estimator, UNBIASED=unbiased, EPS_IN_SQRT=eps_in_sqrt,
-                            SINGLETON_RAW=singleton_raw, SCALE=scale, HAS_FLAGS=flags is not None, BLOCK=BLOCK)
+                            SINGLETON_RAW=singleton_raw, SCALE=scale, HAS_OK=has_ok, HAS_FLAGS=flags is not None,
+                            SKIP_NONFINITE=skip_nonfinite, BLOCK=BLOCK)
     if estimator == 3:
         adiff = torch.zeros(1, dtype=torch.int32, device=dev)
-        _whiten_dev_kernel[grid](a, ok8, bsum, adiff, n, BLOCK=BLOCK)
-        _whiten_kernel[grid](a, ok8, fl, bsum, adiff, out, n, float(eps), UNBIASED=unbiased,
-                             HAS_FLAGS=flags is not None, BLOCK=BLOCK)
+        _whiten_dev_kernel[grid](a, rewards, ok8, state, bsum, adiff, n, **sk)
+        _whiten_kernel[grid](a, rewards, ok8, fl, state, bsum, adiff, out, n, float(eps), UNBIASED=unbiased,
+                             HAS_OK=has_ok, HAS_FLAGS=flags is not None, SKIP_NONFINITE=skip_nonfinite, BLOCK=BLOCK)
     return out
+
+
+# ------------------------------------------------------------------ sm_90a structure check
+def aot_specs() -> list[AotSpec]:
+    """Every kernel at its launch config (fp32 rewards, int64 ids, bool masks and flags: the GPU
+    figures' case; the estimator constexprs at the sorted route's default and ``reinforce_baseline``).
+    None of these kernels uses tensor cores or TMA: the check guards registers and spills."""
+    specs = []
+    est = dict(ESTIMATOR=0, UNBIASED=True, EPS_IN_SQRT=False, SINGLETON_RAW=False, SCALE=0)
+    for has_ok in (False, True):
+        for fl in (False, True):
+            ptrs = ("r_ptr", "g_ptr", "ok_ptr", "flag_ptr", "out_ptr", "part_ptr", "bnd_ptr", "state_ptr")
+            sig = {"r_ptr": "*fp32", "g_ptr": "*i64", "ok_ptr": "*i8", "flag_ptr": "*i8", "out_ptr": "*fp32",
+                   "part_ptr": "*fp64", "bnd_ptr": "*i64", "state_ptr": "*i64", "n": "i32", "eps": "fp32"}
+            c = dict(est, HAS_OK=has_ok, HAS_FLAGS=fl, SKIP_NONFINITE=False, CHUNK=CHUNK)
+            tag = f"CHUNK{CHUNK}-w4{'-valid' if has_ok else ''}{'-flags' if fl else ''}"
+            specs.append(AotSpec("grpo_runs", tag, _runs_kernel, {**sig, **{k: "constexpr" for k in [*c, "LOCAL"]}},
+                                 dict(c, LOCAL=True), divisible_by_16=ptrs + ("n",), num_warps=4, num_stages=1))
+            sig2 = dict(sig, nchunks="i32")
+            c2 = dict(c, WALK_LIMIT=WALK_LIMIT)
+            specs.append(AotSpec("grpo_stitch", tag, _stitch_kernel, {**sig2, **{k: "constexpr" for k in c2}}, c2,
+                                 divisible_by_16=ptrs + ("n",), num_warps=4, num_stages=1))
+    b = dict(BLOCK=BLOCK)
+    specs.append(AotSpec("grpo_table_init", f"BLOCK{BLOCK}-w4", _table_init_kernel,
+                         {"state_ptr": "*i64", "cnt_ptr": "*fp64", "sum_ptr": "*fp64", "m2_ptr": "*fp64",
+                          "diff_ptr": "*i32", "key_ptr": "*i64", "CAP": "i32", "BLOCK": "constexpr"}, b,
+                         divisible_by_16=("state_ptr", "cnt_ptr", "sum_ptr", "m2_ptr", "diff_ptr", "key_ptr", "CAP"),
+                         num_warps=4))
+    specs.append(AotSpec("grpo_slot", f"BLOCK{BLOCK}-w4", _slot_kernel,
+                         {"g_ptr": "*i64", "slot_ptr": "*i64", "key_ptr": "*i64", "state_ptr": "*i64", "n": "i32",
+                          "CAP": "i32", "BLOCK": "constexpr"}, b,
+                         divisible_by_16=("g_ptr", "slot_ptr", "key_ptr", "state_ptr", "n", "CAP"), num_warps=4))
+    sk = dict(HAS_OK=True, SKIP_NONFINITE=True, BLOCK=BLOCK)
+    row = {"r_ptr": "*fp32", "s_ptr": "*i64", "ok_ptr": "*i8", "state_ptr": "*i64"}
+    f64 = {k: "*fp64" for k in ("cnt_ptr", "sum_ptr", "rep_ptr", "m2_ptr", "bsum_ptr")}
+    const = {k: "constexpr" for k in sk}
+    specs.append(AotSpec("grpo_stats", f"BLOCK{BLOCK}-w4", _stats_kernel,
+                         {**row, **{k: f64[k] for k in ("cnt_ptr", "sum_ptr", "rep_ptr", "bsum_ptr")}, "n": "i32",
+                          **const}, sk, divisible_by_16=tuple(row) + ("cnt_ptr", "sum_ptr", "rep_ptr", "bsum_ptr", "n"),
+                         num_warps=4))
+    specs.append(AotSpec("grpo_dev", f"BLOCK{BLOCK}-w4", _dev_kernel,
+                         {**row, "cnt_ptr": "*fp64", "sum_ptr": "*fp64", "rep_ptr": "*fp64", "m2_ptr": "*fp64",
+                          "diff_ptr": "*i32", "bsum_ptr": "*fp64", "n": "i32", **const}, sk,
+                         divisible_by_16=tuple(row) + ("cnt_ptr", "sum_ptr", "rep_ptr", "m2_ptr", "diff_ptr",
+                                                       "bsum_ptr", "n"), num_warps=4))
+    for e in (0, 3):
+        ca = dict(est, ESTIMATOR=e, HAS_OK=True, HAS_FLAGS=True, SKIP_NONFINITE=True, BLOCK=BLOCK)
+        specs.append(AotSpec("grpo_advantage", f"est{e}-BLOCK{BLOCK}-w4", _advantage_kernel,
+                             {**row, "flag_ptr": "*i8", "cnt_ptr": "*fp64", "sum_ptr": "*fp64", "m2_ptr": "*fp64",
+                              "diff_ptr": "*i32", "bsum_ptr": "*fp64", "out_ptr": "*fp32", "a_ptr": "*fp64", "n": "i32",
+                              "eps": "fp32", **{k: "constexpr" for k in ca}}, ca,
+                             divisible_by_16=tuple(row) + ("flag_ptr", "cnt_ptr", "sum_ptr", "m2_ptr", "diff_ptr",
+                                                           "bsum_ptr", "out_ptr", "a_ptr", "n"), num_warps=4))
+    wsig = {"a_ptr": "*fp64", "r_ptr": "*fp32", "ok_ptr": "*i8", "state_ptr": "*i64", "bsum_ptr": "*fp64",
+            "adiff_ptr": "*i32", "n": "i32"}
+    specs.append(AotSpec("grpo_whiten_dev", f"BLOCK{BLOCK}-w4", _whiten_dev_kernel, {**wsig, **const}, sk,
+                         divisible_by_16=tuple(wsig), num_warps=4))
+    cw = dict(UNBIASED=True, HAS_OK=True, HAS_FLAGS=True, SKIP_NONFINITE=True, BLOCK=BLOCK)
+    specs.append(AotSpec("grpo_whiten", f"BLOCK{BLOCK}-w4", _whiten_kernel,
+                         {**wsig, "flag_ptr": "*i8", "out_ptr": "*fp32", "eps": "fp32",
+                          **{k: "constexpr" for k in cw}}, cw,
+                         divisible_by_16=tuple(wsig) + ("flag_ptr", "out_ptr"), num_warps=4))
+    return specs

@@ -29,8 +29,10 @@ autograd. There is no C++ or Triton kernel for these two ops (``treadle backends
 same code runs on every device. The backward is one elementwise pass over the logits using per-row statistics saved by
 the forward (``lse_k``, ``H``, ``t``: O(N) memory). The chunked form
 :func:`topk_entropy_from_hidden` computes ``logits = hidden @ lm_head_weight^T`` ``chunk_size`` rows at
-a time and recomputes each chunk in the backward (the approach of fused linear cross-entropy), so
-neither the ``(N, V)`` logits nor their fp32 softmax or gradient exist at once.
+a time (16-bit logits stay 16-bit: the top-k order and values are the same in float32) and keeps the
+gradient of each row as it is, sparse: k indices and k weights. The backward is then a gather of k
+head rows a token (``d hidden``) and, only when the head is trained, one GEMM per chunk (``d weight``):
+no second logits GEMM, and neither the ``(N, V)`` logits nor their fp32 softmax or gradient exist.
 """
 from __future__ import annotations
 
@@ -190,73 +192,155 @@ def _chunks(m: int, chunk: int):
         yield s, min(s + chunk, m)
 
 
+def _sparse_grad(z: torch.Tensor, k: int, lse: torch.Tensor, h: torch.Tensor, thr: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradient of ``H`` for one chunk of logits ``z (M, V)`` as ``(idx, w)``, each ``(M, k)``:
+    ``dH/dz[m, idx[m, i]] = -w[m, i]`` (the factor ``(z - (lse - H)) exp(z - lse)`` of
+    :func:`_row_grad`, same rounding), 0 on every other entry. The selected entries are the
+    ``torch.topk`` ones except where more entries tie at the k-th value than slots are left: there the
+    lowest indices (module docstring), recomputed from the row."""
+    vals, idx = torch.topk(z, k, dim=-1, sorted=False)
+    t = thr.unsqueeze(-1)
+    need = k - (vals > t).sum(-1)
+    tied = ((z == t).sum(-1) > need).nonzero().flatten()
+    if tied.numel():  # rare: pick the lowest-index tied entries, as the dense backward does
+        zt = z[tied]
+        eq = zt == t[tied]
+        sel = (zt > t[tied]) | (eq & (eq.cumsum(-1) <= need[tied].unsqueeze(-1)))
+        idx[tied] = sel.nonzero()[:, 1].view(-1, k)
+        vals[tied] = zt.gather(1, idx[tied])
+    sel = (vals > t) | (vals == t)  # NaN rows select nothing, like the dense rule
+    g = (vals - lse.to(z.dtype).unsqueeze(-1)).exp_()
+    keep = sel & ((g > 0) | torch.isnan(h).unsqueeze(-1)) & ~torch.isinf(lse).unsqueeze(-1)
+    w = (vals - (lse - h).to(z.dtype).unsqueeze(-1)).mul_(g)
+    return idx, w.masked_fill_(~keep, 0.0)
+
+
 @torch.library.custom_op("treadle::topk_entropy_hidden", mutates_args=())
 @_amp.no_autocast
 def _topk_entropy_hidden(hidden: torch.Tensor, weight: torch.Tensor, mask: torch.Tensor | None, k: int,
-                         chunk_size: int) -> torch.Tensor:
-    """``hidden (M, d)``, ``weight (V, d)`` -> ``H / log k (M,)`` (0 at rows outside ``mask``, never read);
-    logits ``chunk_size`` rows at a time."""
+                         chunk_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``hidden (M, d)``, ``weight (V, d)`` -> ``(H / log k (M,), idx (M, k), w (M, k))`` (0 at rows
+    outside ``mask``, never read); logits ``chunk_size`` rows at a time, top-k taken on the logits in
+    their own dtype (the order is the same in float32). ``idx, w`` are the sparse gradient of H
+    (:func:`_sparse_grad`): the backward needs no second pass over the logits."""
     acc = _acc(hidden.dtype)
     rows = _select(hidden, mask)
-    out = hidden.new_empty((rows.shape[0],), dtype=acc)
-    for s, e in _chunks(rows.shape[0], chunk_size):
-        z = (rows[s:e] @ weight.t()).to(acc)
-        out[s:e] = _row_stats(z, k)[1]
-    return _scatter(out / math.log(k), mask, hidden.shape[0])
+    m = rows.shape[0]
+    out = hidden.new_empty((m,), dtype=acc)
+    idx = torch.empty((m, k), dtype=torch.int64, device=hidden.device)
+    w = hidden.new_empty((m, k), dtype=acc)
+    for s, e in _chunks(m, chunk_size):
+        z = rows[s:e] @ weight.t()
+        if z.dtype != acc and hidden.dtype != torch.bfloat16 and hidden.dtype != torch.float16:
+            z = z.to(acc)
+        lse, h, thr = _row_stats_lowp(z, k, acc)
+        out[s:e] = h
+        idx[s:e], w[s:e] = _sparse_grad_lowp(z, k, lse, h, thr, acc)
+        del z
+    return _scatter(out / math.log(k), mask, hidden.shape[0]), _scatter(idx, mask, hidden.shape[0]), \
+        _scatter(w, mask, hidden.shape[0])
+
+
+def _row_stats_lowp(z: torch.Tensor, k: int, acc: torch.dtype):
+    """:func:`_row_stats` of logits kept in a 16-bit dtype: the top-k and its threshold are found on
+    them (exact: converting to float32 keeps the order and the values), the rest in ``acc``."""
+    if z.dtype == acc:
+        return _row_stats(z, k)
+    vals = torch.topk(z, k, dim=-1, sorted=False).values.to(acc)
+    return _row_stats(vals, k)
+
+
+def _sparse_grad_lowp(z: torch.Tensor, k: int, lse, h, thr, acc):
+    if z.dtype == acc:
+        return _sparse_grad(z, k, lse, h, thr)
+    idx, _ = _sparse_grad(z, k, lse, h, thr.to(z.dtype))  # selection on the 16-bit logits (thr is exact)
+    vals = z.gather(1, idx).to(acc)
+    g = (vals - lse.to(acc).unsqueeze(-1)).exp_()
+    t = thr.to(acc).unsqueeze(-1)
+    sel = (vals > t) | (vals == t)
+    keep = sel & ((g > 0) | torch.isnan(h).unsqueeze(-1)) & ~torch.isinf(lse).unsqueeze(-1)
+    w = (vals - (lse - h).to(acc).unsqueeze(-1)).mul_(g)
+    return idx, w.masked_fill_(~keep, 0.0)
 
 
 @_topk_entropy_hidden.register_fake
 def _(hidden, weight, mask, k, chunk_size):
-    return hidden.new_empty((hidden.shape[0],), dtype=_acc(hidden.dtype))
+    m = hidden.shape[0]
+    acc = _acc(hidden.dtype)
+    return (hidden.new_empty((m,), dtype=acc), hidden.new_empty((m, k), dtype=torch.int64),
+            hidden.new_empty((m, k), dtype=acc))
 
 
 @torch.library.custom_op("treadle::topk_entropy_hidden_backward", mutates_args=())
 @_amp.no_autocast
-def _topk_entropy_hidden_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
-                                  mask: torch.Tensor | None, k: int, chunk_size: int, need_hidden: bool,
-                                  need_weight: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Recomputes each chunk's logits: ``d hidden = G W``, ``d weight = sum_chunks G^T hidden``."""
+def _topk_entropy_hidden_backward(grad: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, idx: torch.Tensor,
+                                  w: torch.Tensor, mask: torch.Tensor | None, k: int, chunk_size: int,
+                                  need_hidden: bool, need_weight: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """From the forward's sparse gradient (k entries a row): ``d hidden[m] = sum_i G[m, i]
+    weight[idx[m, i]]`` (a gather of k rows of the head and a batched GEMV, no logits GEMM) and
+    ``d weight = G^T hidden`` per chunk, with ``G = -(grad / log k) w`` rounded to the hidden dtype
+    (what the dense backward's GEMMs read)."""
     acc = _acc(hidden.dtype)
     logk = math.log(k)
-    rows, grad = _select(hidden, mask), _select(grad, mask)
+    rows, grad, idx, w = _select(hidden, mask), _select(grad, mask), _select(idx, mask), _select(w, mask)
     dh = torch.zeros_like(rows)
     dw = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_weight else None
-    for s, e in _chunks(rows.shape[0], chunk_size):
-        hc = rows[s:e]
-        z = (hc @ weight.t()).to(acc)
-        lse, h, thr = _row_stats(z, k)
-        g = _row_grad(z, k, lse, h, thr, grad[s:e].to(acc) / logk).to(hidden.dtype)
-        del z
+    # rows per step of the gather: about 2^26 gathered head elements at a time
+    step = max(1, min(chunk_size, (1 << 26) // max(1, k * weight.shape[1])))
+    for s, e in _chunks(rows.shape[0], step):
+        g = w[s:e].mul((-(grad[s:e].to(acc) / logk)).unsqueeze(-1)).to(hidden.dtype)
         if need_hidden:
-            dh[s:e] = g @ weight
+            dh[s:e] = torch.bmm(g.unsqueeze(1), weight[idx[s:e]]).squeeze(1)
         if need_weight:
-            dw.addmm_(g.t().to(acc), hc.to(acc))
+            gd = torch.zeros((e - s, weight.shape[0]), dtype=hidden.dtype, device=hidden.device)
+            gd.scatter_(1, idx[s:e], g)
+            dw.addmm_(gd.t().to(acc), rows[s:e].to(acc))
     return _scatter(dh, mask, hidden.shape[0]), (dw.to(weight.dtype) if need_weight else torch.zeros_like(weight))
 
 
 @_topk_entropy_hidden_backward.register_fake
-def _(grad, hidden, weight, mask, k, chunk_size, need_hidden, need_weight):
+def _(grad, hidden, weight, idx, w, mask, k, chunk_size, need_hidden, need_weight):
     return torch.empty_like(hidden), torch.empty_like(weight)
 
 
 def _hidden_setup(ctx, inputs, output):
     hidden, weight, mask, k, chunk_size = inputs
-    ctx.save_for_backward(hidden, weight, mask)
+    _, idx, w = output
+    ctx.save_for_backward(hidden, weight, mask, idx, w)
+    ctx.mark_non_differentiable(idx, w)
     ctx.args = (k, chunk_size)
 
 
 @_amp.no_autocast
-def _hidden_backward(ctx, grad):
-    hidden, weight, mask = ctx.saved_tensors
+def _hidden_backward(ctx, grad, grad_idx, grad_w):
+    hidden, weight, mask, idx, w = ctx.saved_tensors
     k, chunk_size = ctx.args
     need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     if not (need_h or need_w):
         return None, None, None, None, None
-    dh, dw = _topk_entropy_hidden_backward(grad, hidden, weight, mask, k, chunk_size, need_h, need_w)
+    dh, dw = _topk_entropy_hidden_backward(grad, hidden, weight, idx, w, mask, k, chunk_size, need_h, need_w)
     return (dh if need_h else None), (dw if need_w else None), None, None, None
 
 
 _topk_entropy_hidden.register_autograd(_hidden_backward, setup_context=_hidden_setup)
+
+
+def peak_extra_bytes(tokens: int, vocab: int, d: int, k: int, chunk_size: int, itemsize: int = 2,
+                     full_logits: bool = False) -> int:
+    """Arithmetic peak of the extra memory (beyond inputs) of the forward + backward, in bytes.
+
+    ``full_logits``: ``topk_entropy(hidden @ W^T)``: the logits, their float32 copy, the float32 and
+    16-bit gradients of the logits. Else this op: one chunk's logits (16-bit) and the top-k temporaries,
+    the saved sparse gradient (``tokens x k`` int64 + float32) and, in the backward, one step's gather
+    of ``k`` head rows a token (about 2^26 elements)."""
+    if full_logits:
+        return tokens * vocab * (itemsize + 4 + 4 + itemsize) + tokens * d * itemsize
+    chunk = min(chunk_size, tokens) * vocab * (itemsize + 1)  # logits + comparison masks of one chunk
+    saved = tokens * k * (8 + 4)
+    step = max(1, min(chunk_size, (1 << 26) // max(1, k * d)))
+    gather = step * k * d * itemsize
+    return max(chunk, gather) + saved + tokens * d * itemsize
 
 
 # ---------------------------------------------------------------- public API
@@ -364,7 +448,8 @@ def topk_entropy_from_hidden(hidden: torch.Tensor, lm_head_weight: torch.Tensor,
     Returns:
         Scalar mean over the selected positions, float32 (float64 for float64 input). Equal to
         ``topk_entropy(hidden @ lm_head_weight.T, k, mask)`` (same logits chunk by chunk), with the
-        same gradients for ``hidden`` and ``lm_head_weight``; the backward recomputes each chunk.
+        same gradients for ``hidden`` and ``lm_head_weight``; the forward keeps the sparse gradient
+        (``tokens x k``), so the backward computes no logits.
 
     Contract: as :func:`topk_entropy`, except autocast: under ``torch.autocast`` hidden and the
     head's weight (float16/bfloat16/float32) are cast to the autocast dtype, so the chunked GEMM runs
@@ -408,5 +493,5 @@ def topk_entropy_from_hidden(hidden: torch.Tensor, lm_head_weight: torch.Tensor,
     if m == 0:
         raise ValueError(f"hidden has no positions (shape {tuple(hidden.shape)}): the mean is undefined")
     flat_mask = None if mask is None else mask.reshape(m)
-    hn = _topk_entropy_hidden(hidden.reshape(m, d).contiguous(), lm_head_weight.contiguous(), flat_mask, k, chunk_size)
+    hn = _topk_entropy_hidden(hidden.reshape(m, d).contiguous(), lm_head_weight.contiguous(), flat_mask, k, chunk_size)[0]
     return hn.mean() if mask is None else hn.sum() / mask.sum()
