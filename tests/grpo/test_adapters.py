@@ -83,7 +83,7 @@ def test_trl_numbers(scale_rewards):
 
 def test_trl_trainer_subclass_is_a_grpo_trainer():
     trl = require_module("trl")
-    from treadle.grpo.trl_adapter import TreadleGRPOTrainer
+    from treadle.grpo.trl_trainer import TreadleGRPOTrainer
 
     assert issubclass(TreadleGRPOTrainer, trl.GRPOTrainer)
     with pytest.raises(ValueError, match="not a multiple of num_generations"):
@@ -99,7 +99,7 @@ def test_trl_grpo_trainer_step_uses_treadle_advantages(tmp_path, scale_rewards):
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
     from trl import GRPOConfig
 
-    from treadle.grpo.trl_adapter import TreadleGRPOTrainer
+    from treadle.grpo.trl_trainer import TreadleGRPOTrainer
 
     vocab = {t: i for i, t in enumerate(["<pad>", "<eos>"] + list("0123456789+= "))}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
@@ -142,7 +142,7 @@ def test_trl_trainer_refuses_bad_treadle_options_and_normalize_then_sum(tmp_path
     require_module("trl")
     from trl import GRPOConfig
 
-    from treadle.grpo.trl_adapter import TreadleGRPOTrainer
+    from treadle.grpo.trl_trainer import TreadleGRPOTrainer
 
     args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2, use_cpu=True,
                       report_to=[])

@@ -1,5 +1,5 @@
 """WEFT on TRL: a WEFT environment for ``trl.GRPOTrainer(environment_factory=...)``, its dataset, and
-atomic-turn GRPO as a small :class:`~treadle.grpo.trl_adapter.TreadleGRPOTrainer` subclass.
+atomic-turn GRPO as a small :class:`~treadle.grpo.trl_trainer.TreadleGRPOTrainer` subclass.
 
 Seed: WEFT 4.1 (atomic-turn GRPO). TRL owns the loop (sampling with transformers or vLLM, its multi-turn tool
 loop, the loss, accelerate / DeepSpeed / FSDP); treadle contributes the environment, the grouping and the
@@ -392,7 +392,7 @@ def _truncated(ids, eos_ids, pad_id) -> bool:
 def _make_trainer_class():
     import torch
 
-    from treadle.grpo.trl_adapter import TreadleGRPOTrainer
+    from treadle.grpo.trl_trainer import TreadleGRPOTrainer
 
     class WeftGRPOTrainer(TreadleGRPOTrainer):
         """Atomic-turn GRPO on TRL (see the module docstring). Same arguments as ``trl.GRPOTrainer``;
