@@ -1,4 +1,4 @@
-"""Ray scale-out (issue 18) vs the single-process drivers, side by side in one run.
+"""Ray scale-out vs the single-process drivers, side by side in one run.
 
     pytest bench/bench_ray_scaleout.py --benchmark-enable     (needs treadle[ray])
 

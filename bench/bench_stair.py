@@ -4,7 +4,7 @@ One run, side by side, forward and forward+backward (gradients for q and the nor
     pytest bench/bench_stair.py --benchmark-enable                       (CPU)
     TREADLE_BENCH_DEVICE=cuda pytest bench/bench_stair.py -k cuda --benchmark-enable   (GPU)
 
-Cases (issue 4): CPU fp32 ``B=1, Hq=16, Hkv=4, D=128, T=1024, M=8192``; GPU bf16 ``B=1, Hq=32, Hkv=8,
+Cases: CPU fp32 ``B=1, Hq=16, Hkv=4, D=128, T=1024, M=8192``; GPU bf16 ``B=1, Hq=32, Hkv=8,
 D=128, T=4096`` with ``M=32768`` (the paper's 32K bank) and ``M=2048``. Implementations:
 
 * ``treadle_stair`` (eps = 0) and ``treadle_stair_eps0.1``: :func:`treadle.ops.stair_readout`, mode
@@ -27,7 +27,7 @@ Reported per case: time (CPU: the minimum of the rounds, since the 2-core machin
 spikes only ever add time; CUDA: the median), ratios (peer / treadle, > 1 = treadle faster), on CUDA the achieved
 TFLOP/s (FLOPs: forward 6 T M D at eps = 0, 8 T M D at eps > 0, 8 T M D for two attention calls;
 backward 6 T M D for treadle, 20 T M D for two attention backward passes) and, on CPU, peak extra
-memory (RSS above the inputs, each variant in a fresh process). Issue 4 targets: CPU forward at eps = 0
+memory (RSS above the inputs, each variant in a fresh process). Targets: CPU forward at eps = 0
 <= 0.85x the two-SDPA time, fwd+bwd >= 1.6x faster than autograd through two SDPA calls, peak extra
 memory <= 1/20 of the naive reference.
 """
@@ -208,7 +208,7 @@ def test_stair_interleaved_ratio(benchmark, peer_table, mode, rounds: int = 5):
     """treadle_stair and two_sdpa alternately, ``rounds`` times each in one process: the ratio of each
     round's pair (two_sdpa / treadle, wall time and process CPU time), median and minimum. Load on a shared
     machine shifts both sides of a round alike, where sequential per-implementation timings (above) can
-    catch a spike on one side only; this is the figure to quote for the issue-4 targets."""
+    catch a spike on one side only; this is the figure to quote for the CPU targets."""
     if getattr(benchmark, "disabled", False):
         pytest.skip("--benchmark-disable")
     shape, backward = SHAPES[0], mode == "fwd+bwd"

@@ -92,7 +92,7 @@ def _grpo(layout: str, peer: str, n: int = 65536):
 
 
 STAIR_FWD_BWD_SHAPE = dict(B=1, Hq=8, Hkv=2, D=64, T=256, M=2048)
-# The forward alone: D = 128 as in bench_stair's CPU case (where issue 4's <= 0.85x target is stated),
+# The forward alone: D = 128 as in bench_stair's CPU case (where the <= 0.85x target is stated),
 # a quarter of its query heads and an eighth of its T x M so that one call takes ~0.1 s on one thread.
 STAIR_FWD_SHAPE = dict(B=1, Hq=8, Hkv=2, D=128, T=512, M=4096)
 

@@ -1,4 +1,4 @@
-"""Connecting to Ray (the optional ``[ray]`` extra) for the scale-out paths (issue 18, "Rollouts and synthesis").
+"""Connecting to Ray (the optional ``[ray]`` extra) for the scale-out paths.
 
 Nothing in treadle imports ``ray`` unless a Ray address is given: ``--ray auto`` (join the cluster that
 ``ray start --head`` made on this machine, or ``RAY_ADDRESS``), ``--ray local`` (start a private local

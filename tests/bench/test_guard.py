@@ -40,7 +40,7 @@ def _cpp_built() -> bool:
 # one torch thread (tests/conftest.py), as ``guard.main`` pins (``--threads 1``) before it measures: these tests
 # call the guard's measuring functions directly, and with the suite's 2 threads the process CPU time of a
 # shared machine varied 0.1x-5x per round (the peer measured against itself at 2.13-2.63 on an AMD EPYC
-# beside the CI's other jobs, tenth round; 0.97-1.05 per round on one thread)
+# beside the CI's other jobs; 0.97-1.05 per round on one thread)
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

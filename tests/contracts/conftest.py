@@ -1,4 +1,4 @@
-"""tests/contracts: one module per kind of kernel contract (issue 12), each parametrised over every
+"""tests/contracts: one module per kind of kernel contract, each parametrised over every
 public op and every backend available here. Shared builders live in ``cases.py`` beside this file."""
 import os
 import sys

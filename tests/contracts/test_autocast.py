@@ -1,4 +1,4 @@
-"""Contract: autocast (issue 12, item 2). Policy (treadle/ops/_amp.py, and each op's docstring):
+"""Contract: autocast. Policy (treadle/ops/_amp.py, and each op's docstring):
 matrix-product ops cast their float16/bfloat16/float32 inputs to the autocast dtype before the op
 (``stair_readout``: q, k_bank, v_bank; ``gated_lora``: x, base_out, A, B, with the gate in float32;
 ``gated_lora_linear``: also the base weight and bias; ``topk_entropy_from_hidden``: hidden and the

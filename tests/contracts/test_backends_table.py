@@ -1,4 +1,4 @@
-"""Contract: the surface is honest (issue 12). ``treadle backends`` lists every public op, and says
+"""Contract: the surface is honest. ``treadle backends`` lists every public op, and says
 exactly what runs for the ops that have no compiled kernel."""
 import pytest
 

@@ -1,4 +1,4 @@
-"""Contract: cancellation (issue 12, item 5). Every backend computes its statistics in two passes
+"""Contract: cancellation. Every backend computes its statistics in two passes
 (or an equally stable way), so a large common offset costs no more than the rounding of the inputs.
 The float64 expectation is the reference's literal two-pass maths."""
 import pytest

@@ -1,4 +1,4 @@
-"""Contract: ``torch.compile(fullgraph=True)`` (issue 12). Every op traces into one graph with every
+"""Contract: ``torch.compile(fullgraph=True)``. Every op traces into one graph with every
 optional argument given (masks, lengths, flags, valid, options), gives eager's values and gradients,
 and a second call with new tensor values (new masks, lengths, flags) of the same shapes does not
 recompile. ``aot_eager`` traces exactly what inductor would (dynamo + fake tensors + autograd) without

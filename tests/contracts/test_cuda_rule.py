@@ -1,4 +1,4 @@
-"""GPU run of the tolerance rule (issue 19): every op on every GPU backend (CUDA tensors: the compiled
+"""GPU run of the tolerance rule: every op on every GPU backend (CUDA tensors: the compiled
 Triton kernels, and treadle's CUDA kernels for GRPO), outputs AND gradients against the float64
 reference, in float32 / bfloat16 / float16, on odd shapes (head dims 59 and 111, T = 1, M = 1, one
 token, empty batch, empty bank rows, non-power-of-2 sizes) and non-contiguous inputs. The rule: a

@@ -1,6 +1,6 @@
 """Contract: mixed dtypes. Every op computes in the accumulation dtype from its inputs *as given*
 and casts once at the end, so its error against the float64 spec is at most 2x (gradients 3x) the
-error of plain PyTorch in the same dtypes (issue 12, item 1)."""
+error of plain PyTorch in the same dtypes."""
 import pytest
 import torch
 
@@ -22,7 +22,7 @@ def _check(case, backend, dtype):
 @pytest.mark.parametrize("dtype", LOW)
 @pytest.mark.parametrize("op,backend", cases.op_backend_params(("gated_lora", "gated_lora_linear")))
 def test_low_precision_x_with_float32_gate(op, backend, dtype):
-    # issue 12 item 1: a float32 gate on bf16/fp16 activations is never rounded to the activations' dtype
+    # a float32 gate on bf16/fp16 activations is never rounded to the activations' dtype
     case = cases.make(op, lead=(64,), d_in=64, d_out=48, r=8, dtype=dtype, gate_dtype=torch.float32)
     _check(case, backend, dtype)
 

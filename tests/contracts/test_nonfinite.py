@@ -1,5 +1,4 @@
-"""Contract: non-finite logits in ``topk_entropy`` (issue 12, item 4; the rules are in
-treadle/ops/topk_entropy.py's docstring). ``-inf`` logits have probability 0 and ``0 log 0 = 0``;
+"""Contract: non-finite logits in ``topk_entropy``. ``-inf`` logits have probability 0 and ``0 log 0 = 0``;
 a row of all ``-inf`` has value 0 and zero gradient; a row with ``+inf`` logits has the limit
 distribution (uniform over its ``+inf`` entries) and zero gradient; ``+inf``/NaN at masked positions
 are never read; ties at the k-th value do not change the value, and the gradient goes to the lowest

@@ -1,4 +1,4 @@
-"""Contract: garbage beyond the valid region (issue 12, item 3). Padded bank slots
+"""Contract: garbage beyond the valid region. Padded bank slots
 (``stair_readout``'s ``j >= bank_lengths[b]``), masked positions (``topk_entropy``'s and
 ``topk_entropy_from_hidden``'s ``mask``) and invalid rows (``grpo_advantages``' ``valid=False``) never
 reach a result or a gradient, whatever they hold. (``gated_lora``/``gated_lora_linear`` have no

@@ -1,4 +1,4 @@
-"""Contract: zero-size dimensions (issue 12). Every op accepts a zero-size dimension in every
+"""Contract: zero-size dimensions. Every op accepts a zero-size dimension in every
 argument on every backend: the result has the right shape and values (float64 spec), and every
 input that requires grad receives a gradient of its own shape (zeros where nothing flowed), never
 None and never an error."""

@@ -257,7 +257,7 @@ def test_large_batch_uses_partitioned_hash_pass(estimator):
     assert_close_verbose(out, ref, atol=1e-10, rtol=1e-10)
 
 
-# ---------------------------------------------------------------- issue 23 item 4: exact zero, not by luck
+# - exact zero, not by luck
 INEXACT = [0.1, 0.1, 0.1]  # float64: sum 0.30000000000000004, mean 0.10000000000000002 != 0.1
 INEXACT7 = [0.7] * 7       # float64: mean 0.7000000000000001
 

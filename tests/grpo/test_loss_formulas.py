@@ -173,7 +173,7 @@ def test_all_rows_empty_is_zero_not_nan_for_the_sequence_modes():
 
 
 def test_padded_width_bug_would_be_caught():
-    """The planted bug of issue 23: ``seq-mean-token-mean`` dividing every row by the padded width T.
+    """A planted bug: ``seq-mean-token-mean`` dividing every row by the padded width T.
     On the ragged masks above it is far off the formula, so the tests above fail on it."""
     loss, mask = _ragged()
     T = mask.shape[1]

@@ -1,5 +1,5 @@
 """Bad cache / ledger / config paths and values: a named one-line error (exit 2) before any call, and the
-user's files left untouched (helper K's review of issue 13)."""
+user's files left untouched."""
 import pytest
 
 from treadle.llm import CacheError, ConfigError, LedgerError, LLMClient, LLMConfig, read_ledger

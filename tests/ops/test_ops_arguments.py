@@ -1,4 +1,4 @@
-"""Every argument check of the public ops, with the exact exception type and message (issue 23).
+"""Every argument check of the public ops, with the exact exception type and message.
 
 The ops' own test files check that bad input raises and that the message names the argument; these
 tests pin each message word for word (so a check that fires for the wrong reason, or a message that

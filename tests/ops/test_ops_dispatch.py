@@ -1,4 +1,4 @@
-"""What the public ops hand to their backends (issue 23): the backend that runs, the fast path that skips
+"""What the public ops hand to their backends: the backend that runs, the fast path that skips
 the custom op, the arguments a kernel receives, the results of empty and one-element calls, and the
 autocast policy's casts. The ops' own tests check the results' values; the backends agree with each
 other so well that a call routed to the wrong one passes those: here spies record which one ran.

@@ -1,6 +1,4 @@
-"""Every public op refuses a DTensor in EACH of its tensor arguments, naming the op and the argument
-(issue 23: the multi-rank test in tests/distributed/ checks one argument per op; a refusal that
-forgot an argument, or named the wrong op, passed every fast test).
+"""Every public op refuses a DTensor in EACH of its tensor arguments, naming the op and the argument.
 
 A one-rank gloo process group in this process is enough to make a replicated DTensor on the CPU.
 """

@@ -1,4 +1,4 @@
-"""The plain-PyTorch references on the edge cases their docstrings promise (issue 23): rows of
+"""The plain-PyTorch references on the edge cases their docstrings promise: rows of
 non-finite logits in a batch with ordinary rows, 3-D logits, STAIR's default scale at D = 0 and its
 empty bank. Each expected value is worked out by hand (comments), not by the code under test.
 """

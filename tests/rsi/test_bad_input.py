@@ -1,4 +1,4 @@
-"""`treadle rsi` bad input found in review (helper K): folders where files belong, unreadable files, seeds that
+"""`treadle rsi` bad input found in review: folders where files belong, unreadable files, seeds that
 divide by zero, and the flag named in the 'no training seeds' error. One line, exit 2, no run folder made."""
 import pytest
 from typer.testing import CliRunner

@@ -1,4 +1,4 @@
-"""RSI seed chains and candidate evaluations as Ray tasks equal the single-process loop (issue 18)."""
+"""RSI seed chains and candidate evaluations as Ray tasks equal the single-process loop."""
 import json
 import os
 import sys

@@ -1,4 +1,4 @@
-"""The mechanical audit of BFCL gold answers (issue 21 item 6): each kind of defect it must catch, the
+"""The mechanical audit of BFCL gold answers: each kind of defect it must catch, the
 honest derivations it must accept, and the committed exclusion table equals a fresh audit."""
 import importlib.metadata
 

@@ -1,5 +1,5 @@
-"""Checkpoint ordering under store latency (issue 21 item 4), cross-process races on one store, and
-authenticated / restricted loading of checkpoints (issue 21 limits)."""
+"""Checkpoint ordering under store latency, cross-process races on one store, and
+authenticated / restricted loading of checkpoints."""
 import json
 import os
 import pickle

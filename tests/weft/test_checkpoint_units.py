@@ -1,4 +1,4 @@
-"""checkpoint.py, value by value (issue 23: mutation survivors): layout, sequence numbers, record checks,
+"""checkpoint.py, value by value: layout, sequence numbers, record checks,
 authentication, the key from the environment, stores other than local disks, and every message."""
 import json
 

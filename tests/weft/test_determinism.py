@@ -1,4 +1,4 @@
-"""Issue 21 item 2: a deterministic clock and random source per session, carried by snapshots;
+"""A deterministic clock and random source per session, carried by snapshots;
 non-reproducible gold replays are attributed to the environment, never to the policy."""
 from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""Fork content (issue 23 item 1) and diffs between live sessions of isolated servers (issue 21 item 5).
+"""Fork content and diffs between live sessions of isolated servers.
 
 A fork must start from the parent's *current* state (not the server's initial snapshot): full state
 equality of parent and fork (SQLite and object state, shared and isolated servers, after several
@@ -89,7 +89,7 @@ def test_fork_copies_the_parents_current_state_then_diverges(case, isolation):
 
 @pytest.mark.parametrize("isolation", ["shared", "isolated"])
 def test_diff_between_live_sessions_with_server_classes(isolation):
-    """Issue 21 item 5: state holding instances of the server module's own classes; two live sessions of an
+    """State holding instances of the server module's own classes; two live sessions of an
     isolated server live in two module imports whose objects never compare equal."""
     async def main():
         async with Runtime() as rt:

@@ -1,4 +1,4 @@
-"""Issue 21 item 3: closed sessions free their memory (tracemalloc, flat over many create/close cycles)."""
+"""Closed sessions free their memory (tracemalloc, flat over many create/close cycles)."""
 import gc
 import tracemalloc
 

@@ -1,4 +1,4 @@
-"""object_state.py, value by value (issue 23: mutation survivors): the server-class pickling round trip, the
+"""object_state.py, value by value: the server-class pickling round trip, the
 restricted unpickler's refusals, declared attributes of every kind of class, schema checks and diffs."""
 import dataclasses
 import pickle

@@ -1,4 +1,4 @@
-"""The runtime worker pool on Ray actors: placement, private sessions, failover after ray.kill (issue 18)."""
+"""The runtime worker pool on Ray actors: placement, private sessions, failover after ray.kill."""
 from pathlib import Path
 
 import anyio

@@ -37,7 +37,7 @@ def kinds(src: str) -> set[str]:
     ("import requests\n", {"network_access"}),
     ("from urllib.request import urlopen\n", {"network_access"}),
     ("import subprocess\n", {"process_access"}),
-    # issue 21 item 1: aliases of module- or class-level mutables, whatever the name's case
+    # aliases of module- or class-level mutables, whatever the name's case
     (("class P:\n    DEFAULT_VPN = {'connected': False, 'server': None}\n    def f(p, name):\n"
       "        p.vpn = p.DEFAULT_VPN\n        p.vpn['server'] = name\n"), {"class_mutable_attribute"}),
     ("class A:\n    ITEMS: list = []\n", {"class_mutable_attribute"}),  # ruff RUF012

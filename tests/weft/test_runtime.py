@@ -323,7 +323,7 @@ def test_servers_writing_globals_are_serialised_across_sessions():
 
 
 def test_no_session_observes_another_sessions_writes():
-    """Issue 21 item 1: a class-level default aliased into instance state must not leak across sessions."""
+    """A class-level default aliased into instance state must not leak across sessions."""
     async def main():
         async with Runtime() as rt:
             h = rt.register(SERVERS / "vpn_obj.py")

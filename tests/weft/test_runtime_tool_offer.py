@@ -1,5 +1,5 @@
 """The agent's tool offer (``set_available_tools``) is session state: a fork inherits its parent's offer and a
-restored checkpoint keeps the offer it was written with (issue 14: BFCL ``missed_function`` turns run in forks).
+restored checkpoint keeps the offer it was written with.
 
 Every other piece of per-session agent-facing state (the state itself, clock, random source) is covered by
 test_fork.py and test_checkpoint.py; these tests pin the offer, the one that used to be dropped.

@@ -1,4 +1,4 @@
-"""state.py and sqlite_state.py, value by value (issue 23: mutation survivors): snapshot validation and
+"""state.py and sqlite_state.py, value by value: snapshot validation and
 properties, diff summaries, schemas, row keys, diffs of tables present on one side only, and every message."""
 import hashlib
 import json

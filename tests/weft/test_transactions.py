@@ -1,5 +1,5 @@
 """Every tool call is a transaction (object state like SQLite), calls past the time limit are abandoned
-and rolled back, and sessions of one runtime run concurrently (issue 21 limits)."""
+and rolled back, and sessions of one runtime run concurrently."""
 import time
 import types
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Unit tests of every verification predicate (issue 23 item 3): true and false cases, partial matches."""
+"""Unit tests of every verification predicate: true and false cases, partial matches."""
 import types
 
 import pytest

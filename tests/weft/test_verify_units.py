@@ -1,5 +1,4 @@
-"""verify.py, value by value: merging per-server verdicts of one turn (issue 21: interface errors keep their
-reason when a turn spans several servers) and the checks the mutation run found unguarded (issue 23)."""
+"""verify.py, value by value: merging per-server verdicts of one turn and the checks the mutation run found unguarded."""
 import pytest
 
 from treadle.weft.runtime.callparse import ToolCall

@@ -1,4 +1,4 @@
-"""``treadle.rsi``: harness self-improvement for reasoning-data synthesis (issue 16; DESIGN.md "RSI").
+"""``treadle.rsi``: harness self-improvement for reasoning-data synthesis.
 
 The harness ``H = (skill library, role prompts, workflow, Verify/Revise positions)`` is the thing that
 improves; the verifier is outside it. Layers (never imports ``treadle.weft``):

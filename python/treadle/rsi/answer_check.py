@@ -1,4 +1,4 @@
-"""Answer checking with math-verify in worker processes, the timeout enforced by the parent (issue 16).
+"""Answer checking with math-verify in worker processes, the timeout enforced by the parent.
 
 math-verify's own timeout uses ``signal.alarm``: it raises ``ValueError`` outside the main thread (so
 it cannot run inside an async loop's executor or a thread pool) and it cannot stop a computation stuck
@@ -78,7 +78,7 @@ def _as_number(text: str):
 
 
 def exact_number_equal(answer: str, reference: str) -> bool:
-    """RSI's exact answer check (issue 16: "Verify checks answers exactly (sympy / math-verify)").
+    """RSI's exact answer check (RSI: "Verify checks answers exactly", with sympy / math-verify).
 
     math-verify extracts the final answer from the text (``\\boxed{..}``, ``$..$``, ``x = ..``, prose: its
     last answer); the answer counts only if what it extracted is a number literal (integer, decimal,

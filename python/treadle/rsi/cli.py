@@ -1,4 +1,4 @@
-"""``treadle rsi ...``: the offline harness self-improvement loop (issue 16).
+"""``treadle rsi ...``: the offline harness self-improvement loop.
 
     treadle rsi run --out runs/rsi [--rounds 3] [--seeds 16 | --seed-file seeds.jsonl] [--heldout-fraction 0.3]
                     [--decontaminate bench.jsonl ... [--embedding-threshold 0.85]] [--ray auto]

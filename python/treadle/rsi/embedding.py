@@ -1,5 +1,4 @@
-"""Embedding-similarity decontamination (issue 16, stage 1, after the 13-gram check of
-:mod:`treadle.rsi.decontam`): a seed or a synthesised task is contaminated when its cosine similarity
+"""Embedding-similarity decontamination: a seed or a synthesised task is contaminated when its cosine similarity
 to any benchmark problem or solution reaches ``threshold``.
 
 Embedders are pluggable (:class:`Embedder`: ``embed(texts) -> (n, d)`` float32, unit rows):

@@ -1,5 +1,5 @@
 """Cost ledger of an RSI run: per operator (Extend / Revise / Verify), per seed chain, with the
-Director and skill-update overhead kept apart (issue 16 "Measurement").
+Director and skill-update overhead kept apart.
 
 Offline costs are *work units*: one per primitive transformation applied, per Revise, per Director
 decision, per validity check, per solver attempt. With LLM roles the same entries also carry tokens

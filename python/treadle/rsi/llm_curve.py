@@ -1,4 +1,4 @@
-"""Difficulty curve of LLM runs on a fixed queue (issue 16, "Measurement"): at each round boundary the
+"""Difficulty curve of LLM runs on a fixed queue: at each round boundary the
 *fixed* solver (the solver role with ``H_0``'s solver prompt, never an edited one) attempts every seed
 chain's latest valid task ``attempts`` times; the curve is, per round and domain, the mean accuracy over
 those tasks (with a bootstrap 95% interval: 4 attempts give a task only 5 possible values), the share of

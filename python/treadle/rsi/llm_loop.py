@@ -1,4 +1,4 @@
-"""One online RSI round with LLM roles (issue 16, stage 2): per seed chain, the LLM Director picks
+"""One online RSI round with LLM roles: per seed chain, the LLM Director picks
 Extend / Revise / Verify / Finish from the library *as it is now*; Extend asks the LLM generator for a
 harder task; Verify runs the immutable verifier (sympy for math, the sandboxed tests for code), then the
 LLM solver ``attempts`` times; a solver failure on a *valid* task goes to the Meta agent, whose skill

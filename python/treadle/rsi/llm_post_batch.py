@@ -1,4 +1,4 @@
-"""Post-batch harness edits with an LLM Meta agent, judged by the Critic (issue 16, stage 3).
+"""Post-batch harness edits with an LLM Meta agent, judged by the Critic.
 
 At the batch boundary the online harness ``H_o`` is frozen. The Meta agent proposes one edit ``dH`` at a
 time (add / delete / modify a skill, edit a role prompt, edit the workflow or the Verify/Revise

@@ -1,5 +1,4 @@
-"""Batch layer of RSI rounds with LLM roles: a run folder, resumable after an interruption (issue 16,
-"Backends": resumable from disk).
+"""Batch layer of RSI rounds with LLM roles: a run folder, resumable after an interruption.
 
 Run folder layout::
 

@@ -1,5 +1,5 @@
 """Offline math backend, part 1: tasks as symbolic specifications and skills as composable
-transformations (seed: RSI section 4.2, "programmatic backend"; issue 16 "Backends").
+transformations (seed: RSI section 4.2, "programmatic backend").
 
 A :class:`MathTask` holds an expression tree (``int`` leaves, the variable ``"x"``, and
 ``[op, left, right]`` nodes with ``op`` in ``+-*/``), a kind (``eval``: compute the expression;

@@ -1,4 +1,4 @@
-"""RSI seed chains and post-batch candidate evaluations as Ray tasks (issue 18, "Rollouts and synthesis").
+"""RSI seed chains and post-batch candidate evaluations as Ray tasks.
 
 Seed: RSI sections 3.2 and 4.2 (a round runs one chain per training seed; post-batch proposals are each
 evaluated by synthesising a round from the frozen queue, then judged by the Critic). The Critic, the

@@ -1,5 +1,5 @@
 """Batch layer of the offline RSI loop: run folders (config, JSONL records, harness versions, curve),
-resume after an interruption, difficulty-curve PNG, the ablation in miniature (issue 16).
+resume after an interruption, difficulty-curve PNG, the ablation in miniature.
 
 Run folder layout::
 

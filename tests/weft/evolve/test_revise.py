@@ -1,4 +1,4 @@
-"""Revision of the blamed component by LLM roles (issue 17, attribution and revision): a deliberately broken
+"""Revision of the blamed component by LLM roles: a deliberately broken
 synthesised backend repaired by the (scripted) LLM through the real sandboxed validation path; malformed
 answers, failed calls and proposals that fail validation are recorded, never fatal, and never touch an
 unblamed component."""

@@ -1,5 +1,4 @@
-"""A certified synthesised environment served through the WEFT runtime (issue 17: "the tool layer served by the
-runtime"), its generated code kept in the sandbox: certification and rollouts against it, session operations,
+"""A certified synthesised environment served through the WEFT runtime, its generated code kept in the sandbox: certification and rollouts against it, session operations,
 and containment of a backend that misbehaves only once served."""
 import json
 

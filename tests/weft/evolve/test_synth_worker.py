@@ -1,5 +1,4 @@
-"""The long-lived sandboxed worker per session (issue 17: generated code runs only in sandboxed workers, limits
-enforced by the parent): it cannot open a socket, write outside its directory, or outlive its limits; one worker
+"""The long-lived sandboxed worker per session: it cannot open a socket, write outside its directory, or outlive its limits; one worker
 serves a session's calls; sessions do not share one."""
 import base64
 import gc

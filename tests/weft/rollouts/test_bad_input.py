@@ -1,4 +1,4 @@
-"""``sample`` bad input found in review (helper K): a run folder that cannot be one, a broken config.json,
+"""``sample`` bad input found in review: a run folder that cannot be one, a broken config.json,
 a model config or role that is wrong, an unreachable endpoint. One line naming the flag, exit 2, before any
 rollout; the user's files untouched."""
 import pytest

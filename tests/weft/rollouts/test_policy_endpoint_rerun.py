@@ -1,4 +1,4 @@
-"""A policy-endpoint failure in a batch (issue 14, bad input) against a fake OpenAI-compatible endpoint (a real
+"""A policy-endpoint failure in a batch against a fake OpenAI-compatible endpoint (a real
 HTTP server on 127.0.0.1, treadle.llm's test fixture): the rollout stops at the failure, is recorded as failed
 (no retry of the turn is spent on it), and a rerun redoes it while keeping every successful rollout as it was."""
 import asyncio

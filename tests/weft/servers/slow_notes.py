@@ -1,4 +1,4 @@
-"""Test server (issue 21: remote transports roll an abandoned call back): notes stamped by the session clock
+"""Test server: notes stamped by the session clock
 (replays exactly), by the process clock (never replays), and a write followed by a long sleep."""
 import sqlite3
 import time

@@ -1,4 +1,4 @@
-"""Test server (issue 21 item 2): rows stamped with a time and a random id."""
+"""Test server: rows stamped with a time and a random id."""
 import sqlite3
 import time
 import uuid

@@ -1,4 +1,4 @@
-"""Test server (issue 21 item 1): a class-level default dict aliased into instance state."""
+"""Test server: a class-level default dict aliased into instance state."""
 from treadle.weft.runtime.server import WeftServer
 
 

@@ -5,8 +5,7 @@ BFCL describes each function as ``{"name", "description", "parameters": {"type":
 ``dict`` -> ``object``, ``float`` -> ``number``, ``tuple``/``list`` -> ``array``, ``any`` -> no type
 constraint (plus the Python spellings ``int``/``str``/``bool``), walks ``properties`` and ``items``
 recursively, keeps ``description``/``enum``/``default``/``required``, and checks the result is a
-valid JSON Schema (draft 2020-12). A first step of the BFCL multi-turn environments of issue 7 (the
-environments themselves are not in this module).
+valid JSON Schema (draft 2020-12). The environments themselves are in :mod:`treadle.weft.envs.bfcl`.
 """
 from __future__ import annotations
 

@@ -20,32 +20,25 @@ Per step, with the same rollout budget for both groupings (``turns_per_step * G`
   ``_dropped``, ``groups`` (generated), ``groups_kept``, ``all_equal_groups`` (over every generated group).
   Under data parallelism (:mod:`treadle.distributed.weft`) the ranks count their groups with signal after
   each round (one all-reduce) and keep, between them, the groups one process would keep, so they stop
-  after the same round. Eighth round, measured (16 steps, 24 held-out episodes x 6 samples): held-out
-  per-turn change seed 0 +0.042 (was +0.031 with one round), seed 1 +0.017 (was +0.021), seed 2 +0.021
-  (was +0.003); ~2.4x the generated segments (~150 per step for 64 kept). The README has the current table.
+  after the same round. It draws ~2.4x the segments it keeps (~150 per step for 64 kept).
 
 Shared prefixes (same samples, same maths, fewer tokens computed): the sampler prefills each distinct
 context once and gathers its K/V to the rows that share it (a group's G candidates:
 :meth:`~treadle.weft.rl.sampling.HFSampler._shared_prefill`), and the update runs each distinct prefix's
-forward once with the responses after its repeated K/V (:func:`_row_logprobs`); measured on the tool
-policy, one thread: a sampling call of 8 groups x 8 2.28 s -> 0.98 s (identical tokens), a step
-9.7 s -> 5.5 s.
+forward once with the responses after its repeated K/V (:func:`_row_logprobs`): about half the
+computation of a step on the tool policy (``bench/bench_weft_rl.py``).
 
 Update: the clipped policy loss (:func:`treadle.grpo.losses.policy_loss`) with ``seq-mean-token-mean``
 aggregation (each candidate weighs the same, whatever its length), ``num_iterations`` optimizer steps
-per batch, advantages on the current turn's policy tokens only. ``token-mean`` (every policy token weighs
-the same) was the default until this measurement: a failed candidate carries several malformed steps
-(65 policy tokens on average vs 35 for a passing one, on the start policy's first batch), so 72% of the
-gradient weight came from negative advantages (50% with ``seq-mean-token-mean``, where each group's
-advantages sum to 0) and the update mostly pushed tokens down; 3 seeds x 16 steps lowered held-out
-per-turn success by 0.014 / 0.052 / 0.031 with ``token-mean`` (24 held-out episodes) and changed it by
-+0.007 / 0.000 / -0.020 with ``seq-mean-token-mean`` (12 held-out episodes): less harm, no gain beyond
-the seed spread (``neg_share`` in the step log: the negative share of the first iteration's weight).
-Seventh round: the step size was the rest of it. At lr 2e-4 x 2 iterations an update moved the policy by
-``approx_kl`` ~0.05-0.3 per token and lr 5e-4 collapsed it within 2 steps (batch verdict 0); lr 5e-5 x 4
-iterations (``approx_kl`` ~0.01-0.05) is the default now (the README has the 3-seed table). Optional:
-``kl_coef`` (k3 KL to the frozen start policy; off by default: measured once, ninth round, see the
-README; one process and ``--parallel ddp|fsdp2`` alike, the latter with a whole frozen copy per rank).
+per batch, advantages on the current turn's policy tokens only. Not ``token-mean`` (every policy token
+weighing the same): a failed candidate carries several malformed steps (about twice the policy tokens of
+a passing one), so most of the gradient weight would come from negative advantages and the update would
+mostly push tokens down; with ``seq-mean-token-mean`` each candidate weighs the same and a group's
+advantages sum to 0 (``neg_share`` in the step log: the negative share of the first iteration's weight).
+The step size matters as much: lr 5e-5 x 4 iterations moves the policy by ``approx_kl`` ~0.01-0.05 per
+token, where lr 2e-4 x 2 moved it by ~0.05-0.3 and lr 5e-4 collapsed it within 2 steps. Optional:
+``kl_coef`` (k3 KL to the frozen start policy; off by default; one process and ``--parallel ddp|fsdp2``
+alike, the latter with a whole frozen copy per rank). Measured results: ``bench/results/`` (WEFT RL).
 Held-out evaluation (unseen customers, products, amounts): sampled per-turn success from the gold
 history (:func:`~treadle.weft.rl.sft.evaluate_policy`) and sampled whole-task success (trajectory
 rollouts: every turn must pass), before, every ``eval_every`` steps, and after.
@@ -80,11 +73,9 @@ class WeftTrainConfig:
             (8: at ~30% per-turn success a group of 4 is all-fail ~24% of the time and carries no signal;
             of 8, ~6%).
         lr, num_iterations, clip_low, clip_high, loss_agg_mode: optimizer and loss (lr 1e-3 collapsed the
-            policy in one update in a measured run: Adam's first steps move every weight by ~lr; 1e-4
-            over 10 steps of 32 segments left held-out success unchanged; seventh round, seed 0, 16 steps,
-            24 held-out episodes: lr 5e-4 x 2 iterations 0.319 -> 0.229 (batch verdict 0.0 by step 2,
-            approx_kl 0.3 per update), lr 5e-5 x 4 iterations 0.323 -> 0.354 (approx_kl 0.01-0.06); the
-            defaults are the latter). ``loss_agg_mode``: one of
+            policy in one update: Adam's first steps move every weight by ~lr; lr 5e-4 x 2 iterations
+            lowered held-out success within 2 steps, lr 5e-5 x 4 iterations, the default, raises it).
+            ``loss_agg_mode``: one of
             ``seq-mean-token-mean`` (default), ``token-mean``, ``seq-mean-token-sum`` (see the module
             docstring for why not ``token-mean``); the denominators count every row of the batch.
         eval_episodes, eval_samples, eval_every: held-out evaluation (0: before and after only).

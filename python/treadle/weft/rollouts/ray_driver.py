@@ -1,4 +1,4 @@
-"""The rollout driver on Ray: rollouts run on Ray actors, each holding its own runtime (issue 18).
+"""The rollout driver on Ray: rollouts run on Ray actors, each holding its own runtime.
 
 Seed: WEFT 4.1 (rejection sampling at scale over many runtime workers). :func:`sample_async` with
 ``ray_address`` hands its pending ``(task, method, k)`` rollouts to :func:`run_on_ray`:

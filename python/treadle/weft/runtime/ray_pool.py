@@ -1,7 +1,7 @@
 """The runtime worker pool on Ray: each worker is a Ray actor holding a :class:`~treadle.weft.runtime.Runtime`.
 
 Seed: WEFT 4.1 (MegaMCP: sessions spread over runtime workers, failover from checkpoints with a
-generation fence), scaled out across nodes (issue 18, "Rollouts and synthesis"). :class:`RayWorkerPool`
+generation fence), scaled out across nodes. :class:`RayWorkerPool`
 has the API and the failure semantics of the process pool :class:`~treadle.weft.runtime.pool.WorkerPool` (it is a
 subclass: placement, failover and per-session routing are shared); only the transport differs:
 
