@@ -126,7 +126,7 @@ def single():
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    from treadle.distributed.spawn import spawn_gloo
+    from treadle.testing_ranks import spawn_gloo
 
     return spawn_gloo(_ranks_worker, W, tmp_path_factory.mktemp("weft_ranks"))
 
@@ -234,7 +234,7 @@ def _fsdp2_worker():
 
 @pytest.fixture(scope="module")
 def fsdp2_ranks(tmp_path_factory):
-    from treadle.distributed.spawn import spawn_gloo
+    from treadle.testing_ranks import spawn_gloo
 
     return spawn_gloo(_fsdp2_worker, W, tmp_path_factory.mktemp("weft_fsdp2"))
 

@@ -73,7 +73,7 @@ def _worker(folder: str, stop, parallel: str = "ddp"):
 
 
 def _run(run_ranks_dir: Path, name: str, world: int, folder: Path, stop, parallel: str = "ddp"):
-    from treadle.distributed.spawn import spawn_gloo
+    from treadle.testing_ranks import spawn_gloo
 
     d = run_ranks_dir / name
     d.mkdir()
