@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-__all__ = ["RankBatches", "TrainableOnlyCheckpoints", "TRAINABLE_FILE", "all_reduce_sum", "broadcast_from_main",
-           "latest_checkpoint", "check_launch", "launched_world", "PARALLEL", "fsdp_arguments",
+__all__ = ["Rows", "collate_rows", "RankBatches", "TrainableOnlyCheckpoints", "TRAINABLE_FILE", "all_reduce_sum", "broadcast_from_main",
+           "latest_checkpoint", "remove_checkpoints", "check_launch", "launched_world", "PARALLEL", "fsdp_arguments",
            "decoder_layer_classes"]
 
 TRAINABLE_FILE = "trainable.safetensors"
@@ -40,25 +40,39 @@ def _share(n: int, rank: int, world: int) -> slice:
     return slice(lo, lo + base + (1 if rank < extra else 0))
 
 
-class RankBatches(torch.utils.data.Sampler):
-    """A batch sampler over precomputed global batches (lists of dataset indices): yields this rank's
-    contiguous part of each, in order.
+class Rows(torch.utils.data.Dataset):
+    """Row indices ``0..n-1`` as a dataset for :class:`RankBatches`: item ``i`` is ``(i, True)``; the stand-in
+    item ``(i, False)`` (asked for as ``-1 - i``) marks a row run with weight 0."""
 
-    Raises:
-        ValueError: a global batch with fewer rows than ranks (every rank trains on a part of each).
-    """
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return (i, True) if i >= 0 else (-1 - i, False)
+
+
+def collate_rows(items) -> dict:
+    """``{"idx": row indices, "real": False when this rank's part of the batch is empty}``."""
+    return {"idx": [i for i, _ in items], "real": all(r for _, r in items)}
+
+
+class RankBatches(torch.utils.data.Sampler):
+    """A batch sampler over precomputed global batches (lists of row indices of a :class:`Rows` dataset):
+    yields this rank's contiguous part of each, in order. A rank whose part of a batch is empty (a batch
+    with fewer rows than ranks) gets the batch's first row to run with weight 0, so that every rank makes
+    the same forward and collective calls."""
 
     def __init__(self, global_batches: Sequence[Sequence[int]], rank: int, world: int):
-        small = [len(b) for b in global_batches if len(b) < world]
-        if small:
-            raise ValueError(f"a global batch of {small[0]} rows cannot be split over {world} ranks: every rank "
-                             f"trains on a part of each (give batch_size >= the world size)")
         self.batches = [list(b) for b in global_batches]
         self.rank, self.world = rank, world
 
     def __iter__(self):
         for b in self.batches:
-            yield b[_share(len(b), self.rank, self.world)]
+            part = b[_share(len(b), self.rank, self.world)]
+            yield part if part else [-1 - b[0]]
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -92,6 +106,17 @@ def latest_checkpoint(folder: str | Path) -> Path | None:
     done = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith("checkpoint-")
             and p.name[len("checkpoint-"):].isdigit() and (p / "trainer_state.json").is_file()]
     return max(done, key=lambda p: int(p.name[len("checkpoint-"):]), default=None)
+
+
+def remove_checkpoints(folder: str | Path) -> None:
+    """Remove the ``checkpoint-<step>`` folders of ``folder`` (a run that starts afresh there)."""
+    import shutil
+
+    folder = Path(folder)
+    if folder.is_dir():
+        for p in folder.iterdir():
+            if p.is_dir() and p.name.startswith("checkpoint-") and p.name[len("checkpoint-"):].isdigit():
+                shutil.rmtree(p)
 
 
 def launched_world() -> int:

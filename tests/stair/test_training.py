@@ -188,11 +188,11 @@ def test_interrupted_run_resumes_without_repeating_steps_in_the_log(tmp_path, to
     cfg = StairTrainConfig(layers=(1, 3), steps=6, sessions=4, batch_size=2, turns=2, responses="gold", save_every=2)
     real, calls = StairStep.forward, {"n": 0}
 
-    def interrupted(self, idx):
+    def interrupted(self, idx, real_rows=True):
         calls["n"] += 1
         if calls["n"] == 6:  # during step 6, after steps 1..5 were logged
             raise KeyboardInterrupt
-        return real(self, idx)
+        return real(self, idx, real_rows)
 
     monkeypatch.setattr(StairStep, "forward", interrupted)
     with pytest.raises(KeyboardInterrupt):

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from treadle.trainer_support import RankBatches, TrainableOnlyCheckpoints, all_reduce_sum
+from treadle.trainer_support import RankBatches, Rows, TrainableOnlyCheckpoints, all_reduce_sum, collate_rows
 
 __all__ = ["StairTrainingArguments", "StairTrainer", "StairStep", "stair_batches"]
 
@@ -88,7 +88,7 @@ class StairStep(nn.Module):
         self.training = mode
         return self
 
-    def forward(self, idx: list[int]) -> torch.Tensor:
+    def forward(self, idx: list[int], real: bool = True) -> torch.Tensor:
         from treadle.stair.session import StairSession
         from treadle.stair.training import stair_loss
 
@@ -102,10 +102,12 @@ class StairStep(nn.Module):
         for t in range(1, n):
             out = sess.forward([s.problems[t].prompt for s in sessions], [r[t] for r in responses], grad=grad,
                                native_too=True)
-            mine = int((out["labels"] != -100).sum())
+            mine = int((out["labels"] != -100).sum()) if real else 0
             (tokens,) = all_reduce_sum([mine])
             loss, parts = stair_loss(out["logits"], out["native_logits"], out["labels"], self.lambda_kl,
                                      tokens=max(tokens, 1.0))
+            if not real:  # a stand-in session: weight 0
+                loss, parts = loss * 0.0, {"ce": 0.0, "kl": 0.0, "tokens": 0}
             term = loss / (n - 1)
             total = term if total is None else total + term
             self.parts["loss"] += float(term.detach())
@@ -135,7 +137,7 @@ class StairTrainer(TrainableOnlyCheckpoints, Trainer):
     exact global value (mean over the step's micro-batches)."""
 
     def __init__(self, model: StairStep, args: StairTrainingArguments, **kwargs):
-        kwargs.setdefault("train_dataset", list(range(len(model.pool))))
+        kwargs.setdefault("train_dataset", Rows(len(model.pool)))
         super().__init__(model=model, args=args, **kwargs)
         self.model_accepts_loss_kwargs = False  # the loss is already a token mean: the Trainer divides by GA
 
@@ -146,10 +148,10 @@ class StairTrainer(TrainableOnlyCheckpoints, Trainer):
                                 grad_accum=a.gradient_accumulation_steps, seed=a.stair_seed)
         sampler = RankBatches(batches, a.process_index, a.world_size)
         return torch.utils.data.DataLoader(self.train_dataset, batch_sampler=sampler,
-                                           collate_fn=lambda rows: {"idx": list(rows)})
+                                           collate_fn=collate_rows)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        loss = model(inputs["idx"])
+        loss = model(inputs["idx"], inputs["real"])
         return (loss, None) if return_outputs else loss
 
     def _step_module(self) -> StairStep:

@@ -266,7 +266,8 @@ def train(model, tokenizer, config: StairTrainConfig, run_dir, *, resume: bool =
 
     from treadle.reporting import resolve_report_to
     from treadle.stair.trainer import JsonlLog, SaveNormals, StairStep, StairTrainer, arguments_from_config
-    from treadle.trainer_support import broadcast_from_main, check_launch, decoder_layer_classes, latest_checkpoint
+    from treadle.trainer_support import (broadcast_from_main, check_launch, decoder_layer_classes, latest_checkpoint,
+                                         remove_checkpoints)
 
     run_dir = Path(run_dir)
     sinks = resolve_report_to(report_to)
@@ -293,8 +294,10 @@ def train(model, tokenizer, config: StairTrainConfig, run_dir, *, resume: bool =
         if main:
             run_dir.mkdir(parents=True, exist_ok=True)
             _truncate_log(run_dir / "log.jsonl", start)
-            if resume_from is None and (run_dir / "log.jsonl").exists():
-                (run_dir / "log.jsonl").unlink()
+            if resume_from is None:  # a fresh start: an older run's log and checkpoints go
+                if (run_dir / "log.jsonl").exists():
+                    (run_dir / "log.jsonl").unlink()
+                remove_checkpoints(run_dir)
             (run_dir / "config.json").write_text(json.dumps({**cfg_json, "world_size": W,
                                                             **({"parallel": parallel} if parallel else {})},
                                                            indent=1))
