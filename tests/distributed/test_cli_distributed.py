@@ -1,5 +1,6 @@
 """``treadle stair train --parallel``: refused outside torchrun (one line, exit 2); under ``torchrun
---nproc-per-node 2 -m treadle`` it trains and writes one run folder whose normals equal a one-process run."""
+--nproc-per-node 2 -m treadle`` the Trainer runs DDP and one run folder is written, whose normals equal a
+one-process run."""
 import json
 
 import pytest
@@ -23,10 +24,10 @@ def test_parallel_outside_torchrun_is_one_line_exit_2(tmp_path, outside_torchrun
 
 
 @pytest.mark.slow
-def test_torchrun_two_ranks_fsdp2_equals_one_process(tmp_path, treadle_cli):
+def test_torchrun_two_ranks_equals_one_process(tmp_path, treadle_cli):
     treadle_cli([*ARGS, "--out", tmp_path / "one"])
-    two = treadle_cli([*ARGS, "--parallel", "fsdp2", "--out", tmp_path / "two"], ranks=2)
-    assert "fsdp2 on 2 ranks" in two.stdout
+    two = treadle_cli([*ARGS, "--parallel", "ddp", "--out", tmp_path / "two"], ranks=2)
+    assert "ddp on 2 ranks" in two.stdout
     from safetensors.torch import load_file
 
     a, b = (load_file(str(tmp_path / d / "normals.safetensors"))["normals"] for d in ("one", "two"))

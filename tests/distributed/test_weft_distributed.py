@@ -5,7 +5,7 @@ import anyio
 import pytest
 import torch
 
-from treadle.distributed.weft import RowKeyedSampler, row_seeds, train_policy_dp
+from treadle.weft.rl.parallel import RowKeyedSampler, row_seeds, train_policy_dp
 from treadle.weft.rl.train import WeftTrainConfig, train_policy
 
 W = 2

@@ -9,7 +9,7 @@ import anyio
 import pytest
 import torch
 
-from treadle.distributed.weft import train_policy_dp
+from treadle.weft.rl.parallel import train_policy_dp
 from treadle.distributed.weft_resume import StepCheckpoint
 from treadle.weft.rl.train import WeftTrainConfig
 
