@@ -128,14 +128,18 @@ def launched_world() -> int:
 
 
 def check_launch(parallel: str | None, *, flag: str = "--parallel") -> None:
-    """``parallel`` is None, or ``"ddp"`` / ``"fsdp2"`` in a process started by torchrun or ``accelerate
-    launch`` (FSDP needs an accelerator: accelerate applies its FSDP plugin only there).
+    """``parallel`` is None in a process of its own, or ``"ddp"`` / ``"fsdp2"`` in a process started by
+    torchrun or ``accelerate launch`` (FSDP needs an accelerator: accelerate applies its FSDP plugin only
+    there).
 
     Raises:
         ValueError: an unknown value; a launcher variable missing (named, with the command to use);
-            ``fsdp2`` without CUDA.
+            ``fsdp2`` without CUDA; None in one of several launched ranks (each would write the run folder).
     """
     if parallel is None:
+        if launched_world() > 1:
+            raise ValueError(f"this process is one of {launched_world()} ranks torchrun / accelerate launch started: "
+                             f"add {flag} ddp (or run in one process)")
         return
     if parallel not in PARALLEL:
         raise ValueError(f"{flag} must be one of {', '.join(PARALLEL)}, got {parallel!r}")

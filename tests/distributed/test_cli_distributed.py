@@ -50,3 +50,13 @@ def test_scale_parallel_needs_an_adapter_and_torchrun(tmp_path, outside_torchrun
     text = " ".join(r.output.split())
     assert "--parallel" in text and "torchrun" in text and "Traceback" not in text
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("cmd", [["stair", "train", "--quick"], ["scale", "train", "--quick"]])
+def test_a_launched_rank_without_parallel_is_refused(tmp_path, outside_torchrun, cmd):
+    """Under torchrun without --parallel every rank would write the run folder: refused, before any work."""
+    outside_torchrun.setenv("WORLD_SIZE", "2")
+    r = CliRunner().invoke(app, [*cmd, "--out", str(tmp_path / "run")])
+    text = " ".join(r.output.split())
+    assert r.exit_code == 2 and "--parallel ddp" in text and "Traceback" not in text, r.output
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()

@@ -371,6 +371,7 @@ def train_cmd(
 
     if parallel is not None:
         return _train_parallel(parallel, ctx, locals())
+    _launched(None)  # one of several launched ranks without --parallel: refused
 
     out = pick_out(out, run_dir, "runs/scale/train-quick" if quick else "runs/scale/train")
     refuse_ignored(ctx, [("temperature", "--temperature", responses == "sampled", "with --responses sampled only")])

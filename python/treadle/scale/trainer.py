@@ -19,6 +19,15 @@ with resume. Stage II gives it:
 
 The defaults of :class:`ScaleTrainingArguments` are Stage II's recipe: Adam (AdamW without weight decay),
 a constant learning rate, no gradient clipping.
+
+:func:`treadle.scale.training.train` (and ``treadle scale train``) add the data, the evaluations and the run
+folder around it; by hand::
+
+    attach_gates(peft_model, L=-2.0, U=2.0, tau=1.0, disable_dropout=True)
+    pairs = problem_pairs(tok, problems)        # (prompt ids, response ids)
+    args = ScaleTrainingArguments(output_dir="runs/stage2", num_train_epochs=2, per_device_train_batch_size=32)
+    step = GateStep(peft_model, pairs, tok.pad_token_id, k=100, objective="entropy", world=args.world_size)
+    ScaleTrainer(step, args).train()
 """
 from __future__ import annotations
 

@@ -22,6 +22,17 @@ gives it the model to train and the loss:
 The defaults of :class:`StairTrainingArguments` reproduce STAIR's recipe: AdamW with betas (0.9, 0.99) and
 no weight decay, a constant learning rate, no gradient clipping (``max_grad_norm`` 1e9: the norm is
 logged, never binding).
+
+:func:`treadle.stair.training.train` (and ``treadle stair train``) build all of this from a
+``StairTrainConfig``; by hand::
+
+    ctrl, flags, _ = freeze_and_attach(model, StairTrainConfig(layers=(3, 11, 19)), None)
+    pool = make_training_sessions(64, 4, [2, 3])
+    responses = self_responses(model, tok, pool)
+    args = StairTrainingArguments(output_dir="runs/stair", max_steps=50, per_device_train_batch_size=16,
+                                  report_to="wandb")
+    step = StairStep(ctrl, model, tok, pool, responses, lambda_kl=1.0, world=args.world_size)
+    StairTrainer(step, args).train()          # torchrun --nproc-per-node 8 script.py: DDP on 8 ranks
 """
 from __future__ import annotations
 
