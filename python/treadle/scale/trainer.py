@@ -120,14 +120,16 @@ class ScaleTrainer(TrainableOnlyCheckpoints, Trainer):
 
     def __init__(self, model: GateStep, args: ScaleTrainingArguments, **kwargs):
         kwargs.setdefault("train_dataset", Rows(len(model.pairs)))
+        if args.max_steps <= 0:  # the epochs are the Stage-II data order's: one loader pass holds them all
+            args.max_steps = math.ceil(args.num_train_epochs) * steps_per_epoch(len(model.pairs),
+                                                                                args.per_device_train_batch_size)
         super().__init__(model=model, args=args, **kwargs)
         self.model_accepts_loss_kwargs = False
 
     def get_train_dataloader(self):
         a = self.args
         n, bs = len(self.train_dataset), a.per_device_train_batch_size
-        epochs = math.ceil(a.max_steps / steps_per_epoch(n, bs)) if a.max_steps > 0 else math.ceil(a.num_train_epochs)
-        batches = batch_indices(n, bs, a.shuffle_seed, epochs)[:a.max_steps if a.max_steps > 0 else None]
+        batches = batch_indices(n, bs, a.shuffle_seed, math.ceil(a.max_steps / steps_per_epoch(n, bs)))[:a.max_steps]
         return torch.utils.data.DataLoader(self.train_dataset,
                                            batch_sampler=RankBatches(batches, a.process_index, a.world_size),
                                            collate_fn=collate_rows)

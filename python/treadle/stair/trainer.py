@@ -148,14 +148,16 @@ class StairTrainer(TrainableOnlyCheckpoints, Trainer):
     exact global value (mean over the step's micro-batches)."""
 
     def __init__(self, model: StairStep, args: StairTrainingArguments, **kwargs):
+        if args.max_steps <= 0:
+            raise ValueError("StairTrainingArguments.max_steps must be >= 1: STAIR's batches are drawn per optimizer "
+                             "step from the session pool (there are no epochs)")
         kwargs.setdefault("train_dataset", Rows(len(model.pool)))
         super().__init__(model=model, args=args, **kwargs)
         self.model_accepts_loss_kwargs = False  # the loss is already a token mean: the Trainer divides by GA
 
     def get_train_dataloader(self):
         a = self.args
-        batches = stair_batches(len(self.model.pool) if hasattr(self.model, "pool") else len(self.train_dataset),
-                                steps=a.max_steps, batch_size=a.per_device_train_batch_size,
+        batches = stair_batches(len(self.train_dataset), steps=a.max_steps, batch_size=a.per_device_train_batch_size,
                                 grad_accum=a.gradient_accumulation_steps, seed=a.stair_seed)
         sampler = RankBatches(batches, a.process_index, a.world_size)
         return torch.utils.data.DataLoader(self.train_dataset, batch_sampler=sampler,
