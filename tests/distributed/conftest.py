@@ -1,11 +1,11 @@
 """``run_ranks(fn, world, *args)``: run a module-level test worker on ``world`` CPU gloo processes
-(:func:`treadle.distributed.spawn.spawn_gloo`) and get each rank's result."""
+(:func:`treadle.testing_ranks.spawn_gloo`) and get each rank's result."""
 import pytest
 
 
 @pytest.fixture
 def run_ranks(tmp_path):
-    from treadle.distributed.spawn import spawn_gloo
+    from treadle.testing_ranks import spawn_gloo
 
     def run(fn, world, *args):
         d = tmp_path / f"ranks_{fn.__name__}"

@@ -1,5 +1,6 @@
 """``treadle stair train --parallel``: refused outside torchrun (one line, exit 2); under ``torchrun
---nproc-per-node 2 -m treadle`` it trains and writes one run folder whose normals equal a one-process run."""
+--nproc-per-node 2 -m treadle`` the Trainer runs DDP and one run folder is written, whose normals equal a
+one-process run."""
 import json
 
 import pytest
@@ -23,10 +24,10 @@ def test_parallel_outside_torchrun_is_one_line_exit_2(tmp_path, outside_torchrun
 
 
 @pytest.mark.slow
-def test_torchrun_two_ranks_fsdp2_equals_one_process(tmp_path, treadle_cli):
+def test_torchrun_two_ranks_equals_one_process(tmp_path, treadle_cli):
     treadle_cli([*ARGS, "--out", tmp_path / "one"])
-    two = treadle_cli([*ARGS, "--parallel", "fsdp2", "--out", tmp_path / "two"], ranks=2)
-    assert "fsdp2 on 2 ranks" in two.stdout
+    two = treadle_cli([*ARGS, "--parallel", "ddp", "--out", tmp_path / "two"], ranks=2)
+    assert "ddp on 2 ranks" in two.stdout
     from safetensors.torch import load_file
 
     a, b = (load_file(str(tmp_path / d / "normals.safetensors"))["normals"] for d in ("one", "two"))
@@ -48,4 +49,14 @@ def test_scale_parallel_needs_an_adapter_and_torchrun(tmp_path, outside_torchrun
     assert r.exit_code == 2, r.output
     text = " ".join(r.output.split())
     assert "--parallel" in text and "torchrun" in text and "Traceback" not in text
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("cmd", [["stair", "train", "--quick"], ["scale", "train", "--quick"]])
+def test_a_launched_rank_without_parallel_is_refused(tmp_path, outside_torchrun, cmd):
+    """Under torchrun without --parallel every rank would write the run folder: refused, before any work."""
+    outside_torchrun.setenv("WORLD_SIZE", "2")
+    r = CliRunner().invoke(app, [*cmd, "--out", str(tmp_path / "run")])
+    text = " ".join(r.output.split())
+    assert r.exit_code == 2 and "--parallel ddp" in text and "Traceback" not in text, r.output
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()

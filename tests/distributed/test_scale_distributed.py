@@ -1,7 +1,8 @@
-"""SCALE Stage II on 2 gloo ranks (DDP and FSDP2) equals one process on the same global batches: the loss
-of every step, the objective after training, the held-out evaluation after training and the trained gates
-(written once, by rank 0); an interrupted run resumes from its checkpoint on another world size (2 ranks ->
-1 process, 1 process -> 2 ranks) with the uninterrupted run's steps, losses and gates."""
+"""SCALE Stage II on ``transformers.Trainer`` with 2 gloo ranks (the Trainer's DDP) equals one process on the
+same global batches: the loss of every step, the objective after training, the held-out evaluation after
+training and the trained gates (written once, by the main process); an interrupted run resumes from its
+Trainer checkpoint on another world size (1 process -> 2 ranks) with the uninterrupted run's steps, losses
+and gates."""
 import json
 
 import pytest
@@ -77,10 +78,7 @@ def _worker(parallel, out_dir, evaluate_model, interrupt=None):
         _interrupt_after(interrupt)  # a spawned process: the hook dies with it
     s = train(pm, tok, ScaleTrainConfig(**CFG), out_dir, parallel=parallel, evaluate_model=evaluate_model,
               save_every=SAVE_EVERY)
-    base = pm.get_base_model().model.layers[0].mlp.down_proj.base_layer.weight  # frozen; FSDP2: sharded in place
-    return {**{k: s[k] for k in ("losses", "objective_before", "objective_after", "after", "start_step")},
-            "base": (type(base).__name__, tuple(base.to_local().shape) if hasattr(base, "to_local") else None,
-                     tuple(base.shape))}
+    return {k: s[k] for k in ("losses", "objective_before", "objective_after", "after", "start_step", "world_size")}
 
 
 @pytest.fixture(scope="module")
@@ -102,14 +100,14 @@ def single(tmp_path_factory):
     return {"summary": s, "gates": load_file(str(d / "gates.safetensors"))}
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
-def test_two_ranks_match_one_process(parallel, single, run_ranks, tmp_path, monkeypatch):
+def test_two_ranks_match_one_process(single, run_ranks, tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     d = tmp_path / "run"
-    res = run_ranks(_worker, W, parallel, d, True)
+    res = run_ranks(_worker, W, "ddp", d, True)
     ref = single["summary"]
     assert len(ref["losses"]) == 8
     for r in res:
+        assert r["world_size"] == W
         torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref["losses"]), **TOL)
         assert r["objective_before"] == pytest.approx(ref["objective_before"], rel=1e-6)
         assert r["objective_after"] == pytest.approx(ref["objective_after"], rel=1e-4)
@@ -121,19 +119,16 @@ def test_two_ranks_match_one_process(parallel, single, run_ranks, tmp_path, monk
         torch.testing.assert_close(gates[name], t, **GATE_TOL)
     assert max(float(t.abs().max()) for t in single["gates"].values()) > 5e-2  # the gates moved: TOL can fail
     assert 0 < ref["after"]["accuracy_mean"] < 1
-    for r in res:  # every rank evaluates its part of the held-out problems; the sums are all-reduced
+    for r in res:  # the main process evaluates, every rank gets its result
         assert r["after"]["accuracy"] == ref["after"]["accuracy"]
         # the held-out entropy is measured with the trained gates, which agree within GATE_TOL (5e-4), not
         # bit for bit: after the top-k statistics moved to float64 it differed by 3.3e-4 relative
         assert r["after"]["entropy"] == pytest.approx(ref["after"]["entropy"], rel=2e-3)
         lam, lam_ref = r["after"]["lambda"], ref["after"]["lambda"]
-        assert lam["tokens"] == lam_ref["tokens"] > 0  # every generated token's lambdas, gathered from the ranks
+        assert lam["tokens"] == lam_ref["tokens"] > 0
         for key, share in lam_ref["overall"].items():
             assert lam["overall"][key] == pytest.approx(share, abs=2 / lam_ref["tokens"])
         assert lam["mean"] == pytest.approx(lam_ref["mean"], rel=2e-3)
-    kind, local, full = res[0]["base"]
-    if parallel == "fsdp2":
-        assert kind == "DTensor" and local[0] * W == full[0]
     lines = [json.loads(x) for x in (d / "log.jsonl").read_text().splitlines()]
     assert sum(x["type"] == "step" for x in lines) == 8  # one log, written once
 
@@ -151,28 +146,9 @@ def _logged_losses(d):
     return [json.loads(x)["loss"] for x in (d / "log.jsonl").read_text().splitlines() if '"type": "step"' in x]
 
 
-def test_interrupted_on_two_fsdp2_ranks_resumes_in_one_process(single, run_ranks, tmp_path, monkeypatch):
-    """2 FSDP2 ranks stop after step 5 (checkpoint at step 3, written once by rank 0); ONE process resumes
-    at step 3: 8 steps in all, the losses and gates of the uninterrupted run."""
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    d = tmp_path / "run"
-    with pytest.raises(Exception, match="interrupted after step 5"):
-        run_ranks(_worker, W, "fsdp2", d, False, 5)
-    state = torch.load(d / "checkpoint" / "trainer_state.pt", weights_only=True)
-    assert state["step"] == 3 and state["world_size"] == W
-    pm, tok = _stage_one()
-    s = train(pm, tok, ScaleTrainConfig(**CFG), d, evaluate_model=False, save_every=SAVE_EVERY)
-    ref = single["summary"]
-    assert s["start_step"] == 3 and s["steps"] == len(ref["losses"]) == 8
-    torch.testing.assert_close(torch.tensor(s["losses"]), torch.tensor(ref["losses"]), **TOL)
-    torch.testing.assert_close(torch.tensor(_logged_losses(d)), torch.tensor(ref["losses"]), **TOL)  # once each
-    assert s["objective_after"] == pytest.approx(ref["objective_after"], rel=1e-4)
-    _gates_match(d, single)
-
-
-def test_interrupted_in_one_process_resumes_on_two_fsdp2_ranks(single, run_ranks, tmp_path, monkeypatch):
-    """One process stops after step 7 (checkpoint at step 6); 2 FSDP2 ranks resume at step 6 (the full
-    gates and Adam moments are sharded as the parameters are, on load)."""
+def test_interrupted_in_one_process_resumes_on_two_ranks(single, run_ranks, tmp_path, monkeypatch):
+    """One process stops after step 7 (the Trainer's checkpoint at step 6); 2 DDP ranks resume at step 6
+    and end with the uninterrupted run's losses and gates."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     d = tmp_path / "run"
     pm, tok = _stage_one()
@@ -182,7 +158,8 @@ def test_interrupted_in_one_process_resumes_on_two_fsdp2_ranks(single, run_ranks
             train(pm, tok, ScaleTrainConfig(**CFG), d, evaluate_model=False, save_every=SAVE_EVERY)
     finally:
         hook.remove()
-    res = run_ranks(_worker, W, "fsdp2", d, False)
+    assert sorted(p.name for p in d.glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-6"]
+    res = run_ranks(_worker, W, "ddp", d, False)
     ref = single["summary"]
     for r in res:
         assert r["start_step"] == 6
@@ -201,8 +178,8 @@ def test_the_run_folder_rules_of_a_checkpoint(tmp_path, monkeypatch):
     d = tmp_path / "run"
     pm, tok = _stage_one()
     train(pm, tok, ScaleTrainConfig(**CFG), d, evaluate_model=False, save_every=SAVE_EVERY)
-    files = ("log.jsonl", "gates.safetensors", "config.json", "checkpoint/trainer_state.pt",
-             "checkpoint/gates.safetensors")
+    files = ("log.jsonl", "gates.safetensors", "config.json", "stage_two.json", "checkpoint-8/trainer_state.json",
+             "checkpoint-8/trainable.safetensors")
     kept = {f: (d / f).read_bytes() for f in files}
     pm, tok = _stage_one()
     with pytest.raises(ValueError, match=r"another config \(lr: 0.03 -> 0.01\)"):
@@ -217,5 +194,5 @@ def test_the_run_folder_rules_of_a_checkpoint(tmp_path, monkeypatch):
     pm, tok = _stage_one()
     s = train(pm, tok, ScaleTrainConfig(**{**CFG, "lr": 1e-2}), d, evaluate_model=False, resume=False)
     assert s["start_step"] == 0 and s["steps"] == 8
-    state = torch.load(d / "checkpoint" / "trainer_state.pt", weights_only=True)
-    assert state["step"] == 8 and state["config"]["lr"] == 1e-2
+    assert json.loads((d / "stage_two.json").read_text())["config"]["lr"] == 1e-2
+    assert json.loads((d / "checkpoint-8" / "trainer_state.json").read_text())["global_step"] == 8

@@ -5,7 +5,7 @@ import anyio
 import pytest
 import torch
 
-from treadle.distributed.weft import RowKeyedSampler, row_seeds, train_policy_dp
+from treadle.weft.rl.parallel import RowKeyedSampler, row_seeds, train_policy_dp
 from treadle.weft.rl.train import WeftTrainConfig, train_policy
 
 W = 2
@@ -126,7 +126,7 @@ def single():
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    from treadle.distributed.spawn import spawn_gloo
+    from treadle.testing_ranks import spawn_gloo
 
     return spawn_gloo(_ranks_worker, W, tmp_path_factory.mktemp("weft_ranks"))
 
@@ -234,7 +234,7 @@ def _fsdp2_worker():
 
 @pytest.fixture(scope="module")
 def fsdp2_ranks(tmp_path_factory):
-    from treadle.distributed.spawn import spawn_gloo
+    from treadle.testing_ranks import spawn_gloo
 
     return spawn_gloo(_fsdp2_worker, W, tmp_path_factory.mktemp("weft_fsdp2"))
 

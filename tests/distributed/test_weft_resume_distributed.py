@@ -9,7 +9,7 @@ import anyio
 import pytest
 import torch
 
-from treadle.distributed.weft import train_policy_dp
+from treadle.weft.rl.parallel import train_policy_dp
 from treadle.distributed.weft_resume import StepCheckpoint
 from treadle.weft.rl.train import WeftTrainConfig
 
@@ -73,7 +73,7 @@ def _worker(folder: str, stop, parallel: str = "ddp"):
 
 
 def _run(run_ranks_dir: Path, name: str, world: int, folder: Path, stop, parallel: str = "ddp"):
-    from treadle.distributed.spawn import spawn_gloo
+    from treadle.testing_ranks import spawn_gloo
 
     d = run_ranks_dir / name
     d.mkdir()

@@ -367,7 +367,8 @@ def test_report_to_tensorboard(tmp_path, tok):
 
     s = train(_stage_one(tok), tok, ScaleTrainConfig(epochs=1, **QUICK), tmp_path, evaluate_model=False,
               report_to=["tensorboard"])
-    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    (events,) = tmp_path.glob("runs/*/events.out.tfevents.*")  # the Trainer's TensorBoard folder
+    acc = EventAccumulator(str(events.parent))
     acc.Reload()
     assert [e.value for e in acc.Scalars("train/loss")] == pytest.approx(s["losses"], rel=1e-5)
     with pytest.raises(ValueError, match="unknown report_to"):

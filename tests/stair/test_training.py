@@ -182,31 +182,33 @@ def test_demo_section_quick(tmp_path, monkeypatch):
 def test_interrupted_run_resumes_without_repeating_steps_in_the_log(tmp_path, tok, monkeypatch):
     """Ctrl-C at step 5 with checkpoints every 2 steps: the resume continues from step 4, and log.jsonl
     holds each step once (steps 5.. are redone and logged once)."""
-    import treadle.stair.training as tr
+    from treadle.stair.trainer import StairStep
 
     model = _model(tok)
     cfg = StairTrainConfig(layers=(1, 3), steps=6, sessions=4, batch_size=2, turns=2, responses="gold", save_every=2)
-    real, calls = tr.train_step, {"n": 0}
+    real, calls = StairStep.forward, {"n": 0}
 
-    def interrupted(*a, **kw):
-        if kw.get("backward", True):
-            calls["n"] += 1
-            if calls["n"] == 6:  # during step 6, after steps 1..5 were logged
-                raise KeyboardInterrupt
-        return real(*a, **kw)
+    def interrupted(self, idx, real_rows=True):
+        calls["n"] += 1
+        if calls["n"] == 6:  # during step 6, after steps 1..5 were logged
+            raise KeyboardInterrupt
+        return real(self, idx, real_rows)
 
-    monkeypatch.setattr(tr, "train_step", interrupted)
+    monkeypatch.setattr(StairStep, "forward", interrupted)
     with pytest.raises(KeyboardInterrupt):
         train(model, tok, cfg, tmp_path, progress=False, backend="cpp")
     steps = [json.loads(x)["step"] for x in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5]
-    assert torch.load(tmp_path / "optim.pt", weights_only=True)["step"] == 4
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
     assert model.config._attn_implementation == "sdpa" and all(p.requires_grad for p in model.parameters())
-    monkeypatch.setattr(tr, "train_step", real)
+    monkeypatch.setattr(StairStep, "forward", real)
     r = train(model, tok, cfg, tmp_path, progress=False, backend="cpp")
     assert r["start_step"] == 4
     log = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert [x["step"] for x in log if "step" in x] == [1, 2, 3, 4, 5, 6]
+    uninterrupted = train(_model(tok), tok, cfg, tmp_path / "whole", progress=False, backend="cpp")
+    for n, t in uninterrupted["normals"].items():
+        torch.testing.assert_close(r["normals"][n], t)
 
 
 def test_default_config_layers_adapt_to_the_model(tmp_path, tok):
@@ -224,7 +226,8 @@ def test_report_to_tensorboard(tmp_path, tok):
 
     cfg = StairTrainConfig(layers=(1,), steps=2, sessions=2, batch_size=2, turns=2, responses="gold", save_every=2)
     train(_model(tok), tok, cfg, tmp_path, progress=False, backend="cpp", report_to="tensorboard")
-    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    (events,) = tmp_path.glob("runs/*/events.out.tfevents.*")  # the Trainer's TensorBoard folder
+    acc = EventAccumulator(str(events.parent))
     acc.Reload()
     loss = [e.value for e in acc.Scalars("train/loss")]
     logged = [json.loads(x)["loss"] for x in (tmp_path / "log.jsonl").read_text().splitlines() if "step" in x]

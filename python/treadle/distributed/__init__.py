@@ -1,11 +1,15 @@
-"""Scale-out training on torch.distributed (issue 18): DDP / FSDP2 for the STAIR and SCALE trainers
-(:mod:`treadle.distributed.stair`, :mod:`treadle.distributed.scale`, :mod:`treadle.distributed.parallel`)
-and GRPO's global loss denominators and group statistics (:mod:`treadle.distributed.grpo`), and the WEFT GRPO
-trainer on DDP (:mod:`treadle.distributed.weft`) with step checkpoints resumed on any world size
-(:mod:`treadle.distributed.weft_resume`), and SCALE Stage I under FSDP2 (:mod:`treadle.distributed.sft`). Every
-function takes an explicit ``group=`` (None: the default process group); nothing here starts
-processes (use ``torchrun``). Names are imported lazily, so ``treadle.ops`` (which imports
-:mod:`treadle.distributed.dtensor`) stays light."""
+"""What user code needs on several ranks with any engine (TRL, verl, ``transformers.Trainer``, a loop of its
+own): GRPO's global loss denominators and group statistics across ranks (:mod:`treadle.distributed.grpo`),
+and the process-group helpers they take (:mod:`treadle.distributed.process_group`). Every function takes
+an explicit ``group=`` (None: the default process group); nothing here starts processes (use torchrun or
+``accelerate launch``). Names are imported lazily.
+
+STAIR and SCALE train on ``transformers.Trainer`` (:mod:`treadle.stair.trainer`, :mod:`treadle.scale.trainer`):
+DDP / FSDP, checkpoints and resume are the Trainer's. :mod:`treadle.distributed.parallel`,
+:mod:`treadle.distributed.launch` and :mod:`treadle.distributed.weft_resume` serve the WEFT GRPO loop on
+torch.distributed (:mod:`treadle.weft.rl.parallel`) until it runs on TRL. No module here imports a method
+package (stair, scale, weft).
+"""
 from __future__ import annotations
 
 import importlib
@@ -14,14 +18,16 @@ _NAMES = {
     "aggregate_loss_dp": "grpo", "all_gather_rows": "grpo", "global_group_ids": "grpo",
     "global_loss_denominators": "grpo", "grpo_advantages_dp": "grpo",
     "NotDistributedError": "process_group", "is_main": "process_group", "rank": "process_group",
-    "world_size": "process_group", "DTensorInputError": "dtensor", "PARALLEL": "parallel",
-    "train_policy_dp": "weft", "RowKeyedSampler": "weft", "StepCheckpoint": "weft_resume",
-    "train_fsdp2": "sft",
+    "world_size": "process_group", "StepCheckpoint": "weft_resume",
 }
-__all__ = sorted(_NAMES)
+__all__ = sorted([*_NAMES, "DTensorInputError"])
 
 
 def __getattr__(name: str):
+    if name == "DTensorInputError":  # the ops' own check (treadle.ops.dtensor); this name stays for old imports
+        from treadle.ops.dtensor import DTensorInputError
+
+        return DTensorInputError
     if name in _NAMES:
         return getattr(importlib.import_module(f"treadle.distributed.{_NAMES[name]}"), name)
     raise AttributeError(f"module 'treadle.distributed' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""GRPO across data-parallel ranks: global loss denominators and group statistics (issue 18).
+"""GRPO across data-parallel ranks: global loss denominators and group statistics.
 
 Two things change when a GRPO batch is split over ranks, and both are fed here from collectives:
 

@@ -1,4 +1,6 @@
-"""Joining the process group ``torchrun`` set up, for the CLI's ``--parallel`` option.
+"""Joining the process group ``torchrun`` set up, for ``treadle weft train --parallel`` (the WEFT GRPO loop on
+torch.distributed, until it runs on TRL). ``treadle stair|scale train --parallel`` use the Trainer's own
+launch handling (:func:`treadle.trainer_support.check_launch`).
 
 ``torchrun --nproc-per-node N -m treadle stair train --parallel ddp ...`` starts N processes with
 ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` set;

@@ -1,26 +1,16 @@
-"""Data parallelism for treadle's trainers on torch.distributed: DDP or FSDP2 (``fully_shard``) over a
-model whose only trainable parameters are small (STAIR normals, SCALE gates), and the pieces a trainer
-needs around them (issue 18, "Training").
+"""DDP / FSDP2 wrapping and the collectives around it, for the WEFT GRPO loop on torch.distributed
+(:mod:`treadle.weft.rl.parallel`, :mod:`treadle.distributed.weft_resume`) until that loop runs on TRL's
+``GRPOTrainer``. STAIR and SCALE train on ``transformers.Trainer``, which does all of this itself.
 
-* :func:`wrap`: ``"ddp"`` wraps the step module in ``DistributedDataParallel`` (every rank holds the
-  whole model; the trainable parameters' gradients are all-reduced). ``"fsdp2"`` applies
-  ``torch.distributed.fsdp.fully_shard`` to each given block (decoder layers) and then to the step
-  module: every parameter, frozen ones included, is stored as a ``Shard(0)`` DTensor (1 / world of it
-  per rank) and all-gathered only for the forward / backward of its block; the trainable ones'
-  gradients are reduce-scattered.
-* Parameters are plain tensors inside the wrapped module's forward (FSDP2 swaps the all-gathered
-  tensors in), so treadle's ops never see a DTensor there. Outside it (checkpointing, evaluation) they
-  are DTensors: :func:`full_tensor` and :func:`full_optimizer_state` gather them explicitly, and the
-  ops refuse a DTensor with a clear error (:func:`treadle.distributed.dtensor.refuse_dtensor`).
+* :func:`wrap`: ``"ddp"`` wraps a module in ``DistributedDataParallel``; ``"fsdp2"`` applies
+  ``torch.distributed.fsdp.fully_shard`` to each given block (decoder layers) and then to the module.
 * :func:`share`: this rank's contiguous part of a global batch, so that ``world`` ranks together see
-  exactly the batch one process would (the losses use global token denominators, all-reduced).
-* Checkpoints stay the single-process files, written once by rank 0 with full tensors
-  (:func:`full_optimizer_state`), and are loaded on any world size (:func:`load_optimizer_state`), so a
-  run resumes on another number of ranks, or in one process.
+  exactly the batch one process would.
+* :func:`full_tensor`, :func:`full_optimizer_state`, :func:`load_optimizer_state`: checkpoints in the
+  single-process format (full tensors), loadable on any world size.
 """
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -29,8 +19,8 @@ from torch import nn
 
 from treadle.distributed.process_group import collective_device, rank, require_initialized, world_size
 
-__all__ = ["PARALLEL", "check_parallel", "check_data_parallel", "decoder_layers", "wrap", "share", "no_sync",
-           "full_tensor", "full_optimizer_state", "load_optimizer_state", "all_reduce_sum", "broadcast_object", "full_parameters"]
+__all__ = ["PARALLEL", "check_parallel", "decoder_layers", "wrap", "share", "full_tensor", "full_optimizer_state",
+           "load_optimizer_state", "all_reduce_sum", "broadcast_object"]
 
 PARALLEL = ("ddp", "fsdp2")
 
@@ -43,29 +33,6 @@ def check_parallel(parallel: str | None, what: str = "training") -> None:
     if parallel not in PARALLEL:
         raise ValueError(f"parallel must be one of {PARALLEL} or None, got {parallel!r}")
     require_initialized(f"{what} with parallel={parallel!r}")
-
-
-def check_data_parallel(parallel: str, what: str, *, batch_size: int, report_to=None, group=None) -> int:
-    """The checks every data-parallel trainer (STAIR, SCALE Stage II) makes before any change:
-    :func:`check_parallel`, no metric sink (``report_to``: single-process only for now; log.jsonl holds
-    every step), and a global batch with at least one row per rank.
-
-    Returns:
-        The world size of ``group``.
-
-    Raises:
-        ValueError: unknown ``parallel``; a ``report_to`` sink; ``batch_size`` < world size.
-        NotDistributedError: torch.distributed is not initialised.
-    """
-    check_parallel(parallel, what)
-    if report_to not in (None, "none"):
-        raise ValueError(f"report_to={report_to!r} is not supported with parallel={parallel!r} (use None); "
-                         f"log.jsonl in the run folder holds every step")
-    W = world_size(group)
-    if batch_size < W:
-        raise ValueError(f"batch_size ({batch_size}) must be >= the world size ({W}): every rank trains on "
-                         f"a part of each global batch")
-    return W
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -109,18 +76,6 @@ def wrap(module: nn.Module, parallel: str, *, blocks: Sequence[nn.Module] = (), 
         fully_shard(b, mesh=mesh)
     fully_shard(module, mesh=mesh)
     return module
-
-
-@contextlib.contextmanager
-def no_sync(wrapped: nn.Module, active: bool):
-    """DDP's ``no_sync()`` when ``active`` (a micro-batch that is not the step's last: gradients are
-    all-reduced once, at the last backward); a no-op for FSDP2 and for plain modules (FSDP2
-    reduce-scatters every backward: correct, only more traffic)."""
-    if active and hasattr(wrapped, "no_sync"):
-        with wrapped.no_sync():
-            yield
-    else:
-        yield
 
 
 def share(n: int, *, group=None) -> tuple[slice, bool]:
@@ -205,18 +160,3 @@ def load_optimizer_state(opt: torch.optim.Optimizer, sd: dict) -> None:
             out[k] = v
         state[i] = out
     opt.load_state_dict({"state": state, "param_groups": sd["param_groups"]})
-
-
-@contextlib.contextmanager
-def full_parameters(module: nn.Module, full: dict[str, torch.Tensor]):
-    """Temporarily swap ``module``'s (possibly sharded) direct parameters for the given full tensors, so
-    that a single-process ``save()`` writes them; restored on exit. No collective (call it on the rank
-    that writes, after :func:`full_tensor` on every rank)."""
-    saved = dict(module._parameters)
-    try:
-        for n, t in full.items():
-            module._parameters[n] = nn.Parameter(t, requires_grad=False)
-        yield module
-    finally:
-        module._parameters.clear()
-        module._parameters.update(saved)

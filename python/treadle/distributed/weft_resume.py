@@ -1,8 +1,8 @@
-"""Step checkpoints of a WEFT GRPO run (one process or data-parallel), and resuming from them on any world size
-(issue 18).
+"""Step checkpoints of a WEFT GRPO run (one process or data-parallel), and resuming from them on any world
+size.
 
 :class:`StepCheckpoint` is the pair of hooks (``resume`` before the first step, ``step_done`` after each) that
-:func:`treadle.weft.rl.train.train_policy` calls: through :class:`treadle.distributed.weft.WeftDataParallel`
+:func:`treadle.weft.rl.train.train_policy` calls: through :class:`treadle.weft.rl.parallel.WeftDataParallel`
 (``dp=``) in a data-parallel run, directly (``checkpoint=``) in one process:
 
 * **Written once.** Every ``every`` steps (and after the last) rank 0 writes ``<folder>/state.pt``:
@@ -15,7 +15,7 @@
   shared file system); every rank loads the same weights and optimizer state and continues at the
   recorded step (FSDP2 shards them again on load). Nothing in it depends on the world size: the step's
   episodes, the row-keyed samples and the group statistics are the same on 1 or N ranks
-  (:mod:`treadle.distributed.weft`), so a run stopped after k steps and resumed, on 2, 1 or N ranks,
+  (:mod:`treadle.weft.rl.parallel`), so a run stopped after k steps and resumed, on 2, 1 or N ranks,
   ends with the uninterrupted run's policy (up to float summation order).
 * A checkpoint of another config or another start policy is not used (the run starts over and
   replaces it at its first save), like a finished run of another config

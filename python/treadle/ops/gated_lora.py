@@ -52,7 +52,7 @@ import math
 
 import torch
 
-from treadle.distributed.dtensor import refuse_dtensor as _refuse_dtensor
+from treadle.ops.dtensor import refuse_dtensor as _refuse_dtensor
 from treadle import dispatch
 from treadle.ops import _amp
 from treadle.reference.scale import gate_lambda_reference as _lambda

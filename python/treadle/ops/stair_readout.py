@@ -22,7 +22,7 @@ import math
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
-from treadle.distributed.dtensor import refuse_dtensor as _refuse_dtensor
+from treadle.ops.dtensor import refuse_dtensor as _refuse_dtensor
 from treadle import dispatch
 from treadle.ops import _amp
 from treadle.ops._values import values_readable

@@ -6,9 +6,9 @@
 - :mod:`treadle.scale.training`: Stage II, only the gates, on the normalised top-k entropy over
   response positions (no CE, no KL); ablations (no reverse, no extrapolate, CE calibration);
   held-out accuracy, entropy and the learned lambda distribution before/after.
-- :mod:`treadle.scale.stage_two`: the Stage-II run shared by one process and torch.distributed
-  (:mod:`treadle.distributed.scale`); :mod:`treadle.scale.checkpoint`: its checkpoints, which resume on
-  any world size.
+- :mod:`treadle.scale.stage_two`: the Stage-II run around :mod:`treadle.scale.trainer` (a
+  ``transformers.Trainer`` subclass: one process, DDP or FSDP under torchrun / accelerate launch);
+  :mod:`treadle.scale.checkpoint`: what a resume checks (Trainer checkpoints, any world size).
 - :mod:`treadle.scale.sweep`: (L, U) grids in parallel processes, with a heatmap.
 - :mod:`treadle.scale.batches`: prompt + response batches (dataset answers or Stage-I samples).
 

@@ -62,7 +62,24 @@ def _open(out: Path, command: str, config: dict, overwrite: bool):
 
 
 def _stage_two_saved() -> str:
-    return "the log of the steps done (log.jsonl) and checkpoint/ (gates and optimizer, every 10 steps)"
+    return "the log of the steps done (log.jsonl) and the Trainer's checkpoint-<step>/ (gates and optimizer, every 10 steps)"
+
+
+def _launched(parallel) -> bool:
+    """``--parallel``: check that a launcher started this process (one clear error otherwise) and join its
+    process group (accelerate's state, the one the Trainer uses). Returns True on the main process (and
+    without ``--parallel``)."""
+    from treadle.trainer_support import check_launch
+
+    try:
+        check_launch(parallel)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--parallel") from None
+    if parallel is None:
+        return True
+    from accelerate import PartialState
+
+    return PartialState().is_main_process
 
 
 def _show_finished(run, what: str) -> bool:
@@ -245,13 +262,12 @@ def sft_cmd(
     overwrite: bool = _OVERWRITE,
     threads: int = _THREADS,
     quick: bool = _QUICK,
-    parallel: Literal["ddp", "fsdp2"] = typer.Option(None, "--parallel", help="Data-parallel Stage I under "
-                                                     "torchrun (torchrun --nproc-per-node N -m treadle scale sft "
-                                                     "--parallel ddp): 'ddp' (TRL's own DDP) or 'fsdp2' "
-                                                     "(fully_shard per decoder layer: frozen base and LoRA "
-                                                     "sharded; TRL's data, loss and optimizer); --batch-size stays "
-                                                     "the global batch (a multiple of N), rank 0 writes the run "
-                                                     "folder."),
+    parallel: Literal["ddp", "fsdp2"] = typer.Option(None, "--parallel", help="Data-parallel Stage I on the "
+                                                     "ranks torchrun or accelerate launch started (torchrun "
+                                                     "--nproc-per-node N -m treadle scale sft --parallel ddp): "
+                                                     "'ddp' (the Trainer's DDP) or 'fsdp2' (the Trainer's FSDP2, "
+                                                     "accelerators only); --batch-size stays the global batch (a "
+                                                     "multiple of N), rank 0 writes the run folder."),
     checkpoint_every: int = typer.Option(10, "--checkpoint-every", min=1,
                                          help="Write a step checkpoint (the HF Trainer's, <out>/trainer/checkpoint-N) "
                                               "every N steps and after the last, >= 1; an interrupted run rerun "
@@ -263,10 +279,8 @@ def sft_cmd(
 
     from rich.console import Console
 
-    from treadle.distributed.launch import LaunchError, init_from_torchrun
-    from treadle.distributed.parallel import broadcast_object
-    from treadle.distributed.process_group import is_main
     from treadle.scale.sft import sft
+    from treadle.trainer_support import broadcast_from_main
 
     out = pick_out(out, run_dir, "runs/scale/sft-quick" if quick else "runs/scale/sft")
     tm = target_modules if target_modules == "all-linear" else tuple(m.strip() for m in target_modules.split(",")
@@ -280,11 +294,7 @@ def sft_cmd(
     if cfg.batch_size % world:
         raise typer.BadParameter(f"{cfg.batch_size} is the global batch and must be a multiple of the {world} "
                                  "torchrun ranks", param_hint="--batch-size")
-    try:
-        init_from_torchrun(parallel)
-    except LaunchError as err:
-        raise typer.BadParameter(str(err), param_hint="--parallel") from None
-    main = parallel is None or is_main()
+    main = _launched(parallel)
     run, done = None, False
     if main:
         run = _open(out, "scale sft", {**_asdict(cfg), "model": _model_choice(model_path)[0], "quick": quick},
@@ -292,7 +302,7 @@ def sft_cmd(
         done = _show_finished(run, "Stage I")
         if done:
             console.print(f"adapter: {out / 'adapter'}", markup=False)
-    if broadcast_object(done) if parallel else done:
+    if broadcast_from_main(done):
         return
     model_path, source = _model_choice(model_path)
     model, tok = _load(model_path, quick, threads, source=source)
@@ -349,10 +359,11 @@ def train_cmd(
     report_to: str = _REPORT_TO,
     threads: int = _THREADS,
     quick: bool = _QUICK,
-    parallel: Literal["ddp", "fsdp2"] = typer.Option(None, "--parallel", help="Data-parallel Stage II under "
-                                                     "torchrun: 'ddp' or 'fsdp2' (e.g. torchrun --nproc-per-node 2 "
-                                                     "-m treadle scale train --parallel ddp --adapter DIR); needs "
-                                                     "--adapter; --batch-size is the global batch."),
+    parallel: Literal["ddp", "fsdp2"] = typer.Option(None, "--parallel", help="Data-parallel Stage II on the "
+                                                     "ranks torchrun or accelerate launch started (e.g. torchrun "
+                                                     "--nproc-per-node 2 -m treadle scale train --parallel ddp "
+                                                     "--adapter DIR): the Trainer's DDP, or 'fsdp2' (accelerators "
+                                                     "only); needs --adapter; --batch-size is the global batch."),
 ) -> None:
     """Stage II: train only the gates on the normalised top-k entropy over response positions."""
     from treadle.reporting import parse_report_to
@@ -360,6 +371,7 @@ def train_cmd(
 
     if parallel is not None:
         return _train_parallel(parallel, ctx, locals())
+    _launched(None)  # one of several launched ranks without --parallel: refused
 
     out = pick_out(out, run_dir, "runs/scale/train-quick" if quick else "runs/scale/train")
     refuse_ignored(ctx, [("temperature", "--temperature", responses == "sampled", "with --responses sampled only")])
@@ -405,17 +417,14 @@ def _train_parallel(parallel: str, ctx, a: dict) -> None:
 
     from rich.console import Console
 
-    from treadle.distributed.launch import LaunchError, init_from_torchrun, shutdown
-    from treadle.distributed.parallel import broadcast_object
-    from treadle.distributed.process_group import is_main
+    from treadle.reporting import parse_report_to
     from treadle.scale.training import summary_tables, train
+    from treadle.trainer_support import broadcast_from_main
 
     if a["adapter"] is None:
         raise typer.BadParameter("--parallel needs --adapter (run Stage I first, in one process: treadle scale sft)",
                                  param_hint="--adapter")
-    if a["report_to"].strip().lower() != "none":
-        raise typer.BadParameter("metric sinks are single-process for now; log.jsonl holds every step",
-                                 param_hint="--report-to")
+    reporters = parse_report_to(a["report_to"], "--report-to")
     out = pick_out(a["out"], a["run_dir"], "runs/scale/train-quick" if a["quick"] else "runs/scale/train")
     refuse_ignored(ctx, [("temperature", "--temperature", a["responses"] == "sampled", "with --responses sampled only")])
     if a["objective"] == "ce" and a["responses"] != "dataset":
@@ -430,43 +439,39 @@ def _train_parallel(parallel: str, ctx, a: dict) -> None:
                      eval_size=a["eval_size"], max_new_tokens=a["max_new_tokens"], seed=a["seed"])
     adapter = Path(a["adapter"]).expanduser()
     _check_adapter(adapter)
-    try:
-        device = init_from_torchrun(parallel)
-    except LaunchError as err:
-        raise typer.BadParameter(str(err), param_hint="--parallel") from None
+    main = _launched(parallel)
+    from accelerate import PartialState
+
+    device = PartialState().device
     global console
+    run, done = None, False  # the main process alone checks and records the run folder
+    if main:
+        run = _open(out, "scale train", {**_asdict(cfg), "model": _used_model(a["model_path"], adapter),
+                                         "quick": a["quick"],
+                                         "adapter": str(adapter), "parallel": parallel}, a["overwrite"])
+        done = _show_finished(run, "Stage II")
+    if broadcast_from_main(done):
+        return
+    shown = console
+    if not main:
+        console = Console(quiet=True)  # _stage_one prints through the module console
     try:
-        main = is_main()
-        run, done = None, False
-        if main:
-            run = _open(out, "scale train", {**_asdict(cfg), "model": _used_model(a["model_path"], adapter),
-                                             "quick": a["quick"],
-                                             "adapter": str(adapter), "parallel": parallel}, a["overwrite"])
-            done = _show_finished(run, "Stage II")
-        if broadcast_object(done):
-            return
-        shown = console
-        if not main:
-            console = Console(quiet=True)  # _stage_one prints through the module console
-        try:
-            pm, tok, _ = _load_base(a["model_path"], a["quick"], adapter, a["threads"])
-        finally:
-            console = shown
-        pm = pm.to(device)
-        ctx_run = recorded(run, console, saved=_stage_two_saved, resumable=True) if main else contextlib.nullcontext()
-        with ctx_run:
-            try:
-                summary = train(pm, tok, cfg, out, console=console if main else None,
-                                progress=main and progress_enabled(), parallel=parallel)
-            except _ERRORS as err:
-                _fail(err)
-        if main:
-            for t in summary_tables(summary):
-                console.print(t)
-            console.print(f"{parallel} on {summary['world_size']} ranks | gates: {summary['gates']} | log: "
-                          f"{out / 'log.jsonl'}", markup=False)
+        pm, tok, _ = _load_base(a["model_path"], a["quick"], adapter, a["threads"])
     finally:
-        shutdown()
+        console = shown
+    pm = pm.to(device)
+    ctx_run = recorded(run, console, saved=_stage_two_saved, resumable=True) if main else contextlib.nullcontext()
+    with ctx_run:
+        try:
+            summary = train(pm, tok, cfg, out, console=console if main else None,
+                            progress=main and progress_enabled(), parallel=parallel, report_to=reporters)
+        except _ERRORS as err:
+            _fail(err)
+    if main:
+        for t in summary_tables(summary):
+            console.print(t)
+        console.print(f"{parallel} on {summary['world_size']} ranks | gates: {summary['gates']} | log: "
+                      f"{out / 'log.jsonl'}", markup=False)
 
 
 @app.command("sweep")

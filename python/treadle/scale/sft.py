@@ -242,8 +242,11 @@ def _per_device_batch(config: SFTConfig) -> int:
     return config.batch_size // world
 
 
-def _trainer_args(config: SFTConfig, output_dir: str, progress: bool, checkpoint_every: int | None = None):
+def _trainer_args(config: SFTConfig, output_dir: str, progress: bool, checkpoint_every: int | None = None,
+                  parallel: str | None = None, layer_classes=()):
     from trl import SFTConfig as TRLSFTConfig
+
+    from treadle.trainer_support import fsdp_arguments
 
     saving = (dict(save_strategy="no") if checkpoint_every is None else
               dict(save_strategy="steps", save_steps=checkpoint_every, save_total_limit=2, save_only_model=False))
@@ -254,13 +257,13 @@ def _trainer_args(config: SFTConfig, output_dir: str, progress: bool, checkpoint
         optim="adamw_torch", seed=config.seed, data_seed=config.seed, logging_steps=1,
         report_to=config.report_to, disable_tqdm=not progress, completion_only_loss=True, packing=False,
         dataloader_num_workers=0, dataset_num_proc=None, use_cpu=not torch.cuda.is_available(),
-        ddp_find_unused_parameters=False,
+        ddp_find_unused_parameters=False, **fsdp_arguments(parallel, layer_classes),
         remove_unused_columns=True, bf16=config.bf16, fp16=False)
 
 
 def stage_one_trainer(model: nn.Module, tokenizer, config: SFTConfig, output_dir: str | Path, *,
                       targets: list[str] | None = None, callbacks=(), progress: bool = False,
-                      checkpoint_every: int | None = None):
+                      checkpoint_every: int | None = None, parallel: str | None = None):
     """The ``trl.SFTTrainer`` that :func:`sft` runs (not yet trained): ``model`` wrapped with a fresh
     ``peft.LoraConfig`` (r, alpha, dropout of ``config``; ``targets`` or :func:`linear_targets`), on
     ``config.steps * config.batch_size`` fresh train-split problems (:func:`sft_dataset`).
@@ -268,7 +271,7 @@ def stage_one_trainer(model: nn.Module, tokenizer, config: SFTConfig, output_dir
     Use it to run Stage I with TRL features :func:`sft` does not expose (edit ``trainer.args``
     before ``trainer.train()``: bf16, gradient accumulation...). ``checkpoint_every``: the Trainer writes a
     step checkpoint (``output_dir/checkpoint-<step>``, the newest two kept) every that many steps and after
-    the last (:mod:`treadle.distributed.sft_checkpoint`); None: none.
+    the last (the Trainer's own); None: none. ``parallel="fsdp2"``: the Trainer's FSDP2 (accelerators only).
     """
     import peft
     from transformers.trainer_callback import PrinterCallback
@@ -284,7 +287,10 @@ def stage_one_trainer(model: nn.Module, tokenizer, config: SFTConfig, output_dir
     lcfg = peft.LoraConfig(r=config.r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                            target_modules=targets, task_type="CAUSAL_LM")
     with _quiet():
-        args = _trainer_args(config, str(output_dir), progress, checkpoint_every)
+        from treadle.trainer_support import decoder_layer_classes
+
+        args = _trainer_args(config, str(output_dir), progress, checkpoint_every, parallel,
+                             decoder_layer_classes(model))
         torch.manual_seed(config.seed)  # the LoRA initialisation
         trainer = SFTTrainer(model=model, args=args, train_dataset=train_set, processing_class=tokenizer,
                              peft_config=lcfg, callbacks=list(callbacks))
@@ -315,7 +321,7 @@ def _resumable(out: Path, config: SFTConfig) -> Path | None:
 
     Raises:
         ValueError: the checkpoints there are of another config (or of an unknown one)."""
-    from treadle.distributed.sft_checkpoint import latest_checkpoint
+    from treadle.trainer_support import latest_checkpoint
 
     ckpt = latest_checkpoint(out / "trainer") if out.is_dir() else None
     if ckpt is None:
@@ -365,21 +371,19 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
 
     Under ``torchrun`` (``WORLD_SIZE`` > 1) the trainer runs DDP (TRL / transformers' own): ``config.batch_size``
     stays the global batch (``batch_size / world`` problems per rank and step, the same problems as one
-    process), and only rank 0 writes ``out_dir`` and prints. ``parallel="fsdp2"`` (under torchrun, process
-    group initialised) shards the model with FSDP2 instead (:func:`treadle.distributed.sft.train_fsdp2`: the
-    trainer's data, loss, optimizer and schedule; frozen base and LoRA A/B stored 1/world per rank, only
-    the LoRA A/B trained); the probe losses are computed by every rank
-    together and the adapter is gathered into full tensors (a collective) before rank 0 writes it in
-    PEFT's single-process format. ``parallel="ddp"`` or None: the trainer's default (DDP under torchrun).
+    process), and only rank 0 writes ``out_dir`` and prints. ``parallel="fsdp2"`` (under torchrun or
+    ``accelerate launch``, on accelerators) asks the Trainer for FSDP2 (``fully_shard`` per decoder layer);
+    the adapter is gathered into full tensors (a collective) before rank 0 writes it in PEFT's
+    single-process format. ``parallel="ddp"`` or None: the trainer's default (DDP when launched on ranks).
 
     Step checkpoints and resume (``checkpoint_every``, needs ``out_dir``): a checkpoint every that many
     steps and after the last, in the HF Trainer's format under ``out_dir/trainer/checkpoint-<step>``
-    (the newest two kept; written once, by rank 0; :mod:`treadle.distributed.sft_checkpoint`). When
+    (the newest two kept; written once, by rank 0). When
     ``out_dir/trainer`` already holds a complete checkpoint of the same config (``stage_one.json``), the
-    run continues from the newest one (in one process, under DDP or FSDP2, on any world size, whatever
+    run continues from the newest one (in one process or under DDP, on any world size, whatever
     wrote it) with the uninterrupted run's data order (the first ``k`` global batches are skipped) and
     ends with its LoRA weights (float tolerance); ``log.jsonl`` keeps the steps before ``k``.
-    ``callbacks``: extra ``transformers.TrainerCallback`` objects (the FSDP2 loop calls their ``on_save``).
+    ``callbacks``: extra ``transformers.TrainerCallback`` objects.
 
     Returns:
         :class:`SFTResult` (probe loss before/after on held-out problems, per-step losses).
@@ -406,9 +410,9 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
                          "Stage II instead: treadle scale train --adapter DIR)")
     _per_device_batch(config)  # the global batch must split over torchrun's ranks (before any change)
     if parallel is not None:
-        from treadle.distributed.parallel import check_parallel
+        from treadle.trainer_support import check_launch
 
-        check_parallel(parallel, "Stage I")
+        check_launch(parallel, flag="parallel")
     if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
         raise ValueError(f"checkpoint_every must be an int >= 1 (steps between checkpoints), got {checkpoint_every!r}")
     if checkpoint_every is not None and out_dir is None:
@@ -420,9 +424,7 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
     out = None if out_dir is None else make_out_dir(out_dir) if writer else Path(out_dir).expanduser()
     first = 0
     if resume_from is not None:
-        from treadle.distributed.sft_checkpoint import checkpoint_step
-
-        first = checkpoint_step(resume_from)
+        first = int(resume_from.name.split("-")[-1])
     targets = (linear_targets(model) if config.target_modules == "all-linear" else list(config.target_modules))
     weights = {lv: 1.0 for lv in config.levels}
     probe = problem_pairs(tokenizer, ProblemGenerator(config.seed + 10_007).mixture(config.probe_size, weights,
@@ -454,7 +456,7 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
             tmp = tempfile.TemporaryDirectory(prefix="treadle-sft-")
         trainer = stage_one_trainer(model, tokenizer, config, str(out / "trainer") if out is not None else tmp.name,
                                     targets=targets, callbacks=[_Log(), *callbacks], progress=progress,
-                                    checkpoint_every=checkpoint_every)
+                                    checkpoint_every=checkpoint_every, parallel=parallel)
         pm = trainer.model
         device = next(pm.parameters()).device
         probe_batch = collate(probe, tokenizer.pad_token_id).to(device)
@@ -469,13 +471,7 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
             console.print(f"Stage I resumed at step {first} of {config.steps} from {resume_from}", markup=False)
         t0 = time.perf_counter()
         with _quiet():
-            if parallel == "fsdp2":
-                from treadle.distributed.sft import train_fsdp2
-
-                train_fsdp2(trainer, config.steps, on_step=_log_step, checkpoint_every=checkpoint_every,
-                            resume_from=resume_from)
-            else:
-                trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
+            trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
         seconds = time.perf_counter() - t0
     finally:
         if log is not None:
@@ -489,10 +485,9 @@ def sft(model: nn.Module, tokenizer, config: SFTConfig | None = None, out_dir: s
     if out is not None:
         adapter = out / "adapter"
     full = None
-    if parallel == "fsdp2" and out is not None:  # every rank gathers (a collective), rank 0 writes
-        from treadle.distributed.parallel import full_tensor
-
-        full = {k: full_tensor(v) for k, v in pm.state_dict().items() if "lora_" in k}
+    if parallel == "fsdp2" and out is not None:  # every rank gathers the shards (a collective), rank 0 writes
+        full = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu()
+                for k, v in pm.state_dict().items() if "lora_" in k}
     if out is not None and writer:
         pm.save_pretrained(str(adapter), state_dict=full)
         pm.scale_adapter_path = str(adapter)  # recorded by Stage II's summary

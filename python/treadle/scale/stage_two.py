@@ -1,173 +1,146 @@
-"""The SCALE Stage-II run (SCALE sec. 4.3) shared by one process (:func:`treadle.scale.training.train`)
-and torch.distributed (:func:`treadle.distributed.scale.train_scale`): checks, data, gates, run folder,
-checkpoints and resume (:mod:`treadle.scale.checkpoint`), the step loop, evaluation records and the
-summary. What differs between the two is a :class:`Replicas` object: who samples, how one global batch's
-loss is computed, the objective over the training responses, the held-out evaluation, collectives.
+"""The SCALE Stage-II run (SCALE sec. 4.3) behind :func:`treadle.scale.training.train`: checks, data, gates,
+run folder, the evaluation before and after, and the summary around one :class:`treadle.scale.trainer.
+ScaleTrainer` run (``transformers.Trainer``: one process, or DDP / FSDP on the ranks torchrun or
+``accelerate launch`` started; checkpoints and resume are the Trainer's).
 
-The global batches are the same everywhere: the ``seed + 1`` generator draws one permutation of the
-training responses per epoch and the batches are its consecutive ``batch_size`` chunks; a run resumed at
-step ``s`` replays the permutations of the epochs before ``s``'s and skips the chunks already trained.
+The global batches are the same on any number of ranks: the ``seed + 1`` generator draws one
+permutation of the training responses per epoch and the batches are its consecutive ``batch_size``
+chunks (:func:`treadle.scale.trainer.batch_indices`); a run resumed at step ``s`` skips the batches
+already trained (the Trainer skips them in the same order).
+
+Run folder: ``config.json``, ``stage_two.json`` (the settings a checkpoint must share with the run that
+resumes it, and the evaluation before training), ``log.jsonl``, ``checkpoint-<step>/`` (the Trainer's),
+then ``gates.safetensors``, ``lambda_hist.png`` and ``summary.json``. The main process writes them.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
-__all__ = ["Replicas", "run", "global_batches", "gate_parameters"]
+__all__ = ["run", "gate_parameters"]
 
 
 def gate_parameters(peft_model: nn.Module) -> list[tuple[str, nn.Parameter]]:
-    """``(name, parameter)`` of every gate, in module order (weight, bias): the optimizer's order, the
-    same in one process and on any number of ranks (so that its state loads anywhere)."""
+    """``(name, parameter)`` of every gate, in module order (weight, bias)."""
     from treadle.scale.gates import gated_layers
 
     return [(f"{name}.{p}", getattr(m, p)) for name, m in gated_layers(peft_model).items()
             for p in ("scale_gate_weight", "scale_gate_bias")]
 
 
-def global_batches(pairs: list, batch_size: int, generator: torch.Generator | None, *, epochs: int = 1,
-                   start: int = 0):
-    """Yield ``(step, epoch, chunk)``: the global batches (lists of pairs) of ``epochs`` passes, from step
-    ``start`` on (the permutations of earlier epochs are drawn and dropped, so the order is the same as an
-    uninterrupted run's). ``generator`` None: one pass in order, no shuffle."""
-    per_epoch = math.ceil(len(pairs) / batch_size)
-    step = 0
-    for epoch in range(epochs):
-        order = (torch.randperm(len(pairs), generator=generator).tolist() if generator is not None
-                 else list(range(len(pairs))))
-        if step + per_epoch <= start:
-            step += per_epoch
-            continue
-        for i in range(0, len(order), batch_size):
-            if step >= start:
-                yield step, epoch, [pairs[j] for j in order[i:i + batch_size]]
-            step += 1
-
-
-class Replicas:
-    """One process (the base for the data-parallel :class:`treadle.distributed.scale.DataParallel`).
-
-    Attributes: ``main`` (this process writes files and prints), ``world`` (processes), ``parallel``
-    (None here; ``"ddp"`` / ``"fsdp2"``), ``model`` (the PEFT model being trained; set by :meth:`wrap`).
-    """
-
-    main, world, parallel = True, 1, None
-
-    def check(self, config) -> None:
-        """Refuse settings this kind of run cannot take (before any change)."""
-
-    def sample(self, make):
-        """Sampled training responses: ``make()`` here; rank 0's, broadcast, on ranks."""
-        return make()
-
-    def broadcast(self, obj):
-        return obj
-
-    def all_sum(self, values: list[float]) -> list[float]:
-        return list(values)
-
-    def barrier(self) -> None:
-        pass
-
-    def before(self, measure):
-        """The evaluation before training, ``measure()`` on the whole unwrapped model (on ranks: rank 0's,
-        broadcast)."""
-        return measure()
-
-    def wrap(self, peft_model: nn.Module, k: int, objective: str) -> None:
-        """Get ready to train (data parallelism wraps the model here)."""
-        self.model, self.k, self.objective = peft_model, k, objective
-
-    def batch_loss(self, chunk: list, pad_id: int, device) -> tuple[torch.Tensor, float]:
-        """``(loss to backward, this process's share of the batch's loss)``: the objective of one global
-        batch (:func:`treadle.scale.training.gate_objective`)."""
-        from treadle.scale.batches import collate
-        from treadle.scale.training import gate_objective
-
-        loss = gate_objective(self.model, collate(chunk, pad_id).to(device), k=self.k, objective=self.objective)
-        return loss, loss.item()
-
-    def objective_over(self, pairs: list, pad_id: int, batch_size: int) -> float:
-        """The objective over ``pairs`` (response-position weighted mean), gates as they are."""
-        from treadle.scale.training import _objective_over
-
-        return _objective_over(self.model, pairs, pad_id, k=self.k, objective=self.objective, batch_size=batch_size)
-
-    def evaluate(self, tokenizer, heldout: dict, *, max_new_tokens: int, keep_lambdas: bool) -> dict:
-        """The held-out evaluation (:func:`treadle.scale.training.evaluate`) of the trained model."""
-        from treadle.scale.training import evaluate
-
-        return evaluate(self.model, tokenizer, heldout, k=self.k, max_new_tokens=max_new_tokens,
-                        keep_lambdas=keep_lambdas)
-
-
-def _prepared_pairs(peft_model, tokenizer, config, replicas: Replicas) -> list:
+def _prepared_pairs(peft_model, tokenizer, config, main: bool) -> list:
     from treadle.data.arithmetic import ProblemGenerator
     from treadle.scale.batches import collate, problem_pairs, sampled_pairs
+    from treadle.trainer_support import broadcast_from_main
 
     torch.manual_seed(config.seed)
     problems = ProblemGenerator(config.seed).mixture(config.train_size, {lv: 1.0 for lv in config.levels},
                                                      split="train")
-    if config.responses == "sampled":  # from the Stage-I model (no gates yet: exactly lambda = 1)
-        pairs = replicas.sample(lambda: sampled_pairs(peft_model, tokenizer, problems,
-                                                      max_new_tokens=config.max_new_tokens,
-                                                      temperature=config.temperature, seed=config.seed))
+    if config.responses == "sampled":  # from the Stage-I model (no gates yet: exactly lambda = 1), once
+        pairs = broadcast_from_main(sampled_pairs(peft_model, tokenizer, problems, max_new_tokens=config.max_new_tokens,
+                                                  temperature=config.temperature, seed=config.seed) if main else None)
     else:
         pairs = problem_pairs(tokenizer, problems)
     collate(pairs, tokenizer.pad_token_id)  # every example has a response position (ValueError otherwise)
     return pairs
 
 
-def run(peft_model: nn.Module, tokenizer, config, out_dir, replicas: Replicas, *, console=None,
-        progress: bool = False, evaluate_model: bool = True, evaluate_before: bool = True, report_to=None,
-        resume: bool = True, save_every: int | None = 10) -> dict:
-    """Stage II with ``replicas`` (arguments, files and summary: :func:`treadle.scale.training.train`)."""
-    from tqdm.auto import tqdm
-    from treadle.cli_output import progress_enabled  # a bar only on a terminal
+STATE = "stage_two.json"
 
-    from treadle.distributed.parallel import full_optimizer_state, full_tensor, load_optimizer_state
-    from treadle.reporting import Reporter, resolve_report_to
+
+def _read_state(out_dir, ckpt_cfg: dict):
+    """``(newest checkpoint folder, stage_two.json)`` of a run to resume (``(None, None)``: none).
+
+    Raises:
+        ValueError: the run there is of another config (the differing keys named), or unreadable."""
+    from treadle.trainer_support import latest_checkpoint
+
+    ckpt = latest_checkpoint(out_dir)
+    if ckpt is None:
+        return None, None
+    try:
+        state = json.loads((Path(out_dir) / STATE).read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{out_dir} holds a Stage-II checkpoint ({ckpt.name}) without a readable {STATE} "
+                         f"({type(err).__name__}); delete the checkpoint-* folders to start afresh") from None
+    old = state.get("config") or {}
+    if old != ckpt_cfg:
+        diff = [f"{k}: {old.get(k, '<absent>')!r} -> {ckpt_cfg.get(k, '<absent>')!r}"
+                for k in sorted(set(old) | set(ckpt_cfg)) if old.get(k) != ckpt_cfg.get(k)]
+        raise ValueError(f"{Path(out_dir)} holds a Stage-II checkpoint of another config ({'; '.join(diff[:6])}); "
+                         f"use the same settings to resume it, resume=False to start afresh (it is replaced), or "
+                         f"another out_dir")
+    return ckpt, state
+
+
+def run(peft_model: nn.Module, tokenizer, config, out_dir, *, console=None, progress: bool = False,
+        evaluate_model: bool = True, evaluate_before: bool = True, report_to=None, resume: bool = True,
+        save_every: int | None = 10, parallel: str | None = None) -> dict:
+    """Stage II (arguments, files and summary: :func:`treadle.scale.training.train`)."""
+    import torch.distributed as dist
+
+    from treadle.reporting import resolve_report_to
     from treadle.run_dirs import check_out_dir, make_out_dir
     from treadle.scale.batches import _check_tokenizer
-    from treadle.scale.checkpoint import (CHECKPOINT, checkpoint_config, read_checkpoint, truncate_log,
-                                          write_checkpoint)
-    from treadle.scale.gates import _active_adapter, _lora_layers, attach_gates, gated_layers, load_gates, save_gates
+    from treadle.scale.checkpoint import checkpoint_config, truncate_log
+    from treadle.scale.gates import _active_adapter, _lora_layers, attach_gates, save_gates
+    from treadle.scale.trainer import GateStep, ScaleTrainer, ScaleTrainingArguments, StepLog
     from treadle.scale.training import (ScaleTrainConfig, _base_name, _heldout, _objective_over, _vocab,
                                         clamp_lambda, evaluate, lambda_histogram)
+    from treadle.trainer_support import (broadcast_from_main, check_launch, decoder_layer_classes, fsdp_arguments,
+                                         launched_world, remove_checkpoints)
 
     config = config or ScaleTrainConfig()
     if not isinstance(config, ScaleTrainConfig):
         raise TypeError(f"config must be a ScaleTrainConfig, got {type(config).__name__}")
     if save_every is not None and (isinstance(save_every, bool) or not isinstance(save_every, int) or save_every < 1):
         raise ValueError(f"save_every must be an int >= 1 (steps between checkpoints) or None, got {save_every!r}")
-    resolve_report_to(report_to)
-    replicas.check(config)
+    sinks = resolve_report_to(report_to)
+    if parallel is not None:
+        check_launch(parallel, flag="parallel")
+    W = launched_world()
+    if config.batch_size < W:
+        raise ValueError(f"batch_size ({config.batch_size}) must be >= the world size ({W}): every rank trains on "
+                         f"a part of each global batch")
     _check_tokenizer(tokenizer)
     # everything attach_gates would refuse, checked before the (possibly slow) data preparation
     _lora_layers(peft_model, _active_adapter(peft_model), disable_dropout=True, expect_gated=False)
-    if out_dir is not None:
+    main = int(__import__("os").environ.get("RANK", "0")) == 0
+    if out_dir is not None and main:
         check_out_dir(out_dir)
     vocab = _vocab(peft_model)
     if vocab < 2:
         raise ValueError(f"the model's vocabulary has {vocab} entries; the top-k entropy needs >= 2")
     k = min(config.k, vocab)
-    main, W = replicas.main, replicas.world
     say = console.print if (console is not None and main) else (lambda *a, **kw: None)
     if k != config.k:
         say(f"[yellow]k = {config.k} exceeds the vocabulary ({vocab}); using k = {k} (normaliser log {k})[/yellow]")
     ckpt_cfg = checkpoint_config(config, k, _base_name(peft_model))
-    state = read_checkpoint(out_dir, ckpt_cfg) if (resume and out_dir is not None) else None
+    resume_from, state = _read_state(out_dir, ckpt_cfg) if (resume and out_dir is not None) else (None, None)
 
-    pairs = _prepared_pairs(peft_model, tokenizer, config, replicas)
+    tmp = tempfile.TemporaryDirectory(prefix="treadle-scale-") if out_dir is None else None
+    args = ScaleTrainingArguments(
+        output_dir=str(out_dir) if out_dir is not None else tmp.name,
+        max_steps=config.epochs * math.ceil(config.train_size / config.batch_size),  # one pair per problem
+        per_device_train_batch_size=config.batch_size, learning_rate=config.lr, k=k, objective=config.objective,
+        shuffle_seed=config.seed + 1, seed=config.seed,
+        save_strategy="steps" if (out_dir is not None and save_every is not None) else "no",
+        save_steps=save_every or 10, use_cpu=not torch.cuda.is_available(), disable_tqdm=not (progress and main),
+        report_to=sinks or "none", **fsdp_arguments(parallel, decoder_layer_classes(peft_model)))
+    W, main = args.world_size, args.process_index == 0
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # every rank has read the folder before the main process writes to it
+    pairs = _prepared_pairs(peft_model, tokenizer, config, main)
     per_epoch = math.ceil(len(pairs) / config.batch_size)
     steps = config.epochs * per_epoch
-    start = int(state["step"]) if state is not None else 0
+    start = int(resume_from.name.split("-")[-1]) if resume_from is not None else 0
     if start > steps:
         raise ValueError(f"{out_dir} holds a Stage-II checkpoint at step {start}, past this run's {steps} steps "
                          f"({config.epochs} epochs of {per_epoch}); give at least "
@@ -180,12 +153,10 @@ def run(peft_model: nn.Module, tokenizer, config, out_dir, replicas: Replicas, *
     lo, hi = config.lambda_bounds
     if lo is not None or hi is not None:
         clamp_lambda(peft_model, lo, hi)
-    if state is not None:  # before any sharding: every process reads the full file
-        load_gates(peft_model, Path(out_dir) / CHECKPOINT / "gates.safetensors")
     peft_model.eval()  # no dropout anywhere: Stage II changes only the gates
     n_gate = sum(p.numel() for _, p in gate_parameters(peft_model))
     pad = tokenizer.pad_token_id
-    dist_keys = {"parallel": replicas.parallel, "world_size": W} if replicas.parallel is not None else {}
+    dist_keys = {"parallel": parallel, "world_size": W} if (parallel is not None or W > 1) else {}
 
     log = None
     if out is not None and main:
@@ -194,7 +165,9 @@ def run(peft_model: nn.Module, tokenizer, config, out_dir, replicas: Replicas, *
         (out / "config.json").write_text(json.dumps(cfg_json, indent=1))
         if state is not None:
             truncate_log(out / "log.jsonl", start)
-        log = open(out / "log.jsonl", "a" if state is not None else "w")
+        else:
+            remove_checkpoints(out)  # a fresh start: an older run's checkpoints must not be resumed later
+        log = open(out / "log.jsonl", "a" if state is not None else "w")  # noqa: SIM115
 
     def write(rec):
         if log is not None:
@@ -202,85 +175,60 @@ def run(peft_model: nn.Module, tokenizer, config, out_dir, replicas: Replicas, *
             log.flush()
 
     heldout = _heldout(config) if evaluate_model else None
-    reporter = Reporter(report_to, out, config=dataclasses.asdict(config), name="scale-stage2")
+    losses: list[float] = []
     try:
         if state is None:
             write({"type": "config", **dataclasses.asdict(config), "k_used": k, "gate_params": n_gate, **dist_keys})
-            obj_before, before = replicas.before(lambda: (  # the Stage-I model (zero gates), whole, unwrapped
+            obj_before, before = broadcast_from_main((  # the Stage-I model (zero gates)
                 _objective_over(peft_model, pairs, pad, k=k, objective=config.objective,
                                 batch_size=max(config.batch_size, 64)),
                 evaluate(peft_model, tokenizer, heldout, k=k, max_new_tokens=config.max_new_tokens)
-                if evaluate_model and evaluate_before else None))
+                if evaluate_model and evaluate_before else None) if main else None)
             write({"type": "eval", "when": "before", "objective": obj_before, **(before or {})})
-            losses = []
+            if out is not None and main:
+                (out / STATE).write_text(json.dumps({"config": ckpt_cfg, "objective_before": obj_before,
+                                                     "before": before}, indent=1, default=str))
         else:
-            obj_before, before, losses = state["objective_before"], state["before"], list(state["losses"][:start])
+            obj_before, before = state["objective_before"], state["before"]
+            if isinstance(before, dict) and isinstance(before.get("accuracy"), dict):  # JSON keys: str -> level
+                before["accuracy"] = {int(lv) if str(lv).lstrip("-").isdigit() else lv: v
+                                      for lv, v in before["accuracy"].items()}
+            losses = [json.loads(x)["loss"] for x in (Path(out_dir) / "log.jsonl").read_text().splitlines()
+                      if '"type": "step"' in x][:start] if (Path(out_dir) / "log.jsonl").exists() else []
             write({"type": "resume", "at_step": start, "of_steps": steps, "world_size": W})
-            say(f"resuming Stage II at step {start} of {steps} from {Path(out_dir) / CHECKPOINT}")
-        replicas.wrap(peft_model, k, config.objective)
-        named = gate_parameters(peft_model)  # after wrap: FSDP2's sharded parameters
-        opt = torch.optim.Adam([p for _, p in named], lr=config.lr)
-        if state is not None:
-            if state["param_names"] != [n for n, _ in named]:
-                raise ValueError(f"the checkpoint's gates ({len(state['param_names'])} parameters) are not this "
-                                 f"model's ({len(named)}): another adapter layout")
-            load_optimizer_state(opt, state["optim"])
-        shuffle = torch.Generator().manual_seed(config.seed + 1)
-        device = next(peft_model.parameters()).device
-        bar = tqdm(total=steps, initial=start, disable=not (progress_enabled(progress) and main),
-                   desc="scale stage II" + (f" ({replicas.parallel})" if replicas.parallel else ""))
+            say(f"resuming Stage II at step {start} of {steps} from {resume_from}")
+
+        def step_record(step: int, epoch: int, loss: float) -> None:
+            losses.append(loss)
+            write({"type": "step", "step": step, "epoch": epoch, "loss": loss})
+
+        module = GateStep(peft_model, pairs, pad, k=k, objective=config.objective, world=W)
+        trainer = ScaleTrainer(module, args, callbacks=[StepLog(step_record, per_epoch)])
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)
         t0 = time.perf_counter()
-        step = start
-        for step, epoch, chunk in global_batches(pairs, config.batch_size, shuffle, epochs=config.epochs,
-                                                 start=start):
-            loss, mine = replicas.batch_loss(chunk, pad, device)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            (total,) = replicas.all_sum([mine])
-            losses.append(total)
-            write({"type": "step", "step": step, "epoch": epoch, "loss": total})
-            reporter.log({"train/loss": total, "train/epoch": epoch}, step)
-            bar.update(1)
-            done = step + 1
-            if out is not None and save_every is not None and (done % save_every == 0 or done == steps):
-                full = {name: {n: full_tensor(p) for n, p in m._parameters.items() if n.startswith("scale_gate")}
-                        for name, m in gated_layers(peft_model).items()}  # collectives: every process
-                osd = full_optimizer_state(opt)
-                if main:
-                    write_checkpoint(out, peft_model, full, {
-                        "step": done, "optim": osd, "param_names": [n for n, _ in named], "losses": losses,
-                        "objective_before": obj_before, "before": before, "config": ckpt_cfg, "world_size": W})
-                replicas.barrier()
-            step = done
-        bar.close()
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
         seconds = time.perf_counter() - t0
-        obj_after = replicas.objective_over(pairs, pad, max(config.batch_size, 64))
-        after = (replicas.evaluate(tokenizer, heldout, max_new_tokens=config.max_new_tokens, keep_lambdas=True)
-                 if evaluate_model else None)
+        obj_after = _objective_over(peft_model, pairs, pad, k=k, objective=config.objective,
+                                    batch_size=max(config.batch_size, 64))
+        after = (evaluate(peft_model, tokenizer, heldout, k=k, max_new_tokens=config.max_new_tokens,
+                          keep_lambdas=True) if evaluate_model and main else None)
         lambdas = after.pop("lambdas") if after else None
+        after = broadcast_from_main(after)
         write({"type": "eval", "when": "after", "objective": obj_after, **(after or {})})
-        reporter.log({"eval/objective": obj_after, **{f"eval/{k_}": v for k_, v in (after or {}).items()}}, step)
-        full = {name: {n: full_tensor(p) for n, p in m._parameters.items() if n.startswith("scale_gate")}
-                for name, m in gated_layers(peft_model).items()}  # collectives: every process
     finally:
-        reporter.close()
         if log is not None:
             log.close()
+        if tmp is not None:
+            tmp.cleanup()
     summary = {"config": dataclasses.asdict(config), "k": k, "gate_params": n_gate, "objective": config.objective,
                "objective_before": obj_before, "objective_after": obj_after, "before": before, "after": after,
                "losses": losses, "steps": len(losses), "seconds": seconds, "gates": None, "histogram": None,
                "base_model": _base_name(peft_model), "adapter": getattr(peft_model, "scale_adapter_path", None),
                "start_step": start, **dist_keys}
     if out is not None and main:
-        import contextlib
-
-        from treadle.distributed.parallel import full_parameters
-
-        with contextlib.ExitStack() as stack:
-            for name, m in gated_layers(peft_model).items():
-                stack.enter_context(full_parameters(m, full[name]))
-            summary["gates"] = str(save_gates(peft_model, out / "gates.safetensors"))
+        summary["gates"] = str(save_gates(peft_model, out / "gates.safetensors"))
         if lambdas is not None and lambdas.numel():
             summary["histogram"] = str(lambda_histogram(
                 lambdas, out / "lambda_hist.png", L=config.L, U=config.U,
@@ -288,6 +236,6 @@ def run(peft_model: nn.Module, tokenizer, config, out_dir, replicas: Replicas, *
                       + "".join(f", {a}" for a, on in (("no reverse", config.no_reverse),
                                                        ("no extrapolate", config.no_extrapolate)) if on) + ")"))
         (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    if out is not None:
-        replicas.barrier()
+    if dist.is_available() and dist.is_initialized() and W > 1:
+        dist.barrier()
     return summary

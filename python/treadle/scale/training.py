@@ -505,9 +505,10 @@ def _objective_over(model, pairs, pad_id, *, k, objective, batch_size) -> float:
 
 def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = None, out_dir: str | Path | None = None,
           *, console=None, progress: bool = False, evaluate_model: bool = True,
-          evaluate_before: bool = True, report_to=None, parallel: str | None = None, group=None,
+          evaluate_before: bool = True, report_to=None, parallel: str | None = None,
           resume: bool = True, save_every: int | None = 10) -> dict:
-    """SCALE Stage II (sec. 4.3): attach gates to ``peft_model`` and train only them.
+    """SCALE Stage II (sec. 4.3): attach gates to ``peft_model`` and train only them, on
+    ``transformers.Trainer`` (:class:`treadle.scale.trainer.ScaleTrainer`).
 
     Args:
         peft_model: a PEFT model with one active LoRA adapter (Stage I), without gates; gates are
@@ -516,20 +517,20 @@ def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = No
         config: :class:`ScaleTrainConfig`.
         out_dir: run folder: ``config.json``, ``log.jsonl`` (config, evals, one line per step, lambda
             shares), ``summary.json``, ``gates.safetensors`` (:func:`treadle.scale.save_gates`),
-            ``lambda_hist.png``, ``checkpoint/`` (:mod:`treadle.scale.checkpoint`). None: nothing written.
+            ``lambda_hist.png``, ``stage_two.json`` and the Trainer's ``checkpoint-<step>/``
+            (:mod:`treadle.scale.checkpoint`). None: nothing written.
         console: rich Console (None: silent); progress: tqdm bar.
         evaluate_model: run the held-out evaluation before/after (accuracy, entropy, lambda shares).
         evaluate_before: also before training (the Stage-I model); False when the caller has it already
             (:func:`treadle.scale.sweep.sweep` evaluates Stage I once for all cells).
         report_to: extra metric sinks, as Hugging Face trainers' ``report_to``: ``"tensorboard"``,
             ``"wandb"``, a list, ``"all"`` (those installed) or None / ``"none"`` (:mod:`treadle.reporting`).
-        parallel: None (one process), or ``"ddp"`` / ``"fsdp2"`` under ``torchrun``: the data-parallel
-            trainer :func:`treadle.distributed.scale.train_scale` (each rank one part of every global batch;
-            same losses and gates as one process; what it evaluates where is in its module doc).
-            group: its process group (None: default).
-        resume: continue from ``out_dir/checkpoint`` when it holds a run of the same config (``epochs`` may
-            grow), written by one process or by any number of ranks; False: start afresh (the checkpoint
-            is replaced at the first save).
+        parallel: None, or ``"ddp"`` / ``"fsdp2"`` in a process started by torchrun / ``accelerate launch``:
+            the Trainer runs DDP whenever it is launched on several ranks (each rank one part of every global
+            batch; same losses and gates as one process); ``"fsdp2"`` asks it for FSDP2 (accelerators only).
+            The evaluations run on the main process and are broadcast.
+        resume: continue from the newest ``out_dir/checkpoint-<step>`` when it holds a run of the same config
+            (``epochs`` may grow), written by one process or by any number of ranks; False: start afresh.
         save_every: write ``checkpoint/`` every this many optimizer steps and after the last (None: never).
 
     A resumed run gives the steps, losses and gates of the uninterrupted run: the data order is replayed
@@ -555,17 +556,11 @@ def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = No
             a ``report_to`` sink that is unknown or not installed (before any change).
         KeyboardInterrupt: passed on; the last checkpoint stays in ``out_dir``.
     """
-    from treadle.scale.stage_two import Replicas, run
+    from treadle.scale.stage_two import run
 
-    if parallel is not None:
-        from treadle.distributed.scale import train_scale
-
-        return train_scale(peft_model, tokenizer, config, out_dir, parallel=parallel, group=group, console=console,
-                           progress=progress, evaluate_model=evaluate_model, evaluate_before=evaluate_before,
-                           report_to=report_to, resume=resume, save_every=save_every)
-    return run(peft_model, tokenizer, config, out_dir, Replicas(), console=console, progress=progress,
+    return run(peft_model, tokenizer, config, out_dir, console=console, progress=progress,
                evaluate_model=evaluate_model, evaluate_before=evaluate_before, report_to=report_to, resume=resume,
-               save_every=save_every)
+               save_every=save_every, parallel=parallel)
 
 
 def _base_name(peft_model: nn.Module) -> str | None:

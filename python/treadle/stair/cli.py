@@ -124,12 +124,11 @@ _OVERWRITE = typer.Option(False, "--overwrite", help="Replace a run of another c
 
 
 def _checkpoint_step(out: Path) -> int:
-    import torch
+    """The step of the newest complete Trainer checkpoint in ``out`` (0: none)."""
+    from treadle.trainer_support import latest_checkpoint
 
-    try:
-        return int(torch.load(out / "optim.pt", weights_only=True)["step"])
-    except (OSError, KeyError, RuntimeError, ValueError):
-        return 0
+    ckpt = latest_checkpoint(out) if out.is_dir() else None
+    return int(ckpt.name.split("-")[-1]) if ckpt is not None else 0
 
 
 @app.command("train")
@@ -152,7 +151,8 @@ def train_cmd(
     responses: Literal["self", "gold"] = typer.Option("self", help="'self' (backbone's own greedy responses) or "
                                                                    "'gold'."),
     seed: int = typer.Option(0, help="Seed."),
-    out: Path = typer.Option(None, "--out", help="Run folder (normals.safetensors, optim.pt, log.jsonl); default "
+    out: Path = typer.Option(None, "--out", help="Run folder (normals.safetensors, log.jsonl, the Trainer's "
+                                                 "checkpoint-<step>/); default "
                                                  "runs/stair (--quick: runs/stair-quick)." + OUT_HELP_SUFFIX),
     run_dir: Path = _OUT_ALIAS,
     overwrite: bool = _OVERWRITE,
@@ -162,19 +162,32 @@ def train_cmd(
     threads: int = typer.Option(None, min=0, max=MAX_THREADS, help=THREADS_HELP),
     quick: bool = typer.Option(False, help="Use the seconds-long quick tiny model (its own cache slot); not with "
                                            "--model or $TREADLE_MODEL."),
-    parallel: Literal["ddp", "fsdp2"] = typer.Option(None, "--parallel", help="Data-parallel training under "
-                                                     "torchrun: 'ddp' or 'fsdp2' (e.g. torchrun --nproc-per-node 2 "
-                                                     "-m treadle stair train --parallel ddp); --batch-size is the "
-                                                     "global batch."),
+    parallel: Literal["ddp", "fsdp2"] = typer.Option(None, "--parallel", help="Data-parallel training on the "
+                                                     "ranks torchrun or accelerate launch started (e.g. torchrun "
+                                                     "--nproc-per-node 2 -m treadle stair train --parallel ddp): the "
+                                                     "Trainer's DDP, or 'fsdp2' (accelerators only); --batch-size "
+                                                     "is the global batch."),
 ) -> None:
-    """Train STAIR normals: CE + lambda_kl * KL(native || stair) on teacher-forced turns 2..n."""
-    if parallel is not None:
-        return _train_parallel(parallel, locals())
+    """Train STAIR normals: CE + lambda_kl * KL(native || stair) on teacher-forced turns 2..n (on
+    transformers.Trainer; under torchrun / accelerate launch every rank trains its part of each batch)."""
     used_model = _check_model_choice(model_path, quick)
+    from rich.console import Console
+
     from treadle.cli_models import load_model
     from treadle.reporting import parse_report_to
     from treadle.stair.training import StairTrainConfig, read_log, train
+    from treadle.trainer_support import broadcast_from_main, check_launch
 
+    try:
+        check_launch(parallel)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--parallel") from None
+    main, device = True, None
+    if parallel is not None:  # join the process group the launcher set up (the Trainer's own state)
+        from accelerate import PartialState
+
+        state = PartialState()
+        main, device = state.is_main_process, state.device
     out = pick_out(out, run_dir, "runs/stair-quick" if quick else "runs/stair")
     lv = _levels(levels)
     if layers.strip() != "auto":
@@ -183,36 +196,46 @@ def train_cmd(
     cfg = build_config(StairTrainConfig, {}, kind=kind, eps=eps, steps=steps, sessions=sessions, turns=turns,
                        levels=lv, batch_size=batch_size, grad_accum=grad_accum, lr=lr, lambda_kl=lambda_kl,
                        responses=responses, seed=seed, save_every=max(1, min(25, steps)))
-    run = open_run(out, command="stair train", overwrite=overwrite, ignore=("steps", "save_every"),
-                   config={**dataclasses.asdict(cfg), "layers": layers.strip(), "model": used_model,
-                           "quick": quick, "steps": steps, "save_every": cfg.save_every})
-    _refuse_no_resume(run, resume)
-    if run.finished and _checkpoint_step(out) >= steps:
-        log = read_log(out)
-        console.print(f"{out} already holds this finished run ({_checkpoint_step(out)} steps, same config); "
-                      f"loss {log[0]['loss']:.4f} -> {log[-1]['loss']:.4f}. Give more --steps to continue it, "
-                      f"--overwrite to train again.", markup=False)
+    run, done = None, False
+    if main:  # the main process alone checks and records the run folder
+        run = open_run(out, command="stair train", overwrite=overwrite, ignore=("steps", "save_every"),
+                       config={**dataclasses.asdict(cfg), "layers": layers.strip(), "model": used_model,
+                               "quick": quick, "steps": steps, "save_every": cfg.save_every,
+                               **({"parallel": parallel} if parallel else {})})
+        _refuse_no_resume(run, resume)
+        done = run.finished and _checkpoint_step(out) >= steps
+        if done:
+            log = read_log(out)
+            console.print(f"{out} already holds this finished run ({_checkpoint_step(out)} steps, same config); "
+                          f"loss {log[0]['loss']:.4f} -> {log[-1]['loss']:.4f}. Give more --steps to continue it, "
+                          f"--overwrite to train again.", markup=False)
+    if broadcast_from_main(done):
         return
-    model, tok = load_model(model_path, quick, console, threads=threads)
+    model, tok = load_model(model_path, quick, console if main else Console(quiet=True), threads=threads)
+    if device is not None:
+        model = model.to(device)
     cfg = dataclasses.replace(cfg, layers=_resolve_layers(layers, model))
-    _check_checkpoint_layers(run, resume, cfg.layers)
+    if main:
+        _check_checkpoint_layers(run, resume, cfg.layers)
 
     def saved() -> str:
         step = _checkpoint_step(out)
-        return (f"the checkpoint of step {step} (normals.safetensors, optim.pt; log.jsonl keeps steps 1-{step} "
-                f"on resume)" if step else "no checkpoint yet (the first is at step "
-                f"{cfg.save_every})")
+        return (f"the checkpoint of step {step} ({out}/checkpoint-{step}, normals.safetensors; log.jsonl keeps "
+                f"steps 1-{step} on resume)" if step else f"no checkpoint yet (the first is at step {cfg.save_every})")
 
-    with recorded(run, console, saved=saved, resumable=True):
+    ctx = recorded(run, console, saved=saved, resumable=True) if main else contextlib.nullcontext()
+    with ctx:
         try:
-            result = train(model, tok, cfg, out, resume=resume, console=console, progress=progress_enabled(),
-                           report_to=sinks)
+            result = train(model, tok, cfg, out, resume=resume, console=console if main else None,
+                           progress=main and progress_enabled(), report_to=sinks, parallel=parallel)
         except (ValueError, TypeError) as err:
             raise usage_error(str(err)) from None
-    log = read_log(out)
-    console.print(f"trainable parameters: {result['trainable']} | loss {log[0]['loss']:.4f} -> {log[-1]['loss']:.4f} "
-                  f"(first/last step); fixed probe batch {result['probe_loss_before']:.4f} -> "
-                  f"{result['probe_loss_after']:.4f} | saved {result['path']}", markup=False)
+    if main:
+        log = read_log(out)
+        ranks = f"{parallel} on {result['world_size']} ranks | " if parallel else ""
+        console.print(f"{ranks}trainable parameters: {result['trainable']} | loss {log[0]['loss']:.4f} -> "
+                      f"{log[-1]['loss']:.4f} (first/last step); fixed probe batch {result['probe_loss_before']:.4f} "
+                      f"-> {result['probe_loss_after']:.4f} | saved {result['path']}", markup=False)
 
 
 def _refuse_no_resume(run, resume: bool) -> None:
@@ -240,73 +263,6 @@ def _check_checkpoint_layers(run, resume: bool, layers: tuple) -> None:
         raise typer.BadParameter(f"--out {str(run.path)!r} holds a checkpoint of layers {list(old)}, this run resolves "
                                  f"layers {list(layers)}; give --layers {','.join(map(str, old))} to resume it, or "
                                  f"add --overwrite to replace it", param_hint="--layers")
-
-
-def _train_parallel(parallel: str, a: dict) -> None:
-    """``stair train --parallel``: one rank of a torchrun job. Rank 0 alone checks and records the run
-    folder and prints; every rank loads the model and trains its part of each global batch."""
-    import torch.distributed as dist
-
-    from rich.console import Console
-
-    from treadle.cli_models import load_model
-    from treadle.distributed.launch import LaunchError, init_from_torchrun, shutdown
-    from treadle.distributed.parallel import broadcast_object
-    from treadle.distributed.process_group import is_main
-    from treadle.stair.training import StairTrainConfig, read_log, train
-
-    if a["report_to"].strip().lower() != "none":
-        raise typer.BadParameter("metric sinks are single-process for now; log.jsonl holds every step",
-                                 param_hint="--report-to")
-    used_model = _check_model_choice(a["model_path"], a["quick"])
-    try:
-        device = init_from_torchrun(parallel)
-    except LaunchError as err:
-        raise typer.BadParameter(str(err), param_hint="--parallel") from None
-    try:
-        main = is_main()
-        out = pick_out(a["out"], a["run_dir"], "runs/stair-quick" if a["quick"] else "runs/stair")
-        lv = _levels(a["levels"])
-        if a["layers"].strip() != "auto":
-            parse_layers(a["layers"], None)
-        steps = a["steps"]
-        cfg = build_config(StairTrainConfig, {}, kind=a["kind"], eps=a["eps"], steps=steps, sessions=a["sessions"],
-                           turns=a["turns"], levels=lv, batch_size=a["batch_size"], grad_accum=a["grad_accum"],
-                           lr=a["lr"], lambda_kl=a["lambda_kl"], responses=a["responses"], seed=a["seed"],
-                           save_every=max(1, min(25, steps)))
-        run, done = None, False
-        if main:
-            run = open_run(out, command="stair train", overwrite=a["overwrite"], ignore=("steps", "save_every"),
-                           config={**dataclasses.asdict(cfg), "layers": a["layers"].strip(), "model": used_model,
-                                   "quick": a["quick"], "steps": steps, "save_every": cfg.save_every,
-                                   "parallel": parallel})
-            _refuse_no_resume(run, a["resume"])
-            done = run.finished and _checkpoint_step(out) >= steps
-            if done:
-                console.print(f"{out} already holds this finished run ({_checkpoint_step(out)} steps, same config); "
-                              f"give more --steps to continue it, --overwrite to train again.", markup=False)
-        if broadcast_object(done):
-            return
-        model, tok = load_model(a["model_path"], a["quick"], console if main else Console(quiet=True),
-                                threads=a["threads"])
-        model = model.to(device)
-        cfg = dataclasses.replace(cfg, layers=_resolve_layers(a["layers"], model))
-        ctx = recorded(run, console, saved=lambda: "the last checkpoint (normals.safetensors, optim.pt)",
-                       resumable=True) if main else contextlib.nullcontext()
-        with ctx:
-            try:
-                result = train(model, tok, cfg, out, resume=a["resume"], console=console if main else None,
-                               progress=main and progress_enabled(), parallel=parallel)
-            except (ValueError, TypeError) as err:
-                raise usage_error(str(err)) from None
-        if main:
-            log = read_log(out)
-            console.print(f"{parallel} on {dist.get_world_size()} ranks | trainable parameters: {result['trainable']} | "
-                          f"loss {log[0]['loss']:.4f} -> {log[-1]['loss']:.4f} (first/last step); fixed probe batch "
-                          f"{result['probe_loss_before']:.4f} -> {result['probe_loss_after']:.4f} | saved "
-                          f"{result['path']}", markup=False)
-    finally:
-        shutdown()
 
 
 @app.command("eval")

@@ -10,8 +10,9 @@ empty) to build the bank; turns 2..n are teacher-forced over the session cache w
 on the response tokens, the native distribution computed on the same inputs and prefix without the
 read-out and without grad. The read-out is added on each turn's prompt tokens only (as in a
 prefill). Only the controller's parameters train (``len(layers) x Hq x D`` normals); the backbone is
-frozen and never gets gradients. Checkpoints are safetensors (normals + config metadata) plus the
-optimizer state, so a run resumes where it stopped.
+frozen and never gets gradients. :func:`train` runs on ``transformers.Trainer``
+(:class:`treadle.stair.trainer.StairTrainer`): DDP / FSDP, gradient accumulation, mixed precision,
+checkpoints and resume are the Trainer's.
 """
 from __future__ import annotations
 
@@ -111,7 +112,7 @@ def stair_loss(logits: torch.Tensor, native_logits: torch.Tensor | None, labels:
         labels: ``(B, S)`` int64 next-token targets, -100 where unlabelled.
         tokens: the denominator of the average; None: this batch's labelled positions. Data-parallel
             training passes the count of the whole global batch (all-reduced over ranks), so that the
-            ranks' losses add up to the global batch's mean (:mod:`treadle.distributed.stair`).
+            ranks' losses add up to the global batch's mean (:mod:`treadle.stair.trainer`).
 
     Returns:
         (loss scalar, {"ce": float, "kl": float, "tokens": int}); ``tokens`` is this batch's count.
@@ -208,7 +209,7 @@ def _truncate_log(path: Path, step: int) -> None:
 
 def freeze_and_attach(model, config, backend):
     """Freeze every parameter of ``model`` and attach STAIR's controller (the normals are the only
-    trainable parameters); shared by the one-process and the data-parallel trainers.
+    trainable parameters).
 
     Returns ``(controller, flags, cfg_json)``: ``flags`` the ``(parameter, requires_grad)`` pairs to
     restore when training ends, ``cfg_json`` the run's config record. Raises what
@@ -230,122 +231,130 @@ def freeze_and_attach(model, config, backend):
     return ctrl, flags, cfg_json
 
 def train(model, tokenizer, config: StairTrainConfig, run_dir, *, resume: bool = True, progress: bool = True,
-          console=None, backend: str | None = None, report_to=None, parallel: str | None = None,
-          group=None) -> dict:
-    """Train a STAIR controller on ``model``; writes ``run_dir/{normals.safetensors, optim.pt, log.jsonl,
-    config.json}``.
+          console=None, backend: str | None = None, report_to=None, parallel: str | None = None) -> dict:
+    """Train a STAIR controller on ``model`` with :class:`treadle.stair.trainer.StairTrainer` (a
+    ``transformers.Trainer``); writes ``run_dir/{normals.safetensors, log.jsonl, config.json}`` and the
+    Trainer's ``checkpoint-<step>/`` folders.
 
     Args:
         model, tokenizer: the frozen backbone (any supported HF causal LM) and its tokenizer.
         config: :class:`StairTrainConfig`.
-        run_dir: output folder; with ``resume`` an existing checkpoint there is continued.
+        run_dir: output folder; with ``resume`` its newest checkpoint is continued.
         backend: forced backend of the read-out op (None: dispatch rule).
-        report_to: extra metric sinks as Hugging Face trainers' ``report_to`` (``"tensorboard"``,
-            ``"wandb"``, a list, ``"all"``, None / ``"none"``; :mod:`treadle.reporting`).
-        parallel: None (one process), or ``"ddp"`` / ``"fsdp2"`` under ``torchrun``: the data-parallel
-            trainer :func:`treadle.distributed.stair.train_stair` (each rank one part of every global
-            batch; same losses and normals as one process with the whole batch). group: its process
-            group (None: default).
+        report_to: the Trainer's metric sinks (``"tensorboard"``, ``"wandb"``, a list, ``"all"``, None /
+            ``"none"``).
+        parallel: None, or ``"ddp"`` / ``"fsdp2"`` in a process started by torchrun / ``accelerate
+            launch``: the Trainer runs DDP whenever it is launched on several ranks; ``"fsdp2"`` asks it for
+            FSDP2 (accelerators only). Each rank trains on its part of every global batch; the losses and
+            normals are one process's.
 
-    A resumed run continues from the last checkpoint (every ``save_every`` steps): ``log.jsonl``
-    keeps the steps up to it, and the steps after it are trained and logged again (once).
+    A resumed run continues from the newest checkpoint (every ``save_every`` steps and after the last), on
+    any world size: ``log.jsonl`` keeps the steps up to it and the steps after it are trained and logged
+    again (once).
 
     Returns:
-        {"path", "trainable", "first_loss", "last_loss", "steps", "seconds", "start_step"}.
+        {"path", "trainable", "first_loss", "last_loss", "probe_loss_before", "probe_loss_after", "layers",
+        "steps", "start_step", "seconds", "world_size", "normals"}.
 
     Raises:
-        ValueError: a checkpoint in ``run_dir`` from another config (``resume``); an unknown or
-            missing ``report_to`` sink; see attach().
+        ValueError: a checkpoint in ``run_dir`` from another config (``resume``); an unknown or missing
+            ``report_to`` sink; ``batch_size`` below the world size; see attach(). All before any change
+            to ``run_dir``.
         KeyboardInterrupt: passed on; the last checkpoint stays in ``run_dir``.
     """
-    if parallel is not None:
-        from treadle.distributed.stair import train_stair
+    import torch.distributed as dist
 
-        return train_stair(model, tokenizer, config, run_dir, parallel=parallel, group=group, resume=resume,
-                           progress=progress, console=console, backend=backend, report_to=report_to)
-    from tqdm.auto import tqdm
-    from treadle.cli_output import progress_enabled  # a bar only on a terminal
-
-    from treadle.reporting import Reporter, resolve_report_to
+    from treadle.reporting import resolve_report_to
+    from treadle.stair.trainer import JsonlLog, SaveNormals, StairStep, StairTrainer, arguments_from_config
+    from treadle.trainer_support import (broadcast_from_main, check_launch, decoder_layer_classes, latest_checkpoint,
+                                         remove_checkpoints)
 
     run_dir = Path(run_dir)
-    resolve_report_to(report_to)
+    sinks = resolve_report_to(report_to)
+    if parallel is not None:
+        check_launch(parallel, flag="parallel")
     ctrl, flags, cfg_json = freeze_and_attach(model, config, backend)
-    reporter = None
+    keys = ("layers", "kind", "eps", "seed", "turns")
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)  # only once attach() has validated layers/eps/kind
-        opt = torch.optim.AdamW(ctrl.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.99))
-        start = 0
-        ckpt, optf = run_dir / "normals.safetensors", run_dir / "optim.pt"
-        if resume and ckpt.exists() and optf.exists():
+        resume_from = latest_checkpoint(run_dir) if resume else None
+        if resume_from is not None:
             old = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").exists() else {}
-            if {k: old.get(k) for k in ("layers", "kind", "eps", "seed", "turns")} != \
-                    {k: cfg_json[k] for k in ("layers", "kind", "eps", "seed", "turns")}:
-                raise ValueError(f"{run_dir} holds a run with another config ({old}); use another run_dir or resume=False")
-            ctrl.load(ckpt)
-            state = torch.load(optf, weights_only=True)
-            opt.load_state_dict(state["optim"])
-            start = int(state["step"])
-        _truncate_log(run_dir / "log.jsonl", start)  # steps after the checkpoint are redone, logged once
-        (run_dir / "config.json").write_text(json.dumps(cfg_json, indent=1))
-        if console is not None:
-            console.print(f"STAIR {config.kind}: trainable parameters = {len(ctrl.layers)} layers x {ctrl.num_heads} "
-                          f"heads x {ctrl.head_dim if config.kind == 'stair' else ctrl.value_dim} = {ctrl.num_trainable}"
-                          + (f" (resuming at step {start})" if start else ""))
+            if {k: old.get(k) for k in keys} != {k: cfg_json[k] for k in keys}:
+                raise ValueError(f"{run_dir} holds a run with another config ({old}); use another run_dir or "
+                                 f"resume=False")
+        args = arguments_from_config(config, run_dir, report_to=sinks or "none", parallel=parallel,
+                                     layer_classes=decoder_layer_classes(model), progress=progress)
+        W, main = args.world_size, args.process_index == 0
+        if config.batch_size < W:
+            raise ValueError(f"batch_size ({config.batch_size}) must be >= the world size ({W}): every rank trains "
+                             f"on a part of each global batch")
+        start = int(resume_from.name.split("-")[-1]) if resume_from is not None else 0
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()  # every rank has read the folder before the main process writes to it
+        if main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            _truncate_log(run_dir / "log.jsonl", start)
+            if resume_from is None:  # a fresh start: an older run's log and checkpoints go
+                if (run_dir / "log.jsonl").exists():
+                    (run_dir / "log.jsonl").unlink()
+                remove_checkpoints(run_dir)
+            (run_dir / "config.json").write_text(json.dumps({**cfg_json, "world_size": W,
+                                                            **({"parallel": parallel} if parallel else {})},
+                                                           indent=1))
+            if console is not None:
+                console.print(f"STAIR {config.kind}: trainable parameters = {len(ctrl.layers)} layers x "
+                              f"{ctrl.num_heads} heads x "
+                              f"{ctrl.head_dim if config.kind == 'stair' else ctrl.value_dim} = {ctrl.num_trainable}"
+                              + (f" ({W} ranks)" if W > 1 else "")
+                              + (f" (resuming at step {start})" if start else ""))
         pool = make_training_sessions(config.sessions, config.turns, config.levels, seed=config.seed)
-        if config.responses == "self":
-            ctrl.enabled = False
-            responses = self_responses(model, tokenizer, pool, max_new_tokens=config.max_new_tokens)
-            ctrl.enabled = True
+        if config.responses == "self":  # once, by the main process, then the same on every rank
+            responses = None
+            if main:
+                ctrl.enabled = False
+                responses = self_responses(model, tokenizer, pool, max_new_tokens=config.max_new_tokens)
+                ctrl.enabled = True
+            responses = broadcast_from_main(responses)
         else:
             responses = [[p.answer for p in s.problems] for s in pool]
-        first = last = None
         probe = (pool[:config.batch_size], responses[:config.batch_size])
 
         def probe_loss() -> float:
             return train_step(ctrl, model, tokenizer, *probe, lambda_kl=config.lambda_kl, backward=False)["loss"]
 
+        if resume_from is not None:  # the probe before this run sees the checkpoint's normals
+            from safetensors.torch import load_file
+
+            from treadle.trainer_support import TRAINABLE_FILE
+
+            saved = load_file(str(resume_from / TRAINABLE_FILE))
+            with torch.no_grad():
+                for n, p in ctrl.named_parameters():
+                    p.copy_(saved[f"ctrl.{n}"].to(p.dtype))
         probe_start = probe_loss()
+        step_module = StairStep(ctrl, model, tokenizer, pool, responses, lambda_kl=config.lambda_kl, world=W)
+        log = JsonlLog(run_dir / "log.jsonl", main)
+        trainer = StairTrainer(step_module, args, callbacks=[log, SaveNormals(ctrl, run_dir / "normals.safetensors",
+                                                                                main)])
+        if not progress:
+            from transformers.trainer_callback import PrinterCallback
+
+            trainer.remove_callback(PrinterCallback)
         t0 = time.perf_counter()
-        reporter = Reporter(report_to, run_dir, config=cfg_json, name=f"stair-{config.kind}")
-        bar = tqdm(range(start, config.steps), desc=f"stair-train[{config.kind}]",
-                   disable=not progress_enabled(progress),
-                   dynamic_ncols=True, initial=start, total=config.steps)
-        with open(run_dir / "log.jsonl", "a") as log:
-            for step in bar:
-                g = torch.Generator().manual_seed(config.seed * 100_003 + step)
-                opt.zero_grad(set_to_none=True)
-                agg = {"loss": 0.0, "ce": 0.0, "kl": 0.0, "tokens": 0}
-                for _ in range(config.grad_accum):
-                    idx = torch.randperm(len(pool), generator=g)[:config.batch_size].tolist()
-                    part = train_step(ctrl, model, tokenizer, [pool[i] for i in idx], [responses[i] for i in idx],
-                                      lambda_kl=config.lambda_kl, amp=config.amp, scale=1.0 / config.grad_accum)
-                    for k in agg:
-                        agg[k] += part[k] / (config.grad_accum if k != "tokens" else 1)
-                gnorm = float(torch.nn.utils.clip_grad_norm_(ctrl.parameters(), 1e9))
-                opt.step()
-                first = agg["loss"] if first is None else first
-                last = agg["loss"]
-                rec = {"step": step + 1, **{k: round(v, 6) if isinstance(v, float) else v for k, v in agg.items()},
-                       "grad_norm": round(gnorm, 6), "seconds": round(time.perf_counter() - t0, 3)}
-                log.write(json.dumps(rec) + "\n")
-                log.flush()
-                reporter.log({f"train/{k}": v for k, v in rec.items() if k != "step"}, step + 1)
-                bar.set_postfix(loss=f"{agg['loss']:.4f}", ce=f"{agg['ce']:.4f}", kl=f"{agg['kl']:.5f}")
-                if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
-                    ctrl.save(ckpt, extra={"step": step + 1})
-                    torch.save({"optim": opt.state_dict(), "step": step + 1}, optf)
-        bar.close()
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from is not None else None)
+        seconds = time.perf_counter() - t0
         probe_end = probe_loss()
-        with open(run_dir / "log.jsonl", "a") as log:
-            log.write(json.dumps({"probe": True, "sessions": len(probe[0]), "loss_before_run": probe_start,
-                                  "loss_after_run": probe_end}) + "\n")
-        return {"path": ckpt, "trainable": ctrl.num_trainable, "first_loss": first, "last_loss": last,
+        if main:
+            with open(run_dir / "log.jsonl", "a") as f:
+                f.write(json.dumps({"probe": True, "sessions": len(probe[0]), "loss_before_run": probe_start,
+                                    "loss_after_run": probe_end}) + "\n")
+        losses = log.losses
+        return {"path": run_dir / "normals.safetensors", "trainable": ctrl.num_trainable,
+                "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
                 "probe_loss_before": probe_start, "probe_loss_after": probe_end, "layers": ctrl.layers,
-                "steps": config.steps, "start_step": start, "seconds": time.perf_counter() - t0}
+                "steps": config.steps, "start_step": start, "seconds": seconds, "world_size": W,
+                "normals": {n: p.detach().cpu().clone() for n, p in ctrl.named_parameters()}}
     finally:
-        if reporter is not None:
-            reporter.close()
         ctrl.detach()
         for p, f in flags:
             p.requires_grad_(f)

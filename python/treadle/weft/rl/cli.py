@@ -350,7 +350,7 @@ def _train_parallel(parallel: str, out: Path, groupings, seeds, steps, model, qu
     from treadle.distributed.launch import LaunchError, init_from_torchrun, shutdown
     from treadle.distributed.parallel import broadcast_object
     from treadle.distributed.process_group import is_main
-    from treadle.distributed.weft import one_run_dp
+    from treadle.weft.rl.parallel import one_run_dp
     from treadle.weft.rl.report import run_comparison
 
     try:

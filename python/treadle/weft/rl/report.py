@@ -93,7 +93,7 @@ def run_comparison(out: Path, policy, groupings, seeds, *, steps: int | None, qu
     """Train every (grouping, seed) from a copy of ``policy = (model, tokenizer)``; write and print results.
 
     ``runner(policy, cfg, run_folder)`` replaces the one-process run (``--parallel``:
-    :func:`treadle.distributed.weft.one_run_dp`); a runner that returns None (a rank other than 0) makes
+    :func:`treadle.weft.rl.parallel.one_run_dp`); a runner that returns None (a rank other than 0) makes
     this return None after the runs, writing nothing more.
 
     ``jobs > 1`` runs that many (grouping, seed) runs at once in worker processes (spawned; each loads

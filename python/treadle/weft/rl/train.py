@@ -18,7 +18,7 @@ Per step, with the same rollout budget for both groupings (``turns_per_step * G`
   episodes are drawn until the batch is full of groups with signal or ``sampling_rounds`` rounds were
   drawn (the same cap for both groupings). Each step logs ``segments_generated`` / ``_kept`` /
   ``_dropped``, ``groups`` (generated), ``groups_kept``, ``all_equal_groups`` (over every generated group).
-  Under data parallelism (:mod:`treadle.distributed.weft`) the ranks count their groups with signal after
+  Under data parallelism (:mod:`treadle.weft.rl.parallel`) the ranks count their groups with signal after
   each round (one all-reduce) and keep, between them, the groups one process would keep, so they stop
   after the same round. It draws ~2.4x the segments it keeps (~150 per step for 64 kept).
 
@@ -447,7 +447,7 @@ async def train_policy(model, tok, cfg: WeftTrainConfig, *, log=None, progress: 
     ``evals`` (step -> held-out success) and ``records`` (one dict per step).
 
     ``dp``: None (one process), or the data-parallel hooks of one rank
-    (:class:`treadle.distributed.weft.WeftDataParallel`; use :func:`treadle.distributed.weft.train_policy_dp`),
+    (:class:`treadle.weft.rl.parallel.WeftDataParallel`; use :func:`treadle.weft.rl.parallel.train_policy_dp`),
     which may resume from a step checkpoint (``dp.resume``) and write one after each step (``dp.step_done``).
     ``checkpoint``: one process (``dp`` None): the same two hooks, e.g. a
     :class:`treadle.distributed.weft_resume.StepCheckpoint` (None: no step checkpoints).

@@ -1,4 +1,4 @@
-"""The WEFT GRPO trainer (``treadle weft train``) on torch.distributed with DDP (issue 18).
+"""The WEFT GRPO trainer (``treadle weft train``) on torch.distributed with DDP.
 
 One GRPO step of :func:`treadle.weft.rl.train.train_policy` over ``W`` ranks:
 
