@@ -1,4 +1,4 @@
-"""Merging a gated SCALE model (issue 11, item 3): constant gates fold exactly into the merged weight,
+"""Merging a gated SCALE model: constant gates fold exactly into the merged weight,
 token-dependent gates are refused before any change, remove_gates() gives back the Stage-I LoRA, and
 gates on an untrained LoRA (B = 0) get zero gradient (with a warning)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SCALE Stage I on TRL's SFTTrainer (issue 22 item 2): same LoRA defaults and targets, prompt tokens
+"""SCALE Stage I on TRL's SFTTrainer: same LoRA defaults and targets, prompt tokens
 masked, the same token sequences as treadle's own batches, SFTConfig validated by pydantic."""
 from __future__ import annotations
 

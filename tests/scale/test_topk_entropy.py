@@ -216,7 +216,7 @@ def test_cuda_chunked_equals_unchunked():
 @pytest.mark.parametrize("lead,V,k", [((3, 5), 50, 8), ((64,), 4000, 1000), ((64,), 1000, 100)])
 def test_float32_gradient_within_rule_with_one_ulp_floor(lead, V, k):
     """The backward's factor ``z - lse_k + H`` cancels two numbers of size ~log k: with float32 row
-    statistics the gradient's error was 3.5-5.6x plain PyTorch's (found on an H200, issue 19). The
+    statistics the gradient's error was 3.5-5.6x plain PyTorch's (found on an H200). The
     statistics are float64 now; the rule (3x for gradients) holds with a floor of one ulp of the result."""
     from treadle.reference import topk_entropy_reference
     from treadle.testing import max_error

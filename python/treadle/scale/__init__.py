@@ -36,8 +36,8 @@ from treadle.scale.training import (
     evaluate,
     gate_objective,
     load_stage_one,
-    train,
 )
+from treadle.scale.stage_two import train
 
 __all__ = ["GateConfig", "GateError", "attach_gates", "gated_layers", "lambda_report", "lambda_shares", "load_gates",
            "record_lambda", "remove_gates", "save_gates", "SFTConfig", "SFTResult", "sft", "stage_one_trainer",

@@ -367,7 +367,8 @@ def train_cmd(
 ) -> None:
     """Stage II: train only the gates on the normalised top-k entropy over response positions."""
     from treadle.reporting import parse_report_to
-    from treadle.scale.training import summary_tables, train
+    from treadle.scale.stage_two import train
+    from treadle.scale.training import summary_tables
 
     if parallel is not None:
         return _train_parallel(parallel, ctx, locals())
@@ -418,7 +419,8 @@ def _train_parallel(parallel: str, ctx, a: dict) -> None:
     from rich.console import Console
 
     from treadle.reporting import parse_report_to
-    from treadle.scale.training import summary_tables, train
+    from treadle.scale.stage_two import train
+    from treadle.scale.training import summary_tables
     from treadle.trainer_support import broadcast_from_main
 
     if a["adapter"] is None:

@@ -35,7 +35,8 @@ def run(run_dir: Path, quick: bool, console) -> dict:
 def _run(run_dir: Path, quick: bool, console) -> dict:
     from treadle.models.tiny import TinyTrainConfig, load_default_model
     from treadle.scale.sft import SFTConfig, sft
-    from treadle.scale.training import ScaleTrainConfig, summary_tables, train
+    from treadle.scale.stage_two import train
+    from treadle.scale.training import ScaleTrainConfig, summary_tables
 
     if quick:
         model, tok = load_default_model(config=TinyTrainConfig.quick(), name="tiny-qwen3-quick", console=console,

@@ -1,4 +1,4 @@
-"""The SCALE Stage-II run (SCALE sec. 4.3) behind :func:`treadle.scale.training.train`: checks, data, gates,
+"""The SCALE Stage-II run (SCALE sec. 4.3) behind :func:`train`: checks, data, gates,
 run folder, the evaluation before and after, and the summary around one :class:`treadle.scale.trainer.
 ScaleTrainer` run (``transformers.Trainer``: one process, or DDP / FSDP on the ranks torchrun or
 ``accelerate launch`` started; checkpoints and resume are the Trainer's).
@@ -83,7 +83,7 @@ def _read_state(out_dir, ckpt_cfg: dict):
 def run(peft_model: nn.Module, tokenizer, config, out_dir, *, console=None, progress: bool = False,
         evaluate_model: bool = True, evaluate_before: bool = True, report_to=None, resume: bool = True,
         save_every: int | None = 10, parallel: str | None = None) -> dict:
-    """Stage II (arguments, files and summary: :func:`treadle.scale.training.train`)."""
+    """Stage II (arguments, files and summary: :func:`train`)."""
     import torch.distributed as dist
 
     from treadle.reporting import resolve_report_to
@@ -239,3 +239,61 @@ def run(peft_model: nn.Module, tokenizer, config, out_dir, *, console=None, prog
     if dist.is_available() and dist.is_initialized() and W > 1:
         dist.barrier()
     return summary
+
+
+def train(peft_model: nn.Module, tokenizer, config: ScaleTrainConfig | None = None, out_dir: str | Path | None = None,
+          *, console=None, progress: bool = False, evaluate_model: bool = True,
+          evaluate_before: bool = True, report_to=None, parallel: str | None = None,
+          resume: bool = True, save_every: int | None = 10) -> dict:
+    """SCALE Stage II (sec. 4.3): attach gates to ``peft_model`` and train only them, on
+    ``transformers.Trainer`` (:class:`treadle.scale.trainer.ScaleTrainer`).
+
+    Args:
+        peft_model: a PEFT model with one active LoRA adapter (Stage I), without gates; gates are
+            attached in place (``attach_gates(..., disable_dropout=True)``) and stay on it.
+        tokenizer: its tokenizer (chat template, EOS, pad).
+        config: :class:`ScaleTrainConfig`.
+        out_dir: run folder: ``config.json``, ``log.jsonl`` (config, evals, one line per step, lambda
+            shares), ``summary.json``, ``gates.safetensors`` (:func:`treadle.scale.save_gates`),
+            ``lambda_hist.png``, ``stage_two.json`` and the Trainer's ``checkpoint-<step>/``
+            (:mod:`treadle.scale.checkpoint`). None: nothing written.
+        console: rich Console (None: silent); progress: tqdm bar.
+        evaluate_model: run the held-out evaluation before/after (accuracy, entropy, lambda shares).
+        evaluate_before: also before training (the Stage-I model); False when the caller has it already
+            (:func:`treadle.scale.sweep.sweep` evaluates Stage I once for all cells).
+        report_to: extra metric sinks, as Hugging Face trainers' ``report_to``: ``"tensorboard"``,
+            ``"wandb"``, a list, ``"all"`` (those installed) or None / ``"none"`` (:mod:`treadle.reporting`).
+        parallel: None, or ``"ddp"`` / ``"fsdp2"`` in a process started by torchrun / ``accelerate launch``:
+            the Trainer runs DDP whenever it is launched on several ranks (each rank one part of every global
+            batch; same losses and gates as one process); ``"fsdp2"`` asks it for FSDP2 (accelerators only).
+            The evaluations run on the main process and are broadcast.
+        resume: continue from the newest ``out_dir/checkpoint-<step>`` when it holds a run of the same config
+            (``epochs`` may grow), written by one process or by any number of ranks; False: start afresh.
+        save_every: write ``checkpoint/`` every this many optimizer steps and after the last (None: never).
+
+    A resumed run gives the steps, losses and gates of the uninterrupted run: the data order is replayed
+    (one seeded permutation per epoch), the gates and Adam's state come from the checkpoint, and the
+    evaluation before training is the checkpoint's; ``log.jsonl`` keeps the steps up to the checkpoint
+    and logs the rest once.
+
+    Returns:
+        A summary dict: ``config``, ``k`` (used), ``gate_params``, ``objective_before/after`` (mean over
+        the training responses), ``before``/``after`` (:func:`evaluate` results, without raw lambdas),
+        ``losses`` (per step, the resumed-from steps included), ``steps``, ``start_step`` (0, or the
+        checkpoint's step), ``seconds`` (this call's training), paths, ``base_model`` (the base's
+        ``name_or_path``) and ``adapter`` (the Stage-I adapter folder, when loaded by
+        :func:`load_stage_one` or written by :func:`treadle.scale.sft`).
+
+    Raises:
+        GateError (ValueError): no LoRA layers, several active adapters, unsupported layers, gates
+            already attached (:func:`treadle.scale.attach_gates`), before any change.
+        ValueError: ``out_dir`` is a file, under a file, or not writable; ``out_dir`` holds a checkpoint of
+            another config, or past this run's steps (with ``resume``); ``save_every`` not an int >= 1
+            (all before any change).
+        ValueError: a tokenizer without chat template / EOS / pad; an example without response position;
+            a ``report_to`` sink that is unknown or not installed (before any change).
+        KeyboardInterrupt: passed on; the last checkpoint stays in ``out_dir``.
+    """
+    return run(peft_model, tokenizer, config, out_dir, console=console, progress=progress,
+               evaluate_model=evaluate_model, evaluate_before=evaluate_before, report_to=report_to, resume=resume,
+               save_every=save_every, parallel=parallel)

@@ -1,7 +1,7 @@
 """Gate-range sweep over (L, U) (SCALE sec. 4.3 / appendix: the paper scans 42 intervals, L in [-6, 0] x
 U in [1, 6], and finds math preferring negative L, code L near 0 with large U).
 
-Every cell is a Stage-II run (:func:`treadle.scale.training.train`) from the same base model, the same
+Every cell is a Stage-II run (:func:`treadle.scale.stage_two.train`) from the same base model, the same
 Stage-I adapter, the same training responses and the same held-out problems (shared starting point:
 only (L, U) differs). The Stage-I model is evaluated once. Cells run in parallel processes
 (``concurrent.futures.ProcessPoolExecutor`` with the ``spawn`` start method; each worker loads the
@@ -75,7 +75,8 @@ def _inherit_warning_filters(filters: list) -> None:
 
 def _run_cell(task: dict) -> dict:
     """One sweep task in a worker (or in-process): the Stage-I baseline or one (L, U) cell."""
-    from treadle.scale.training import ScaleTrainConfig, _heldout, evaluate, train
+    from treadle.scale.stage_two import train
+    from treadle.scale.training import ScaleTrainConfig, _heldout, evaluate
 
     if task.get("threads"):
         torch.set_num_threads(task["threads"])

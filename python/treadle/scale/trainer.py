@@ -20,7 +20,7 @@ with resume. Stage II gives it:
 The defaults of :class:`ScaleTrainingArguments` are Stage II's recipe: Adam (AdamW without weight decay),
 a constant learning rate, no gradient clipping.
 
-:func:`treadle.scale.training.train` (and ``treadle scale train``) add the data, the evaluations and the run
+:func:`treadle.scale.stage_two.train` (and ``treadle scale train``) add the data, the evaluations and the run
 folder around it; by hand::
 
     attach_gates(peft_model, L=-2.0, U=2.0, tau=1.0, disable_dropout=True)
@@ -46,7 +46,7 @@ __all__ = ["ScaleTrainingArguments", "ScaleTrainer", "GateStep", "batch_indices"
 @dataclass
 class ScaleTrainingArguments(TrainingArguments):
     """``TrainingArguments`` plus Stage II's settings (:class:`treadle.scale.training.ScaleTrainConfig` holds
-    the method's fields, validated, for :func:`treadle.scale.training.train`).
+    the method's fields, validated, for :func:`treadle.scale.stage_two.train`).
 
     ``per_device_train_batch_size`` is the *global* number of rows per step (split over the ranks, so
     that the batches, and the result, do not depend on the world size); ``max_steps`` (epochs x

@@ -101,7 +101,7 @@ class StairStep(nn.Module):
 
     def forward(self, idx: list[int], real: bool = True) -> torch.Tensor:
         from treadle.stair.session import StairSession
-        from treadle.stair.training import stair_loss
+        from treadle.stair.loss import stair_loss
 
         sessions = [self.pool[i] for i in idx]
         responses = [self.responses[i] for i in idx]
