@@ -16,7 +16,7 @@ timed here against the plain form it replaces, interleaved round by round:
   (``full_batch``, :func:`treadle.weft.rl.train._logprobs`, what the data-parallel update runs).
 
 * ``WEFT RL step``: one atomic-turn GRPO step on ``trl.GRPOTrainer`` (``treadle weft train --engine trl``:
-  :class:`~treadle.weft.rl.trl_env.WeftGRPOTrainer`, TRL's transformers generation and tool loop) vs the same
+  :class:`~treadle.weft.rl.trl_trainer.WeftGRPOTrainer`, TRL's transformers generation and tool loop) vs the same
   step in treadle's own loop (``--engine loop``: :func:`~treadle.weft.rl.train.train_policy`), on the same
   tiny tool policy (the cached SFT policy; trained first when missing) and the same batch (8 turn groups x
   G = 4 of the same train episodes, one update iteration, 2 steps each, mean per step). Shares per step:
@@ -149,7 +149,8 @@ def engine_step(steps: int = 2, groups: int = 8, g: int = 4) -> dict:
 
     from treadle.weft.rl.sft import ToolTrainConfig, load_tool_model, tool_slot
     from treadle.weft.rl.train import WeftTrainConfig, train_policy
-    from treadle.weft.rl.trl_env import WeftGRPOTrainer, weft_environment, weft_turn_dataset
+    from treadle.weft.rl.trl_env import weft_environment, weft_turn_dataset
+    from treadle.weft.rl.trl_trainer import WeftGRPOTrainer
     from treadle.weft.rl.trl_run import grpo_config
 
     torch.set_num_threads(1)

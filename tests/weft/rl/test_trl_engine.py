@@ -80,7 +80,8 @@ def _trainer(tmp_path, backend, **overrides):
     from trl import GRPOConfig
 
     from treadle.models.builders import build_tiny_model
-    from treadle.weft.rl.trl_env import WeftGRPOTrainer, weft_environment, weft_turn_dataset
+    from treadle.weft.rl.trl_env import weft_environment, weft_turn_dataset
+    from treadle.weft.rl.trl_trainer import WeftGRPOTrainer
     from treadle.weft.rl.vocab import build_tool_tokenizer
 
     tok = build_tool_tokenizer()

@@ -72,7 +72,8 @@ def train_seed(run: Path, policy, cfg, *, held, checkpoint_every: int = 1, conso
     """Train one seed on TRL in ``run`` (resuming from TRL's last checkpoint there); returns its summary.
     ``callbacks``: extra ``transformers.TrainerCallback`` objects for the trainer."""
     from treadle.weft.rl.sft import evaluate_policy
-    from treadle.weft.rl.trl_env import WeftGRPOTrainer, weft_environment, weft_turn_dataset
+    from treadle.weft.rl.trl_env import weft_environment, weft_turn_dataset
+    from treadle.weft.rl.trl_trainer import WeftGRPOTrainer
     from treadle.weft.rl.vocab import with_tool_calling
 
     run.mkdir(parents=True, exist_ok=True)
