@@ -30,6 +30,10 @@ FTASK = CodingTask(seed_id="t/half", prompt="def half(x):\n    \"\"\"x / 2\"\"\"
                    tests="def check(candidate):\n    assert abs(candidate(3.0) - 1.5) < 1e-9\n",
                    reference="    return x / 2\n")
 
+# tests that iterate: a StopIteration raised by the candidate would end map() at once and all([]) is True
+ITASK = CodingTask(seed_id="t/pos", prompt="def pos(x):\n    \"\"\"x > 0\"\"\"\n", entry_point="pos",
+                   tests="def check(candidate):\n    assert all(map(candidate, [1, 2, 3]))\n", reference="    return x > 0\n")
+
 # Finds every 32-hex string it can reach (its frames' locals and globals, gc, the memory of every other process
 # of the sandbox), writes a forged verdict on every descriptor it can open (its own and other processes'),
 # prints each string found as a nonce sentinel, and exits 0.
@@ -100,6 +104,7 @@ HACKS = {
     "closes stdout then exits 0": (TASK, "    import os\n    os.close(1)\n    os._exit(0)\n", "exit_status"),
     "patches builtins.abs": (FTASK, "    return 0.0\nimport builtins\nbuiltins.abs = lambda v: 0\n",
                              "exit_status"),
+    "StopIteration ends the tests' map() early": (ITASK, "    raise StopIteration\n", "exit_status"),
     "frame inspection, gc search, /proc and descriptor forging": (TASK, _FORGE, "same_process"),
     "patches os.write and os._exit": (
         TASK, "    import os\n    w = os.write\n    os.write = lambda fd, b: w(fd, b'{\"verdict\": \"passed\"}\\n')\n"
@@ -162,6 +167,7 @@ def _naive_passes(kind: str, task: CodingTask, solution: str) -> bool:
 def test_the_reference_passes_under_the_two_process_harness():
     assert run_tests(TASK, TASK.reference).reason == "passed"
     assert run_tests(FTASK, FTASK.reference).reason == "passed"
+    assert run_tests(ITASK, ITASK.reference).reason == "passed"
 
 
 @needs_sandbox

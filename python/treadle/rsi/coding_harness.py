@@ -19,7 +19,8 @@ run (:func:`~treadle.sandbox.run_python` with ``report=True``):
   plain objects (numbers, str, bytes, bool, None, list, tuple, dict, set, frozenset; no pickle, no
   object of the candidate's), so an answer whose ``__eq__`` is always true cannot exist on the parent's
   side. An exception the candidate raised is raised again in the parent as its nearest builtin
-  exception class (a test expecting ``ValueError`` still sees one);
+  exception class (a test expecting ``ValueError`` still sees one; ``StopIteration`` becomes ``RuntimeError``, so
+  it cannot end a ``map`` or ``next`` loop of the tests early, as :pep:`479` does for generators);
 - the verdict (one JSON line) is written by the parent on the report channel, a host file outside the
   sandbox that no other process can open; stdout and the exit status mean nothing. The child ending,
   hanging past the deadline, raising ``SystemExit``/``KeyboardInterrupt``, returning something that is
@@ -281,8 +282,9 @@ def candidate(*args, **kwargs):
     calls += 1
     if "raised" in rep:
         cls = getattr(_bi, str(rep["raised"]), None)
-        if not (isinstance(cls, type) and issubclass(cls, Exception)):
-            cls = RuntimeError
+        if not (isinstance(cls, type) and issubclass(cls, Exception)) or issubclass(cls, (StopIteration,
+                                                                                          StopAsyncIteration)):
+            cls = RuntimeError          # a StopIteration would end the tests' map()/next() loop early, silently
         try:
             exc = cls(str(rep.get("msg", "")))
         except Exception:
