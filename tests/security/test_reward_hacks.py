@@ -85,6 +85,9 @@ _FORGE = r"""
         os.write(1, ("\n%s 1\n" % nonce).encode())
     os._exit(0)
 """
+_DUMPABLE = ("a one-process runner's parent is the sandbox's PID 1, whose /proc entries are refused; "
+             "test_control_only_a_non_dumpable_parent_keeps_its_report_channel_from_its_child shows the breach "
+             "against a dumpable parent")
 _PROBE = "a robustness probe of the proxy: a typed failure, never a crash of the harness"
 
 # name -> (task, wrong solution, the naive runner it beats, or why there is none)
@@ -106,6 +109,16 @@ HACKS = {
                              "exit_status"),
     "StopIteration ends the tests' map() early": (ITASK, "    raise StopIteration\n", "exit_status"),
     "frame inspection, gc search, /proc and descriptor forging": (TASK, _FORGE, "same_process"),
+    # these two answer right only when the breach works, so a pass would show it
+    "reads the parent's /proc environ and mem": (
+        TASK, "    import os\n    try:\n        open('/proc/%d/environ' % os.getppid(), 'rb').read(1)\n"
+              "        open('/proc/%d/mem' % os.getppid(), 'rb').close()\n    except OSError:\n"
+              "        return 0\n    return a + b\n", _DUMPABLE),
+    "writes the parent's descriptors under /proc": (
+        TASK, "    import os\n    ok = False\n    for fd in os.listdir('/proc/%d/fd' % os.getppid()):\n        try:\n"
+              "            w = os.open('/proc/%d/fd/%s' % (os.getppid(), fd), os.O_WRONLY | os.O_APPEND)\n"
+              "            os.write(w, b'{\"verdict\": \"passed\", \"detail\": \"\", \"calls\": 2}\\n')\n"
+              "            ok = True\n        except OSError:\n            pass\n    return a + b if ok else 0\n", _DUMPABLE),
     "patches os.write and os._exit": (
         TASK, "    import os\n    w = os.write\n    os.write = lambda fd, b: w(fd, b'{\"verdict\": \"passed\"}\\n')\n"
               "    os._exit = lambda s=0: None\n    return 0\n",
