@@ -83,9 +83,8 @@ def dec(j, d=0):
         if k in ("L", "T", "S", "F") and type(v) is list:
             items = [dec(x, d + 1) for x in v]
             return {"L": list, "T": tuple, "S": set, "F": frozenset}[k](items)
-        if k == "D" and type(v) is list:
-            return {dec(p[0], d + 1): dec(p[1], d + 1) for p in v if type(p) is list and len(p) == 2
-                    or _bad()}
+        if k == "D" and type(v) is list and all(type(p) is list and len(p) == 2 for p in v):
+            return {dec(p[0], d + 1): dec(p[1], d + 1) for p in v}
         if k == "X" and type(v) is str and len(v) <= 1 << 20:
             return int(v, 16)
         if k == "R" and v in ("nan", "inf", "-inf"):
@@ -96,8 +95,6 @@ def dec(j, d=0):
             return complex(dec(v[0], d + 1), dec(v[1], d + 1))
     except (TypeError, ValueError, RecursionError):
         pass
-    raise NotPlain("out of protocol")
-def _bad():
     raise NotPlain("out of protocol")
 '''
 
