@@ -100,3 +100,82 @@ def test_bad_seed_files(tmp_path):
         load_humaneval_seeds(tmp_path / "dup.jsonl.gz")
     assert isinstance(CodingTask.model_validate({**{k: "x" for k in ("seed_id", "prompt", "entry_point", "tests",
                                                                       "reference")}}), CodingTask)
+
+
+def _task(entry: str, tests: str, reference: str, args: str = "x") -> CodingTask:
+    return CodingTask(seed_id=f"t/{entry}", prompt=f"def {entry}({args}):\n    \"\"\"doc\"\"\"\n", entry_point=entry,
+                      tests=tests, reference=reference)
+
+
+@needs_sandbox
+def test_the_prompts_helpers_are_the_tests_own():
+    # check() of these seeds calls helpers defined in the prompt (is_palindrome, poly, encode_cyclic, encode_shift)
+    seeds = {t.seed_id: t for t in load_humaneval_seeds()}
+    picked = [seeds[f"HumanEval/{i}"] for i in (10, 32, 38, 50)]
+    assert [r.reason for r in run_tests_many([(t, t.reference) for t in picked])] == ["passed"] * 4
+
+
+@needs_sandbox
+def test_plain_data_crosses_the_proxy_exactly():
+    values = ("[1, -0.0, float('nan'), float('inf'), 10**40, -(10**40), 'é', b'\\x00\\xff', 2+3j, None, True, "
+              "(1, (2,)), {1, 'a'}, frozenset({(1, 2)}), {1: [2], (3, 4): {'k': set()}}]")
+    tests = (f"import math\ndef check(candidate):\n    vs = {values}\n    out = candidate(vs)\n"
+             "    assert type(out) is list and len(out) == len(vs)\n"
+             "    for a, b in zip(out, vs):\n        assert type(a) is type(b)\n"
+             "        assert a == b or (a != a and b != b)\n"
+             "    assert math.copysign(1, out[1]) == -1\n"
+             "    assert candidate(x=()) == () and candidate(x={}) == {}\n")
+    assert run_tests(_task("ident", tests, "    return x\n"), "    return x\n").reason == "passed"
+
+
+@needs_sandbox
+def test_arguments_the_candidate_mutates_are_copied_back():
+    tests = ("def check(candidate):\n    xs = [3, 1, 2]\n    inner = xs\n    assert candidate(xs) is None\n"
+             "    assert xs == [1, 2, 3] and inner is xs\n    d = {'b': 1}\n    candidate(d)\n    assert d == {'a': 0}\n")
+    ref = ("    if isinstance(x, list):\n        x.sort()\n    else:\n        x.clear()\n        x['a'] = 0\n")
+    assert run_tests(_task("inplace", tests, ref), ref).reason == "passed"
+    assert run_tests(_task("inplace", tests, ref), "    return None\n").reason == "failed"
+
+
+@needs_sandbox
+def test_the_candidates_exceptions_reach_the_tests_as_builtin_classes():
+    tests = ("def check(candidate):\n    assert candidate(2) == 1\n    try:\n        candidate(-1)\n"
+             "    except ValueError as e:\n        assert 'negative' in str(e)\n    else:\n        assert False\n")
+    ref = ("    class NegativeError(ValueError):\n        pass\n    if x < 0:\n"
+           "        raise NegativeError('negative input')\n    return x // 2\n")
+    assert run_tests(_task("halve", tests, ref), ref).reason == "passed"
+    r = run_tests(_task("halve", tests, ref), "    if x < 0:\n        raise TypeError('negative')\n    return x // 2\n")
+    assert r.reason == "error" and r.detail.startswith("TypeError")
+
+
+@needs_sandbox
+def test_tests_that_pass_what_is_not_plain_data_are_a_clear_error():
+    tests = "def check(candidate):\n    assert candidate(lambda: 1) == 1\n"
+    r = check_coding_task(_task("call", tests, "    return x()\n"))
+    assert r.reason == "error" and "cannot send" in r.detail and "function" in r.detail
+
+
+@needs_sandbox
+def test_the_solution_never_sees_the_tests():
+    # the tests hold the expected answer; a solution that searches every readable file for it finds nothing
+    tests = "def check(candidate):\n    # EXPECTED_MARK 7\n    assert candidate(0) == 7\n"
+    peek = ("    import os\n    mark = 'EXPECTED' + '_MARK'\n    paths = ['/proc/%d/%s' % (os.getppid(), n)\n"
+            "                                 for n in ('cmdline', 'environ', 'mem')]\n"
+            "    for root in ('.', '/tmp', '/dev/shm'):\n        for dirpath, _, files in os.walk(root):\n"
+            "            paths += [os.path.join(dirpath, f) for f in files]\n    for p in paths:\n"
+            "        try:\n            if mark in open(p, errors='replace').read():\n                return 7\n"
+            "        except OSError:\n            pass\n    return 0\n")
+    task = _task("guess", tests, "    return 7\n")
+    assert run_tests(task, peek).reason == "failed"
+    # control: in one process with the tests (main.py in the work folder), the same search finds the answer
+    assert sandbox.run_python(program(task, peek)).returncode == 0
+
+
+@needs_sandbox
+def test_a_sandbox_that_cannot_hold_two_processes_is_a_tool_failure(monkeypatch):
+    # without a memory cgroup the sandbox refuses fork; the verifier never falls back to one process
+    from treadle import sandbox_cgroup
+    real = sandbox_cgroup.own_cgroup
+    monkeypatch.setattr(sandbox_cgroup, "own_cgroup", lambda c: None if c == "memory" else real(c))
+    r = run_tests(T0, T0.reference)
+    assert not r.passed and r.reason == "sandbox_unavailable" and "second process" in r.detail, r

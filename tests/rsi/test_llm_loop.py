@@ -227,7 +227,7 @@ def test_coding_round_verifies_generated_tasks_in_the_sandbox(fake, tmp_path):
 
     (rec,), h = asyncio.run(go())
     assert rec.new_valid and rec.accuracy == 0.0 and rec.task.tests == harder_tests
-    assert rec.exports[0]["verifier_version"] == "code-sandbox-1"
+    assert rec.exports[0]["verifier_version"] == "code-sandbox-2"
     assert rec.admitted == ["deep_nesting"] and "deep_nesting" in [s.name for s in h.skills]
     # a generated task whose reference fails its own tests is invalid: a repair, never a skill
     wrong_tests = seed.tests + "    assert candidate([1.0, 1.0], 0.0) == True\n"

