@@ -119,6 +119,10 @@ class _RootGroup(TyperGroup):
         except Exception as err:
             # a backend forced by $TREADLE_BACKEND (or backend=) that cannot run some op here: one line (the
             # error class is looked up only once raised: dispatch imports torch, the root command does not)
+            run_dirs = sys.modules.get("treadle.run_dirs")
+            if run_dirs is not None and isinstance(err, run_dirs.StoredFileError):  # a damaged run file: one line
+                click.echo(f"Error: {' '.join(str(err).split())}", err=True)
+                sys.exit(2)
             dispatch = sys.modules.get("treadle.dispatch")
             if dispatch is None or not isinstance(err, dispatch.BackendUnavailableError):
                 raise

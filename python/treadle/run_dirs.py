@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["check_out_dir", "make_out_dir", "open_run_dir", "RunDir", "RunDirError", "read_run_record",
+__all__ = ["check_out_dir", "make_out_dir", "open_run_dir", "RunDir", "RunDirError", "StoredFileError",
+           "read_stored_json", "read_run_record",
            "record_problem", "machine_info", "RUN_RECORD"]
 
 
@@ -67,6 +68,35 @@ SCHEMA_VERSION = 1
 class RunDirError(ValueError):
     """A run folder cannot be used as asked (another config inside, not a treadle run folder...).
     The message names the CLI flag and says what to do."""
+
+
+class StoredFileError(ValueError):
+    """A file a run wrote earlier (a config, a summary, a state file) no longer reads as what was written:
+    cut, hand-edited, or of another shape. The message names the file; the file is left as it is."""
+
+
+def read_stored_json(path: str | Path, *, what: str, expect: type = dict):
+    """The JSON value a run stored in ``path``, checked to be an ``expect`` (dict by default).
+
+    Raises:
+        StoredFileError: the file cannot be read, is not JSON (or nests too deep), or holds another type;
+            one line naming the file and ``what`` it should be (the ``treadle`` command prints it as
+            ``Error: ...``, exit 2).
+    """
+    import json
+
+    p = Path(path)
+    try:
+        value = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        reason = " ".join(str(err).split())[:120]
+        raise StoredFileError(f"{p}: the {what} does not read as JSON ({type(err).__name__}: {reason}); it is left "
+                              f"as it is: restore or remove it, or use another --out") from None
+    if not isinstance(value, expect):
+        raise StoredFileError(f"{p}: the {what} holds a JSON {type(value).__name__}, not the "
+                              f"{'object' if expect is dict else expect.__name__} treadle wrote; it is left as it is: "
+                              f"restore or remove it, or use another --out")
+    return value
 
 
 def file_sha256(path: str | Path) -> str:

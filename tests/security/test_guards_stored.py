@@ -26,3 +26,44 @@ def test_an_rsi_state_json_of_the_wrong_shape_is_one_line(rsi_run, state):
         assert (rsi_run / "state.json").read_text() == state
     finally:
         (rsi_run / "state.json").write_text(good)
+
+
+# ---- every JSON file a run stored and a command reads back: one clear error, the file left as it is ----------
+@pytest.mark.parametrize("text, words", [
+    ("", "does not read as JSON"), ("{", "does not read as JSON"), ("{" * 100_000, "does not read as JSON"),
+    ("[1, 2]", "holds a JSON list"), ('"text"', "holds a JSON str"), ("\xff\xfe", "does not read as JSON"),
+])
+def test_a_stored_json_file_of_the_wrong_shape_is_one_clear_error(tmp_path, text, words):
+    from treadle.run_dirs import StoredFileError, read_stored_json
+
+    p = tmp_path / "summary.json"
+    p.write_bytes(text.encode("latin-1"))
+    before = p.read_bytes()
+    with pytest.raises(StoredFileError, match=words) as err:
+        read_stored_json(p, what="run summary")
+    assert str(p) in str(err.value) and "run summary" in str(err.value) and "\n" not in str(err.value)
+    assert p.read_bytes() == before
+    with pytest.raises(StoredFileError, match="does not read as JSON"):
+        read_stored_json(tmp_path / "missing.json", what="run summary")
+
+
+def test_the_treadle_command_prints_a_damaged_stored_file_as_one_line(tmp_path):
+    import typer
+    from typer.testing import CliRunner
+
+    from treadle.cli import _RootGroup
+    from treadle.run_dirs import read_stored_json
+    from treadle.testing import assert_usage_error
+
+    (tmp_path / "results.json").write_text('{"cut": ')
+    app = typer.Typer(cls=_RootGroup)
+
+    @app.command()
+    def show(out: str) -> None:
+        read_stored_json(f"{out}/results.json", what="sweep results")
+
+    @app.command()
+    def other() -> None:  # two commands: a group, as the treadle command is
+        pass
+
+    assert_usage_error(CliRunner().invoke(app, ["show", str(tmp_path)]), "results.json", "sweep results")

@@ -22,6 +22,7 @@ from treadle.cli_lists import parse_list
 from treadle.cli_models import MAX_THREADS, THREADS_HELP
 from treadle.cli_output import make_console, progress_enabled
 from treadle.cli_runs import OUT_HELP_SUFFIX, open_run, pick_out, recorded, usage_error
+from treadle.run_dirs import read_stored_json
 
 app = typer.Typer(help="SCALE: per-token gated LoRA (Stage I LoRA SFT, Stage II gate training, (L, U) sweeps).",
                   no_args_is_help=True, add_completion=False)
@@ -393,7 +394,7 @@ def train_cmd(
     if _show_finished(run, "Stage II"):
         summary_file = out / "summary.json"
         if summary_file.exists():
-            for t in summary_tables(json.loads(summary_file.read_text())):
+            for t in summary_tables(read_stored_json(summary_file, what="run summary")):
                 console.print(t)
         return
     model, tok, adapter = _load_base(model_path, quick, adapter, threads)
@@ -543,7 +544,7 @@ def sweep_cmd(
                                      "metric": metric, "model": _used_model(model_path, adapter), "quick": quick,
                                      "adapter": str(adapter) if adapter is not None else None}, overwrite)
     if _show_finished(run, "sweep"):
-        res = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else None
+        res = read_stored_json(out / "results.json", what="sweep results") if (out / "results.json").exists() else None
     else:
         model, tok, adapter = _load_base(model_path, quick, adapter, threads)
         if adapter is None:

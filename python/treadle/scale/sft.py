@@ -33,7 +33,7 @@ from pydantic import ConfigDict, Field, field_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 from torch import nn
 
-from treadle.run_dirs import make_out_dir
+from treadle.run_dirs import make_out_dir, read_stored_json
 
 __all__ = ["SFTConfig", "SFTResult", "sft", "stage_one_trainer", "sft_dataset", "response_loss", "linear_targets"]
 
@@ -327,7 +327,7 @@ def _resumable(out: Path, config: SFTConfig) -> Path | None:
     if ckpt is None:
         return None
     try:
-        saved = json.loads((out / "trainer" / STAGE_ONE).read_text())
+        saved = read_stored_json(out / "trainer" / STAGE_ONE, what="Stage-I run config")
     except (OSError, ValueError):
         saved = None
     mine = json.loads(json.dumps(dataclasses.asdict(config)))

@@ -24,7 +24,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-__all__ = ["run", "gate_parameters"]
+from treadle.run_dirs import read_stored_json
+
+__all__ = ["run", "train", "gate_parameters"]
 
 
 def gate_parameters(peft_model: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -66,7 +68,7 @@ def _read_state(out_dir, ckpt_cfg: dict):
     if ckpt is None:
         return None, None
     try:
-        state = json.loads((Path(out_dir) / STATE).read_text())
+        state = read_stored_json(Path(out_dir) / STATE, what="Stage-II state")
     except (OSError, ValueError) as err:
         raise ValueError(f"{out_dir} holds a Stage-II checkpoint ({ckpt.name}) without a readable {STATE} "
                          f"({type(err).__name__}); delete the checkpoint-* folders to start afresh") from None

@@ -22,6 +22,7 @@ from treadle.cli_lists import parse_list
 from treadle.cli_models import MAX_THREADS, THREADS_HELP
 from treadle.cli_output import make_console, progress_enabled
 from treadle.cli_runs import OUT_HELP_SUFFIX, open_run, pick_out, recorded, usage_error
+from treadle.run_dirs import read_stored_json
 
 app = typer.Typer(help="STAIR: reflected read-out of earlier responses' K/V (train the normals, evaluate).",
                   no_args_is_help=True, add_completion=False)
@@ -256,7 +257,7 @@ def _check_checkpoint_layers(run, resume: bool, layers: tuple) -> None:
     if not (resume and run.resumed):
         return
     try:
-        old = json.loads((run.path / "config.json").read_text()).get("layers")
+        old = read_stored_json(run.path / "config.json", what="run config").get("layers")
     except (OSError, ValueError, AttributeError):
         return
     if old is not None and (run.path / "normals.safetensors").exists() and tuple(old) != tuple(layers):
@@ -357,7 +358,7 @@ def eval_cmd(
     if picked:
         console.print(picked, markup=False)
     if run.finished and (out / "results.json").exists():
-        res = json.loads((out / "results.json").read_text())
+        res = read_stored_json(out / "results.json", what="evaluation results")
         console.print(results_table(res, cfg.k))
         console.print(f"{out} already holds this finished evaluation (same config); add --overwrite to run it "
                       f"again.", markup=False)

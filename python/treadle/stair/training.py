@@ -27,6 +27,7 @@ from pydantic import AfterValidator, ConfigDict, Field
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from treadle.data.arithmetic import known_levels
+from treadle.run_dirs import read_stored_json
 from treadle.stair.loss import stair_loss
 
 __all__ = ["StairTrainConfig", "make_training_sessions", "self_responses", "stair_loss", "train_step", "train"]
@@ -233,7 +234,7 @@ def train(model, tokenizer, config: StairTrainConfig, run_dir, *, resume: bool =
     try:
         resume_from = latest_checkpoint(run_dir) if resume else None
         if resume_from is not None:
-            old = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").exists() else {}
+            old = read_stored_json(run_dir / "config.json", what="run config") if (run_dir / "config.json").exists() else {}
             if {k: old.get(k) for k in keys} != {k: cfg_json[k] for k in keys}:
                 raise ValueError(f"{run_dir} holds a run with another config ({old}); use another run_dir or "
                                  f"resume=False")

@@ -18,6 +18,7 @@ import typer
 
 from treadle.cli_output import make_console
 from treadle.cli_runs import OUT_HELP_SUFFIX, open_run, recorded, usage_error
+from treadle.run_dirs import read_stored_json
 
 console = make_console()
 
@@ -149,7 +150,7 @@ def _groups(out: Path, doc: dict, model, quick: bool, episodes: int, split: str,
                                                                                  markup=False))
 
     groups = anyio.run(main)
-    stats = json.loads((out / "stats.json").read_text())
+    stats = read_stored_json(out / "stats.json", what="group statistics")
     console.print(f"{len(groups)} groups x G={group_size} -> {out} (groups.jsonl, rows.jsonl, stats.json): "
                   f"mean verdict {stats['mean_reward']:.2f}, all-equal groups {stats['all_equal_groups']} "
                   f"({stats['all_pass_groups']} all-pass, {stats['all_fail_groups']} all-fail), singleton "
@@ -321,7 +322,7 @@ def _show_finished(run, doc: dict) -> bool:
     prev = (run.previous or {}).get("config") or {}
     if not run.finished or any(prev.get(k) != doc[k] for k in _GROWS) or not (run.path / "summary.json").exists():
         return False
-    summary = json.loads((run.path / "summary.json").read_text())
+    summary = read_stored_json(run.path / "summary.json", what="run summary")
     for grouping, g in summary.get("groupings", {}).items():
         console.print(f"{grouping}: held-out per-turn success change {g['turn_change_mean']:+.3f} (sd "
                       f"{g['turn_change_sd']:.3f}) over seeds {summary['seeds']}", markup=False)

@@ -15,6 +15,8 @@ import json
 import time
 from pathlib import Path
 
+from treadle.run_dirs import read_stored_json
+
 __all__ = ["grpo_config", "train_seed", "run_trl"]
 
 LOSS_TYPES = {"seq-mean-token-mean": "grpo", "token-mean": "bnpo"}
@@ -79,13 +81,13 @@ def train_seed(run: Path, policy, cfg, *, held, checkpoint_every: int = 1, conso
     run.mkdir(parents=True, exist_ok=True)
     done = run / "summary.json"
     if done.exists():
-        return json.loads(done.read_text(encoding="utf-8"))
+        return read_stored_json(done, what="finished run summary")
     model, tok = copy.deepcopy(policy[0]), with_tool_calling(copy.deepcopy(policy[1]))
     ev = dict(samples=cfg.eval_samples, seed=cfg.seed * 31 + 100_000, max_new_tokens=cfg.max_new_tokens,
               max_steps=cfg.max_steps)
     bpath = run / "before.json"
     if bpath.exists():
-        before = json.loads(bpath.read_text(encoding="utf-8"))
+        before = read_stored_json(bpath, what="evaluation before training")
     else:
         before = evaluate_policy(model, tok, held, **ev)
         bpath.write_text(json.dumps(before), encoding="utf-8")
