@@ -171,3 +171,17 @@ def test_every_module_is_under_800_lines():
     long = {str(p.relative_to(ROOT)): n for p in MODULES.values()
             if (n := len(p.read_text().splitlines())) >= 800}
     assert long == {}
+
+
+def test_png_figures_never_switch_the_global_matplotlib_backend():
+    """One way to draw a PNG: :func:`treadle.figures.png_figure` (matplotlib's object API); a module that
+    called ``matplotlib.use`` or imported pyplot would change the backend of the user's own process."""
+    bad = []
+    for mod, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "matplotlib.use":
+                bad.append(f"{mod}: matplotlib.use")
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                bad += [f"{mod}: import {n}" for n in names if n.startswith("matplotlib.pyplot")]
+    assert bad == []

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from treadle.cli import app
 from treadle.models import build_tiny_model
 from treadle.models.tiny import MARKER, build_tokenizer
+from treadle.testing import assert_usage_error
 
 
 pytestmark = pytest.mark.usefixtures("cli_env")  # tests/conftest.py
@@ -47,12 +48,6 @@ def ckpts(tmp_path_factory):
     return out
 
 
-def _one_line_error(r, *words):
-    from treadle.testing import assert_usage_error
-
-    return assert_usage_error(r, *words)
-
-
 @pytest.mark.parametrize("model, sections, words", [
     ("/bad", "all", ["does not exist"]),
     ("/bad", "stair", ["does not exist"]),
@@ -65,7 +60,7 @@ def _one_line_error(r, *words):
 def test_demo_checks_treadle_model_before_any_section(ckpts, tmp_path, monkeypatch, model, sections, words):
     monkeypatch.setenv("TREADLE_MODEL", str(ckpts.get(model, model)))
     r = CliRunner().invoke(app, ["demo", "--sections", sections, "--out", str(tmp_path / "d11")])
-    _one_line_error(r, "$TREADLE_MODEL", *words)
+    assert_usage_error(r, "$TREADLE_MODEL", *words)
     assert "grpo-op" not in r.output.replace(sections, "")  # no section's rule was printed
     assert not (tmp_path / "d11").exists()
     assert not (tmp_path / "cache").exists()  # nothing trained
@@ -97,17 +92,17 @@ def test_train_tiny_on_a_foreign_folder_never_suggests_overwrite(tmp_path):
     nonrun.mkdir()
     (nonrun / "keep.txt").write_text("mine")
     r = CliRunner().invoke(app, ["model", "train-tiny", "--quick", "--out", str(nonrun)])
-    line = _one_line_error(r, "--out", "not a treadle checkpoint")
+    line = assert_usage_error(r, "--out", "not a treadle checkpoint")
     assert "--overwrite`" not in line and "run 'treadle" not in line and "run `treadle" not in line, line
     assert [p.name for p in nonrun.iterdir()] == ["keep.txt"]
     # and what it says holds: --overwrite is refused too
     r = CliRunner().invoke(app, ["model", "train-tiny", "--quick", "--out", str(nonrun), "--overwrite"])
-    _one_line_error(r, "never replaced")
+    assert_usage_error(r, "never replaced")
 
 
 def test_model_eval_names_missing_tokenizer_files(ckpts, tmp_path):
     r = CliRunner().invoke(app, ["model", "eval", str(ckpts["gpt2-bare"])])
-    line = _one_line_error(r, "PATH", "no tokenizer files")
+    line = assert_usage_error(r, "PATH", "no tokenizer files")
     assert "chat template" not in line
 
 
@@ -133,7 +128,7 @@ def test_bench_finds_bench_in_the_current_directory(tmp_path, monkeypatch):
     assert br._suites(["grpo"]) == [clone / "bench" / "bench_grpo.py"]
     monkeypatch.chdir(tmp_path)
     r = CliRunner().invoke(app, ["bench", "--ops", "foo"])
-    line = _one_line_error(r, "no bench/ folder", str(tmp_path / "bench"), str(tmp_path / "site" / "bench"))
+    line = assert_usage_error(r, "no bench/ folder", str(tmp_path / "bench"), str(tmp_path / "site" / "bench"))
     monkeypatch.chdir(clone)
     r = CliRunner().invoke(app, ["bench", "--ops", "foo"])
-    _one_line_error(r, "--ops", "no such benchmark suite", "grpo")
+    assert_usage_error(r, "--ops", "no such benchmark suite", "grpo")

@@ -6,7 +6,9 @@ from treadle.llm import CacheError, ConfigError, LedgerError, LLMClient, LLMConf
 from treadle.llm.cache import Cache
 from treadle.llm.ledger import Ledger
 
-from .test_cli import _one_line_error, invoke
+from treadle.testing import assert_usage_error
+
+from .test_cli import invoke
 
 DEAD = "http://127.0.0.1:9/v1"  # nothing listens on port 9 (discard); never reached by these tests
 
@@ -63,21 +65,21 @@ def test_config_errors_are_config_errors(tmp_path):
 def test_cli_bad_paths_and_values(tmp_path):
     d = tmp_path / "d"
     d.mkdir()
-    _one_line_error(invoke("ask", "hi", "--model", "m", "--base-url", "notaurl"), "--base-url:")
-    _one_line_error(invoke("ask", "hi", "--model", "m", "--base-url", DEAD, "--cache", d), "--cache:")
-    _one_line_error(invoke("ask", "hi", "--model", "m", "--base-url", DEAD, "--ledger", d), "--ledger:")
+    assert_usage_error(invoke("ask", "hi", "--model", "m", "--base-url", "notaurl"), "--base-url:")
+    assert_usage_error(invoke("ask", "hi", "--model", "m", "--base-url", DEAD, "--cache", d), "--cache:")
+    assert_usage_error(invoke("ask", "hi", "--model", "m", "--base-url", DEAD, "--ledger", d), "--ledger:")
     junk = tmp_path / "c.sqlite"
     junk.write_text("garbage")
-    _one_line_error(invoke("ask", "hi", "--model", "m", "--base-url", DEAD, "--cache", junk), "--cache:")
+    assert_usage_error(invoke("ask", "hi", "--model", "m", "--base-url", DEAD, "--cache", junk), "--cache:")
     assert junk.read_text() == "garbage"
-    _one_line_error(invoke("ask", "hi", "--model", "m", "--set", "default.sampling.max_tokens=abc"), "--set:")
+    assert_usage_error(invoke("ask", "hi", "--model", "m", "--set", "default.sampling.max_tokens=abc"), "--set:")
     e = tmp_path / "e.json"
     e.write_text("{}")
     r = invoke("probe", "--config", e)
-    _one_line_error(r, "--config:")
+    assert_usage_error(r, "--config:")
     assert "roles: Field required" in r.output
     led = tmp_path / "l.jsonl"
     led.write_text("{bad\n")
     r = invoke("ledger", led)
-    _one_line_error(r, "PATH:")
+    assert_usage_error(r, "PATH:")
     assert "l.jsonl:1" in r.output

@@ -5,17 +5,13 @@ import socket
 from typer.testing import CliRunner
 
 from treadle.cli import app
+from treadle.testing import assert_usage_error
 
 from .conftest import FAKE_MODEL
 
 
 def invoke(*args):
     return CliRunner().invoke(app, ["llm", *map(str, args)])
-
-
-def _one_line_error(r, flag):
-    assert r.exit_code == 2, r.output
-    assert len(r.output.strip().splitlines()) == 1 and r.output.startswith(f"Error: {flag}"), r.output
 
 
 def test_probe_and_ask(fake, tmp_path):
@@ -37,17 +33,17 @@ def test_probe_and_ask(fake, tmp_path):
 
 
 def test_flag_errors(tmp_path, fake):
-    _one_line_error(invoke("probe"), "--config")
-    _one_line_error(invoke("probe", "--config", tmp_path / "missing.toml"), "--config")
+    assert_usage_error(invoke("probe"), "--config")
+    assert_usage_error(invoke("probe", "--config", tmp_path / "missing.toml"), "--config")
     bad = tmp_path / "bad.toml"
     bad.write_text("[roles.p]\nmodel = 'm'\nbase_url = 'localhost'\n")
-    _one_line_error(invoke("probe", "--config", bad), "--config")
-    _one_line_error(invoke("ask", "x", "--model", "m", "--set", "nonsense"), "--set")
-    _one_line_error(invoke("ask", "x", "--model", "m", "--role", "judge"), "--role")
-    _one_line_error(invoke("probe", "--model", "m", "--role", "judge"), "--role")
-    _one_line_error(invoke("ledger", tmp_path / "none.jsonl"), "PATH")
+    assert_usage_error(invoke("probe", "--config", bad), "--config")
+    assert_usage_error(invoke("ask", "x", "--model", "m", "--set", "nonsense"), "--set")
+    assert_usage_error(invoke("ask", "x", "--model", "m", "--role", "judge"), "--role")
+    assert_usage_error(invoke("probe", "--model", "m", "--role", "judge"), "--role")
+    assert_usage_error(invoke("ledger", tmp_path / "none.jsonl"), "PATH")
     (tmp_path / "l.jsonl").write_text("")
-    _one_line_error(invoke("ledger", tmp_path / "l.jsonl", "--by", "day"), "--by")
+    assert_usage_error(invoke("ledger", tmp_path / "l.jsonl", "--by", "day"), "--by")
 
 
 def test_serve_port_in_use(tmp_path):
@@ -55,7 +51,7 @@ def test_serve_port_in_use(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        _one_line_error(invoke("serve", "--port", port), "--port")
+        assert_usage_error(invoke("serve", "--port", port), "--port")
 
 
 def test_ask_failure_exit_1(fake):

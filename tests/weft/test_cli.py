@@ -5,6 +5,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from treadle.cli import app
+from treadle.testing import assert_usage_error
 
 SERVERS = Path(__file__).parent / "servers"
 runner = CliRunner()
@@ -48,11 +49,11 @@ def put(db, a: int) -> None:
 def test_weft_check_bad_files_are_one_line_errors(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f(:\n")
-    _one_line_error(runner.invoke(app, ["weft", "check", str(bad)]), "does not parse")
+    assert_usage_error(runner.invoke(app, ["weft", "check", str(bad)]), "does not parse")
     none = tmp_path / "none.py"
     none.write_text("x = 1\n")
-    _one_line_error(runner.invoke(app, ["weft", "check", str(none)]), "WeftServer")
-    _one_line_error(runner.invoke(app, ["weft", "check", str(tmp_path / "missing.py")]), "cannot read")
+    assert_usage_error(runner.invoke(app, ["weft", "check", str(none)]), "WeftServer")
+    assert_usage_error(runner.invoke(app, ["weft", "check", str(tmp_path / "missing.py")]), "cannot read")
 
 
 def test_weft_shop_and_demo_section(tmp_path):
@@ -69,23 +70,16 @@ def test_weft_shop_and_demo_section(tmp_path):
     assert [r["r"] for r in skipped] == [1, 0, 1, 1, 1, 1]
 
 
-def _one_line_error(res, *words):
-    assert res.exit_code == 2, res.output
-    lines = [ln for ln in res.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), res.output
-    assert all(w in lines[0] for w in words), lines[0]
-
-
 def test_weft_shop_skip_options_are_never_ignored(tmp_path):
     out = ["--out", str(tmp_path / "s")]
-    _one_line_error(runner.invoke(app, ["weft", "shop", "--skip-task", "nope", "--skip-turn", "0", *out]),
+    assert_usage_error(runner.invoke(app, ["weft", "shop", "--skip-task", "nope", "--skip-turn", "0", *out]),
                     "--skip-task", "no shop task 'nope'", "ada-replacement")
-    _one_line_error(runner.invoke(app, ["weft", "shop", "--skip-task", "ada-replacement", *out]),
+    assert_usage_error(runner.invoke(app, ["weft", "shop", "--skip-task", "ada-replacement", *out]),
                     "--skip-task", "needs --skip-turn")
-    _one_line_error(runner.invoke(app, ["weft", "shop", "--skip-turn", "1", *out]), "--skip-turn", "needs --skip-task")
-    _one_line_error(runner.invoke(app, ["weft", "shop", "--skip-task", "ada-replacement", "--skip-turn", "99", *out]),
+    assert_usage_error(runner.invoke(app, ["weft", "shop", "--skip-turn", "1", *out]), "--skip-turn", "needs --skip-task")
+    assert_usage_error(runner.invoke(app, ["weft", "shop", "--skip-task", "ada-replacement", "--skip-turn", "99", *out]),
                     "--skip-turn", "turns 0...")
-    _one_line_error(runner.invoke(app, ["weft", "shop", "--skip-turn", "-1", *out]), "--skip-turn")
+    assert_usage_error(runner.invoke(app, ["weft", "shop", "--skip-turn", "-1", *out]), "--skip-turn")
     assert not (tmp_path / "s").exists()
     # the valid boundary: turn 0 of a task loses its first gold call, so its first checkpoint fails
     res = runner.invoke(app, ["weft", "shop", "--skip-task", "ada-replacement", "--skip-turn", "0", *out])
@@ -94,7 +88,7 @@ def test_weft_shop_skip_options_are_never_ignored(tmp_path):
     assert [r["r"] for r in rows if r["task"] == "ada-replacement"][0] == 0
     assert sum(r["r"] == 0 for r in rows) >= 1
     # same folder, other settings: refused; --overwrite replaces
-    _one_line_error(runner.invoke(app, ["weft", "shop", *out]), "--out", "another config", "--overwrite")
+    assert_usage_error(runner.invoke(app, ["weft", "shop", *out]), "--out", "another config", "--overwrite")
     res = runner.invoke(app, ["weft", "shop", "--overwrite", *out])
     assert res.exit_code == 0, res.output
     rows = [json.loads(x) for x in (tmp_path / "s" / "checkpoints.jsonl").read_text().splitlines()]

@@ -7,6 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from treadle.cli import app as root
+from treadle.testing import assert_usage_error
 
 runner = CliRunner()
 
@@ -14,12 +15,6 @@ runner = CliRunner()
 def weft(args):
     """``treadle weft <args>`` through the root CLI (it prints usage errors as one line, as the shell does)."""
     return runner.invoke(root, ["weft", *args])
-
-
-def _one_line(r, *parts):
-    from treadle.testing import assert_usage_error
-
-    return assert_usage_error(r, *parts)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +47,7 @@ def _cache(tmp_path, monkeypatch):
 def test_model_without_pad_token_is_one_line_before_anything_is_written(tmp_path, gpt2, cmd):
     out = tmp_path / "out"
     r = weft([*cmd, "--model", str(gpt2[1]), "--out", str(out)])
-    _one_line(r, "--model", "pad token")
+    assert_usage_error(r, "--model", "pad token")
     assert not out.exists() and not (tmp_path / "cache").exists()
 
 
@@ -92,7 +87,7 @@ def test_groups_runs_on_a_good_gpt2_and_overwrite_replaces(tmp_path, gpt2):
     rec = json.loads((out / "run.json").read_text())
     assert rec["status"] == "finished" and rec["command"] == "weft groups"
     assert {"treadle_version", "git_commit", "argv", "started", "ended", "machine"} <= set(rec)
-    _one_line(weft([*base[:-4], "-G", "3", "--out", str(out)]), "--out", "another config", "--overwrite")
+    assert_usage_error(weft([*base[:-4], "-G", "3", "--out", str(out)]), "--out", "another config", "--overwrite")
     r = weft([*base[:-4], "-G", "3", "--out", str(out), "--overwrite"])
     assert r.exit_code == 0, r.output
     assert json.loads((out / "config.json").read_text())["G"] == 3
@@ -105,11 +100,11 @@ def test_quick_runs_default_to_their_own_folder(tmp_path, cmd, default):
     proof of where it would write, without training anything)."""
     (tmp_path / default).mkdir(parents=True)
     (tmp_path / default / "mine.txt").write_text("x")
-    _one_line(weft([*cmd, "--quick"]), default, "not a treadle run folder")
+    assert_usage_error(weft([*cmd, "--quick"]), default, "not a treadle run folder")
     full = default.removesuffix("-quick")
     (tmp_path / full).mkdir(parents=True)
     (tmp_path / full / "mine.txt").write_text("x")
-    _one_line(weft(cmd), repr(full), "not a treadle run folder")
+    assert_usage_error(weft(cmd), repr(full), "not a treadle run folder")
     assert not (tmp_path / "cache").exists()
 
 
@@ -125,12 +120,12 @@ def test_quick_runs_default_to_their_own_folder(tmp_path, cmd, default):
 ])
 def test_ignored_or_unbounded_options_are_errors(tmp_path, args, parts):
     out = tmp_path / "o"
-    _one_line(weft([*args, "--out", str(out)]), *parts)
+    assert_usage_error(weft([*args, "--out", str(out)]), *parts)
     assert not out.exists() and not (tmp_path / "cache").exists()
 
 
 def test_sample_messages_are_clean(tmp_path):
-    line = _one_line(weft(["sample", "--out", str(tmp_path / "o"), "--method", "foo"]), "--method")
+    line = assert_usage_error(weft(["sample", "--out", str(tmp_path / "o"), "--method", "foo"]), "--method")
     assert "Value error" not in line
 
 
@@ -141,7 +136,7 @@ def test_sample_bfcl_hint_once(tmp_path, monkeypatch):
         raise ModuleNotFoundError("No module named 'bfcl_eval'", name="bfcl_eval")
 
     monkeypatch.setattr(bfcl_tasks, "from_bfcl", missing)
-    line = _one_line(weft(["sample", "--out", str(tmp_path / "o"), "--env", "bfcl"]), "--env")
+    line = assert_usage_error(weft(["sample", "--out", str(tmp_path / "o"), "--env", "bfcl"]), "--env")
     assert line.count("pip install") == 1
 
 
@@ -153,7 +148,7 @@ def test_sample_run_folder_rule(tmp_path):
     rec = json.loads((out / "run.json").read_text())
     assert rec["status"] == "finished" and rec["command"] == "weft sample" and rec["config"]["ks"] == [1]
     assert weft([*base, "--concurrency", "2"]).exit_code == 0  # same trajectories: resumed
-    _one_line(weft([*base[:3], "--k", "2", "--method", "prefix"]), "--out", "another config",
+    assert_usage_error(weft([*base[:3], "--k", "2", "--method", "prefix"]), "--out", "another config",
               "--overwrite")
     r = weft([*base[:3], "--k", "2", "--method", "prefix", "--overwrite"])
     assert r.exit_code == 0, r.output
@@ -167,5 +162,5 @@ def test_evolve_run_folder_rule(tmp_path):
     assert json.loads((out / "run.json").read_text())["status"] == "finished"
     r = weft(base)
     assert r.exit_code == 0 and "already holds this finished" in r.output
-    _one_line(weft([*base[:-1], "2"]), "--out", "another config")
+    assert_usage_error(weft([*base[:-1], "2"]), "--out", "another config")
     assert weft([*base[:-1], "2", "--overwrite"]).exit_code == 0

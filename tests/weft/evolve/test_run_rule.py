@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from treadle.cli import app
 from treadle.llm.fake_endpoint import FAKE_MODEL
+from treadle.testing import assert_usage_error
 
 CLOSE = "ada-3-close-ticket"
 runner = CliRunner()
@@ -19,12 +20,6 @@ runner = CliRunner()
 def weft(args):
     """``treadle weft <args>`` through the root CLI (usage errors print as one line, as in the shell)."""
     return runner.invoke(app, ["weft", *map(str, args)])
-
-
-def _one_line(r, *parts):
-    from treadle.testing import assert_usage_error
-
-    return assert_usage_error(r, *parts)
 
 
 def _files(d):
@@ -81,13 +76,13 @@ def test_reverify_run_folder_rule(run_dir, tmp_path):
     assert _files(run_dir) == before
     # another revision file, same version: refused naming --out and what differs; nothing touched
     other = _revision(tmp_path / "rev2.json", close={"gold_calls": []})
-    _one_line(weft(["reverify", "--run", run_dir, "--revision", other]), "--out", "another config",
+    assert_usage_error(weft(["reverify", "--run", run_dir, "--revision", other]), "--out", "another config",
               "revision_sha256", "--overwrite")
     assert _files(run_dir) == before
     # another trajectories file: refused too
     traj = run_dir / "trajectories.jsonl"
     traj.write_text("".join(traj.read_text().splitlines(keepends=True)[:-1]))
-    _one_line(weft(["reverify", "--run", run_dir, "--revision", rev]), "--out", "trajectories_sha256")
+    assert_usage_error(weft(["reverify", "--run", run_dir, "--revision", rev]), "--out", "trajectories_sha256")
     assert _files(out) == {k[len("reverify-v3/"):]: v for k, v in before.items() if k.startswith("reverify-v3/")}
     # --overwrite replaces it
     r = weft(["reverify", "--run", run_dir, "--revision", other, "--overwrite"])
@@ -104,10 +99,10 @@ def test_reverify_explicit_out_and_odd_versions(run_dir, tmp_path):
     assert (run_dir / "reverify-team-v-4" / "reverify-team-v-4.jsonl").is_file()  # a safe folder and file name
     # the sample run folder itself is not a reverify run folder
     (run_dir / "run.json").write_text(json.dumps({"command": "weft sample", "config": {}, "status": "finished"}))
-    _one_line(weft(["reverify", "--run", run_dir, "--revision", rev, "--out", run_dir]), "--out", "weft sample")
+    assert_usage_error(weft(["reverify", "--run", run_dir, "--revision", rev, "--out", run_dir]), "--out", "weft sample")
     f = tmp_path / "file"
     f.write_text("x")
-    _one_line(weft(["reverify", "--run", run_dir, "--revision", rev, "--out", f]), "--out", "file")
+    assert_usage_error(weft(["reverify", "--run", run_dir, "--revision", rev, "--out", f]), "--out", "file")
 
 
 # ------------------------------------------------------------------------------------------------ filter
@@ -138,11 +133,11 @@ def test_filter_run_folder_rule(scores, tmp_path):
     assert r.exit_code == 0 and "already holds this finished" in r.output and "kept 1 of 3 tasks" in r.output
     assert "malformed" in r.output  # the table as first shown, reasons included
     assert _files(out) == before
-    _one_line(weft(["filter", "--scores", scores, "--out", out, "--min-pearson", "0.3"]), "--out", "another config",
+    assert_usage_error(weft(["filter", "--scores", scores, "--out", out, "--min-pearson", "0.3"]), "--out", "another config",
               "min_pearson: 0.5 -> 0.3")
     assert _files(out) == before
     scores.write_text(scores.read_text() + json.dumps({"task": "new", "judge": 1, "executable": 1}) + "\n")
-    _one_line(weft(["filter", "--scores", scores, "--out", out]), "--out", "scores_sha256")
+    assert_usage_error(weft(["filter", "--scores", scores, "--out", out]), "--out", "scores_sha256")
     assert _files(out) == before
     r = weft(["filter", "--scores", scores, "--out", out, "--min-pearson", "0.3", "--overwrite"])
     assert r.exit_code == 0 and "kept 1 of 4 tasks" in r.output, r.output
@@ -152,9 +147,9 @@ def test_filter_run_folder_rule(scores, tmp_path):
 
 
 def test_filter_old_file_form_and_no_out(scores, tmp_path):
-    line = _one_line(weft(["filter", "--scores", scores, "--out", tmp_path / "d.jsonl"]), "--out", "give a folder")
+    line = assert_usage_error(weft(["filter", "--scores", scores, "--out", tmp_path / "d.jsonl"]), "--out", "give a folder")
     assert str(tmp_path / "d") in line and not (tmp_path / "d.jsonl").exists() and not (tmp_path / "d").exists()
-    _one_line(weft(["filter", "--scores", scores, "--overwrite"]), "--overwrite", "--out")
+    assert_usage_error(weft(["filter", "--scores", scores, "--overwrite"]), "--overwrite", "--out")
     before = _files(tmp_path)
     r = weft(["filter", "--scores", scores])  # no --out: the table only, nothing written
     assert r.exit_code == 0 and "kept 1 of 3 tasks" in r.output
@@ -212,10 +207,10 @@ def test_judge_run_folder_rule(fake, run_dir, tmp_path):
     assert f"{calls} pilot rollouts judged" in r.output
     assert len(fake.requests) == calls and _files(run_dir) == before
     # other thresholds, or another LLM config: refused naming --out and the differences, nothing touched
-    _one_line(weft(["judge", "--run", run_dir, "--llm-config", cfg, "--min-rollouts", "4"]), "--out",
+    assert_usage_error(weft(["judge", "--run", run_dir, "--llm-config", cfg, "--min-rollouts", "4"]), "--out",
               "another config", "min_rollouts: 3 -> 4")
     cfg2 = _llm_toml(tmp_path / "llm2.toml", fake, extra="# another file, the same judge\n")
-    _one_line(weft(["judge", "--run", run_dir, "--llm-config", cfg2, "--min-rollouts", "3"]), "--out",
+    assert_usage_error(weft(["judge", "--run", run_dir, "--llm-config", cfg2, "--min-rollouts", "3"]), "--out",
               "llm_config_sha256")
     assert len(fake.requests) == calls and _files(run_dir) == before
     # --overwrite with other thresholds only: replaced, the LLM cache kept (the judge is not paid again)
@@ -240,13 +235,13 @@ def test_judge_refusals_touch_nothing(fake, run_dir, tmp_path):
     calls, before = len(fake.requests), _files(out)
     traj = run_dir / "trajectories.jsonl"  # the sample run changed since (resumed with more, say)
     traj.write_text("".join(traj.read_text().splitlines(keepends=True)[:-1]))
-    _one_line(weft(["judge", "--run", run_dir, "--llm-config", cfg, "--out", out]), "--out", "trajectories_sha256")
-    _one_line(weft(["judge", "--run", run_dir, "--llm-config", cfg, "--out", out, "--role", "judge",
+    assert_usage_error(weft(["judge", "--run", run_dir, "--llm-config", cfg, "--out", out]), "--out", "trajectories_sha256")
+    assert_usage_error(weft(["judge", "--run", run_dir, "--llm-config", cfg, "--out", out, "--role", "judge",
                     "--confidence", "0.9"]), "--out", "confidence")
     assert len(fake.requests) == calls and _files(out) == before
     f = tmp_path / "file"
     f.write_text("x")
-    _one_line(weft(["judge", "--run", run_dir, "--llm-config", cfg, "--out", f]), "--out", "file")
+    assert_usage_error(weft(["judge", "--run", run_dir, "--llm-config", cfg, "--out", f]), "--out", "file")
 
 
 def test_judge_ctrl_c_says_what_was_saved(fake, run_dir, tmp_path, monkeypatch):

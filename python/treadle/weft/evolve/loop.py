@@ -379,26 +379,20 @@ async def evolve(rt: Any, system: EvolvingSystem, *, rates: dict[str, float], ma
 
 def plot_rounds(rounds: Sequence[Round], path: Any) -> None:
     """PNG: tool-call error rate per round, and failed tasks per blamed component kind."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from treadle.figures import png_figure
 
     xs = [r.round for r in rounds]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
-    a.plot(xs, [r.error_rate for r in rounds], marker="o")
-    a.set_xlabel("round")
-    a.set_ylabel("tool-call error rate (selected)")
-    a.set_xticks(xs)
-    bottom = [0] * len(rounds)
-    for blame in (Blame.environment, Blame.task, Blame.evaluator, Blame.harness, Blame.policy):
-        ys = [sum(x.blame == blame for x in r.attributions) for r in rounds]
-        b.bar(xs, ys, bottom=bottom, label=blame.value)
-        bottom = [p + q for p, q in zip(bottom, ys)]
-    b.set_xlabel("round")
-    b.set_ylabel("failed tasks by attribution")
-    b.set_xticks(xs)
-    b.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with png_figure(path, figsize=(9, 3.4), ncols=2) as (_, (a, b)):
+        a.plot(xs, [r.error_rate for r in rounds], marker="o")
+        a.set_xlabel("round")
+        a.set_ylabel("tool-call error rate (selected)")
+        a.set_xticks(xs)
+        bottom = [0] * len(rounds)
+        for blame in (Blame.environment, Blame.task, Blame.evaluator, Blame.harness, Blame.policy):
+            ys = [sum(x.blame == blame for x in r.attributions) for r in rounds]
+            b.bar(xs, ys, bottom=bottom, label=blame.value)
+            bottom = [p + q for p, q in zip(bottom, ys)]
+        b.set_xlabel("round")
+        b.set_ylabel("failed tasks by attribution")
+        b.set_xticks(xs)
+        b.legend(fontsize=8)
