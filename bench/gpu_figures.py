@@ -26,7 +26,6 @@ between repetitions, warm-up first). Shapes and targets:
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time

@@ -16,12 +16,9 @@ import pytest
 from treadle import sandbox
 from treadle.sandbox import SandboxLimits, SandboxUnavailableError, run_command, run_python
 from treadle.sandbox_cgroup import own_cgroup
+from treadle.testing import sandbox_unavailable
 
-try:
-    sandbox.isolation_mode()
-    _UNAVAILABLE = None
-except SandboxUnavailableError as e:  # e.g. CI runners with unprivileged user namespaces disabled
-    _UNAVAILABLE = str(e)
+_UNAVAILABLE = sandbox_unavailable()
 needs_sandbox = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"no sandbox isolation here: {_UNAVAILABLE}")
 
 

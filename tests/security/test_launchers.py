@@ -15,13 +15,10 @@ import anyio
 import pytest
 
 from treadle import sandbox, sandbox_cgroup
-from treadle.sandbox import SandboxLimits, SandboxUnavailableError
+from treadle.sandbox import SandboxLimits
+from treadle.testing import sandbox_unavailable
 
-try:
-    sandbox.isolation_mode()
-    _UNAVAILABLE = None
-except SandboxUnavailableError as e:
-    _UNAVAILABLE = str(e)
+_UNAVAILABLE = sandbox_unavailable()
 needs_sandbox = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"no sandbox isolation here: {_UNAVAILABLE}")
 
 LIMITS = SandboxLimits(timeout_s=20, memory_mb=384, max_open_files=48, max_file_mb=3, tmp_mb=5, work_mb=7,

@@ -13,13 +13,9 @@ import pytest
 from treadle import sandbox
 from treadle.rsi.coding import CodingTask, program, run_tests
 from treadle.rsi.verifier import check_answer, check_task
-from treadle.sandbox import SandboxUnavailableError
+from treadle.testing import sandbox_unavailable
 
-try:
-    sandbox.isolation_mode()
-    _NO_SANDBOX = None
-except SandboxUnavailableError as e:
-    _NO_SANDBOX = str(e)
+_NO_SANDBOX = sandbox_unavailable()
 needs_sandbox = pytest.mark.skipif(_NO_SANDBOX is not None, reason=f"no sandbox: {_NO_SANDBOX}")
 
 TASK = CodingTask(seed_id="t/add", prompt="def add(a, b):\n    \"\"\"a + b\"\"\"\n", entry_point="add",

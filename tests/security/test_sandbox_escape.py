@@ -10,13 +10,10 @@ from pathlib import Path
 import pytest
 
 from treadle import sandbox, sandbox_cgroup
-from treadle.sandbox import SandboxLimits, SandboxUnavailableError, run_python
+from treadle.sandbox import SandboxLimits, run_python
+from treadle.testing import sandbox_unavailable
 
-try:
-    sandbox.isolation_mode()
-    _UNAVAILABLE = None
-except SandboxUnavailableError as e:
-    _UNAVAILABLE = str(e)
+_UNAVAILABLE = sandbox_unavailable()
 pytestmark = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"no sandbox isolation here: {_UNAVAILABLE}")
 
 # six children of one sandbox each try to take `each` of something; the parent prints what they got in total

@@ -7,16 +7,12 @@ import sqlite3
 
 import pytest
 
-from treadle import sandbox
-from treadle.sandbox import SandboxLimits, SandboxUnavailableError
+from treadle.sandbox import SandboxLimits
+from treadle.testing import sandbox_unavailable
 from treadle.weft.evolve.synth_validate import Backend, Check, Checks, Design, Schema, validate
 from treadle.weft.evolve.synth_worker import SandboxWorker
 
-try:
-    sandbox.isolation_mode()
-    _UNAVAILABLE = None
-except SandboxUnavailableError as e:
-    _UNAVAILABLE = str(e)
+_UNAVAILABLE = sandbox_unavailable()
 pytestmark = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"no sandbox isolation here: {_UNAVAILABLE}")
 
 DESIGN = Design(entities=["t"], tasks=["add rows"], tools=[

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from treadle.llm import Failure, LLMClient
 from treadle.rsi.critic import Critic, Evaluation, PostBatchGate

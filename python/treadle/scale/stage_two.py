@@ -20,11 +20,15 @@ import math
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from treadle.run_dirs import read_stored_json
+
+if TYPE_CHECKING:
+    from treadle.scale.training import ScaleTrainConfig
 
 __all__ = ["run", "train", "gate_parameters"]
 

@@ -10,7 +10,6 @@ under ``--parallel ddp|fsdp2`` on any number of ranks.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 

@@ -50,7 +50,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from pathlib import Path
 from typing import Literal
 
 import torch
