@@ -6,6 +6,7 @@ the command line, start and end times and the machine (``run.json``)."""
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 __all__ = ["check_out_dir", "make_out_dir", "open_run_dir", "RunDir", "RunDirError", "StoredFileError",
@@ -36,17 +37,15 @@ def check_out_dir(path: str | Path, name: str = "out_dir") -> Path:
         raise ValueError(f"{name} {str(p)!r} cannot be created: {str(q)!r} is a file, not a folder")
     if q.exists() and not os.access(q, os.W_OK | os.X_OK):
         raise ValueError(f"{name} {str(p)!r} is not writable (no write permission on {str(q)!r})")
-    if q != p:  # probe: create the missing folders and remove them again (e.g. /proc refuses new folders)
-        made = []
+    if q != p:  # probe: can a new folder be made where the missing ones go (e.g. /proc refuses new folders)?
+        # A private probe folder, never the target itself: processes that check the same --out at once
+        # (the ranks torchrun started) never see each other's probe or remove a folder another one made.
+        probe = q / f".treadle-probe-{os.getpid()}-{secrets.token_hex(4)}"
         try:
-            for d in reversed([p, *p.parents][:[p, *p.parents].index(q)]):
-                d.mkdir()
-                made.append(d)
+            probe.mkdir()
         except OSError as err:
             raise ValueError(f"{name} {str(p)!r} cannot be created: {err.strerror or err}") from None
-        finally:
-            for d in reversed(made):
-                d.rmdir()
+        probe.rmdir()
     return p
 
 

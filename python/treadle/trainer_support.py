@@ -127,6 +127,16 @@ def launched_world() -> int:
         return 1
 
 
+def launched_state():
+    """accelerate's process state of this rank (``is_main_process``, ``device``), joined to the process group
+    torchrun / accelerate launch set up. On a machine without an accelerator accelerate only forms a
+    multi-process CPU group when asked for the CPU; otherwise every rank would think it is the only one
+    (and each would write the run folder)."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=not torch.cuda.is_available())
+
+
 def check_launch(parallel: str | None, *, flag: str = "--parallel") -> None:
     """``parallel`` is None in a process of its own, or ``"ddp"`` / ``"fsdp2"`` in a process started by
     torchrun or ``accelerate launch`` (FSDP needs an accelerator: accelerate applies its FSDP plugin only

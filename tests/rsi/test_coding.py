@@ -163,7 +163,10 @@ def test_the_solution_never_sees_the_tests():
             "        try:\n            if mark in open(p, errors='replace').read():\n                return 7\n"
             "        except OSError:\n            pass\n    return 0\n")
     task = _task("guess", tests, "    return 7\n")
-    assert run_tests(task, peek).reason == "failed"
+    r = run_tests(task, peek)
+    # the search finds nothing, so the answer is wrong; on a loaded machine the walk may instead run past the
+    # limits (the candidate's process is then ended): either way it never passes
+    assert not r.passed and r.reason in ("failed", "error", "timeout"), r
     # control: in one process with the tests (main.py in the work folder), the same search finds the answer
     assert sandbox.run_python(program(task, peek)).returncode == 0
 

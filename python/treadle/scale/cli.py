@@ -78,9 +78,9 @@ def _launched(parallel) -> bool:
         raise typer.BadParameter(str(err), param_hint="--parallel") from None
     if parallel is None:
         return True
-    from accelerate import PartialState
+    from treadle.trainer_support import launched_state
 
-    return PartialState().is_main_process
+    return launched_state().is_main_process
 
 
 def _show_finished(run, what: str) -> bool:
@@ -443,9 +443,9 @@ def _train_parallel(parallel: str, ctx, a: dict) -> None:
     adapter = Path(a["adapter"]).expanduser()
     _check_adapter(adapter)
     main = _launched(parallel)
-    from accelerate import PartialState
+    from treadle.trainer_support import launched_state
 
-    device = PartialState().device
+    device = launched_state().device
     global console
     run, done = None, False  # the main process alone checks and records the run folder
     if main:

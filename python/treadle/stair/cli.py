@@ -185,9 +185,9 @@ def train_cmd(
         raise typer.BadParameter(str(err), param_hint="--parallel") from None
     main, device = True, None
     if parallel is not None:  # join the process group the launcher set up (the Trainer's own state)
-        from accelerate import PartialState
+        from treadle.trainer_support import launched_state
 
-        state = PartialState()
+        state = launched_state()
         main, device = state.is_main_process, state.device
     out = pick_out(out, run_dir, "runs/stair-quick" if quick else "runs/stair")
     lv = _levels(levels)
