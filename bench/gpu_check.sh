@@ -2,8 +2,9 @@
 # One prepared GPU check that fits a short GPU window (under 5 minutes on one H200): the CUDA-marked
 # tests (the kernel contracts and the ops' CUDA tests, Triton kernels at their pinned configs), then the
 # GPU figures (bench/gpu_figures.py: STAIR, SCALE, GRPO, top-k entropy against their peers, each op
-# through its public function), written to one report folder bench/results/gpu-<date>/ (figures.json,
-# machine.txt, summary.txt, the logs). No autotuning on the device (TREADLE_TRITON_AUTOTUNE=0: each op
+# through its public function), then the config sweep (bench/gpu_sweep.py: the AOT-clean alternatives
+# of each pinned config, timed, to choose which to pin), written to one report folder bench/results/gpu-<date>/ (figures.json,
+# sweep.json, machine.txt, summary.txt, the logs: 8 files). No autotuning on the device (TREADLE_TRITON_AUTOTUNE=0: each op
 # launches the configs bench/gpu_aot.py checked on the CPU) and no CUDA extension build (nvcc takes
 # minutes; the Triton kernels are what is timed; the `cuda` GRPO backend is recorded as unavailable).
 #
@@ -13,6 +14,7 @@
 #                                               the figures script end to end on tiny shapes under the
 #                                               Triton interpreter; writes the same report folder)
 #   TREADLE_REPORT_DIR=DIR GPU_CHECK_PARTS="tests figures" GPU_FIGURES_SECTIONS="ceilings grpo" ...
+#   GPU_TEST_FILES="tests/stair/test_stair_readout.py" GPU_TESTS_TIMEOUT_S=100 GPU_SWEEP_SECTIONS=stair ...
 #
 # Needs torch (CUDA build), triton, pytest and hypothesis importable (the H200 image has them). verl's
 # vectorized-estimator peer needs verl's `verl/utils/groupwise.py` under $VERL_SRC (default .gpu_carry).
@@ -20,7 +22,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 dry=${GPU_CHECK_DRY_RUN:-0}
 [ "${1:-}" = "--dry-run" ] && dry=1
-parts=${GPU_CHECK_PARTS:-tests figures}
+parts=${GPU_CHECK_PARTS:-tests figures sweep}
 report=${TREADLE_REPORT_DIR:-bench/results/gpu-$(date -u +%Y-%m-%d)}
 mkdir -p "$report"
 PY=${PYTHON:-python3}
@@ -28,13 +30,15 @@ export VERL_SRC=${VERL_SRC:-$PWD/.gpu_carry}
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"  # the package from this checkout, no install step
 export TREADLE_TRITON_AUTOTUNE=0
+# setup.py installs triton_kernels/ as treadle.triton_kernels; with no install step, a link does it
+[ -e python/treadle/triton_kernels ] || ln -s ../../triton_kernels python/treadle/triton_kernels
 start=$(date +%s)
 log() { echo "[$(date +%H:%M:%S) +$(( $(date +%s) - start ))s] $*" | tee -a "$report/summary.txt"; }
 has() { [[ " $parts " == *" $1 "* ]]; }
 # the cuda-marked tests: the kernel contracts and the ops' own CUDA tests
-CUDA_TEST_FILES="tests/contracts tests/stair/test_stair_readout.py tests/scale/test_gated_lora.py
-  tests/scale/test_topk_entropy.py tests/grpo/test_advantages.py"
-PYTEST=("$PY" -m pytest -q -p no:cacheprovider -o addopts="" -rfE --tb=short)
+CUDA_TEST_FILES=${GPU_TEST_FILES:-"tests/contracts tests/stair/test_stair_readout.py tests/scale/test_gated_lora.py
+  tests/scale/test_topk_entropy.py tests/grpo/test_advantages.py"}
+PYTEST=("$PY" -m pytest -p no:cacheprovider -o addopts="" -rfE --tb=short)
 : >"$report/summary.txt"
 
 if [ "$dry" = 1 ]; then
@@ -50,13 +54,16 @@ treadle.ops.topk_entropy; print('imports ok')" >"$report/imports.log" 2>&1
     rc_aot=$?; log "AOT check (sm_90a): $(tail -1 "$report/aot.log") (rc $rc_aot)"
   fi
   # shellcheck disable=SC2086
-  "${PYTEST[@]}" --collect-only -m cuda $CUDA_TEST_FILES >"$report/collect.log" 2>&1
+  "${PYTEST[@]}" -q --collect-only -m cuda $CUDA_TEST_FILES >"$report/collect.log" 2>&1
   rc_col=$?; log "cuda tests collected: $(tail -1 "$report/collect.log") (rc $rc_col)"
   GPU_FIGURES_DEVICE=cpu timeout 600 "$PY" bench/gpu_figures.py "$report/figures.json" >"$report/figures.log" 2>&1
   rc_fig=$?
   errs=$("$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); print(' '.join(k for k,v in d.items() if isinstance(v, dict) and 'error' in v))" "$report/figures.json" 2>&1)
   log "figures (tiny shapes, CPU): rc $rc_fig; sections with errors: ${errs:-none}"
-  [ "$rc_imp$rc_aot$rc_col$rc_fig" = 0000 ] && [ -z "$errs" ] && { log "dry run ok"; exit 0; }
+  GPU_FIGURES_DEVICE=cpu timeout 300 "$PY" bench/gpu_sweep.py "$report/sweep.json" >"$report/sweep.log" 2>&1
+  rc_sw=$?; log "config sweep (tiny shapes, CPU): $(tail -1 "$report/sweep.log") (rc $rc_sw)"
+  grep -q '"error"' "$report/sweep.json" && { rc_sw=1; log "config sweep: a row failed (see sweep.json)"; }
+  [ "$rc_imp$rc_aot$rc_col$rc_fig$rc_sw" = 00000 ] && [ -z "$errs" ] && { log "dry run ok"; exit 0; }
   log "dry run FAILED"; exit 1
 fi
 
@@ -71,14 +78,19 @@ log "machine: $(tr '\n' ' ' <"$report/machine.txt")"
 if has tests; then
   log "CUDA tests (contracts and ops; Triton kernels at their pinned configs)"
   # shellcheck disable=SC2086
-  timeout 100 "${PYTEST[@]}" -m cuda $CUDA_TEST_FILES >"$report/tests.log" 2>&1
-  log "tests: $(tail -1 "$report/tests.log")"
+  timeout ${GPU_TESTS_TIMEOUT_S:-150} "${PYTEST[@]}" -v -m cuda $CUDA_TEST_FILES >"$report/tests.log" 2>&1
+  log "tests: $(tail -1 "$report/tests.log"); failed: $(grep -c FAILED "$report/tests.log")"
 fi
 
 if has figures; then
   log "GPU figures (bench/gpu_figures.py)"
   timeout 170 "$PY" bench/gpu_figures.py "$report/figures.json" >"$report/figures.log" 2>&1
   log "figures rc $?: $(grep -c '"error"' "$report/figures.json" 2>/dev/null) sections with errors"
+fi
+if has sweep; then  # the AOT-clean alternatives of each pinned config, timed (which config to pin)
+  log "config sweep (bench/gpu_sweep.py)"
+  GPU_SWEEP_BUDGET_S=${GPU_SWEEP_BUDGET_S:-100} timeout 130 "$PY" bench/gpu_sweep.py "$report/sweep.json" >"$report/sweep.log" 2>&1
+  log "sweep rc $?: $(tail -1 "$report/sweep.log")"
 fi
 nvidia-smi -q -d CLOCK,POWER >"$report/clocks_after.txt" 2>&1
 log "done; report in $report"

@@ -11,7 +11,8 @@ between repetitions, warm-up first). Shapes and targets:
   ``enable_gqa=True``, and flash-attention on K/V pre-expanded to Hq heads (expansion not timed); the
   faster peer is the one compared. Targets: forward >= 1.25x at eps = 0, backward >= 2x;
 * SCALE gated LoRA, d_in = d_out = 4096, r = 16, 16,384 tokens, bf16: time added over the base GEMM
-  (target <= 5%), forward and forward+backward, with the PEFT-style PyTorch composition beside it;
+  (target <= 5%), forward and forward+backward, with the PEFT-style PyTorch composition beside it, and
+  the fused op's own Triton GEMM with the LoRA off against cuBLAS (what the design stands on);
 * GRPO advantages at N = 16M rows (groups of 16, contiguous and shuffled ids), float32 rewards:
   treadle's CUDA and Triton kernels vs verl's vectorized estimator (its ``group_mean_std`` and
   ``as_torch_index``, loaded from the verl sources when importable or carried; target >= 5x) and a
@@ -238,7 +239,14 @@ def scale():
         ctx = torch.enable_grad() if grad else torch.no_grad()
         with ctx:
             t = {name: bench(fn) for name, fn in (("base_gemm", base), ("treadle", ours), ("peft_style", peft_style))}
+            if not grad and not SMOKE:  # the Triton GEMM the fused op stands on, LoRA off, vs cuBLAS
+                from treadle.ops.gated_lora import triton_base_linear
+
+                t["triton_gemm_lora_off"] = bench(lambda: triton_base_linear(xx, W))
         t = {f"{k}_ms": v for k, v in t.items()}
+        if "triton_gemm_lora_off_ms" in t:
+            t["triton_gemm_over_cublas"] = t["triton_gemm_lora_off_ms"] / t["base_gemm_ms"] - 1
+            t["treadle_added_over_triton_gemm"] = t["treadle_ms"] / t["triton_gemm_lora_off_ms"] - 1
         t["treadle_added_over_base"] = t["treadle_ms"] / t["base_gemm_ms"] - 1
         t["peft_style_added_over_base"] = t["peft_style_ms"] / t["base_gemm_ms"] - 1
         out["fwd+bwd" if grad else "fwd"] = t

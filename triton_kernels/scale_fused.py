@@ -53,15 +53,15 @@ class GemmConfig:
 # sm_90 (H100/H200) configs for 16-bit inputs, pinned by the AOT check (see triton_kernels/scale.py).
 # 128 x 256 tiles, BK 64, 3 stages: 213,016 B of shared memory with the split epilogue (4 stages or
 # an unsplit epilogue go over the 232,448 B limit); 8 warps (two consumer warpgroups of 64 rows).
-# NT = 4 output tiles per item: the shrink's extra MMA is 32 / (256 * 4) = 3.1% of the GEMM, and
-# the ~132 items in flight cover ~33 row blocks of x (33 MB at d_in 4096) plus ~8 column blocks of
-# W, so x tiles re-read for each output tile stay in the 50 MB L2; NT = 8 halves the shrink's share
-# but keeps ~66 MB of x in flight (re-reads from HBM). ALT_CONFIGS are compiled by the AOT check too.
-FWD_CONFIG = GemmConfig(BM=128, BN=256, BK=64, NT=4, num_warps=8, num_stages=3)
+# NT = 8 output tiles per item: the shrink's extra MMA is 32 / (256 * 8) = 1.6% of the GEMM. On an
+# H200 (bf16, d 4096, r 16, 16K tokens) the LoRA adds 3.1% over the same GEMM with it off at NT 8
+# and 9.4% at NT 4, while the LoRA-off GEMM itself is 3% slower at NT 8 (about 66 MB of x in flight
+# against the 50 MB L2) and within noise of cuBLAS at NT 4 (bench/results/gpu-2026-12-04/).
+FWD_CONFIG = GemmConfig(BM=128, BN=256, BK=64, NT=8, num_warps=8, num_stages=3)
 DX_CONFIG = GemmConfig(BM=128, BN=256, BK=64, NT=4, num_warps=8, num_stages=3)
-# Alternatives for timing on a device (pass ``config=``), clean under the same check: more tiles per
-# item, and 128 x 128 tiles with the flattened loop (epilogue overlapped, 4 stages).
-ALT_CONFIGS = (dataclasses.replace(FWD_CONFIG, NT=8), dataclasses.replace(FWD_CONFIG, NT=16),
+# Alternatives for timing on a device (pass ``config=``), clean under the same check: fewer or more
+# tiles per item, and 128 x 128 tiles with the flattened loop (epilogue overlapped, 4 stages).
+ALT_CONFIGS = (dataclasses.replace(FWD_CONFIG, NT=4), dataclasses.replace(FWD_CONFIG, NT=16),
                GemmConfig(BM=128, BN=128, BK=64, NT=8, num_warps=8, num_stages=4, flat=True))
 # the CPU interpreter: small tiles, and several items and runs even on test-sized shapes
 INTERP_CONFIG = GemmConfig(BM=16, BN=32, BK=32, NT=2, num_warps=4, num_stages=1)

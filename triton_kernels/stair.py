@@ -31,7 +31,7 @@ import triton
 
 from treadle.triton_kernels.aot import AotSpec
 from treadle.triton_kernels.stair_bwd import _stair_bwd_kernel
-from treadle.triton_kernels.stair_fwd import LOG2E, _stair_fwd_kernel
+from treadle.triton_kernels.stair_fwd import LOG2E, _stair_fwd_kernel, _stair_t_kernel
 
 MAX_HEAD_DIM = 256
 _MIN_BLOCK_M = 16  # smallest BLOCK_M of any config (sizes the per-program du buffer)
@@ -49,27 +49,42 @@ class Config:
     num_stages: int
     tma: bool = False
     ws: bool = False
+    t_pre: bool = False
+    """eps > 0 forward: the main kernel runs its eps = 0 variant (two accumulators, warp specialised),
+    then ``_stair_t_kernel`` (:data:`_T_CONFIG`) runs the third softmax and mixes it in."""
 
     @property
     def label(self) -> str:
         return (f"BM{self.block_m}-BN{self.block_n}-w{self.num_warps}-s{self.num_stages}"
-                + ("-tma" if self.tma else "") + ("-ws" if self.ws else ""))
+                + ("-tma" if self.tma else "") + ("-ws" if self.ws else "") + ("-tpre" if self.t_pre else ""))
 
 
 _INTERPRET = Config(16, 16, 4, 1)  # the interpreter: small and fast to emulate
+# _stair_t_kernel (eps > 0, ``t_pre`` configs): one fp32 accumulator and a 16-column logit product
+_T_CONFIG = Config(128, 64, 8, 3, tma=True)
 # Keyed by (kernel, kind, head dims > 128, eps > 0 (forward only)). Kinds: "tma" = Hopper, 16-bit,
 # head dims that TMA can stride; "ptr16" = other 16-bit launches (pointer loads); "fp32" = IEEE fp32
 # products on CUDA cores (no wgmma). Chosen by the AOT check (bench/stair_aot.py): the largest
 # tiles with 0 spills and no serialised wgmma. BLOCK_M 32 does not use wgmma (its minimum is 64 rows
 # per warp group) but mma.sync: the head-dim-256 configs keep 0 spills that way.
 _CONFIGS = {
-    ("fwd", "tma", False, False): Config(128, 64, 4, 2, tma=True, ws=True),  # 1 TMA producer + 2 x 64-row consumers
-    ("fwd", "tma", False, True): Config(64, 32, 8, 3, tma=True),   # eps > 0: a third accumulator
+    # eps = 0: the warp-specialised variant (BM 128, BN 64, 4 warps: 1 TMA producer + 2 x 64-row
+    # consumers) compiles clean but wrote wrong rows on an H200 (bench shape: max |diff| against two
+    # SDPA calls equal to max |out|; interpreter results are right), so it is not launched; of the
+    # clean TMA configs 64 x 64 on 4 warps is the fastest (8.8 ms at the bench shape)
+    ("fwd", "tma", False, False): Config(64, 64, 4, 3, tma=True),
+    # eps > 0: a third accumulator in the same loop; 64 x 32 on 8 warps is its only clean config (its
+    # wgmma waits: ptxas C7519) and takes 26.6 ms on an H200 at the bench shape, against 14.8 ms at the
+    # best config that spills. ``t_pre=True`` (the eps = 0 kernel, then the third softmax in its own
+    # kernel: clean, right under the interpreter) is timed by bench/gpu_sweep.py and is pinned once a
+    # device run shows it right and faster
+    ("fwd", "tma", False, True): Config(64, 32, 8, 3, tma=True),
     ("fwd", "tma", True, False): Config(64, 16, 8, 2, tma=True),
     ("fwd", "tma", True, True): Config(32, 32, 8, 2, tma=True),
     # backward: warp specialisation compiles (with every pre-loop load by TMA) but spills 400-1000 B at
-    # BN 16-32 (two 128 x 128 accumulators per consumer), so 8 warps without it; BN 32 spills
-    ("bwd", "tma", False, None): Config(128, 16, 8, 3, tma=True),
+    # BN 16-32 (two 128 x 128 accumulators per consumer), so plain warps; of the clean configs, 64 x 16
+    # on 4 warps is the fastest on an H200 (backward 12.0 ms against 13.2 ms for 128 x 16 on 8 warps)
+    ("bwd", "tma", False, None): Config(64, 16, 4, 3, tma=True),
     ("bwd", "tma", True, None): Config(32, 16, 8, 2, tma=True),
     ("fwd", "ptr16", False, False): Config(64, 32, 8, 2),
     ("fwd", "ptr16", False, True): Config(64, 32, 8, 2),
@@ -106,8 +121,8 @@ def launch_config(which: str, dtype: torch.dtype, D: int, Dv: int, eps_positive:
     ``aligned``: every tensor the kernel reads by TMA starts on a 16-byte boundary (TMA's rule)."""
     if interpret:
         tma = INTERPRET_TMA and aligned and _tma_able(dtype, D, Dv)  # the variant Hopper runs: WS where its config has it
-        ws = tma and _CONFIGS[(which, "tma", False, eps_positive if which == "fwd" else None)].ws
-        return dataclasses.replace(_INTERPRET, tma=tma, ws=ws)
+        hopper = _CONFIGS[(which, "tma", False, eps_positive if which == "fwd" else None)]
+        return dataclasses.replace(_INTERPRET, tma=tma, ws=tma and hopper.ws, t_pre=tma and hopper.t_pre)
     d_pad, dv_pad = _pads(D, Dv)
     big = max(d_pad, dv_pad) > 128
     if dtype == torch.float32:
@@ -244,15 +259,28 @@ def stair_readout_fwd_triton(q, k_bank, v_bank, normals, bank_lengths, eps, scal
     qx, kx, XW, HX, GX = _x_operands(q_, k_, u)
     interp = _interpreting()
     cfg = _config("fwd", q, D, Dv, eps, q_, k_, v_)
+    t_pre = use_t and cfg.t_pre  # the eps = 0 kernel, then the third softmax mixed in by its own kernel
     grid = (triton.cdiv(T, cfg.block_m), B * Hq)
+    lens_arg = lens if lens is not None else u
     _stair_fwd_kernel[grid](
-        q_, k_, v_, qx, kx, lens if lens is not None else u, vbar, out, rows, stats,
+        q_, k_, v_, qx, kx, lens_arg, vbar, out, rows, stats,
         Hq, Hkv, HX, T, M, D, Dv, Hq // Hkv, GX,
         float(scale) * LOG2E, float(eps), float(a), float(b),
-        HAS_LEN=lens is not None, USE_T=use_t, IEEE=q.dtype == torch.float32,
+        HAS_LEN=lens is not None, USE_T=use_t and not t_pre, IEEE=q.dtype == torch.float32,
         UPCAST=q.device.type == "cpu" and q.dtype != torch.float32, D_PAD=d_pad, DV_PAD=dv_pad, XW=XW,
         **_launch_options(cfg, interp, q.device),
     )
+    if t_pre:
+        tcfg = dataclasses.replace(_INTERPRET if interp else _T_CONFIG, tma=cfg.tma, ws=False)
+        topts = _launch_options(tcfg, interp, q.device)
+        del topts["WS"]
+        _stair_t_kernel[(triton.cdiv(T, tcfg.block_m), B * Hq)](
+            qx, kx, v_, lens_arg, vbar, out, rows, stats,
+            Hq, Hkv, HX, T, M, Dv, Hq // Hkv, GX,
+            float(scale) * LOG2E, float(eps), float(a), float(b),
+            HAS_LEN=lens is not None, IEEE=q.dtype == torch.float32,
+            UPCAST=q.device.type == "cpu" and q.dtype != torch.float32, DV_PAD=dv_pad, XW=XW, **topts,
+        )
     return out.to(q.dtype), rows, stats
 
 
@@ -314,13 +342,15 @@ _FWD_ARGS = ("Q", "K", "V", "QX", "KX", "LEN", "VBAR", "OUT", "ROWS", "STATS",
 _BWD_ARGS = ("DO", "Q", "K", "V", "QX", "KX", "U", "LEN", "RS", "DQ", "DU",
              "Hq", "Hkv", "HX", "T", "T4", "M", "D", "DV", "GROUP", "GX", "NQT", "BHQ", "scale", "qk_scale", "eps", "a",
              "b")
+_T_ARGS = ("QX", "KX", "V", "LEN", "VBAR", "OUT", "ROWS", "STATS", "Hq", "Hkv", "HX", "T", "M", "DV", "GROUP", "GX",
+           "qk_scale", "eps", "a", "b")
 _NO_SPECIALIZE = ("T", "M")
 
 
 def _spec(which: str, dtype: torch.dtype, D: int, Dv: int, eps: float, *, has_len: bool = False, a: float = 1.0,
           B: int = 1, Hq: int = 32, Hkv: int = 8, T: int = 4096, M: int = 32768) -> AotSpec:
     """The spec of one launch, with the signature the JIT gives it (the bench shape by default)."""
-    cfg = launch_config(which, dtype, D, Dv, eps > 0.0, (9, 0))
+    cfg = launch_config("fwd" if which == "t" else which, dtype, D, Dv, eps > 0.0, (9, 0))
     d_pad, dv_pad = _pads(D, Dv)
     XW, HX, GX = _x_layout(Hq, Hkv)
     dt = _TORCH_TO_SIG[dtype]
@@ -330,9 +360,15 @@ def _spec(which: str, dtype: torch.dtype, D: int, Dv: int, eps: float, *, has_le
                 U="fp32", VBAR="fp32", ROWS="fp32", STATS="fp32", DU="fp32", RS="fp32")
     constexprs = dict(HAS_LEN=has_len, IEEE=dtype == torch.float32, UPCAST=False, TMA=cfg.tma, WS=cfg.ws,
                       D_PAD=d_pad, DV_PAD=dv_pad, XW=XW, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
-    if which == "fwd":
+    if which == "t":  # the eps > 0 third softmax of a t_pre forward config, at its own config
+        cfg = dataclasses.replace(_T_CONFIG, tma=cfg.tma)
+        args, fn = _T_ARGS, _stair_t_kernel
+        constexprs.update(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+        for name in ("D_PAD", "WS"):
+            constexprs.pop(name)
+    elif which == "fwd":
         args, fn = _FWD_ARGS, _stair_fwd_kernel
-        constexprs["USE_T"] = eps > 0.0
+        constexprs["USE_T"] = eps > 0.0 and not cfg.t_pre
     else:
         args, fn = _BWD_ARGS, _stair_bwd_kernel
         constexprs.update(USE_R=a != 0.0, USE_E=a != 0.0 and eps > 0.0)
@@ -357,7 +393,8 @@ def _spec(which: str, dtype: torch.dtype, D: int, Dv: int, eps: float, *, has_le
     wgmma = dtype != torch.float32 and cfg.block_m >= 64
     return AotSpec(kernel=f"stair_{which}", config=label, fn=fn, signature=sig, constexprs=constexprs,
                    divisible_by_16=tuple(div16), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                   expect_wgmma=wgmma, expect_tma=cfg.tma, expect_warp_specialized=cfg.ws, global_scratch=cfg.tma)
+                   expect_wgmma=wgmma, expect_tma=cfg.tma, expect_warp_specialized=cfg.ws and which != "t",
+                   global_scratch=cfg.tma)
 
 
 def aot_specs() -> list[AotSpec]:
@@ -371,6 +408,10 @@ def aot_specs() -> list[AotSpec]:
               (bf16, 256, 0.0), (bf16, 256, 0.1), (bf16, 100, 0.0), (bf16, 100, 0.1), (bf16, 250, 0.0),
               (bf16, 250, 0.1), (fp32, 128, 0.0), (fp32, 128, 0.1), (fp32, 256, 0.0), (fp32, 256, 0.1)]
     specs = [_spec("fwd", dt, d, d, e) for dt, d, e in shapes]
+    # the third-softmax kernel of a t_pre forward (pinned, or timed by bench/gpu_sweep.py at the bench
+    # shape; its main kernel is the eps = 0 variant, compiled above)
+    specs += [_spec("t", dt, d, d, e) for dt, d, e in shapes
+              if e > 0 and (launch_config("fwd", dt, d, d, True, (9, 0)).t_pre or (d == 128 and dt != fp32))]
     specs.append(_spec("fwd", bf16, 128, 128, 0.0, has_len=True, B=2))
     specs += [_spec("bwd", dt, d, d, e) for dt, d, e in shapes if e > 0 or dt == bf16 and d == 128]
     specs.append(_spec("bwd", bf16, 128, 128, 0.0, a=0.0))

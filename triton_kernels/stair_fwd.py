@@ -14,7 +14,10 @@ device-side tensor descriptors on Hopper, by masked pointer loads elsewhere) and
   ``BLOCK_N x D`` (the reflected-query identity ``q_R . k = q . k - 2 (u . q)(u . k)``, STAIR sec. 4.4);
 * two online-softmax states (``s`` for pi_ref, ``s + t`` for pi_R) and two ``P V`` products on the
   same V tile; with eps > 0 a third state and product for ``t`` alone (the uniform part of pi_ref
-  reweighted by ``e^t``).
+  reweighted by ``e^t``), either in the same loop or, where the config says ``t_pre``, by
+  ``_stair_t_kernel`` after this kernel ran its eps = 0 variant (its logits are the rank-one
+  ``QX KX^T`` alone, so it needs no ``Q K^T``, and this kernel keeps two accumulators and its
+  warp-specialised config).
 
 Logits live in the exp2 domain (``scale * log2 e`` folded into one multiply). The epilogue writes
 the read-out ``a O_R + b O_ref``, the fp32 row vectors ``O_R`` and ``Y`` and the natural-log row
@@ -184,4 +187,117 @@ def _stair_fwd_kernel(
     tl.store(r_base + offs_m[:, None] * (2 * DV) + offs_v[None, :], o_r, mask=omask)
     tl.store(r_base + offs_m[:, None] * (2 * DV) + DV + offs_v[None, :], y, mask=omask)
     tl.store(s_base + offs_m * 2, lse * hasf, mask=mmask)
+    tl.store(s_base + offs_m * 2 + 1, logz * hasf, mask=mmask)
+
+
+@triton.jit(do_not_specialize=["T", "M"])
+def _stair_t_kernel(
+    QX, KX, V, LEN, VBAR, OUT, ROWS, STATS,
+    Hq, Hkv, HX, T, M, DV, GROUP, GX,
+    qk_scale, eps, a, b,
+    HAS_LEN: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
+    DV_PAD: tl.constexpr, XW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """eps > 0, second half: ``_stair_fwd_kernel`` ran at eps = 0 and wrote ``OUT = a O'_R + b O_s``,
+    ``ROWS = (O'_R, Y' = b O_s)`` and ``STATS = (lse_s, l'_1 = log Z'_R - lse_s)``. This kernel runs
+    the third softmax (logits ``t = scale alpha (-2 u . k)``, the rank-one reflection logit read as
+    ``QX KX^T``, one k-step of ``XW``; its online softmax and ``P_t V``), then mixes it in:
+    ``l_1 = log(1 - eps) + l'_1``, ``l_2 = log(eps / L) + lse_t``, ``log Z = logaddexp(l_1, l_2)``,
+    ``O_R = e^(l_1 - log Z) O'_R + e^(l_2 - log Z) O_t``, ``w = e^(l'_1 - log Z)``,
+    ``OUT = a O_R + (1 - eps) Y' + b eps vbar`` and ``Y = Y' + a w (O'_R - O_R)``: the values the
+    fused eps > 0 loop writes."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    bidx = bh // Hq
+    h = bh % Hq
+    kvh = h // GROUP
+    if HAS_LEN:
+        L = tl.load(LEN + bidx).to(tl.int32)
+    else:
+        L = M
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_v = tl.arange(0, DV_PAD)
+    offs_x = tl.arange(0, XW)
+    mmask = offs_m < T
+    vmask = offs_v < DV
+    vbase = V + (bidx * Hkv + kvh) * M * DV
+    xbase = KX + (bidx * HX + h // GX) * M * XW
+    if TMA:
+        qx_desc = tl.make_tensor_descriptor(QX + bh * T * XW, shape=[T, XW], strides=[XW, 1],
+                                            block_shape=[BLOCK_M, XW])
+        qx = qx_desc.load([pid_m * BLOCK_M, 0])
+        Lr = tl.maximum(L, 1)
+        v_desc = tl.make_tensor_descriptor(vbase, shape=[Lr, DV], strides=[DV, 1], block_shape=[BLOCK_N, DV_PAD])
+        x_desc = tl.make_tensor_descriptor(xbase, shape=[Lr, XW], strides=[XW, 1], block_shape=[BLOCK_N, XW])
+    if not TMA:
+        qx = tl.load(QX + bh * T * XW + offs_m[:, None] * XW + offs_x[None, :], mask=mmask[:, None], other=0.0)
+    m_t = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_t = tl.zeros((BLOCK_M,), tl.float32)
+    acc_t = tl.zeros((BLOCK_M, DV_PAD), tl.float32)
+    for j0 in tl.range(0, L, BLOCK_N):
+        offs_n = j0 + tl.arange(0, BLOCK_N)
+        nmask = offs_n < L
+        if TMA:
+            v = v_desc.load([j0, 0])
+            kx = x_desc.load([j0, 0])
+        if not TMA:
+            v = tl.load(vbase + offs_n[:, None] * DV + offs_v[None, :], mask=nmask[:, None] & vmask[None, :],
+                        other=0.0)
+            kx = tl.load(xbase + offs_n[:, None] * XW + offs_x[None, :], mask=nmask[:, None], other=0.0)
+        t_raw = _dot(qx, tl.trans(kx), tl.zeros((BLOCK_M, BLOCK_N), tl.float32), IEEE, UPCAST)
+        tm = tl.where(nmask[None, :], t_raw * qk_scale, float("-inf"))
+        mt_new = tl.maximum(m_t, tl.max(tm, axis=1))
+        p_t = tl.math.exp2(tm - mt_new[:, None])
+        c_t = tl.math.exp2(m_t - mt_new)
+        l_t = l_t * c_t + tl.sum(p_t, axis=1)
+        acc_t = _dot(p_t.to(v.dtype), v, acc_t * c_t[:, None], IEEE, UPCAST)
+        m_t = mt_new
+
+    has = (tl.zeros((BLOCK_M,), tl.int32) + L) > 0
+    hasf = has.to(tl.float32)
+    l_t = tl.where(has, l_t, 1.0)
+    m_t = tl.where(has, m_t, 0.0) * _LN2
+    s_base = STATS + bh * T * 2
+    l1p = tl.load(s_base + offs_m * 2 + 1, mask=mmask, other=0.0)
+    Lf = tl.maximum(L, 1).to(tl.float32)
+    l1 = tl.log(1.0 - eps) + l1p
+    l2 = tl.log(eps / Lf) + m_t + tl.log(l_t)
+    mm = tl.maximum(l1, l2)
+    logz = mm + tl.log(tl.exp(l1 - mm) + tl.exp(l2 - mm))
+    c1 = tl.exp(l1 - logz)
+    w = tl.exp(l1p - logz)
+    omask = mmask[:, None] & vmask[None, :]
+    r_base = ROWS + bh * T * 2 * DV
+    # linear in (O'_R, O_t, Y'), ordered so that at most three tiles are live (d = O'_R - O_R); with TMA
+    # the tiles move by descriptors (a pointer tensor kept from a load to its store costs 2 registers
+    # per element and spills)
+    if TMA:
+        rows_desc = tl.make_tensor_descriptor(r_base, shape=[T, 2, DV], strides=[2 * DV, DV, 1],
+                                              block_shape=[BLOCK_M, 1, DV_PAD])
+        o_rp = rows_desc.load([pid_m * BLOCK_M, 0, 0]).reshape(BLOCK_M, DV_PAD)
+    if not TMA:
+        o_rp = tl.load(r_base + offs_m[:, None] * (2 * DV) + offs_v[None, :], mask=omask, other=0.0)
+    d = (1.0 - c1)[:, None] * o_rp - acc_t * (tl.exp(l2 - logz) / l_t)[:, None]
+    o_r = (o_rp - d) * hasf[:, None]
+    if TMA:
+        rows_desc.store([pid_m * BLOCK_M, 0, 0], o_r.reshape(BLOCK_M, 1, DV_PAD))
+    if not TMA:
+        tl.store(r_base + offs_m[:, None] * (2 * DV) + offs_v[None, :], o_r, mask=omask)
+    out = a * o_r
+    if TMA:
+        y0 = rows_desc.load([pid_m * BLOCK_M, 1, 0]).reshape(BLOCK_M, DV_PAD)
+    if not TMA:
+        y0 = tl.load(r_base + offs_m[:, None] * (2 * DV) + DV + offs_v[None, :], mask=omask, other=0.0)
+    y = (y0 + (a * w)[:, None] * d) * hasf[:, None]
+    vbar = tl.load(VBAR + (bidx * Hkv + kvh) * DV + offs_v, mask=vmask, other=0.0)
+    out = (out + (1.0 - eps) * y0 + (b * eps) * vbar[None, :]) * hasf[:, None]
+    if TMA:
+        rows_desc.store([pid_m * BLOCK_M, 1, 0], y.reshape(BLOCK_M, 1, DV_PAD))
+        out_desc = tl.make_tensor_descriptor(OUT + bh * T * DV, shape=[T, DV], strides=[DV, 1],
+                                             block_shape=[BLOCK_M, DV_PAD])
+        out_desc.store([pid_m * BLOCK_M, 0], out.to(OUT.dtype.element_ty))
+    if not TMA:
+        tl.store(r_base + offs_m[:, None] * (2 * DV) + DV + offs_v[None, :], y, mask=omask)
+        tl.store(OUT + bh * T * DV + offs_m[:, None] * DV + offs_v[None, :], out.to(OUT.dtype.element_ty),
+                 mask=omask)
     tl.store(s_base + offs_m * 2 + 1, logz * hasf, mask=mmask)

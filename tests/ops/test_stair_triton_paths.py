@@ -45,8 +45,24 @@ TMA_CASES = [
 @pytest.mark.parametrize("dims,kw", TMA_CASES)
 def test_tma_variant_matches_reference_fp32(tma_in_interpreter, dims, kw):
     _check("triton", dims, torch.float32, **kw)
-    # the variants Hopper launches: warp-specialised forward at eps = 0, its own config at eps > 0
-    assert ks.last_configs["fwd"].ws == (kw.get("eps", 0.0) == 0.0)
+    # the variants Hopper launches (warp specialised where the pinned config says so); at eps > 0 the
+    # third softmax's own kernel after the eps = 0 loop (t_pre)
+    pinned = ks._CONFIGS[("fwd", "tma", False, kw.get("eps", 0.0) > 0.0)]
+    assert ks.last_configs["fwd"].ws == pinned.ws
+    assert ks.last_configs["fwd"].t_pre == (kw.get("eps", 0.0) > 0.0 and pinned.t_pre)
+
+
+@interp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dims,kw", [c for c in TMA_CASES if c[1].get("eps", 0.0) > 0.0]
+                         + [((2, 4, 2, 6, 21, 16, 16), {"lengths": [7, 0], "eps": 0.3})])
+def test_eps_forward_in_two_kernels_matches_reference(tma_in_interpreter, monkeypatch, dims, kw, dtype):
+    """eps > 0 with ``t_pre``: the eps = 0 kernel, then ``_stair_t_kernel`` mixes the third softmax into
+    the written out / rows / stats; the backward reads them as it reads the one-loop forward's."""
+    key = ("fwd", "tma", False, True)
+    monkeypatch.setitem(ks._CONFIGS, key, ks.Config(64, 64, 4, 3, tma=True, t_pre=True))
+    _check("triton", dims, dtype, **kw)
+    assert ks.last_configs["fwd"].t_pre
 
 
 @interp
@@ -89,9 +105,9 @@ HOPPER, AMPERE = (9, 0), (8, 0)
 def test_launch_config_selection():
     cfg = ks.launch_config
     bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
-    assert cfg("fwd", bf16, 128, 128, False, HOPPER) == ks.Config(128, 64, 4, 2, tma=True, ws=True)
-    assert cfg("fwd", fp16, 64, 64, False, HOPPER).ws
-    eps_cfg = cfg("fwd", bf16, 128, 128, True, HOPPER)   # eps > 0: its own config, no warp specialisation
+    assert cfg("fwd", bf16, 128, 128, False, HOPPER) == ks.Config(64, 64, 4, 3, tma=True)
+    assert cfg("fwd", fp16, 64, 64, False, HOPPER).tma
+    eps_cfg = cfg("fwd", bf16, 128, 128, True, HOPPER)   # eps > 0: its own config (a third accumulator)
     assert eps_cfg.tma and not eps_cfg.ws and eps_cfg.block_m == 64
     assert cfg("bwd", bf16, 128, 128, True, HOPPER).tma
     assert not cfg("fwd", bf16, 59, 59, False, HOPPER).tma          # 118-byte rows: pointer loads
@@ -158,11 +174,14 @@ def test_aot_specs_cover_every_sm90_config():
         for name, typ in s.signature.items():
             assert (typ == "constexpr") == (name in s.constexprs), name
         assert s.expect_tma == s.constexprs["TMA"] == s.global_scratch
-        assert s.expect_warp_specialized == s.constexprs["WS"]
+        assert s.expect_warp_specialized == s.constexprs.get("WS", False)  # the t kernel has no WS
         assert s.expect_wgmma == (not s.constexprs["IEEE"] and s.constexprs["BLOCK_M"] >= 64)
     bench = [s for s in specs if s.config.startswith("bf16-D128-Dv128-eps0-BM")]
     fwd = next(s for s in bench if s.kernel == "stair_fwd")
-    assert fwd.expect_warp_specialized and fwd.expect_tma and fwd.num_warps == 4
+    assert fwd.expect_tma and fwd.expect_wgmma and fwd.num_warps == 4
     assert {"Q", "K", "V", "Hq", "D", "DV"} <= set(fwd.divisible_by_16)   # the bench shape's JIT specialisation
+    t = [s for s in specs if s.kernel == "stair_t"]  # every t_pre forward spec has its third-softmax kernel
+    assert len(t) >= sum(1 for s in specs if s.kernel == "stair_fwd" and "-tpre" in s.config)
+    assert t and all(s.expect_tma for s in t)
     bwd = next(s for s in bench if s.kernel == "stair_bwd")
     assert "NQT" in bwd.divisible_by_16
