@@ -31,8 +31,8 @@ Each case is run the way the loop runs a slot: a failed checkpoint goes to
 :func:`~treadle.weft.evolve.loop.attribute_failure` with the harness and the cross-harness verdicts (the same
 agent under every harness of :func:`~treadle.weft.evolve.loop.default_harnesses`, the primary one replaced by
 the case's), a passing one to :func:`~treadle.weft.evolve.loop.audit_passing`. A passing case that the audit
-does not flag is *observed* and counted as blamed on the policy when its kind never fails a checkpoint
-(:data:`SILENT_KINDS`: the trajectory's reward stands), and unobserved otherwise (the fault does not show in
+does not flag is *observed*, with no attribution, and counted as blamed on the policy when its kind never fails a
+checkpoint (:data:`SILENT_KINDS`: the trajectory's reward stands), and unobserved otherwise (the fault does not show in
 this trajectory). A born-broken server whose task certification rejects by its expected effect is caught there:
 an environment verdict. Each case also has a **control** (the same agent on the fault-free system: it passes for a correct
 agent, it fails for a wrong one); a case whose control does not behave so is reported unobserved, as a defect
@@ -527,9 +527,6 @@ async def _run(rt: Any, case: FreshCase, mods: dict[str, Any], cands: dict[str, 
         att = await audit_passing(rt, slot, current)
         if att is None and case.kind not in SILENT_KINDS:
             return unobserved("the checkpoint passes and the audit finds nothing (the fault does not show)")
-        if att is None:
-            att = Attribution(checkpoint=spec.name, blame=Blame.policy, rule="unflagged_pass",
-                              detail="the checkpoint passed and the audit found nothing: the fault is silent")
     else:
         hv = {primary_name: 0}
         for name, h in harnesses.items():
