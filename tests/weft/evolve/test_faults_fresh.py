@@ -36,7 +36,7 @@ def test_every_case_is_observed_and_its_control_behaves():
     cases = _suite()
     assert [c.id for c in cases if not c.observed] == []
     s = summary(cases)
-    assert s["policy_blamed_elsewhere"] == [], s["wrong"]
+    assert s["accuracy"] >= 0.9 and s["blamed_on_policy"] == [] and s["policy_blamed_elsewhere"] == [], s["wrong"]
 
 
 def test_a_silent_fault_nothing_flags_counts_against_the_policy():
@@ -55,3 +55,4 @@ def test_cli_drill_reports_the_fresh_set_apart(tmp_path):
     doc = json.loads((out / "attribution_drill.json").read_text())
     assert doc["fresh"]["cases"] == len(FRESH) == len(doc["cases"]["fresh"])
     assert {"held_apart", "catalogue"} <= set(doc)
+    assert doc["fresh"]["accuracy"] >= 0.9 and doc["fresh"]["blamed_on_policy"] == []
