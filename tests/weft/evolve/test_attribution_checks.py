@@ -268,7 +268,7 @@ def test_no_generated_verifier_of_a_certified_task_fails_a_negative_control():
 def test_certification_refuses_servers_born_against_their_names_or_declared_changes():
     closed = EnvBug(name="closed", tool="open_ticket", old="VALUES (?, ?, ?, 'open')", new="VALUES (?, ?, ?, 'closed')")
     stock = EnvBug(name="stock", tool="place_order",
-                   old='        db.execute("UPDATE products SET stock = stock - ? WHERE sku = ?", (qty, sku))\n', new="")
+                   old='db.execute("UPDATE products SET stock = stock - ? WHERE sku = ?", (qty, sku))', new="pass")
     tasks = {t.name: t for t in shop_atomic.candidates()}
 
     async def go(rt):

@@ -31,19 +31,19 @@ Each case is run the way the loop runs a slot: a failed checkpoint goes to
 :func:`~treadle.weft.evolve.loop.attribute_failure` with the harness and the cross-harness verdicts (the same
 agent under every harness of :func:`~treadle.weft.evolve.loop.default_harnesses`, the primary one replaced by
 the case's), a passing one to :func:`~treadle.weft.evolve.loop.audit_passing`. A passing case that the audit
-does not flag is *observed*, with no attribution, and counted as blamed on the policy when its kind never fails a
-checkpoint (:data:`SILENT_KINDS`: the trajectory's reward stands), and unobserved otherwise (the fault does not show in
-this trajectory). A born-broken server whose task certification rejects by its expected effect is caught there:
-an environment verdict. Each case also has a **control** (the same agent on the fault-free system: it passes for a correct
-agent, it fails for a wrong one); a case whose control does not behave so is reported unobserved, as a defect
-of the case, never scored.
+does not flag is *observed*, with no attribution, and counted as blamed on the policy when its kind never fails
+a checkpoint (:data:`SILENT_KINDS`: the trajectory's reward stands), and unobserved otherwise (the fault does not
+show in this trajectory). A born-broken server whose task certification rejects by its expected effect is caught
+there: an environment verdict. Each case also has a **control** (the same agent on the fault-free system: it
+passes for a correct agent, it fails for a wrong one); a case whose control does not behave so is reported
+unobserved, as a defect of the case, never scored.
 """
 from __future__ import annotations
 
 import inspect
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from treadle.weft.evolve.attribute import Attribution, Blame, generate_verifier, record_evidence
@@ -83,7 +83,6 @@ class FreshCase:
     harness: Callable[[], Any] | None = None
     raw: Callable[[Any, list[ToolCall]], list[Any]] | None = None
     control: bool = True
-    notes: dict[str, Any] = field(default_factory=dict)
 
 
 # ---- broken harnesses (parsers and prompts); the correct agent writes what each one asks -------------------------
@@ -237,6 +236,7 @@ def _hermes_single_quotes(harness: Any, calls: list[ToolCall]) -> list[Any]:
 
 # ---- environment bugs -----------------------------------------------------------------------------------------------
 
+_LIST_CASES_HEAD = "    _contact(db, contact_id)\n    return [{\"id\": i, \"order_ref\""
 _EMPTY_QUERY_CRASH = EnvBug(
     name="empty_query_crashes", tool="search_products", old='    q = f"%{query.strip().lower()}%"\n',
     new='    q = f"%{query.strip().lower()}%"\n    if not query.strip():\n        raise KeyError("query")\n')
@@ -245,8 +245,9 @@ _MULTIWORD_REJECTED = EnvBug(
     new='    if " " in query.strip():\n        raise ToolError(f"invalid query {query!r}")\n'
         '    q = f"%{query.strip().lower()}%"\n')
 _NO_CASES_CRASH = EnvBug(
-    name="no_cases_crashes", tool="list_cases", old="    _contact(db, contact_id)\n    return [{\"id\": i, \"order_ref\"",
-    new="    _contact(db, contact_id)\n    db.execute(\"SELECT id FROM cases WHERE contact_id = ?\", (contact_id,)).fetchall()[0]\n"
+    name="no_cases_crashes", tool="list_cases", old=_LIST_CASES_HEAD,
+    new="    _contact(db, contact_id)\n"
+        "    db.execute(\"SELECT id FROM cases WHERE contact_id = ?\", (contact_id,)).fetchall()[0]\n"
         "    return [{\"id\": i, \"order_ref\"")
 _CREDIT_RETURN_DOLLARS = EnvBug(
     name="credit_return_in_dollars", tool="issue_credit",
@@ -258,9 +259,11 @@ _TIER_INVERTED = EnvBug(
     new='db.execute("UPDATE contacts SET tier = ? WHERE id = ?", ("standard" if tier == "vip" else "vip", contact_id))')
 _LIST_CASES_WRITES = EnvBug(
     name="list_cases_marks_pending", tool="list_cases",
-    old="    _contact(db, contact_id)\n    return [{\"id\": i, \"order_ref\"",
-    new="    _contact(db, contact_id)\n    db.execute(\"UPDATE cases SET status = 'pending' WHERE contact_id = ? AND status = 'new'\", "
-        "(contact_id,))\n    return [{\"id\": i, \"order_ref\"")
+    old=_LIST_CASES_HEAD,
+    new="    _contact(db, contact_id)\n"
+        "    db.execute(\"UPDATE cases SET status = 'pending' WHERE contact_id = ? AND status = 'new'\",\n"
+        "               (contact_id,))\n"
+        "    return [{\"id\": i, \"order_ref\"")
 _TICKET_BORN_CLOSED = EnvBug(
     name="ticket_born_closed", tool="open_ticket",
     old="VALUES (?, ?, ?, 'open')\",\n                     (customer_id, order_id, subject))",
@@ -340,7 +343,8 @@ FRESH: tuple[FreshCase, ...] = (
               calls=('issue_credit(contact_id="C-002", amount_cents=2000, reason="Goodwill")',)),
     FreshCase("fresh/task/gold-contradicts-quoted-sku", Blame.task, "gold_contradicts_request", "shop",
               ("shop-tee-gold-mug", "I'm ada@example.com; order one cotton tee (TEE).",
-               ['find_customer(email="ada@example.com")', 'place_order(customer_id=1, items=[{"sku": "MUG", "qty": 1}])'],
+               ['find_customer(email="ada@example.com")',
+                'place_order(customer_id=1, items=[{"sku": "MUG", "qty": 1}])'],
                {}),
               calls=('find_customer(email="ada@example.com")',
                      'place_order(customer_id=1, items=[{"sku": "TEE", "qty": 1}])')),
@@ -386,7 +390,8 @@ FRESH: tuple[FreshCase, ...] = (
               verifier=_over(compare_state=False, gold_results_contained=False, expected_returns=[{"id": "C-003"}],
                              assertions=[])),
     FreshCase("fresh/evaluator/extra-write-unchecked", Blame.evaluator, "lenient", "shop", "shop-cancel-order",
-              calls=('find_customer(email="alan@example.com")', "list_orders(customer_id=2)", "cancel_order(order_id=2)",
+              calls=('find_customer(email="alan@example.com")', "list_orders(customer_id=2)",
+                     "cancel_order(order_id=2)",
                      'open_ticket(customer_id=2, subject="Order 2 cancelled", order_id=2)'),
               verifier=_over(compare_state=False, expected_returns=[],
                              assertions=[StateAssertion(sql="SELECT status FROM orders WHERE id = 2",
@@ -422,7 +427,8 @@ FRESH: tuple[FreshCase, ...] = (
     FreshCase("fresh/policy/forbidden-catalogue-search", Blame.policy, "forbidden_action", "shop",
               ("shop-order-no-browsing",
                "I'm grace@example.com; order one enamel mug (MUG) for me, without searching the catalogue.",
-               ['find_customer(email="grace@example.com")', 'place_order(customer_id=3, items=[{"sku": "MUG", "qty": 1}])'],
+               ['find_customer(email="grace@example.com")',
+                'place_order(customer_id=3, items=[{"sku": "MUG", "qty": 1}])'],
                {"forbidden_tools": ["search_products"]}),
               calls=('find_customer(email="grace@example.com")', 'search_products(query="mug")',
                      'place_order(customer_id=3, items=[{"sku": "MUG", "qty": 1}])')),
