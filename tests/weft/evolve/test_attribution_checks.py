@@ -166,3 +166,117 @@ def test_a_generated_verifier_with_the_request_accepts_a_paraphrase_only():
             out.append((await play(rt, h, start, spec, note(body)))[1].r)
         return out
     assert _run(go) == [1, 0, 1]
+
+
+def test_a_row_left_in_another_state_than_the_tools_name_declares():
+    domains = {"tickets": {"status": {"open", "closed"}}, "orders": {"status": {"placed", "shipped", "cancelled"}}}
+    opened = StateDiff(tables={"tickets": TableDiff(added={"[2]": {"id": 2, "customer_id": 1, "status": "closed"}})})
+    tool = _tool(["tickets"], {"customer_id": "tickets.customer_id"})
+    call = parse_call('open_ticket(customer_id=1, subject="Loose handle")')
+    assert "declares 'open'" in probes.contract_violations(tool, call, opened, domains)[0]
+    assert probes.contract_violations(tool, call, opened) == []  # no schema domains: nothing to compare with
+    fine = StateDiff(tables={"tickets": TableDiff(added={"[2]": {"id": 2, "customer_id": 1, "status": "open"}})})
+    assert probes.contract_violations(tool, call, fine, domains) == []
+    cancelled = StateDiff(tables={"orders": TableDiff(changed={"[2]": RowChange(
+        before={"id": 2, "status": "placed"}, after={"id": 2, "status": "shipped"})})})
+    assert "'cancelled'" in probes.named_state_violations("cancel_order", cancelled, domains)[0]
+    assert probes.named_state_violations("escalate_case", cancelled, domains) == []  # no such state: no claim
+    con = __import__("sqlite3").connect(":memory:")
+    con.executescript(shop.SCHEMA)
+    assert probes.state_domains(con)["tickets"] == {"status": {"open", "closed"}}
+
+
+def test_a_declared_change_that_changes_nothing():
+    tool = _tool(["orders", "order_items", "products"],
+                 {"items": "order_items(sku, qty); products.stock -= qty"})
+    call = parse_call('place_order(customer_id=3, items=[{"sku": "MUG", "qty": 2}])')
+    none = StateDiff(tables={"orders": TableDiff(added={"[3]": {"id": 3}})})
+    assert "changed no products.stock" in probes.contract_violations(tool, call, none)[0]
+    kept = StateDiff(tables={"products": TableDiff(changed={'["MUG"]': RowChange(
+        before={"sku": "MUG", "stock": 10}, after={"sku": "MUG", "stock": 8})})})
+    assert probes.contract_violations(tool, call, kept) == []
+    restock = _tool(["orders", "products"], {"order_id": "orders.id; products.stock += qty"})
+    assert probes.contract_violations(restock, parse_call("cancel_order(order_id=2)"), StateDiff(tables={})) == []
+
+
+def test_a_request_that_restates_a_quantity_with_another_value():
+    credit = [parse_call('issue_credit(contact_id="C-002", amount_cents=500, reason="Goodwill")')]
+    assert "two values" in task_checks.restated_quantities("A credit of 500 cents ($20), please.", credit)
+    assert task_checks.restated_quantities("A credit of 500 cents ($5), please.", credit) is None
+    assert task_checks.restated_quantities("500 cents now and $20 next month.", credit) is None
+    mugs = [parse_call('place_order(customer_id=1, items=[{"sku": "MUG", "qty": 2}])')]
+    assert task_checks.restated_quantities("Order two (3) mugs.", mugs)
+    assert task_checks.restated_quantities("Cancel order 2 (1 item).", [parse_call("cancel_order(order_id=2)")]) is None
+    wait = [parse_call("snooze(seconds=5400)")]
+    assert task_checks.restated_quantities("Snooze it for 90 minutes, i.e. 2 hours.", wait)
+    assert task_checks.restated_quantities("Snooze it for 90 minutes, i.e. 1.5 hours.", wait) is None
+
+
+def _controls(rt, mod, task, change):
+    async def go():
+        h = rt.register(mod)
+        start = mod.initial_snapshot()
+        tools = {t["name"]: t for t in rt.registry.spec(h).tools}
+        gold = list(task.checkpoint.gold_calls)
+        ev = await record_evidence(rt, h, start, task.name, gold)
+        sound = generate_verifier(task.checkpoint, start, ev)
+        return (await text_checks.negative_controls(rt, h, start, sound, gold, tools),
+                await text_checks.negative_controls(rt, h, start, change(sound), gold, tools))
+    return go()
+
+
+def test_negative_controls_include_a_read_only_agent_and_an_unrequested_write():
+    from treadle.weft.runtime.verify import StateAssertion
+
+    vip = {t.name: t for t in crm_tasks.candidates()}["crm-vip"]
+    cancel = {t.name: t for t in shop_atomic.candidates()}["shop-cancel-order"]
+    lookup_only = {"compare_state": False, "gold_results_contained": False, "expected_returns": [{"id": "C-003"}],
+                   "assertions": []}
+    status_only = {"compare_state": False, "expected_returns": [], "assertions": [StateAssertion(
+        sql="SELECT status FROM orders WHERE id = 2", expected=[["cancelled"]])]}
+
+    async def go(rt):
+        return (await _controls(rt, crm, vip, lambda s: s.model_copy(update=lookup_only)),
+                await _controls(rt, shop, cancel, lambda s: s.model_copy(update=status_only)))
+    (sound_vip, lenient_vip), (sound_cancel, lenient_cancel) = _run(go)
+    assert sound_vip == [] and sound_cancel == []
+    assert any("read-only agent" in x for x in lenient_vip)
+    assert any("another" in x or "perturbed" in x for x in lenient_vip)  # set_tier on a contact that can take it
+    assert any("unrequested write" in x for x in lenient_cancel)
+
+
+def test_no_generated_verifier_of_a_certified_task_fails_a_negative_control():
+    """The added controls spare every sound verifier: the default verifier of each certified shop and CRM task."""
+    from treadle.weft.evolve.certify import certify_server
+
+    async def go(rt):
+        out = {}
+        for mod, cands in ((shop, shop_atomic.candidates()), (crm, crm_tasks.candidates())):
+            h = rt.register(mod)
+            start = mod.initial_snapshot()
+            tools = {t["name"]: t for t in rt.registry.spec(h).tools}
+            for task in (await certify_server(rt, h, start, cands)).kept:
+                gold = list(task.checkpoint.gold_calls)
+                ev = await record_evidence(rt, h, start, task.name, gold)
+                spec = generate_verifier(task.checkpoint, start, ev)
+                out[task.name] = await text_checks.negative_controls(rt, h, start, spec, gold, tools)
+        return out
+    found = _run(go)
+    assert len(found) >= 8 and all(v == [] for v in found.values()), found
+
+
+def test_certification_refuses_servers_born_against_their_names_or_declared_changes():
+    closed = EnvBug(name="closed", tool="open_ticket", old="VALUES (?, ?, ?, 'open')", new="VALUES (?, ?, ?, 'closed')")
+    stock = EnvBug(name="stock", tool="place_order",
+                   old='db.execute("UPDATE products SET stock = stock - ? WHERE sku = ?", (qty, sku))', new="pass")
+    tasks = {t.name: t for t in shop_atomic.candidates()}
+
+    async def go(rt):
+        out = []
+        for bug, name in ((closed, "shop-open-ticket"), (stock, "shop-place-order")):
+            h = rt.register(patch_source(inspect.getsource(shop), bug))
+            out.append(await certify_task(rt, h, shop.initial_snapshot(), tasks[name]))
+        return out
+    closed_cert, stock_cert = _run(go)
+    assert not closed_cert.checks["expected_effect"] and "declares 'open'" in " ".join(closed_cert.reasons)
+    assert not stock_cert.checks["expected_effect"] and "changed no products.stock" in " ".join(stock_cert.reasons)

@@ -12,7 +12,8 @@ the reference plan has executed and passed as certified (seed: WEFT 5.1):
    declared writes, units, assignments, directions, the keyed row: :func:`~.probes.contract_violations`);
    ``off_path_probe``: an input the schema allows near a reference call (:func:`~.probes.input_variants`)
    is treated otherwise by the current server than by the certified one;
-4. **task** ``inconsistent_request``, ``other_party``, ``underivable_gold`` (:mod:`~.task_checks`);
+4. **task** ``inconsistent_request`` (two actions that exclude each other, or a quantity restated with another
+   value), ``other_party``, ``underivable_gold`` (:mod:`~.task_checks`);
 5. **evaluator** ``free_text_strict``: the policy's state differs from the reference's only in free text, each
    a faithful paraphrase of the reference's (text the request quotes must match exactly); a text that says
    something else is the policy's (``free_text_differs``); one the offline comparison cannot place is
@@ -89,6 +90,7 @@ async def further_checks(rt: Any, server_hash: str, start: Any, spec: Any, evide
             return None
         clash = await task_checks.inconsistent_request(rt, healthy if healthy in rt.registry else server_hash,
                                                        start, request, gold, tools)
+        clash = clash or task_checks.restated_quantities(request, gold)
         if clash:
             return "task", "inconsistent_request", clash
         if con is not None:

@@ -241,8 +241,8 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
                                                                          "(deleting it)."),
                drill: bool = typer.Option(False, "--drill", help="Instead of rounds: attribution accuracy per "
                                           "component and the cross-blames (non-policy faults blamed on the policy, "
-                                          "policy errors blamed elsewhere) on the held-apart fault set and on the "
-                                          "fault catalogue, reported apart; writes attribution_drill.json.")
+                                          "policy errors blamed elsewhere) on the two held-apart fault sets and on "
+                                          "the fault catalogue, reported apart; writes attribution_drill.json.")
                ) -> None:
     """Attribution and revision rounds on the offline drill (certified shop and CRM with one injected fault of
     each kind), or on a synthesised environment (``--synth``), until the tool-call error rate of the selected
@@ -423,7 +423,7 @@ def _evolve_run(out: Path, rates: dict, k: int, max_rounds: int, seed: int, cfg,
 
 
 def _drill_run(out: Path) -> None:
-    """``weft evolve --drill``: the attribution drill's two tables and ``attribution_drill.json``."""
+    """``weft evolve --drill``: the attribution drill's three tables and ``attribution_drill.json``."""
     import json
     import logging
 
@@ -442,7 +442,8 @@ def _drill_run(out: Path) -> None:
     res = anyio.run(main)
     out.mkdir(parents=True, exist_ok=True)
     (out / "attribution_drill.json").write_text(json.dumps(res, indent=1, default=str), encoding="utf-8")
-    for key, title in (("held_apart", "held-apart fault set"), ("catalogue", "fault catalogue")):
+    for key, title in (("held_apart", "held-apart fault set"), ("fresh", "fresh held-apart fault set"),
+                       ("catalogue", "fault catalogue")):
         s = res[key]
         t = Table(title=f"attribution on the {title} ({s['observed']} observed of {s['cases']} faults)")
         for col in ("component", "correct", "accuracy"):

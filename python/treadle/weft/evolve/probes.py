@@ -4,8 +4,11 @@
   ``reads``, ``writes``, ``args_to_state``): a read-only tool that writes, a write to a table the contract
   does not name, a stored value that is not the argument's (units: ``amount_cents`` stored x100), an
   assignment to another value (``:= 'high'`` writes ``'low'``), a change in the wrong direction (``+= qty``
-  decreases), a write to a row other than the one the key argument names (wrong-row write). It needs no
-  healthy server, so it finds bugs present at certification (born broken).
+  decreases; a declared ``+=`` / ``-=`` that changes nothing), a write to a row other than the one the key
+  argument names (wrong-row write), and a row of the tool's own object left in another state than the one its
+  name declares (``open_ticket`` storing a ``closed`` ticket: :func:`named_state_violations`, from the schema's
+  ``CHECK (col IN (...))`` domains). It needs no healthy server, so it finds bugs present at certification (born
+  broken).
 - :func:`input_variants`: inputs the schema allows other than the reference's: another letter case or
   surrounding spaces of an identifier, list items in another order, an optional argument given its default,
   every value of an enumerated argument,
@@ -47,16 +50,63 @@ def _rows_touched(diff: Any, table: str) -> list[tuple[dict | None, dict | None]
             + [(r, None) for r in td.removed.values()])
 
 
-def contract_violations(tool: dict, call: ToolCall, diff: Any) -> list[str]:
+_CHECK_IN = re.compile(r"CHECK\s*\(\s*\"?(\w+)\"?\s+IN\s*\(([^)]*)\)\s*\)", re.I)
+
+
+def state_domains(con: Any) -> dict[str, dict[str, set[str]]]:
+    """``{table: {column: allowed values}}`` from the schema's ``CHECK (column IN ('a', 'b'))`` constraints
+    (``con``: a SQLite connection); tables without any are left out."""
+    out: dict[str, dict[str, set[str]]] = {}
+    for t, sql in con.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table' AND sql IS NOT NULL"):
+        for col, values in _CHECK_IN.findall(sql):
+            vals = set(re.findall(r"'([^']*)'", values))
+            if vals:
+                out.setdefault(t, {})[col] = vals
+    return out
+
+
+def _verb_forms(verb: str) -> set[str]:
+    forms = {verb, verb + "ed", verb + "d", verb + verb[-1:] + "ed"}
+    if verb.endswith("y"):
+        forms.add(verb[:-1] + "ied")
+    return forms
+
+
+def named_state_violations(name: str, diff: Any, domains: dict[str, dict[str, set[str]]]) -> list[str]:
+    """Rows of the tool's own object (``open_ticket`` -> ``tickets``) that ``name`` added or changed and left in
+    another state than the one its name declares: the verb (or its participle) is a value of an enumerated
+    column of that table (``open`` of ``status IN ('open', 'closed')``) and the row holds another value."""
+    verb, _, obj = name.lower().partition("_")
+    if not obj:
+        return []
+    forms = _verb_forms(verb)
+    out = []
+    for table in (obj, obj + "s", obj + "es"):
+        td = diff.tables.get(table)
+        for col, allowed in (domains.get(table) or {}).items():
+            named = forms & allowed
+            if td is None or len(named) != 1:
+                continue
+            want = next(iter(named))
+            rows = [*td.added.values(), *(c.after for c in td.changed.values())]
+            bad = [r.get(col) for r in rows if col in r and r.get(col) != want]
+            if bad:
+                out.append(f"{name} left {table}.{col}={bad[0]!r}; its name declares {want!r}")
+    return out
+
+
+def contract_violations(tool: dict, call: ToolCall, diff: Any,
+                        domains: dict[str, dict[str, set[str]]] | None = None) -> list[str]:
     """What ``call`` (one successful call of ``tool``, whose state change is ``diff``) did against the tool's
-    contract; ``[]`` when it kept it (see the module docstring)."""
+    contract (and, given the schema's ``domains``, against the state its name declares); ``[]`` when it kept it
+    (see the module docstring)."""
     contract = tool.get("contract") or {}
     writes = set(contract.get("writes") or ())
     touched = diff.touched()
     name = call.name
     if not writes:
         return [f"{name} is declared read-only but changed {sorted(touched)}"] if touched else []
-    out = []
+    out = named_state_violations(name, diff, domains) if domains else []
     if touched - writes:
         out.append(f"{name} changed {sorted(touched - writes)}, not among its declared writes {sorted(writes)}")
     for arg, spec in (contract.get("args_to_state") or {}).items():
@@ -97,6 +147,10 @@ def contract_violations(tool: dict, call: ToolCall, diff: Any) -> list[str]:
                 elif not after and keyed and table == t0:
                     out.append(f"{name}({arg}={value!r}) did not set {table}.{col} (declared := {want!r})")
             else:
+                if not [1 for b, a in rows if b is not None and a is not None and b.get(col) != a.get(col)] \
+                        and _declared_amount(call, rhs):
+                    out.append(f"{name}({arg}=...) changed no {table}.{col}; its contract says {op} {rhs}")
+                    continue
                 for b, a in rows:
                     if b is None or a is None:
                         continue
@@ -127,6 +181,14 @@ def _amount(call: ToolCall, rhs: str, row: dict) -> Any:
                     k != rhs and row.get(k) == x for k, x in item.items()):
                 return abs(item[rhs])
     return None
+
+
+def _declared_amount(call: ToolCall, rhs: str) -> float:
+    """The total size the call itself gives a ``+= rhs`` change (the argument, or the ``rhs`` fields of its list
+    items), so a non-zero one must show; 0 when the call does not give it (the rows it names may hold none)."""
+    values = [call.arguments.get(rhs)] + [item.get(rhs) for value in call.arguments.values()
+                                          if isinstance(value, list) for item in value if isinstance(item, dict)]
+    return sum(abs(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool))
 
 
 def _pool(con: Any, tool: dict, arg: str, limit: int = 4) -> list[Any]:
@@ -254,7 +316,17 @@ async def probe_off_path(rt: Any, healthy: str, current: str, start: Any, gold: 
 async def contract_probe(rt: Any, server_hash: str, start: Any, calls: Sequence[ToolCall], tools: dict[str, dict]
                          ) -> list[str]:
     """Play ``calls`` from ``start`` one by one and check each successful call's state change against its tool's
-    contract (:func:`contract_violations`)."""
+    contract and the state its name declares (:func:`contract_violations` with the start's
+    :func:`state_domains`)."""
+    domains: dict[str, dict[str, set[str]]] = {}
+    if getattr(start, "kind", None) == "sqlite":
+        from treadle.weft.evolve.grounding import open_copy
+
+        con = open_copy(start)
+        try:
+            domains = state_domains(con)
+        finally:
+            con.close()
     sid = await rt.create_session(server_hash, start)
     out: list[str] = []
     try:
@@ -268,7 +340,7 @@ async def contract_probe(rt: Any, server_hash: str, start: Any, calls: Sequence[
                                                  changed={k: type(v)(before=v.after, after=v.before)
                                                           for k, v in d.changed.items()})
                                       for t, d in diff.tables.items()})  # rt.diff(sid, other) is now -> other
-            out += contract_violations(tools.get(c.name) or {}, c, diff)
+            out += contract_violations(tools.get(c.name) or {}, c, diff, domains)
             before = rt.snapshot(sid)
     finally:
         await rt.close(sid)

@@ -14,7 +14,10 @@ composed task with its upstream results as history):
   another party);
 - :func:`inconsistent_request`: the request asks for a write tool the gold does not use, on the same
   entity as a gold write, and neither order of the two calls executes on the healthy server (two actions
-  that exclude each other: cancel and ship one order).
+  that exclude each other: cancel and ship one order);
+- :func:`restated_quantities`: the request restates a quantity with another value (``500 cents ($20)``,
+  ``two (3) mugs``, ``90 minutes, i.e. 2 hours``: the same dimension, converted, disagrees; bare numbers only
+  as a number word and digits) and a gold value is one of the two readings: either reading is the request's.
 """
 from __future__ import annotations
 
@@ -193,3 +196,62 @@ async def inconsistent_request(rt: Any, healthy: str, start: Any, request: str, 
 
 def describe(values: Sequence[str]) -> str:
     return json.dumps(list(values)[:6])
+
+
+_UNITS: dict[str, tuple[str, float]] = {
+    "cent": ("money", 1), "cents": ("money", 1), "dollar": ("money", 100), "dollars": ("money", 100),
+    "usd": ("money", 100), "$": ("money", 100), "€": ("euro", 100), "eur": ("euro", 100), "euro": ("euro", 100),
+    "euros": ("euro", 100), "£": ("pound", 100), "gbp": ("pound", 100), "pence": ("pound", 1),
+    "second": ("time", 1), "seconds": ("time", 1), "sec": ("time", 1), "secs": ("time", 1), "s": ("time", 1),
+    "minute": ("time", 60), "minutes": ("time", 60), "min": ("time", 60), "mins": ("time", 60),
+    "hour": ("time", 3600), "hours": ("time", 3600), "hr": ("time", 3600), "hrs": ("time", 3600),
+    "h": ("time", 3600), "day": ("time", 86400), "days": ("time", 86400), "week": ("time", 604800),
+    "weeks": ("time", 604800), "g": ("mass", 1), "gram": ("mass", 1), "grams": ("mass", 1), "kg": ("mass", 1000),
+    "kilogram": ("mass", 1000), "kilograms": ("mass", 1000), "mm": ("length", 0.001), "cm": ("length", 0.01),
+    "m": ("length", 1), "metre": ("length", 1), "metres": ("length", 1), "meter": ("length", 1),
+    "meters": ("length", 1), "km": ("length", 1000), "percent": ("ratio", 1), "%": ("ratio", 1),
+}
+_NUM = r"\d[\d,]*(?:\.\d+)?"
+_QUANTITY = re.compile(r"([$€£])\s?(" + _NUM + r")|(" + _NUM + r")(?:\s?(%|[a-z]+\b))?|\b(" + "|".join(NUMBER_WORDS)
+                       + r")\b", re.I)
+_RESTATE = re.compile(r"\s*(?:\(|,?\s*(?:i\.e\.|ie|that is|aka|or|=)\s*,?)\s*$", re.I)
+
+
+def _quantities(request: str) -> list[tuple[int, int, float, float, str]]:
+    """``(start, end, value, value in the base unit, dimension)`` of each quantity of ``request`` (a bare number
+    or number word has the dimension ``count``)."""
+    out = []
+    for m in _QUANTITY.finditer(request):
+        if m.group(1):
+            dim, f = _UNITS[m.group(1)]
+            v = float(m.group(2).replace(",", ""))
+        elif m.group(3):
+            v = float(m.group(3).replace(",", ""))
+            unit = (m.group(4) or "").lower()
+            dim, f = _UNITS.get(unit, ("count", 1))
+        else:
+            v, (dim, f) = float(NUMBER_WORDS[m.group(5).lower()]), ("count", 1)
+            if m.group(5).lower() in ("a", "an", "half"):
+                continue
+        out.append((m.start(), m.end(), v, v * f, dim))
+    return out
+
+
+def restated_quantities(request: str, gold: Sequence[ToolCall]) -> str | None:
+    """Two readings of one quantity in ``request`` (the second restates the first in parentheses or after
+    ``i.e.`` / ``that is`` / ``or``, in the same dimension) that disagree, one of which a gold value is; None
+    when there is none (see the module docstring)."""
+    qs = _quantities(request)
+    values = {float(v) for c in gold for _, v in _scalars(c.arguments)
+              if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    for (s1, e1, v1, b1, d1), (s2, _, v2, b2, d2) in zip(qs, qs[1:]):
+        between = request[e1:s2]  # a restatement is adjacent: bounded, so the match stays linear on any request
+        if d1 != d2 or abs(b1 - b2) <= 1e-9 * max(abs(b1), abs(b2), 1) or len(between) > 16 \
+                or not _RESTATE.fullmatch(between):
+            continue
+        if d1 == "count" and request[s1].isdigit() == request[s2].isdigit():
+            continue  # two bare numbers ("order 2 (1 item)") count different things; "two (3)" restates one
+        if values & {v1, v2, b1, b2}:
+            return (f"the request restates one quantity with two values: {request[s1:e1]!r} and "
+                    f"{request[s2:].split(')')[0].strip()!r} ({d1}); the gold takes one reading")
+    return None

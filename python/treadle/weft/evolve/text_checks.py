@@ -8,10 +8,12 @@
   those where one is configured; offline they stay undecided, never a silent policy failure);
 - :func:`free_text_only_diff`: the rows where the policy's final state and the reference's differ, when
   they differ only in free-text columns (``[(reference text, policy text)]``), else None;
-- :func:`negative_controls`: agents that must fail a sound verifier: one that does nothing, plausible but
-  wrong ones made by perturbing one value of a gold write (another entity of the start state, a number off
-  by one; each must execute and change the state otherwise than the reference), and one that adds a call of
-  each tool the task forbids. A control that passes shows a lenient verifier.
+- :func:`negative_controls`: agents that must fail a sound verifier: one that does nothing, one that makes
+  only the gold's reads (its lookups without its writes), plausible but wrong ones made by perturbing one value
+  of a gold write (other entities of the start state, a number off by one; each must execute and change the
+  state otherwise than the reference), one that adds a call of each tool the task forbids, and one that adds
+  an unrequested write (the gold, then one call of a write tool the gold does not use, its arguments from the
+  gold's). A control that passes shows a lenient verifier.
 """
 from __future__ import annotations
 
@@ -124,13 +126,12 @@ def _perturbations(call: ToolCall, tool: dict, con: Any) -> list[ToolCall]:
         clauses = contract_clauses(a2s.get(arg, ""))
         if clauses and con is not None and not isinstance(v, list):
             t, col = clauses[0][0], clauses[0][1]
-            try:
-                row = con.execute(f'SELECT "{col}" FROM "{t}" WHERE "{col}" IS NOT ? AND typeof("{col}") = '
-                                  f'typeof(?) ORDER BY 1 LIMIT 1', (v, v)).fetchone()
+            try:  # a few other entities: the first may refuse the call (a contact already at that tier)
+                rows = con.execute(f'SELECT DISTINCT "{col}" FROM "{t}" WHERE "{col}" IS NOT ? AND typeof("{col}") = '
+                                   f'typeof(?) ORDER BY 1 LIMIT 3', (v, v)).fetchall()
             except Exception:  # noqa: BLE001  (a contract naming a column the schema lacks)
-                row = None
-            if row is not None and row[0] != v:
-                out.append(ToolCall(name=call.name, arguments={**call.arguments, arg: row[0]}))
+                rows = []
+            out += [ToolCall(name=call.name, arguments={**call.arguments, arg: r[0]}) for r in rows if r[0] != v]
         if isinstance(v, list):
             for i, item in enumerate(v):
                 if not isinstance(item, dict):
@@ -189,6 +190,15 @@ async def negative_controls(rt: Any, server_hash: str, start: Any, spec: Any, go
     _, v = await play(rt, server_hash, start, spec, [])
     if v.r == 1 and gold:
         passed.append("do-nothing agent passes")
+
+    def writes(name: str) -> bool:
+        return bool(((tools.get(name) or {}).get("contract") or {}).get("writes"))
+
+    reads = [c for c in gold if not writes(c.name)]
+    if reads and len(reads) < len(gold) and v.r == 0:
+        _, rv = await play(rt, server_hash, start, spec, reads)
+        if rv.r == 1:
+            passed.append(f"a read-only agent passes (the gold's reads {[c.name for c in reads]} without its writes)")
     ref_outs, ref_v = await play(rt, server_hash, start, spec, list(gold))
     if ref_v.r != 1 or not all(o.ok for o in ref_outs):
         return passed  # a verifier that fails the reference is another fault (reference_rejected)
@@ -222,6 +232,19 @@ async def negative_controls(rt: Any, server_hash: str, start: Any, spec: Any, go
             _, fv = await play(rt, server_hash, start, spec, calls)
             if fv.r == 1:
                 passed.append(f"a forbidden-tool agent passes ({name})")
+        used = {c.name for c in gold} | set(forbidden)
+        for name in sorted(t for t in tools if t not in used and writes(t))[:budget]:
+            args = _fill(tools.get(name) or {}, base)
+            if args is None:
+                continue
+            calls = [*gold, ToolCall(name=name, arguments=args)]
+            outs, d = await run_calls(rt, server_hash, start, calls)
+            if not all(o.ok for o in outs) or d == ref_diff:
+                continue
+            _, ev = await play(rt, server_hash, start, spec, calls)
+            if ev.r == 1:
+                passed.append(f"an agent adding an unrequested write passes ({calls[-1]})")
+                break
     finally:
         if con is not None:
             con.close()
