@@ -12,7 +12,9 @@ after transformers' own top-k / top-p / min-p warpers, under greedy decoding. Ro
 repeats a prompt ``num_generations`` times in a row, and keeps a group on one rank when the per-device batch
 is a multiple of it) then get the same keys on any number of ranks; prompts that are identical across groups
 of one batch get distinct keys whose order depends on the split. What remains rank-dependent is the float
-rounding of batched logits (left padding to another width), which flips a draw only at a near-tie.
+rounding of batched logits (left padding to another width), which flips a draw only at a near-tie. The
+generators live on the logits' device (a key draws another stream on CUDA than on CPU; the ranks of one job
+share a device type).
 
 :class:`RowKeyedSampling` is a ``transformers.TrainerCallback``: at ``on_train_begin`` it wraps the trained
 model's ``generate`` (the object TRL's ``unwrap_model_for_generation`` yields) so that sampling calls decode
@@ -55,20 +57,26 @@ class RowGumbel:
     def __init__(self, keys: list[int], temperature: float = 1.0, warpers=()):
         if not temperature or temperature <= 0:
             raise ValueError(f"temperature must be > 0 for sampling, got {temperature!r}")
-        self.gens = [torch.Generator().manual_seed(k) for k in keys]
+        self.keys = list(keys)
+        self.gens: list[torch.Generator] | None = None
         self.temperature = float(temperature)
         self.warpers = list(warpers)
 
-    def noise(self, vocab: int) -> torch.Tensor:
-        """The next Gumbel draws of every row, ``(rows, vocab)`` float64."""
-        u = torch.stack([torch.rand(vocab, generator=g, dtype=torch.float64) for g in self.gens])
+    def noise(self, vocab: int, device=None) -> torch.Tensor:
+        """The next Gumbel draws of every row, ``(rows, vocab)`` float64, on ``device`` (the generators live on
+        the device of the first call: no host-to-device copy per token)."""
+        if self.gens is None:
+            dev = torch.device(device) if device is not None else torch.device("cpu")
+            self.gens = [torch.Generator(device=dev).manual_seed(k) for k in self.keys]
+        dev = self.gens[0].device if self.gens else device
+        u = torch.stack([torch.rand(vocab, generator=g, dtype=torch.float64, device=dev) for g in self.gens])
         return -torch.log(-torch.log(u.clamp_min(1e-300)))
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         s = scores.double() / self.temperature
         for w in self.warpers:
             s = w(input_ids, s)
-        return (s + self.noise(scores.shape[-1]).to(s.device)).to(scores.dtype)
+        return (s + self.noise(scores.shape[-1], s.device).to(s.device)).to(scores.dtype)
 
 
 def _warpers(gc) -> list:

@@ -148,3 +148,13 @@ def test_config_writer_refuses_bad_sizes_before_writing(tmp_path):
         with pytest.raises(ValueError):
             write_verl_configs(tmp_path / "cfg", **bad)
     assert not (tmp_path / "cfg").exists()
+
+
+def test_cli_refuses_bad_sizes_in_one_line_before_writing(tmp_path, capsys):
+    require_module("verl.experimental.agent_loop.tool_agent_loop")
+    from treadle.weft.rl.verl_reward import _main
+
+    with pytest.raises(SystemExit) as e:
+        _main(["--out", str(tmp_path / "cfg"), "--n", "1"])
+    assert e.value.code == 2 and "n must be an int >= 2" in capsys.readouterr().err
+    assert not (tmp_path / "cfg").exists()
