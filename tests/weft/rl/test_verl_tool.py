@@ -92,13 +92,13 @@ def test_tool_agent_loop_plays_the_gold_calls_in_a_fork_and_the_verdict_is_1(loo
     server = _Server(tok, script=[h.render([c]).text for c in gold] + [REPLY])
     out = _run_loop(tools, server, tok, row)
     assert len(server.calls) == len(gold) + 1 and len(set(server.calls)) == 1  # one trajectory, one request id
-    rid = server.calls[0]
-    assert rid in trajectories.open and out.extra_fields["weft_flags"] == []
+    key = out.extra_fields["weft_trajectory"]  # the fork's key, written by the trajectory's first tool call
+    assert key in trajectories.open and out.extra_fields["weft_flags"] == []
     text = tok.decode(out.response_ids)
     assert "Error" not in text and REPLY in text
     # tool outputs are masked out of the policy tokens
     assert 0 in out.response_mask and 1 in out.response_mask
-    assert asyncio.run(tools[0].calc_reward("x", request_id=rid)) == 1.0 and rid not in trajectories.open
+    assert asyncio.run(tools[0].calc_reward("x", trajectory=key)) == 1.0 and key not in trajectories.open
 
 
 def test_tool_agent_loop_with_a_hf_model_server(loop_parts, tiny_policy):
@@ -141,3 +141,28 @@ def test_flags_reach_treadle_grpo_through_compute_advantage():
     assert adv[0] == 0.0  # flagged success: min(A, 0) = 0 (A > 0 in its group)
     assert adv[4] == 0.0 and adv[3] > 0 and adv[5] < 0  # the crash is left out: b's group is {1, 0}
     assert json.dumps([str(u) for u in out.non_tensor_batch["uid"]])
+
+
+def test_trajectories_sharing_a_request_id_keep_their_own_forks(loop_parts):
+    """verl's ``full_determinism`` gives every trajectory of a priority the request id ``det-0``: the forks are
+    keyed by the trajectory key the first tool call writes, not by the request id."""
+    from types import SimpleNamespace
+
+    from treadle.weft.rl.verl_tool import finish, trajectories
+
+    tools, backend = loop_parts
+    row = _row(backend)
+    ck = row["extra_info"]["tools_kwargs"][tools[0].name]["create_kwargs"]
+    agents = [SimpleNamespace(request_id="det-0", extra_fields={}) for _ in range(2)]
+
+    async def call(agent):
+        iid, _ = await tools[0].create(create_kwargs=ck)
+        await tools[0].execute(iid, {}, agent_data=agent)
+        await tools[0].release(iid)
+
+    for a in agents:
+        asyncio.run(call(a))
+    keys = [a.extra_fields["weft_trajectory"] for a in agents]
+    assert keys[0] != keys[1] and trajectories.open[keys[0]] is not trajectories.open[keys[1]]
+    for k in keys:
+        assert finish(k, {})["weft_reward"] in (0.0, 1.0, None) and k not in trajectories.open

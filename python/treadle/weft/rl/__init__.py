@@ -9,6 +9,8 @@
 - :mod:`.groups`: group records, keys, advantages through ``treadle.ops.grpo_advantages``, hand-off rows.
 - :mod:`.trl_env`: the WEFT environment for ``trl.GRPOTrainer(environment_factory=...)``, its dataset and the
   atomic-turn ``WeftGRPOTrainer`` (:mod:`.trl_trainer`); :mod:`.trl_run`: ``treadle weft train`` (``--engine trl``, the default).
-- :mod:`.verl_tool`: a ``verl`` ``BaseTool`` serving the shop per trajectory, its tool config and rows.
+- :mod:`.verl_tool`: a ``verl`` ``BaseTool`` serving the shop per trajectory, its tool config and rows;
+  :mod:`.verl_reward`: the agent loop that hands each trajectory's verdict to verl's reward manager, the
+  ``compute_score`` it calls, and the configs a verl run points at.
 - :mod:`.train`: GRPO in treadle's own loop (``--engine loop``): atomic-turn vs trajectory grouping.
 """

@@ -3,12 +3,18 @@ verl reads, the dataset rows, and the hand-off of WEFT flags to the atomic-turn 
 
 Seed: WEFT 4.1 (atomic-turn GRPO). verl's ``ToolAgentLoop`` calls ``create`` / ``execute`` / ``release``
 around every single tool call (``create`` gets the row's ``tools_kwargs[name]["create_kwargs"]``), so a
-trajectory's WEFT session cannot live in a tool instance: it is keyed by the trajectory's request id
-(``agent_data.request_id``, passed to ``execute``). The first call of a trajectory forks the row's start
-state (copy-on-write, :class:`~treadle.weft.rl.trl_env.WeftBackend`); later calls of the same trajectory,
-to any of the tools, run in that fork. ``calc_reward(instance_id, request_id=...)`` is the atomic task's
-verdict from the runtime's verification and closes the fork; open trajectories beyond ``max_open`` (tool
+trajectory's WEFT session cannot live in a tool instance: it is keyed by a trajectory key the first
+``execute`` of a trajectory writes into ``agent_data.extra_fields["weft_trajectory"]`` (a fresh uuid; verl's
+request id is not unique: ``full_determinism`` gives every trajectory of a priority the same one). That first
+call forks the row's start state (copy-on-write, :class:`~treadle.weft.rl.trl_env.WeftBackend`); later calls
+of the same trajectory, to any of the tools, run in that fork. Open trajectories beyond ``max_open`` (tool
 config) are closed oldest first. ``release`` forgets the per-call instance only.
+
+verl's agent loop never calls ``BaseTool.calc_reward``: the verdict reaches verl's reward through
+:class:`treadle.weft.rl.verl_reward.WeftToolAgentLoop` (agent ``weft_tool_agent``), which ends each
+trajectory with :func:`finish` (the verdict, then the fork is closed) and writes it into the trajectory's extra
+fields, where verl's reward manager hands it to :func:`treadle.weft.rl.verl_reward.compute_score`.
+``calc_reward`` does the same for a caller that asks the tool.
 
 Each ``execute`` writes into ``agent_data.extra_fields`` (verl puts them into the batch's
 ``non_tensor_batch``): ``weft_flags`` (the deterministic flags so far), ``weft_env_failure`` (None or the
@@ -17,19 +23,8 @@ registered estimator ``treadle_grpo`` reads (flagged turns ``min(A, 0)``, enviro
 
 Tool config: :func:`write_tool_config` writes the YAML verl's ``initialize_tools_from_config`` reads (one
 entry per shop tool, ``class_name: treadle.weft.rl.verl_tool.WeftVerlTool``, the OpenAI schema from the MCP
-server). Rows: :func:`verl_rows` (``prompt``, ``agent_name: tool_agent``, ``extra_info.tools_kwargs``).
-Launch (GPUs, Ray, vLLM; not run here):
-
-    python -m treadle.weft.rl.verl_tool --write-config weft_tools.yaml --write-data weft_train.parquet
-    python -m verl.trainer.main_ppo algorithm.adv_estimator=treadle_grpo \\
-        data.train_files=weft_train.parquet data.return_raw_chat=True \\
-        actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.mode=async \\
-        actor_rollout_ref.rollout.multi_turn.enable=True actor_rollout_ref.rollout.multi_turn.format=hermes \\
-        actor_rollout_ref.rollout.multi_turn.tool_config_path=weft_tools.yaml \\
-        actor_rollout_ref.model.path=<policy> actor_rollout_ref.rollout.n=8
-
-(``treadle_grpo`` must be registered in the process that runs verl's trainer: import
-:mod:`treadle.grpo.verl_adapter` there, e.g. from a custom entry point.)
+server). Rows: :func:`verl_rows` (``prompt``, ``agent_name: weft_tool_agent``, ``extra_info.tools_kwargs``).
+The launch command and the trainer config: :mod:`treadle.weft.rl.verl_reward`.
 """
 from __future__ import annotations
 
@@ -37,6 +32,7 @@ import asyncio
 import collections
 import functools
 import json
+import threading
 from typing import Any
 from uuid import uuid4
 
@@ -45,7 +41,13 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from treadle.weft.rl.trl_env import ROW_COLUMNS, WeftBackend, WeftRollout, default_backend
 
-__all__ = ["WeftVerlTool", "openai_schema", "write_tool_config", "verl_rows", "tag_uids", "trajectories"]
+__all__ = ["WeftVerlTool", "openai_schema", "write_tool_config", "verl_rows", "tag_uids", "trajectories", "finish",
+           "AGENT_NAME", "TRAJECTORY_KEY"]
+
+AGENT_NAME = "weft_tool_agent"
+"""verl's agent-loop name of :class:`treadle.weft.rl.verl_reward.WeftToolAgentLoop` (the rows' ``agent_name``)."""
+TRAJECTORY_KEY = "weft_trajectory"
+"""The extra field that keys a trajectory's fork (written by its first tool call)."""
 
 
 def openai_schema(spec: dict) -> dict:
@@ -82,7 +84,7 @@ def write_tool_config(path, *, backend: WeftBackend | None = None, max_open: int
 
 def verl_rows(episodes: int, split: str = "train", *, start: int = 0, backend: WeftBackend | None = None) -> list:
     """verl dataset rows, one per atomic-turn start: ``prompt`` (messages), ``data_source``, ``agent_name``
-    (``tool_agent``), ``reward_model``, and ``extra_info.tools_kwargs`` (every tool's ``create_kwargs`` = the
+    (``weft_tool_agent``), ``reward_model``, and ``extra_info.tools_kwargs`` (every tool's ``create_kwargs`` = the
     row's state reference, :data:`~treadle.weft.rl.trl_env.ROW_COLUMNS`)."""
     from treadle.weft.rl.trl_env import weft_turn_dataset
 
@@ -91,41 +93,81 @@ def verl_rows(episodes: int, split: str = "train", *, start: int = 0, backend: W
     out = []
     for r in weft_turn_dataset(episodes, split, start=start, backend=be):
         ref = {c: r[c] for c in ROW_COLUMNS}
-        out.append({"prompt": r["prompt"], "data_source": "treadle-weft-shop", "agent_name": "tool_agent",
+        out.append({"prompt": r["prompt"], "data_source": "treadle-weft-shop", "agent_name": AGENT_NAME,
                     "reward_model": {"style": "rule", "ground_truth": json.dumps(ref)},
                     "extra_info": {**ref, "tools_kwargs": {n: {"create_kwargs": ref} for n in names}}})
     return out
 
 
 class _Trajectories:
-    """Open trajectories (request id -> :class:`WeftRollout`), oldest first."""
+    """Open trajectories (trajectory key -> :class:`WeftRollout`), oldest first. Thread-safe: the agent loop
+    runs tool calls of concurrent trajectories in executor threads."""
 
     def __init__(self):
         self.open: collections.OrderedDict[str, WeftRollout] = collections.OrderedDict()
         self.rollout_cls: type | None = None
+        self._lock = threading.Lock()
 
-    def get(self, request_id: str, row: dict, backend: WeftBackend, max_open: int) -> WeftRollout:
-        if request_id in self.open:
-            self.open.move_to_end(request_id)
-            return self.open[request_id]
-        if self.rollout_cls is None or self.rollout_cls.backend is not backend:
-            self.rollout_cls = type("WeftVerlRollout", (WeftRollout,), {"backend": backend})
-        ro = self.rollout_cls()
+    def new(self, row: dict, backend: WeftBackend) -> WeftRollout:
+        """A rollout forked from the row's start state (not kept)."""
+        with self._lock:
+            if self.rollout_cls is None or self.rollout_cls.backend is not backend:
+                self.rollout_cls = type("WeftVerlRollout", (WeftRollout,), {"backend": backend})
+            cls = self.rollout_cls
+        ro = cls()
         ro.reset(**row)
-        self.open[request_id] = ro
-        while len(self.open) > max_open:
-            _, old = self.open.popitem(last=False)
+        return ro
+
+    def get(self, key: str, row: dict, backend: WeftBackend, max_open: int) -> WeftRollout:
+        with self._lock:
+            if key in self.open:
+                self.open.move_to_end(key)
+                return self.open[key]
+        ro = self.new(row, backend)
+        evicted = []
+        with self._lock:
+            self.open[key] = ro
+            while len(self.open) > max_open:
+                evicted.append(self.open.popitem(last=False)[1])
+        for old in evicted:
             old._close()
         return ro
 
-    def finish(self, request_id: str) -> None:
-        ro = self.open.pop(request_id, None)
+    def pop(self, key: str | None) -> WeftRollout | None:
+        with self._lock:
+            return self.open.pop(key, None) if key is not None else None
+
+    def finish(self, key: str) -> None:
+        ro = self.pop(key)
         if ro is not None:
             ro._close()
 
 
 trajectories = _Trajectories()
 """The process's open trajectories (shared by every :class:`WeftVerlTool`: one per tool name)."""
+
+
+def finish(key: str | None, row: dict, backend: WeftBackend | None = None) -> dict:
+    """End a trajectory: its verdict and flags, then its fork is closed. ``key``: its
+    :data:`TRAJECTORY_KEY` (None or unknown: the trajectory made no tool call, and its verdict is that of the
+    row's start state with no call, from a fresh fork). Synchronous (the runtime's own loop runs the work).
+
+    Returns:
+        ``{"weft_reward": 1.0 / 0.0, or None for an environment failure, "weft_flags": [...],
+        "weft_env_failure": None or the failure}``.
+
+    Raises:
+        WeftRowError: ``row`` names no turn start (only read when the trajectory made no tool call).
+    """
+    ro = trajectories.pop(key)
+    if ro is None:
+        ro = trajectories.new(row, backend if backend is not None else default_backend())
+    try:
+        r = ro.get_reward()
+        return {"weft_reward": None if r is None else float(r), "weft_flags": sorted(ro.flags),
+                "weft_env_failure": ro.env_failure}
+    finally:
+        ro._close()
 
 
 class WeftVerlTool(BaseTool):
@@ -159,30 +201,29 @@ class WeftVerlTool(BaseTool):
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
         """Run the tool in the trajectory's fork (forked from the row's start state on its first call)."""
         agent_data = kwargs.get("agent_data")
-        request_id = getattr(agent_data, "request_id", None) or instance_id
         row = self._rows.get(instance_id)
         if row is None:
             return ToolResponse(text="Error (environment): unknown tool instance (create was not called)"), 0.0, {}
-        ro = await self._in_thread(trajectories.get, request_id, row, self.backend, self.max_open)
+        key = instance_id
+        if agent_data is not None:
+            key = agent_data.extra_fields.setdefault(TRAJECTORY_KEY, uuid4().hex)
+        ro = await self._in_thread(trajectories.get, key, row, self.backend, self.max_open)
         text = await self._in_thread(ro._call, self.name, dict(parameters or {}))
         if agent_data is not None:
             agent_data.extra_fields["weft_flags"] = sorted(ro.flags)
             agent_data.extra_fields["weft_env_failure"] = ro.env_failure
         return ToolResponse(text=text), 0.0, {"weft_flags": sorted(ro.flags)}
 
-    async def calc_reward(self, instance_id: str, request_id: str | None = None, **kwargs) -> float:
-        """The atomic task's verdict (1.0 / 0.0) of the trajectory ``request_id`` (default: the instance id),
-        then its fork is closed; an environment failure gives 0.0 and ``weft_env_failure`` in the batch (left
-        out of the group by :func:`tag_uids`)."""
-        rid = request_id or instance_id
-        ro = trajectories.open.get(rid)
-        if ro is None:
+    async def calc_reward(self, instance_id: str, trajectory: str | None = None, **kwargs) -> float:
+        """The atomic task's verdict (1.0 / 0.0) of the trajectory keyed ``trajectory`` (its
+        :data:`TRAJECTORY_KEY`; default: the instance id), then its fork is closed; an environment failure
+        gives 0.0. verl's agent loop does not call it: :class:`~treadle.weft.rl.verl_reward.WeftToolAgentLoop`
+        ends trajectories with :func:`finish`."""
+        key = trajectory or instance_id
+        if key not in trajectories.open:
             return 0.0
-        try:
-            r = await self._in_thread(ro.get_reward)
-        finally:
-            await self._in_thread(trajectories.finish, rid)
-        return 0.0 if r is None else float(r)
+        out = await self._in_thread(finish, key, {}, self.backend)
+        return 0.0 if out["weft_reward"] is None else out["weft_reward"]
 
     async def release(self, instance_id: str, **kwargs) -> None:
         """Forget the per-call instance (the trajectory's fork stays for its next call)."""
