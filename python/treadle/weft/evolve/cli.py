@@ -242,7 +242,8 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
                drill: bool = typer.Option(False, "--drill", help="Instead of rounds: attribution accuracy per "
                                           "component and the cross-blames (non-policy faults blamed on the policy, "
                                           "policy errors blamed elsewhere) on the held-apart fault set and on the "
-                                          "fault catalogue, reported apart; writes attribution_drill.json.")
+                                          "fault catalogue (and the BFCL catalogue, when bfcl-eval is installed), reported apart; "
+                                          "writes attribution_drill.json.")
                ) -> None:
     """Attribution and revision rounds on the offline drill (certified shop and CRM with one injected fault of
     each kind), or on a synthesised environment (``--synth``), until the tool-call error rate of the selected
@@ -423,14 +424,15 @@ def _evolve_run(out: Path, rates: dict, k: int, max_rounds: int, seed: int, cfg,
 
 
 def _drill_run(out: Path) -> None:
-    """``weft evolve --drill``: the attribution drill's two tables and ``attribution_drill.json``."""
+    """``weft evolve --drill``: the attribution drill's tables (held-apart, catalogue, BFCL) and
+    ``attribution_drill.json``."""
     import json
     import logging
 
     import anyio
     from rich.table import Table
 
-    from treadle.weft.evolve.drill_report import attribution_drill, rows
+    from treadle.weft.evolve.drill_report import COLUMNS, attribution_drill, rows
     from treadle.weft.runtime import Runtime
 
     logging.getLogger("treadle.weft.tools").setLevel(logging.CRITICAL)  # injected crashes are expected
@@ -442,14 +444,20 @@ def _drill_run(out: Path) -> None:
     res = anyio.run(main)
     out.mkdir(parents=True, exist_ok=True)
     (out / "attribution_drill.json").write_text(json.dumps(res, indent=1, default=str), encoding="utf-8")
-    for key, title in (("held_apart", "held-apart fault set"), ("catalogue", "fault catalogue")):
-        s = res[key]
-        t = Table(title=f"attribution on the {title} ({s['observed']} observed of {s['cases']} faults)")
-        for col in ("component", "correct", "accuracy"):
+    for key, title in (("held_apart", "held-apart fault set"), ("catalogue", "fault catalogue"),
+                       ("bfcl", "BFCL fault catalogue")):
+        s = res.get(key)
+        if s is None:
+            continue
+        t = Table(title=f"attribution on the {title}" + ("" if "skipped" in s else
+                                                         f" ({s['observed']} observed of {s['cases']} faults)"))
+        for col in COLUMNS:
             t.add_column(col)
         for row in rows(s):
             t.add_row(*row)
         console.print(t)
+        if "skipped" in s:
+            continue
         console.print(f"{title}: non-policy faults blamed on the policy: {len(s['blamed_on_policy'])} "
                       f"{s['blamed_on_policy'][:5]}; policy errors blamed elsewhere: "
                       f"{len(s['policy_blamed_elsewhere'])} {s['policy_blamed_elsewhere'][:5]}; undecided "
