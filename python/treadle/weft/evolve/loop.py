@@ -16,9 +16,12 @@ punishing the policy). One round:
    undecided goes to the reviser's LLM role ``attributor`` when its config has one;
 3. each blamed component, and only it, is revised: **environment** -> the server's backend, **task** ->
    the task's initial state, **evaluator** -> the verifier (offline: regenerated from the evidence, comparing
-   free text by meaning unless the request quotes it); **harness** is reported (``harness:<name>`` among the
-   blamed) and not revised here, harness code being trusted; **policy** failures revise nothing (they are
-   training signal). Offline (no ``reviser``): the backend is restored to the last certified source, the
+   free text by meaning unless the request quotes it), **harness** -> the faulty harness's view
+   (:mod:`~treadle.weft.evolve.harness_revise`: the harness whose own check fails on the blamed task's reference
+   calls is restored to the system's certified harness of that name, or quarantined when there is none; the
+   affected trajectories are re-run under the healthy harness and only what still fails there with a policy
+   verdict is counted against the policy, :attr:`Round.against_policy`); **policy** failures revise nothing
+   (they are training signal). Offline (no ``reviser``): the backend is restored to the last certified source, the
    initial state to the certified snapshot, the verifier regenerated from the reference evidence. With an
    :class:`~treadle.weft.evolve.revise.LLMReviser`, an LLM role proposes the revised component from its
    evidence and it is accepted only if it passes its validation (backend: the synthesis validation in the
@@ -56,6 +59,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from treadle.weft.runtime.callparse import ToolCall
 from treadle.weft.evolve.attribute import Attribution, Blame, ReferenceEvidence, attribute, generate_verifier
 from treadle.weft.evolve.certify import play
+from treadle.weft.evolve.harness_revise import HarnessRerun, counted_against_policy, harness_digest, revise_harnesses
 from treadle.weft.evolve.revise import RevisionAttempt, SynthEnv
 from treadle.weft.rollouts.tasks import AtomicTask
 from treadle.weft.runtime.state import Snapshot
@@ -89,7 +93,9 @@ class ComposedSlot:
 class EvolvingSystem:
     """Server sources per environment (current and certified), the task slots, and the artefacts of the
     synthesised environments among them (``synth``: env -> :class:`~treadle.weft.evolve.revise.SynthEnv`;
-    their ``sources`` are the served modules of those artefacts)."""
+    their ``sources`` are the served modules of those artefacts). ``harnesses``: the harnesses tasks are played
+    under (the first is the primary one, the others give the cross-harness verdicts); ``certified_harnesses``:
+    the trusted harness of each name, that a blamed harness is restored to."""
 
     sources: dict[str, str]
     certified: dict[str, str]
@@ -98,10 +104,12 @@ class EvolvingSystem:
     synth: dict[str, SynthEnv] = field(default_factory=dict)
     composed: list[ComposedSlot] = field(default_factory=list)
     harnesses: dict[str, Any] = field(default_factory=lambda: default_harnesses())
+    certified_harnesses: dict[str, Any] = field(default_factory=lambda: default_harnesses())
 
     def digests(self) -> dict[str, str]:
-        """``{component: digest}`` for every backend, task initial state and verifier."""
+        """``{component: digest}`` for every backend, harness, task initial state and verifier."""
         out = {f"backend:{e}": hashlib.sha256(s.encode()).hexdigest()[:16] for e, s in self.sources.items()}
+        out.update({f"harness:{n}": harness_digest(h) for n, h in self.harnesses.items()})
         for t in self.tasks:
             out[f"task:{t.task.name}"] = t.start.digest
             out[f"verifier:{t.task.name}"] = hashlib.sha256(t.spec.model_dump_json(exclude={"predicates"})
@@ -130,6 +138,11 @@ class Round(BaseModel):
     revised: list[str] = Field(default_factory=list)
     revalidated: dict[str, bool] = Field(default_factory=dict)
     revisions: list[RevisionAttempt] = Field(default_factory=list, description="every LLM reviser answer")
+    quarantined: dict[str, str] = Field(default_factory=dict, description="harnesses removed, and why")
+    harness_reruns: list[HarnessRerun] = Field(default_factory=list,
+                                               description="harness-blamed tasks played again under a healthy harness")
+    against_policy: list[str] = Field(default_factory=list,
+                                      description="checkpoints whose failure counts against the policy")
 
     @property
     def untouched_ok(self) -> bool:
@@ -185,7 +198,7 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
     :class:`~treadle.weft.evolve.revise.LLMReviser`, or None for the offline revisions)."""
     hashes = {e: rt.register(src) for e, src in system.sources.items()}
     calls = errors = passed = 0
-    failed: list[tuple[TaskSlot, Any, Any, dict[str, int]]] = []
+    failed: list[tuple[TaskSlot, Any, Any, dict[str, int], int]] = []
     passing: list[TaskSlot] = []
     primary_name, primary = next(iter(system.harnesses.items())) if system.harnesses else ("hermes", None)
     for slot in system.tasks:
@@ -208,7 +221,7 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
                 if name != primary_name:
                     hv[name] = (await play(rt, hashes[slot.env], slot.start, slot.spec,
                                            _attempt_calls(slot.task, rates, seed, a, h)))[1].r
-            failed.append((slot, outs, verdict, hv))
+            failed.append((slot, outs, verdict, hv, a))
     composed_failed = []
     for cslot in system.composed:
         outcome = await _play_composed(rt, cslot, hashes)
@@ -225,13 +238,15 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
     env_evidence: dict[str, list[Attribution]] = {}
     blamed_slots: list[tuple[TaskSlot, Attribution]] = []
     audits = [(slot, await audit_passing(rt, slot, hashes[slot.env])) for slot in passing]
+    attempt_of = {id(slot): a for slot, *_, a in failed}
     verdicts = [(slot, await attribute_failure(rt, slot, hashes[slot.env], outs, verdict, harness=primary,
-                                               harness_verdicts=hv)) for slot, outs, verdict, hv in failed]
+                                               harness_verdicts=hv)) for slot, outs, verdict, hv, _ in failed]
+    harness_blamed: list[tuple[TaskSlot, Attribution, int]] = []
     for slot, att in verdicts + [(s, a) for s, a in audits if a is not None]:
         att = await _llm_decides(reviser, slot, att)
         rnd.attributions.append(att)
-        if att.blame == Blame.harness:  # harness code is trusted: blamed and reported, not revised here
-            rnd.blamed.append(f"harness:{primary_name}")
+        if att.blame == Blame.harness:  # revised after the other components (harness_revise)
+            harness_blamed.append((slot, att, attempt_of.get(id(slot), 0)))
         elif att.blame == Blame.environment:
             rnd.blamed.append(f"backend:{slot.env}")
             env_evidence.setdefault(slot.env, []).append(att)
@@ -266,12 +281,15 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
                 slot.versions["verifier"] += 1
     for cslot, outcome in composed_failed:
         await _revise_composed(rt, cslot, hashes, outcome, rnd, reviser)
+    await revise_harnesses(rt, system, harness_blamed, hashes, rnd, rates=rates, seed=seed)
+    rnd.against_policy = counted_against_policy(rnd.attributions, rnd.harness_reruns)
     if reviser is not None:
         rnd.revisions = list(reviser.log[logged:])
     after = system.digests()
-    rnd.revised = sorted(c for c in after if after[c] != before.get(c))
+    rnd.revised = sorted({c for c in after if after[c] != before.get(c)} | {c for c in before if c not in after})
     rnd.blamed = sorted(set(rnd.blamed))
-    touched_tasks = {c.split(":", 1)[1] for c in rnd.revised if not c.startswith(("backend:", "composed:"))}
+    touched_tasks = {c.split(":", 1)[1] for c in rnd.revised
+                     if not c.startswith(("backend:", "composed:", "harness:"))}
     for slot in system.tasks:  # re-validate what depends on a revised component
         if slot.env in revise_env or slot.task.name in touched_tasks:
             _, v = await play(rt, hashes[slot.env], slot.start, slot.spec, list(slot.evidence.calls))
