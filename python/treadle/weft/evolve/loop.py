@@ -12,8 +12,11 @@ punishing the policy). One round:
    forbidden tools, the harness its calls went through, and the verdicts of the same attempt under every
    harness of :attr:`EvolvingSystem.harnesses`, Hermes, ReAct and native calls by default); each passing task
    is audited (:func:`audit_passing`: its server's tool contracts on the reference calls, the verifier's
-   negative controls), since a born-broken server or a lenient verifier fails no checkpoint; what stays
-   undecided goes to the reviser's LLM role ``attributor`` when its config has one;
+   negative controls), since a born-broken server or a lenient verifier fails no checkpoint; a failure blamed
+   on the policy is checked against the tools' documentation (:mod:`~treadle.weft.evolve.doc_judge`: the
+   reviser's role ``doc_judge``, its claims accepted only when execution confirms them; offline, a unit
+   confusion on a tool whose units only its prose states is undecided); what stays undecided goes to the
+   reviser's LLM role ``attributor`` when its config has one;
 3. each blamed component, and only it, is revised: **environment** -> the server's backend, **task** ->
    the task's initial state, **evaluator** -> the verifier (offline: regenerated from the evidence, comparing
    free text by meaning unless the request quotes it), **harness** -> the faulty harness's view
@@ -157,13 +160,31 @@ def default_harnesses() -> dict[str, Any]:
 
 
 async def attribute_failure(rt: Any, slot: TaskSlot, server_hash: str, outcomes: Sequence[Any], verdict: Any, *,
-                            harness: Any = None, harness_verdicts: dict[str, int] | None = None) -> Attribution:
+                            harness: Any = None, harness_verdicts: dict[str, int] | None = None,
+                            doc_client: Any = None) -> Attribution:
     """The loop's attribution of a failed slot: :func:`~treadle.weft.evolve.attribute.attribute` with the task's
     request and forbidden tools, the harness the calls went through and the cross-harness verdicts (one policy
-    behind every harness: failing under all of them is no signal, so that rule is off)."""
-    return await attribute(rt, server_hash, slot.start, slot.spec, slot.evidence, outcomes, verdict,
-                           harness_verdicts=harness_verdicts, request=slot.task.request, harness=harness,
-                           forbidden=list(slot.task.checkpoint.forbidden_tools), every_harness_rule=False)
+    behind every harness: failing under all of them is no signal, so that rule is off). A policy verdict then goes
+    through the documentation/behaviour step (:func:`~treadle.weft.evolve.doc_judge.doc_behaviour`): with
+    ``doc_client`` (an LLM client whose config has the role ``doc_judge``) its claims validated by execution may
+    make it ``environment``; without one, a unit confusion on a tool whose units only its prose states is
+    ``undecided``."""
+    att = await attribute(rt, server_hash, slot.start, slot.spec, slot.evidence, outcomes, verdict,
+                          harness_verdicts=harness_verdicts, request=slot.task.request, harness=harness,
+                          forbidden=list(slot.task.checkpoint.forbidden_tools), every_harness_rule=False)
+    if att.blame != Blame.policy:
+        return att
+    from treadle.weft.evolve.doc_judge import doc_behaviour
+
+    tools = {t["name"]: t for t in rt.registry.spec(server_hash).tools}
+    v = await doc_behaviour(rt, server_hash, slot.start, slot.evidence, outcomes, tools, client=doc_client,
+                            request=slot.task.request)
+    if v is None:
+        return att
+    update: dict[str, Any] = {"llm": v.llm} if v.llm is not None else {}
+    if v.blame is not None:
+        update.update(blame=Blame(v.blame), rule=v.rule, detail=v.detail[:500])
+    return att.model_copy(update=update)
 
 
 async def audit_passing(rt: Any, slot: TaskSlot, server_hash: str) -> Attribution | None:
@@ -239,8 +260,10 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
     blamed_slots: list[tuple[TaskSlot, Attribution]] = []
     audits = [(slot, await audit_passing(rt, slot, hashes[slot.env])) for slot in passing]
     attempt_of = {id(slot): a for slot, *_, a in failed}
+    doc_client = _client_with(reviser, "doc_judge")
     verdicts = [(slot, await attribute_failure(rt, slot, hashes[slot.env], outs, verdict, harness=primary,
-                                               harness_verdicts=hv)) for slot, outs, verdict, hv, _ in failed]
+                                               harness_verdicts=hv, doc_client=doc_client))
+                for slot, outs, verdict, hv, _ in failed]
     harness_blamed: list[tuple[TaskSlot, Attribution, int]] = []
     for slot, att in verdicts + [(s, a) for s, a in audits if a is not None]:
         att = await _llm_decides(reviser, slot, att)
@@ -302,6 +325,13 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
             cert = await recertify_composed(rt, cslot.task, {s: hashes[s] for s in cslot.task.snapshots})
             rnd.revalidated[f"composed:{cslot.task.name}"] = cert.certified
     return rnd
+
+
+def _client_with(reviser: Any, role: str) -> Any:
+    """The reviser's LLM client when its config has ``role``, else None (offline)."""
+    client = getattr(reviser, "client", None)
+    roles = getattr(getattr(client, "config", None), "roles", {}) or {}
+    return client if client is not None and role in roles else None
 
 
 async def _llm_decides(reviser: Any, slot: TaskSlot, att: Attribution) -> Attribution:
