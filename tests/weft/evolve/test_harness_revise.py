@@ -56,3 +56,28 @@ def test_only_harnesses_that_cannot_carry_the_calls_are_faulty():
     found = faulty_harnesses({"hermes": HermesHarness(), "bad": ListDroppingHermes(), "react": ReActHarness()}, gold,
                              [])
     assert list(found) == ["bad"] and "reads back" in found["bad"][0]
+
+
+def test_a_harness_blame_no_harness_check_confirms_revises_nothing():
+    """An LLM attributor's ``harness`` with every harness carrying the reference calls: reported, nothing changed."""
+    from types import SimpleNamespace
+
+    from treadle.weft.envs import shop
+    from treadle.weft.evolve.attribute import Attribution
+    from treadle.weft.evolve.harness_revise import revise_harnesses
+    from treadle.weft.evolve.loop import Round, default_harnesses
+
+    async def main():
+        async with Runtime() as rt:
+            h = rt.register(shop)
+            gold = [parse_call('place_order(customer_id=3, items=[{"sku": "MUG", "qty": 1}])')]
+            slot = SimpleNamespace(env="shop", evidence=SimpleNamespace(calls=gold), task=SimpleNamespace(name="t"),
+                                   spec=SimpleNamespace(name="t"))
+            system = SimpleNamespace(harnesses=default_harnesses(), certified_harnesses=default_harnesses())
+            rnd = Round(round=1, tool_calls=0, tool_errors=0, error_rate=0.0, passed=0, tasks=1)
+            att = Attribution(checkpoint="t", blame=Blame.harness, rule="llm(fails_every_harness)")
+            await revise_harnesses(rt, system, [(slot, att, 0)], {"shop": h}, rnd, rates={}, seed=0)
+            return rnd, system
+    rnd, system = anyio.run(main)
+    assert rnd.blamed == ["harness:hermes"] and not rnd.quarantined and not rnd.harness_reruns
+    assert list(system.harnesses) == ["hermes", "react", "native"]

@@ -226,7 +226,9 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
                llm_config: Path = typer.Option(None, "--llm-config", help="treadle.llm config with the roles grounder "
                                                "and verifier: blamed task states and verifiers are then revised by "
                                                "the LLM and validated (default: offline revisions); an optional role "
-                                               "composer gets what the certified composed task cannot decide."),
+                                               "composer gets what the certified composed task cannot decide, and an "
+                                               "optional role doc_judge compares tool documentation with behaviour "
+                                               "(its claims accepted only when execution confirms them)."),
                revise_attempts: int = typer.Option(2, "--revise-attempts", min=1,
                                                    help="LLM answers per blamed component and round."),
                synth: Path = typer.Option(None, "--synth", help="A `treadle weft synth` --out folder: evolve that "
@@ -411,6 +413,12 @@ def _evolve_run(out: Path, rates: dict, k: int, max_rounds: int, seed: int, cfg,
         for a in r.revisions:
             console.print(f"round {r.round}: {a.component} ({a.role}, answer {a.attempt + 1}): "
                           + ("accepted" if a.accepted else f"rejected: {a.detail}"), markup=False)
+        for name, why in r.quarantined.items():
+            console.print(f"round {r.round}: harness {name} quarantined: {why}", markup=False)
+        for x in r.harness_reruns:
+            console.print(f"round {r.round}: {x.checkpoint} re-run under the healthy harness {x.harness}: "
+                          + ("passes (not counted against the policy)" if x.r else
+                             f"fails ({x.attribution.blame.value if x.attribution else '?'})"), markup=False)
     if synth_env is not None:  # the artefacts as served after the rounds (revised or not), like `weft synth` writes
         env = holder["system"].synth[synth_env[1]]
         (out / "result.json").write_text(env.result.model_dump_json(indent=1, by_alias=True), encoding="utf-8")
