@@ -76,7 +76,7 @@ def test_a_harness_blame_no_harness_check_confirms_revises_nothing():
             system = SimpleNamespace(harnesses=default_harnesses(), certified_harnesses=default_harnesses())
             rnd = Round(round=1, tool_calls=0, tool_errors=0, error_rate=0.0, passed=0, tasks=1)
             att = Attribution(checkpoint="t", blame=Blame.harness, rule="llm(fails_every_harness)")
-            await revise_harnesses(rt, system, [(slot, att, 0)], {"shop": h}, rnd, rates={}, seed=0)
+            await revise_harnesses(rt, system, [(slot, att, 0)], {"shop": h}, rnd, replay=None, attribute=None)
             return rnd, system
     rnd, system = anyio.run(main)
     assert rnd.blamed == ["harness:hermes"] and not rnd.quarantined and not rnd.harness_reruns

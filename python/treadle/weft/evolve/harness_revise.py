@@ -19,7 +19,7 @@ When attribution blames the harness (rule ``harness_format``, or an LLM attribut
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -62,12 +62,14 @@ def faulty_harnesses(harnesses: dict[str, Any], calls: Sequence[Any], tools: Seq
 
 
 async def revise_harnesses(rt: Any, system: Any, blamed: Sequence[tuple[Any, Attribution, int]],
-                           hashes: dict[str, str], rnd: Any, *, rates: dict[str, float], seed: int) -> None:
+                           hashes: dict[str, str], rnd: Any, *, replay: Callable[[Any, int, Any], list[Any]],
+                           attribute: Callable[..., Awaitable[Attribution]]) -> None:
     """Act on the harness-blamed slots ``blamed`` (``(slot, attribution, attempt index)``) of one round ``rnd`` of
     ``system`` (see the module docstring): ``rnd.blamed`` gets ``harness:<name>`` per faulty harness,
-    ``rnd.quarantined`` the harnesses removed, ``rnd.harness_reruns`` the re-runs."""
+    ``rnd.quarantined`` the harnesses removed, ``rnd.harness_reruns`` the re-runs. ``replay(slot, attempt,
+    harness)`` gives the policy's calls of that attempt through ``harness``; ``attribute(rt, slot, server_hash,
+    outcomes, verdict, harness=...)`` attributes a re-run that still fails (the loop's own functions)."""
     from treadle.weft.evolve.certify import play
-    from treadle.weft.evolve.loop import _attempt_calls, attribute_failure
 
     if not blamed:
         return
@@ -94,11 +96,10 @@ async def revise_harnesses(rt: Any, system: Any, blamed: Sequence[tuple[Any, Att
         return
     primary_name, primary = next(iter(system.harnesses.items()))
     for slot, _, attempt in blamed:
-        outs, verdict = await play(rt, hashes[slot.env], slot.start, slot.spec,
-                                   _attempt_calls(slot.task, rates, seed, attempt, primary))
+        outs, verdict = await play(rt, hashes[slot.env], slot.start, slot.spec, replay(slot, attempt, primary))
         att = None
         if verdict.r != 1:
-            att = await attribute_failure(rt, slot, hashes[slot.env], outs, verdict, harness=primary)
+            att = await attribute(rt, slot, hashes[slot.env], outs, verdict, harness=primary)
         rnd.harness_reruns.append(HarnessRerun(task=slot.task.name, checkpoint=slot.spec.name, harness=primary_name, r=int(verdict.r == 1),
                                                attribution=att))
 

@@ -304,7 +304,8 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
                 slot.versions["verifier"] += 1
     for cslot, outcome in composed_failed:
         await _revise_composed(rt, cslot, hashes, outcome, rnd, reviser)
-    await revise_harnesses(rt, system, harness_blamed, hashes, rnd, rates=rates, seed=seed)
+    await revise_harnesses(rt, system, harness_blamed, hashes, rnd, attribute=attribute_failure,
+                           replay=lambda s, a, h: _attempt_calls(s.task, rates, seed, a, h))
     rnd.against_policy = counted_against_policy(rnd.attributions, rnd.harness_reruns)
     if reviser is not None:
         rnd.revisions = list(reviser.log[logged:])
