@@ -226,7 +226,9 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
                llm_config: Path = typer.Option(None, "--llm-config", help="treadle.llm config with the roles grounder "
                                                "and verifier: blamed task states and verifiers are then revised by "
                                                "the LLM and validated (default: offline revisions); an optional role "
-                                               "composer gets what the certified composed task cannot decide."),
+                                               "composer gets what the certified composed task cannot decide, and an "
+                                               "optional role doc_judge compares tool documentation with behaviour "
+                                               "(its claims accepted only when execution confirms them)."),
                revise_attempts: int = typer.Option(2, "--revise-attempts", min=1,
                                                    help="LLM answers per blamed component and round."),
                synth: Path = typer.Option(None, "--synth", help="A `treadle weft synth` --out folder: evolve that "
@@ -241,8 +243,9 @@ def evolve_cmd(out: Path = typer.Option(Path("runs/weft-evolve"), "--out", help=
                                                                          "(deleting it)."),
                drill: bool = typer.Option(False, "--drill", help="Instead of rounds: attribution accuracy per "
                                           "component and the cross-blames (non-policy faults blamed on the policy, "
-                                          "policy errors blamed elsewhere) on the two held-apart fault sets and on "
-                                          "the fault catalogue, reported apart; writes attribution_drill.json.")
+                                          "policy errors blamed elsewhere) on the two held-apart fault sets, on the "
+                                          "fault catalogue and on the BFCL catalogue (when bfcl-eval is installed), "
+                                          "reported apart; writes attribution_drill.json.")
                ) -> None:
     """Attribution and revision rounds on the offline drill (certified shop and CRM with one injected fault of
     each kind), or on a synthesised environment (``--synth``), until the tool-call error rate of the selected
@@ -410,6 +413,12 @@ def _evolve_run(out: Path, rates: dict, k: int, max_rounds: int, seed: int, cfg,
         for a in r.revisions:
             console.print(f"round {r.round}: {a.component} ({a.role}, answer {a.attempt + 1}): "
                           + ("accepted" if a.accepted else f"rejected: {a.detail}"), markup=False)
+        for name, why in r.quarantined.items():
+            console.print(f"round {r.round}: harness {name} quarantined: {why}", markup=False)
+        for x in r.harness_reruns:
+            console.print(f"round {r.round}: {x.checkpoint} re-run under the healthy harness {x.harness}: "
+                          + ("passes (not counted against the policy)" if x.r else
+                             f"fails ({x.attribution.blame.value if x.attribution else '?'})"), markup=False)
     if synth_env is not None:  # the artefacts as served after the rounds (revised or not), like `weft synth` writes
         env = holder["system"].synth[synth_env[1]]
         (out / "result.json").write_text(env.result.model_dump_json(indent=1, by_alias=True), encoding="utf-8")
@@ -423,14 +432,15 @@ def _evolve_run(out: Path, rates: dict, k: int, max_rounds: int, seed: int, cfg,
 
 
 def _drill_run(out: Path) -> None:
-    """``weft evolve --drill``: the attribution drill's three tables and ``attribution_drill.json``."""
+    """``weft evolve --drill``: the attribution drill's tables (held-apart, fresh held-apart, catalogue,
+    BFCL) and ``attribution_drill.json``."""
     import json
     import logging
 
     import anyio
     from rich.table import Table
 
-    from treadle.weft.evolve.drill_report import attribution_drill, rows
+    from treadle.weft.evolve.drill_report import COLUMNS, attribution_drill, rows
     from treadle.weft.runtime import Runtime
 
     logging.getLogger("treadle.weft.tools").setLevel(logging.CRITICAL)  # injected crashes are expected
@@ -443,14 +453,20 @@ def _drill_run(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "attribution_drill.json").write_text(json.dumps(res, indent=1, default=str), encoding="utf-8")
     for key, title in (("held_apart", "held-apart fault set"), ("fresh", "fresh held-apart fault set"),
-                       ("catalogue", "fault catalogue")):
-        s = res[key]
-        t = Table(title=f"attribution on the {title} ({s['observed']} observed of {s['cases']} faults)")
-        for col in ("component", "correct", "accuracy"):
+                       ("catalogue", "fault catalogue"),
+                       ("bfcl", "BFCL fault catalogue")):
+        s = res.get(key)
+        if s is None:
+            continue
+        t = Table(title=f"attribution on the {title}" + ("" if "skipped" in s else
+                                                         f" ({s['observed']} observed of {s['cases']} faults)"))
+        for col in COLUMNS:
             t.add_column(col)
         for row in rows(s):
             t.add_row(*row)
         console.print(t)
+        if "skipped" in s:
+            continue
         console.print(f"{title}: non-policy faults blamed on the policy: {len(s['blamed_on_policy'])} "
                       f"{s['blamed_on_policy'][:5]}; policy errors blamed elsewhere: "
                       f"{len(s['policy_blamed_elsewhere'])} {s['policy_blamed_elsewhere'][:5]}; undecided "

@@ -162,9 +162,11 @@ def bfcl_tasks(rt: Any, limit: int = 6, per_class: int = 2) -> list[tuple[str, d
     return out
 
 
-async def bfcl_suite(rt: Any, *, limit: int = 6, per_class: int = 2, seeds: tuple[int, ...] = (0,)) -> list[CaseResult]:
+async def bfcl_suite(rt: Any, *, limit: int = 6, per_class: int = 2, seeds: tuple[int, ...] = (0,),
+                     as_loop: bool = False) -> list[CaseResult]:
     """Environment, task, evaluator and policy faults over :func:`bfcl_tasks` (a task whose reference does not execute
-    on the healthy class is skipped: it would not be certified)."""
+    on the healthy class is skipped: it would not be certified); ``as_loop``: attributed with the task's request and
+    harness, as the evolution loop does (:func:`~treadle.weft.evolve.faults.run_case`)."""
     from treadle.weft.envs import bfcl
 
     cases: list[CaseResult] = []
@@ -178,7 +180,7 @@ async def bfcl_suite(rt: Any, *, limit: int = 6, per_class: int = 2, seeds: tupl
             continue
         spec = generate_verifier(task.checkpoint, start, ev)
         env = f"bfcl:{cls}"
-        common = {"env": env, "task": task, "start": start, "evidence": ev}
+        common = {"env": env, "task": task, "start": start, "evidence": ev, "as_loop": as_loop}
         src = bfcl.server_source(cls)
         for kind in GENERIC_BUGS:
             bh = rt.register(bug_source(src, cls, gold[-1].name, kind))

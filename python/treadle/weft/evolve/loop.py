@@ -12,13 +12,19 @@ punishing the policy). One round:
    forbidden tools, the harness its calls went through, and the verdicts of the same attempt under every
    harness of :attr:`EvolvingSystem.harnesses`, Hermes, ReAct and native calls by default); each passing task
    is audited (:func:`audit_passing`: its server's tool contracts on the reference calls, the verifier's
-   negative controls), since a born-broken server or a lenient verifier fails no checkpoint; what stays
-   undecided goes to the reviser's LLM role ``attributor`` when its config has one;
+   negative controls), since a born-broken server or a lenient verifier fails no checkpoint; a failure blamed
+   on the policy is checked against the tools' documentation (:mod:`~treadle.weft.evolve.doc_judge`: the
+   reviser's role ``doc_judge``, its claims accepted only when execution confirms them; offline, a unit
+   confusion on a tool whose units only its prose states is undecided); what stays undecided goes to the
+   reviser's LLM role ``attributor`` when its config has one;
 3. each blamed component, and only it, is revised: **environment** -> the server's backend, **task** ->
    the task's initial state, **evaluator** -> the verifier (offline: regenerated from the evidence, comparing
-   free text by meaning unless the request quotes it); **harness** is reported (``harness:<name>`` among the
-   blamed) and not revised here, harness code being trusted; **policy** failures revise nothing (they are
-   training signal). Offline (no ``reviser``): the backend is restored to the last certified source, the
+   free text by meaning unless the request quotes it), **harness** -> the faulty harness's view
+   (:mod:`~treadle.weft.evolve.harness_revise`: the harness whose own check fails on the blamed task's reference
+   calls is restored to the system's certified harness of that name, or quarantined when there is none; the
+   affected trajectories are re-run under the healthy harness and only what still fails there with a policy
+   verdict is counted against the policy, :attr:`Round.against_policy`); **policy** failures revise nothing
+   (they are training signal). Offline (no ``reviser``): the backend is restored to the last certified source, the
    initial state to the certified snapshot, the verifier regenerated from the reference evidence. With an
    :class:`~treadle.weft.evolve.revise.LLMReviser`, an LLM role proposes the revised component from its
    evidence and it is accepted only if it passes its validation (backend: the synthesis validation in the
@@ -56,6 +62,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from treadle.weft.runtime.callparse import ToolCall
 from treadle.weft.evolve.attribute import Attribution, Blame, ReferenceEvidence, attribute, generate_verifier
 from treadle.weft.evolve.certify import play
+from treadle.weft.evolve.harness_revise import HarnessRerun, counted_against_policy, harness_digest, revise_harnesses
 from treadle.weft.evolve.revise import RevisionAttempt, SynthEnv
 from treadle.weft.rollouts.tasks import AtomicTask
 from treadle.weft.runtime.state import Snapshot
@@ -89,7 +96,9 @@ class ComposedSlot:
 class EvolvingSystem:
     """Server sources per environment (current and certified), the task slots, and the artefacts of the
     synthesised environments among them (``synth``: env -> :class:`~treadle.weft.evolve.revise.SynthEnv`;
-    their ``sources`` are the served modules of those artefacts)."""
+    their ``sources`` are the served modules of those artefacts). ``harnesses``: the harnesses tasks are played
+    under (the first is the primary one, the others give the cross-harness verdicts); ``certified_harnesses``:
+    the trusted harness of each name, that a blamed harness is restored to."""
 
     sources: dict[str, str]
     certified: dict[str, str]
@@ -98,10 +107,12 @@ class EvolvingSystem:
     synth: dict[str, SynthEnv] = field(default_factory=dict)
     composed: list[ComposedSlot] = field(default_factory=list)
     harnesses: dict[str, Any] = field(default_factory=lambda: default_harnesses())
+    certified_harnesses: dict[str, Any] = field(default_factory=lambda: default_harnesses())
 
     def digests(self) -> dict[str, str]:
-        """``{component: digest}`` for every backend, task initial state and verifier."""
+        """``{component: digest}`` for every backend, harness, task initial state and verifier."""
         out = {f"backend:{e}": hashlib.sha256(s.encode()).hexdigest()[:16] for e, s in self.sources.items()}
+        out.update({f"harness:{n}": harness_digest(h) for n, h in self.harnesses.items()})
         for t in self.tasks:
             out[f"task:{t.task.name}"] = t.start.digest
             out[f"verifier:{t.task.name}"] = hashlib.sha256(t.spec.model_dump_json(exclude={"predicates"})
@@ -130,6 +141,11 @@ class Round(BaseModel):
     revised: list[str] = Field(default_factory=list)
     revalidated: dict[str, bool] = Field(default_factory=dict)
     revisions: list[RevisionAttempt] = Field(default_factory=list, description="every LLM reviser answer")
+    quarantined: dict[str, str] = Field(default_factory=dict, description="harnesses removed, and why")
+    harness_reruns: list[HarnessRerun] = Field(default_factory=list,
+                                               description="harness-blamed tasks played again under a healthy harness")
+    against_policy: list[str] = Field(default_factory=list,
+                                      description="checkpoints whose failure counts against the policy")
 
     @property
     def untouched_ok(self) -> bool:
@@ -144,13 +160,31 @@ def default_harnesses() -> dict[str, Any]:
 
 
 async def attribute_failure(rt: Any, slot: TaskSlot, server_hash: str, outcomes: Sequence[Any], verdict: Any, *,
-                            harness: Any = None, harness_verdicts: dict[str, int] | None = None) -> Attribution:
+                            harness: Any = None, harness_verdicts: dict[str, int] | None = None,
+                            doc_client: Any = None) -> Attribution:
     """The loop's attribution of a failed slot: :func:`~treadle.weft.evolve.attribute.attribute` with the task's
     request and forbidden tools, the harness the calls went through and the cross-harness verdicts (one policy
-    behind every harness: failing under all of them is no signal, so that rule is off)."""
-    return await attribute(rt, server_hash, slot.start, slot.spec, slot.evidence, outcomes, verdict,
-                           harness_verdicts=harness_verdicts, request=slot.task.request, harness=harness,
-                           forbidden=list(slot.task.checkpoint.forbidden_tools), every_harness_rule=False)
+    behind every harness: failing under all of them is no signal, so that rule is off). A policy verdict then goes
+    through the documentation/behaviour step (:func:`~treadle.weft.evolve.doc_judge.doc_behaviour`): with
+    ``doc_client`` (an LLM client whose config has the role ``doc_judge``) its claims validated by execution may
+    make it ``environment``; without one, a unit confusion on a tool whose units only its prose states is
+    ``undecided``."""
+    att = await attribute(rt, server_hash, slot.start, slot.spec, slot.evidence, outcomes, verdict,
+                          harness_verdicts=harness_verdicts, request=slot.task.request, harness=harness,
+                          forbidden=list(slot.task.checkpoint.forbidden_tools), every_harness_rule=False)
+    if att.blame != Blame.policy:
+        return att
+    from treadle.weft.evolve.doc_judge import doc_behaviour
+
+    tools = {t["name"]: t for t in rt.registry.spec(server_hash).tools}
+    v = await doc_behaviour(rt, server_hash, slot.start, slot.evidence, outcomes, tools, client=doc_client,
+                            request=slot.task.request)
+    if v is None:
+        return att
+    update: dict[str, Any] = {"llm": v.llm} if v.llm is not None else {}
+    if v.blame is not None:
+        update.update(blame=Blame(v.blame), rule=v.rule, detail=v.detail[:500])
+    return att.model_copy(update=update)
 
 
 async def audit_passing(rt: Any, slot: TaskSlot, server_hash: str) -> Attribution | None:
@@ -185,7 +219,7 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
     :class:`~treadle.weft.evolve.revise.LLMReviser`, or None for the offline revisions)."""
     hashes = {e: rt.register(src) for e, src in system.sources.items()}
     calls = errors = passed = 0
-    failed: list[tuple[TaskSlot, Any, Any, dict[str, int]]] = []
+    failed: list[tuple[TaskSlot, Any, Any, dict[str, int], int]] = []
     passing: list[TaskSlot] = []
     primary_name, primary = next(iter(system.harnesses.items())) if system.harnesses else ("hermes", None)
     for slot in system.tasks:
@@ -208,7 +242,7 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
                 if name != primary_name:
                     hv[name] = (await play(rt, hashes[slot.env], slot.start, slot.spec,
                                            _attempt_calls(slot.task, rates, seed, a, h)))[1].r
-            failed.append((slot, outs, verdict, hv))
+            failed.append((slot, outs, verdict, hv, a))
     composed_failed = []
     for cslot in system.composed:
         outcome = await _play_composed(rt, cslot, hashes)
@@ -225,13 +259,17 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
     env_evidence: dict[str, list[Attribution]] = {}
     blamed_slots: list[tuple[TaskSlot, Attribution]] = []
     audits = [(slot, await audit_passing(rt, slot, hashes[slot.env])) for slot in passing]
+    attempt_of = {id(slot): a for slot, *_, a in failed}
+    doc_client = _client_with(reviser, "doc_judge")
     verdicts = [(slot, await attribute_failure(rt, slot, hashes[slot.env], outs, verdict, harness=primary,
-                                               harness_verdicts=hv)) for slot, outs, verdict, hv in failed]
+                                               harness_verdicts=hv, doc_client=doc_client))
+                for slot, outs, verdict, hv, _ in failed]
+    harness_blamed: list[tuple[TaskSlot, Attribution, int]] = []
     for slot, att in verdicts + [(s, a) for s, a in audits if a is not None]:
         att = await _llm_decides(reviser, slot, att)
         rnd.attributions.append(att)
-        if att.blame == Blame.harness:  # harness code is trusted: blamed and reported, not revised here
-            rnd.blamed.append(f"harness:{primary_name}")
+        if att.blame == Blame.harness:  # revised after the other components (harness_revise)
+            harness_blamed.append((slot, att, attempt_of.get(id(slot), 0)))
         elif att.blame == Blame.environment:
             rnd.blamed.append(f"backend:{slot.env}")
             env_evidence.setdefault(slot.env, []).append(att)
@@ -266,12 +304,16 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
                 slot.versions["verifier"] += 1
     for cslot, outcome in composed_failed:
         await _revise_composed(rt, cslot, hashes, outcome, rnd, reviser)
+    await revise_harnesses(rt, system, harness_blamed, hashes, rnd, attribute=attribute_failure,
+                           replay=lambda s, a, h: _attempt_calls(s.task, rates, seed, a, h))
+    rnd.against_policy = counted_against_policy(rnd.attributions, rnd.harness_reruns)
     if reviser is not None:
         rnd.revisions = list(reviser.log[logged:])
     after = system.digests()
-    rnd.revised = sorted(c for c in after if after[c] != before.get(c))
+    rnd.revised = sorted({c for c in after if after[c] != before.get(c)} | {c for c in before if c not in after})
     rnd.blamed = sorted(set(rnd.blamed))
-    touched_tasks = {c.split(":", 1)[1] for c in rnd.revised if not c.startswith(("backend:", "composed:"))}
+    touched_tasks = {c.split(":", 1)[1] for c in rnd.revised
+                     if not c.startswith(("backend:", "composed:", "harness:"))}
     for slot in system.tasks:  # re-validate what depends on a revised component
         if slot.env in revise_env or slot.task.name in touched_tasks:
             _, v = await play(rt, hashes[slot.env], slot.start, slot.spec, list(slot.evidence.calls))
@@ -284,6 +326,13 @@ async def run_round(rt: Any, system: EvolvingSystem, n: int, *, rates: dict[str,
             cert = await recertify_composed(rt, cslot.task, {s: hashes[s] for s in cslot.task.snapshots})
             rnd.revalidated[f"composed:{cslot.task.name}"] = cert.certified
     return rnd
+
+
+def _client_with(reviser: Any, role: str) -> Any:
+    """The reviser's LLM client when its config has ``role``, else None (offline)."""
+    client = getattr(reviser, "client", None)
+    roles = getattr(getattr(client, "config", None), "roles", {}) or {}
+    return client if client is not None and role in roles else None
 
 
 async def _llm_decides(reviser: Any, slot: TaskSlot, att: Attribution) -> Attribution:
