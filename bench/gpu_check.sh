@@ -78,7 +78,12 @@ log "machine: $(tr '\n' ' ' <"$report/machine.txt")"
 if has tests; then
   log "CUDA tests (contracts and ops; Triton kernels at their pinned configs)"
   # shellcheck disable=SC2086
-  timeout ${GPU_TESTS_TIMEOUT_S:-150} "${PYTEST[@]}" -v -m cuda $CUDA_TEST_FILES >"$report/tests.log" 2>&1
+  # compile in parallel where pytest-xdist is there (the GPU image has it), one test at most 90 s, so the
+  # failures' tracebacks are printed inside the limit
+  par=()
+  "$PY" -c "import xdist" 2>/dev/null && par+=(-n "${GPU_TEST_WORKERS:-8}")
+  "$PY" -c "import pytest_timeout" 2>/dev/null && par+=(--timeout 90)
+  timeout ${GPU_TESTS_TIMEOUT_S:-150} "${PYTEST[@]}" -v "${par[@]}" -m cuda $CUDA_TEST_FILES >"$report/tests.log" 2>&1
   log "tests: $(tail -1 "$report/tests.log"); failed: $(grep -c FAILED "$report/tests.log")"
 fi
 
