@@ -51,8 +51,20 @@ def test_trl_engine_is_the_default_and_follows_the_run_folder_rule(tmp_path, sta
     assert json.loads((out / "run.json").read_text())["status"] == "finished"
 
 
-@pytest.mark.parametrize("extra,flag", [(["trl", "--grouping", "trajectory"], "--grouping"),
-                                        (["trl", "--parallel", "ddp"], "--parallel"),
+def test_both_groupings_on_trl(tmp_path, start_policy):
+    require_module("trl")
+    out = tmp_path / "run"
+    r = CliRunner().invoke(app, _args(out, start_policy, "--grouping", "both"), env={"COLUMNS": "300"})
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "run.json").read_text())["config"]["groupings"] == ["atomic", "trajectory"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["groupings"]) == {"atomic", "trajectory"}
+    traj = json.loads((out / "trajectory-seed0" / "summary.json").read_text())
+    assert traj["config"]["grouping"] == "trajectory" and traj["global_step"] == traj["config"]["num_iterations"]
+    assert (out / "start-policy" / "config.json").exists()
+
+
+@pytest.mark.parametrize("extra,flag", [(["trl", "--parallel", "ddp"], "--parallel"),
                                         (["trl", "--jobs", "1"], "--jobs"),
                                         (["ray"], "--engine"), (["loop", "--vllm"], "--vllm")])
 def test_loop_only_flags_with_engine_trl_are_refused_before_any_work(tmp_path, monkeypatch, extra, flag):

@@ -215,7 +215,7 @@ def train_cmd(
     """GRPO on the tiny tool policy (TRL by default): held-out success before/after; --engine loop: atomic-turn vs
     trajectory grouping, PNG."""
     if engine is None:  # trl, unless an option only the loop has is given (old command lines keep working)
-        engine = "loop" if (grouping not in (None, "atomic") or parallel or jobs is not None or resume) else "trl"
+        engine = "loop" if (parallel or jobs is not None or resume) else "trl"
     if engine not in ("trl", "loop"):
         raise usage_error(f"--engine must be trl or loop, got {engine!r}")
     if grouping is None:
@@ -251,8 +251,7 @@ def train_cmd(
             raise usage_error("--vllm needs vLLM installed (pip install vllm; a CUDA GPU), which this environment "
                               "lacks")
     if engine == "trl":
-        for flag, value in (("--grouping " + str(grouping), grouping != "atomic"), ("--parallel", parallel),
-                            ("--jobs", jobs), ("--resume", resume)):
+        for flag, value in (("--parallel", parallel), ("--jobs", jobs), ("--resume", resume)):
             if value:
                 raise usage_error(f"{flag} is an option of --engine loop (trajectory grouping, dynamic sampling, "
                                   f"data-parallel runs); --engine trl trains atomic-turn groups on trl.GRPOTrainer")
@@ -273,7 +272,8 @@ def train_cmd(
         doc["kl_coef"] = kl_coef
     if engine == "trl":
         doc["engine"], doc["sampler"] = "trl", "vllm" if vllm else "trl"
-        return _train_trl(out, doc, overwrite, model, quick, seed_list, steps, overrides, checkpoint_every, vllm)
+        return _train_trl(out, doc, overwrite, model, quick, seed_list, steps, overrides, checkpoint_every, vllm,
+                          groupings)
     if parallel is not None:
         return _train_parallel(parallel, out, groupings, seed_list, steps, model, quick, overrides, doc=doc,
                                overwrite=overwrite, checkpoint_every=checkpoint_every)
@@ -290,7 +290,7 @@ def train_cmd(
 
 
 def _train_trl(out: Path, doc: dict, overwrite: bool, model, quick: bool, seeds, steps, overrides: dict,
-               checkpoint_every: int, vllm: bool = False) -> None:
+               checkpoint_every: int, vllm: bool = False, groupings=("atomic",)) -> None:
     """``weft train --engine trl``: every seed on trl.GRPOTrainer (:mod:`treadle.weft.rl.trl_run`), under the
     run-folder rule; finished seeds are kept, an unfinished one continues from TRL's last checkpoint."""
     run = _open_train(out, doc, overwrite)
@@ -302,7 +302,7 @@ def _train_trl(out: Path, doc: dict, overwrite: bool, model, quick: bool, seeds,
         policy = _policy(model, quick)
         try:
             run_trl(out, policy, seeds, steps=steps, quick=quick, console=console, overrides=overrides or None,
-                    checkpoint_every=checkpoint_every, vllm=vllm)
+                    checkpoint_every=checkpoint_every, vllm=vllm, groupings=groupings)
         except ImportError as err:
             raise usage_error(f"--engine trl{' --vllm' if vllm else ''}: a package is missing: {err}") from None
 
