@@ -1,4 +1,4 @@
-"""``treadle weft train`` (default ``--engine trl``): atomic-turn GRPO on trl.GRPOTrainer from the CLI, under the
+"""``treadle weft train``: atomic-turn and trajectory GRPO on trl.GRPOTrainer from the CLI, under the
 run-folder rule (run.json; a finished run is shown, not re-run; another config refused, nothing touched;
 --overwrite runs again)."""
 import json
@@ -64,14 +64,15 @@ def test_both_groupings_on_trl(tmp_path, start_policy):
     assert (out / "start-policy" / "config.json").exists()
 
 
-@pytest.mark.parametrize("extra,flag", [(["trl", "--parallel", "ddp"], "--parallel"),
-                                        (["trl", "--jobs", "1"], "--jobs"),
-                                        (["ray"], "--engine"), (["loop", "--vllm"], "--vllm")])
-def test_loop_only_flags_with_engine_trl_are_refused_before_any_work(tmp_path, monkeypatch, extra, flag):
+@pytest.mark.parametrize("extra,flag", [(["--parallel", "ddp"], "--parallel"), (["--jobs", "1"], "--jobs"),
+                                        (["--resume"], "--resume"), (["--engine", "loop"], "--engine"),
+                                        (["--engine", "ray"], "--engine")])
+def test_flags_of_the_removed_loop_are_one_usage_error_before_any_work(tmp_path, monkeypatch, extra, flag):
     monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out"
-    r = CliRunner().invoke(app, ["weft", "train", "--out", str(out), "--engine", *extra])
-    assert r.exit_code == 2 and flag in r.output, r.output
+    r = CliRunner().invoke(app, ["weft", "train", "--out", str(out), *extra])
+    text = " ".join(r.output.split())
+    assert r.exit_code == 2 and flag in text and "loop was removed" in text and "Traceback" not in text, r.output
     assert not out.exists() and not (tmp_path / "cache").exists()
 
 
@@ -80,7 +81,7 @@ def test_an_interrupted_seed_continues_from_trls_checkpoint(tmp_path, tiny_polic
     from transformers import TrainerCallback
 
     from treadle.weft.rl.sft import gold_episodes
-    from treadle.weft.rl.train import WeftTrainConfig
+    from treadle.weft.rl.config import WeftTrainConfig
     from treadle.weft.rl.trl_run import train_seed
 
     class Stop(TrainerCallback):

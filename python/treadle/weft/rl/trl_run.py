@@ -4,7 +4,7 @@ One run per grouping and seed, in ``<out>/<grouping>-seed<k>/`` (the start polic
 ``checkpoint_every`` steps: an interrupted run continues from the last one with TRL's
 ``resume_from_checkpoint``), ``before.json`` (held-out success of the start policy) and, when finished,
 ``summary.json``. A finished run of the same settings is kept. The settings map onto ``GRPOConfig`` from
-:class:`~treadle.weft.rl.train.WeftTrainConfig` (:func:`grpo_config`); the held-out evaluation is
+:class:`~treadle.weft.rl.config.WeftTrainConfig` (:func:`grpo_config`); the held-out evaluation is
 :func:`treadle.weft.rl.sft.evaluate_policy` (sampled per-turn success from the gold history, unseen
 customers, products and amounts), before and after.
 """
@@ -24,7 +24,7 @@ LOSS_TYPES = {"seq-mean-token-mean": "grpo", "token-mean": "bnpo"}
 
 
 def grpo_config(cfg, output_dir: str | Path, *, checkpoint_every: int = 1, vllm: bool = False, **overrides):
-    """The ``trl.GRPOConfig`` of a :class:`~treadle.weft.rl.train.WeftTrainConfig` (one generation batch of
+    """The ``trl.GRPOConfig`` of a :class:`~treadle.weft.rl.config.WeftTrainConfig` (one generation batch of
     ``turns_per_step`` turn groups x ``G`` candidates per GRPO step, ``num_iterations`` optimizer steps on it).
     ``vllm``: TRL's ``use_vllm=True, vllm_mode="colocate"`` (generation in vLLM on the training GPUs; TRL
     raises at construction where vLLM is not installed). Trajectory grouping spends the same segment budget:
@@ -32,16 +32,13 @@ def grpo_config(cfg, output_dir: str | Path, *, checkpoint_every: int = 1, vllm:
     budget (``max_completion_length``) and the tool-call cap hold per turn.
 
     Raises:
-        ValueError: ``cfg.loss_agg_mode`` has no TRL ``loss_type``; ``cfg.sampling_rounds > 1`` (dynamic sampling
-            is not a GRPOConfig option).
+        ValueError: ``cfg.loss_agg_mode`` has no TRL ``loss_type``.
     """
     import torch
     from trl import GRPOConfig
 
     if cfg.loss_agg_mode not in LOSS_TYPES:
         raise ValueError(f"loss_agg_mode {cfg.loss_agg_mode!r} has no TRL loss_type; use one of {list(LOSS_TYPES)}")
-    if cfg.sampling_rounds > 1:
-        raise ValueError("sampling_rounds > 1 (dynamic sampling) is not a GRPOConfig option")
     rows = cfg.turns_per_step // 2 if cfg.grouping == "trajectory" else cfg.turns_per_step
     kw = dict(output_dir=str(output_dir), per_device_train_batch_size=rows * cfg.G,
               num_generations=cfg.G, max_steps=cfg.steps * cfg.num_iterations, learning_rate=cfg.lr,
@@ -124,7 +121,7 @@ def run_trl(out: Path, policy, seeds, *, steps: int | None, quick: bool, console
     import statistics
 
     from treadle.weft.rl.sft import gold_episodes
-    from treadle.weft.rl.train import WeftTrainConfig
+    from treadle.weft.rl.config import WeftTrainConfig
 
     out = Path(out)
     start = out / "start-policy"
@@ -136,7 +133,7 @@ def run_trl(out: Path, policy, seeds, *, steps: int | None, quick: bool, console
     for grouping in groupings:
         runs = {}
         for seed in seeds:
-            kw = {"grouping": grouping, "seed": seed, "sampling_rounds": 1} | ({"steps": steps} if steps else {}) \
+            kw = {"grouping": grouping, "seed": seed} | ({"steps": steps} if steps else {}) \
                 | (overrides or {})
             cfg = WeftTrainConfig.quick(**kw) if quick else WeftTrainConfig(**kw)
             if held is None:

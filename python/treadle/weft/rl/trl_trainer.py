@@ -24,12 +24,44 @@ class WeftGRPOTrainer(TreadleGRPOTrainer):
     (:func:`check_weft_trl_config`)."""
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, *a, processing_class=None,
-                 environment_factory=None, **kw):
+                 environment_factory=None, skip_zero_advantage: bool = False, **kw):
         check_weft_trl_config(args, processing_class, train_dataset)
         env = environment_factory if environment_factory is not None else weft_environment()
         self._weft_completions = None
         super().__init__(model, reward_funcs or [], args, train_dataset, *a, processing_class=processing_class,
                          environment_factory=env, **kw)
+        self.skip_zero_advantage = bool(skip_zero_advantage) and self._zero_rows_add_nothing()
+
+    def _zero_rows_add_nothing(self) -> bool:
+        """True when a row whose advantage is 0 adds nothing to the loss's gradient: no KL term, no entropy
+        bonus, no entropy quantile mask (it ranks every row's tokens), and a loss whose normaliser
+        :meth:`_compute_loss` can keep (``grpo``, ``bnpo``, ``dapo``)."""
+        return (self.beta == 0.0 and not getattr(self, "_entropy_bonus_enabled", False)
+                and self.top_entropy_quantile >= 1.0 and self.loss_type in ("grpo", "bnpo", "dapo"))
+
+    def _compute_loss(self, model, inputs):
+        """TRL's loss; with ``skip_zero_advantage``, computed on the micro-batch's rows whose advantage is not 0
+        (their clipped policy term is exactly 0: every all-equal group's rows, about half of a WEFT batch), with
+        the padding columns they do not use dropped, and scaled so that the normaliser stays the whole
+        micro-batch's (``grpo``: rows kept / rows; ``bnpo``: loss tokens kept / loss tokens; ``dapo``: the
+        generation batch's token count, unchanged). Same gradient; TRL's logged per-batch metrics (entropy,
+        clip ratios) then cover the kept rows."""
+        adv = inputs["advantages"]
+        keep = adv.reshape(adv.shape[0], -1).ne(0).any(dim=1)
+        if not self.skip_zero_advantage or not self.model.training or bool(keep.all()):
+            return super()._compute_loss(model, inputs)
+        if not bool(keep.any()):  # nothing to learn: a zero loss that still reaches every parameter
+            return sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
+        mask = inputs["completion_mask"]
+        if inputs.get("tool_mask") is not None:
+            mask = mask * inputs["tool_mask"]
+        sub = _rows(inputs, keep)
+        loss = super()._compute_loss(model, sub)
+        if self.loss_type == "grpo":
+            return loss * (keep.sum() / keep.numel())
+        if self.loss_type == "bnpo":
+            return loss * (mask[keep].sum() / mask.sum().clamp(min=1.0))
+        return loss
 
     def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields):
         """TRL's tool loop; for whole-task environments (:class:`~treadle.weft.rl.trl_env.WeftTrajectory`), then
@@ -158,3 +190,25 @@ class WeftGRPOTrainer(TreadleGRPOTrainer):
             output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         self._weft_completions = None
         return rewards
+
+
+def _rows(inputs: dict, keep: torch.Tensor) -> dict:
+    """``inputs`` (one TRL micro-batch) restricted to the rows ``keep``, without the padding columns no kept row
+    uses (left padding of the prompts, right padding of the completions; RoPE positions shift by a constant,
+    which leaves attention unchanged)."""
+    n = keep.numel()
+    pm, cm = inputs["prompt_mask"][keep], inputs["completion_mask"][keep]
+    p0 = int((pm.sum(0) > 0).nonzero()[0]) if bool(pm.any()) else pm.shape[1]
+    used = (cm.sum(0) > 0).nonzero()
+    c1 = int(used[-1]) + 1 if used.numel() else 1
+    width = inputs["completion_ids"].shape[1]
+    out = {}
+    for k, v in inputs.items():
+        if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == n:
+            v = v[keep]
+            if k in ("prompt_ids", "prompt_mask"):
+                v = v[:, p0:]
+            elif v.dim() >= 2 and v.shape[1] == width:
+                v = v[:, :c1]
+        out[k] = v
+    return out
