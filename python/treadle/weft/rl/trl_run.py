@@ -94,7 +94,7 @@ def train_seed(run: Path, policy, cfg, *, held, checkpoint_every: int = 1, conso
     args = grpo_config(cfg, run / "trl", checkpoint_every=checkpoint_every, vllm=vllm)
     trainer = WeftGRPOTrainer(model=model, args=args, processing_class=tok, train_dataset=data,
                               environment_factory=weft_environment(backend, grouping=cfg.grouping),
-                              callbacks=callbacks)
+                              callbacks=callbacks, skip_zero_advantage=True)  # same gradient, fewer rows
     t0 = time.perf_counter()
     trainer.train(resume_from_checkpoint=_last_checkpoint(run / "trl"))
     seconds = time.perf_counter() - t0
