@@ -3,8 +3,8 @@
     python bench/weft_rl_heldout.py RUN_FOLDER --episodes 96 [--runs atomic-seed0,atomic-seed1,...]
 
 For each ``<grouping>-seed<k>`` run of RUN_FOLDER: the start policy (``RUN_FOLDER/start-policy``) and the
-trained policy (the run's last step checkpoint, ``checkpoint/state.pt``) are evaluated with the run's own
-protocol (:func:`treadle.weft.rl.train._evaluate`: sampled per-turn and whole-task success, the seed's
+trained policy (the run's last TRL checkpoint, ``trl/checkpoint-<last step>``) are evaluated with the same
+protocol (:func:`treadle.weft.rl.heldout.evaluate_heldout`: sampled per-turn and whole-task success, the seed's
 sampling seeds, 6 samples per turn) on the first ``--episodes`` held-out episodes, the same draw as
 ``treadle weft train --eval-episodes N``. Prints one JSON line per run and the per-turn change with its
 mean, sd and range over the seeds of each grouping; writes ``RUN_FOLDER/heldout-<N>.json``. Used for the
@@ -22,10 +22,27 @@ import anyio
 import torch
 
 
+def _last_checkpoint(run: Path) -> Path | None:
+    """The run's final TRL checkpoint, or None when the run is not finished (no ``summary.json``)."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    if not (run / "summary.json").exists() or not (run / "trl").is_dir():
+        return None
+    last = get_last_checkpoint(str(run / "trl"))
+    return Path(last) if last else None
+
+
+def _trained(run: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(_last_checkpoint(run))
+
+
 async def evaluate_runs(folder: Path, n: int, names: list[str]) -> dict:
     from treadle.weft.rl.gold import play_gold, shop_server
     from treadle.weft.rl.sft import load_tool_model
-    from treadle.weft.rl.train import WeftTrainConfig, _evaluate
+    from treadle.weft.rl.config import WeftTrainConfig
+    from treadle.weft.rl.heldout import evaluate_heldout
     from treadle.weft.rl.worlds import episodes
     from treadle.weft.rollouts.harnesses import HermesHarness
     from treadle.weft.runtime import Runtime
@@ -42,13 +59,9 @@ async def evaluate_runs(folder: Path, n: int, names: list[str]) -> dict:
             for when in ("before", "after"):
                 model, tok = load_tool_model(folder / "start-policy")
                 if when == "after":
-                    state = torch.load(folder / name / "checkpoint" / "state.pt", weights_only=False)
-                    if state["next_step"] != cfg.steps:
-                        raise SystemExit(f"{name}: the step checkpoint is after step {state['next_step']}, "
-                                         f"not the run's last ({cfg.steps}): finish the run first")
-                    model.load_state_dict(state["model"])
+                    model.load_state_dict(_trained(folder / name).state_dict())
                 t = time.process_time()
-                res[when] = await _evaluate(rt, h, model.eval(), tok, held, cfg)
+                res[when] = await evaluate_heldout(rt, h, model.eval(), tok, held, cfg)
                 res[when]["cpu_s"] = time.process_time() - t
             out[name] = res
             print(name, json.dumps(res), flush=True)
@@ -64,13 +77,13 @@ def main() -> None:
     if args.episodes < 1:
         ap.error(f"--episodes must be >= 1, got {args.episodes}")
     names = (args.runs.split(",") if args.runs else
-             sorted(p.name for p in args.run_folder.glob("*-seed*") if (p / "checkpoint" / "state.pt").exists()))
+             sorted(p.name for p in args.run_folder.glob("*-seed*") if _last_checkpoint(p) is not None))
     if not names:
-        ap.error(f"no finished run with a step checkpoint under {args.run_folder}")
-    missing = [n for n in names if "-seed" not in n or not (args.run_folder / n / "checkpoint" / "state.pt").exists()]
-    if missing:  # before any work: runs trained without step checkpoints keep no final policy
-        ap.error(f"no step checkpoint (<run>/checkpoint/state.pt) for {', '.join(missing)} under {args.run_folder}; "
-                 f"expected <grouping>-seed<k> runs of `treadle weft train` (it writes one every step by default)")
+        ap.error(f"no finished run with a TRL checkpoint under {args.run_folder}")
+    missing = [n for n in names if "-seed" not in n or _last_checkpoint(args.run_folder / n) is None]
+    if missing:  # before any work: an unfinished run has no final policy
+        ap.error(f"no finished run (summary.json and trl/checkpoint-N) for {', '.join(missing)} under "
+                 f"{args.run_folder}; expected <grouping>-seed<k> runs of `treadle weft train`")
     if not (args.run_folder / "start-policy").is_dir():
         ap.error(f"{args.run_folder / 'start-policy'} is missing: not a `treadle weft train` run folder")
     torch.set_num_threads(1)

@@ -88,7 +88,7 @@ def _mixed_sampling(tok, data, backend):
 def _train(out_dir, world: int, *, max_steps=None, resume=None, **overrides):
     """One run (this process is one of ``world`` ranks): the trained parameters and TRL's log."""
     require_module("trl")
-    from treadle.weft.rl.train import WeftTrainConfig
+    from treadle.weft.rl.config import WeftTrainConfig
     from treadle.weft.rl.trl_env import default_backend, weft_environment, weft_turn_dataset
     from treadle.weft.rl.trl_run import grpo_config
     from treadle.weft.rl.trl_trainer import WeftGRPOTrainer

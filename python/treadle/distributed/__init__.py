@@ -4,11 +4,9 @@ and the process-group helpers they take (:mod:`treadle.distributed.process_group
 an explicit ``group=`` (None: the default process group); nothing here starts processes (use torchrun or
 ``accelerate launch``). Names are imported lazily.
 
-STAIR and SCALE train on ``transformers.Trainer`` (:mod:`treadle.stair.trainer`, :mod:`treadle.scale.trainer`):
-DDP / FSDP, checkpoints and resume are the Trainer's. :mod:`treadle.distributed.parallel`,
-:mod:`treadle.distributed.launch` and :mod:`treadle.distributed.weft_resume` serve the WEFT GRPO loop on
-torch.distributed (:mod:`treadle.weft.rl.parallel`) until it runs on TRL. No module here imports a method
-package (stair, scale, weft).
+Training runs on the engines: STAIR and SCALE on ``transformers.Trainer`` (:mod:`treadle.stair.trainer`,
+:mod:`treadle.scale.trainer`), WEFT GRPO on ``trl.GRPOTrainer`` (:mod:`treadle.weft.rl.trl_trainer`): DDP / FSDP,
+checkpoints and resume are theirs. No module here imports a method package (stair, scale, weft).
 """
 from __future__ import annotations
 
@@ -18,7 +16,7 @@ _NAMES = {
     "aggregate_loss_dp": "grpo", "all_gather_rows": "grpo", "global_group_ids": "grpo",
     "global_loss_denominators": "grpo", "grpo_advantages_dp": "grpo",
     "NotDistributedError": "process_group", "is_main": "process_group", "rank": "process_group",
-    "world_size": "process_group", "StepCheckpoint": "weft_resume",
+    "world_size": "process_group",
 }
 __all__ = sorted([*_NAMES, "DTensorInputError"])
 

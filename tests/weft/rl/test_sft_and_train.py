@@ -5,7 +5,7 @@ import anyio
 import pytest
 
 from treadle.weft.rl.sft import ToolTrainConfig, load_tool_model, train_tool_policy
-from treadle.weft.rl.train import WeftTrainConfig, train_policy
+from treadle.weft.rl.config import WeftTrainConfig
 from treadle.weft.rl.worlds import TEMPLATES, draw_episode, episodes
 
 
@@ -65,40 +65,6 @@ def test_quick_tool_policy_is_cached_and_loadable(tmp_path):
 def test_train_config_rejects_bad_values(kw):
     with pytest.raises(ValueError):
         WeftTrainConfig(**kw)
-
-
-def test_atomic_and_trajectory_grouping_use_the_same_rollout_budget(tiny_policy, tok):
-    import copy
-
-    out = {}
-    for g in ("atomic", "trajectory"):
-        out[g] = anyio.run(lambda: train_policy(copy.deepcopy(tiny_policy), tok,
-                                                WeftTrainConfig.quick(grouping=g, steps=1), progress=False))
-    for g, s in out.items():
-        (rec,) = s["records"]
-        assert rec["segments"] == 2 * 2  # turns_per_step x G
-        assert set(s["time_share"]) == {"t_model_s", "t_env_s", "t_advantage_s", "t_update_s"}
-        assert sum(s["time_share"].values()) <= 1.0 + 1e-9
-        assert set(s["evals"]) == {"0", "1"}
-
-
-def test_parallel_runs_give_the_same_numbers_as_sequential_ones(tmp_path, tiny_policy, tok):
-    """`treadle weft train --jobs 2` (worker processes loading the saved start policy) reproduces the
-    in-process runs exactly: every run is seeded on its own."""
-    from rich.console import Console
-
-    from treadle.weft.rl.report import run_comparison
-
-    quiet = Console(file=open(tmp_path / "log.txt", "w"))
-    kw = dict(steps=1, quick=True, console=quiet, overrides={"eval_episodes": 1})
-    seq = run_comparison(tmp_path / "seq", (tiny_policy, tok), ("atomic", "trajectory"), [0], jobs=1, **kw)
-    par = run_comparison(tmp_path / "par", (tiny_policy, tok), ("atomic", "trajectory"), [0], jobs=2, **kw)
-    for g in ("atomic", "trajectory"):
-        assert seq["groupings"][g]["per_seed"] == par["groupings"][g]["per_seed"]
-        a = [json.loads(line) for line in (tmp_path / "seq" / f"{g}-seed0" / "steps.jsonl").read_text().splitlines()]
-        b = [json.loads(line) for line in (tmp_path / "par" / f"{g}-seed0" / "steps.jsonl").read_text().splitlines()]
-        assert [(r["loss"], r["turn_reward"]) for r in a] == [(r["loss"], r["turn_reward"]) for r in b]
-    assert (tmp_path / "par" / "curves.png").stat().st_size > 0 and par["jobs"] == 2
 
 
 def test_cached_tool_policy_is_retrained_when_config_or_recipe_changes(tmp_path, monkeypatch):

@@ -1,7 +1,7 @@
 """``treadle weft train``'s run folder follows the project rule (treadle.run_dirs): run.json records the run; a
 finished run of the same settings is shown, not re-run; another config is refused with one line naming --out
-(exit 2, nothing touched); --seeds add to a comparison; a run interrupted mid-way continues from its step
-checkpoint; a refused run leaves the folder reusable."""
+(exit 2, nothing touched); a refused run leaves the folder reusable; a folder of the removed GRPO loop is refused
+with one usage error. (A run interrupted mid-way continues from TRL's checkpoint: test_trl_cli.py.)"""
 import json
 
 import pytest
@@ -19,9 +19,8 @@ def start_policy(tmp_path_factory, tiny_policy, tok):
 
 
 def _args(out, policy, *extra):
-    return ["weft", "train", "--engine", "loop", "--grouping", "atomic", "--seeds", "0", "--steps", "2",
-            "--eval-episodes", "1",
-            "--jobs", "1", "--quick", "--model", str(policy), "--out", str(out), *extra]
+    return ["weft", "train", "--grouping", "atomic", "--seeds", "0", "--steps", "1", "--eval-episodes", "1",
+            "--quick", "--model", str(policy), "--out", str(out), *extra]
 
 
 def _files(folder):
@@ -39,16 +38,16 @@ def finished(tmp_path_factory, start_policy):
 def test_run_json_records_the_run_and_a_finished_run_is_shown_not_rerun(finished, start_policy):
     rec = json.loads((finished / "run.json").read_text())
     assert rec["command"] == "weft train" and rec["status"] == "finished" and rec["ended"]
-    assert rec["config"]["steps"] == 2 and rec["config"]["sampler"] == "hf" and rec["machine"]["cpu_count"]
+    assert rec["config"]["steps"] == 1 and rec["config"]["sampler"] == "trl" and rec["machine"]["cpu_count"]
     assert "treadle_version" in rec and "git_commit" in rec and rec["argv"]
-    assert (finished / "atomic-seed0" / "checkpoint" / "state.pt").is_file()  # one-process step checkpoints
+    assert list((finished / "atomic-seed0" / "trl").glob("checkpoint-*"))  # TRL's checkpoints
     before = _files(finished)
     r = CliRunner().invoke(app, _args(finished, start_policy), env={"COLUMNS": "300"})
     assert r.exit_code == 0 and "already holds this finished comparison" in " ".join(r.output.split()), r.output
     assert _files(finished) == before
 
 
-@pytest.mark.parametrize("change", [["--steps", "3"], ["--eval-episodes", "2"]])
+@pytest.mark.parametrize("change", [["--steps", "2"], ["--eval-episodes", "2"]])
 def test_another_config_is_refused_with_one_line_and_nothing_touched(finished, start_policy, change):
     before = _files(finished)
     args = _args(finished, start_policy)
@@ -62,25 +61,17 @@ def test_another_config_is_refused_with_one_line_and_nothing_touched(finished, s
     assert _files(finished) == before
 
 
-def test_interrupted_run_continues_from_its_step_checkpoint(tmp_path, finished, start_policy):
-    import shutil
-
-    out = tmp_path / "run"
-    shutil.copytree(finished, out)
-    first = json.loads((out / "atomic-seed0" / "summary.json").read_text())
-    # interrupted after the last step's checkpoint, before the run's summary was written
-    (out / "atomic-seed0" / "summary.json").unlink()
-    (out / "summary.json").unlink()
-    rec = json.loads((out / "run.json").read_text())
-    (out / "run.json").write_text(json.dumps({**rec, "status": "interrupted"}))
+def test_a_folder_of_the_removed_loop_is_one_usage_error(tmp_path, start_policy):
+    out = tmp_path / "old"
+    out.mkdir()
+    old = {"command": "weft train", "status": "finished", "config": {"groupings": ["atomic"], "sampler": "hf"}}
+    (out / "run.json").write_text(json.dumps(old))
+    (out / "summary.json").write_text("{}")
+    before = _files(out)
     r = CliRunner().invoke(app, _args(out, start_policy), env={"COLUMNS": "300"})
-    assert r.exit_code == 0, r.output
-    again = json.loads((out / "atomic-seed0" / "summary.json").read_text())
-    assert again["resumed_from_step"] == 2 and first["resumed_from_step"] is None
-    assert again["records"] == first["records"] and again["evals"] == first["evals"]
-    assert [json.loads(x)["step"] for x in (out / "atomic-seed0" / "steps.jsonl").read_text().splitlines()] == [0, 1]
-    rec = json.loads((out / "run.json").read_text())
-    assert rec["status"] == "finished" and rec["history"][-1]["status"] == "interrupted"
+    err = " ".join(r.stderr.split())
+    assert r.exit_code == 2 and "removed GRPO loop" in err and "--overwrite" in err and "Traceback" not in r.output
+    assert _files(out) == before
 
 
 def test_refused_run_leaves_the_folder_reusable(tmp_path, start_policy):
@@ -106,8 +97,8 @@ def test_a_non_run_folder_is_refused(tmp_path, start_policy):
 
 
 def test_kl_coef_reaches_the_runs_and_is_part_of_the_config(tmp_path, finished, start_policy):
-    """``--kl-coef`` sets the runs' ``kl_coef`` (the KL term is logged per step as ``kl_ref``) and is part of
-    the comparison's config: adding it to a finished comparison of the same other settings is refused."""
+    """``--kl-coef`` sets the runs' ``kl_coef`` (TRL's ``beta``) and is part of the comparison's config: adding it
+    to a finished comparison of the same other settings is refused."""
     before = _files(finished)
     r = CliRunner().invoke(app, _args(finished, start_policy, "--kl-coef", "0.04"), env={"COLUMNS": "300"})
     assert r.exit_code == 2 and "kl_coef" in r.stderr and "\n" not in r.stderr.strip(), r.output
@@ -116,11 +107,7 @@ def test_kl_coef_reaches_the_runs_and_is_part_of_the_config(tmp_path, finished, 
     r = CliRunner().invoke(app, _args(out, start_policy, "--kl-coef", "0.5"), env={"COLUMNS": "300"})
     assert r.exit_code == 0, r.output
     summary = json.loads((out / "atomic-seed0" / "summary.json").read_text())
-    assert summary["config"]["kl_coef"] == 0.5
-    steps = [json.loads(x) for x in (out / "atomic-seed0" / "steps.jsonl").read_text().splitlines()]
-    # the untrained policy's groups are all-fail (no update): the KL term's effect is tested on the API
-    # (tests/weft/rl/test_update.py, tests/distributed/test_weft_distributed.py); here the wiring
-    assert len(steps) == 2 and all("kl_ref" in s for s in steps)
+    assert summary["config"]["kl_coef"] == 0.5 and all("kl" in rec for rec in summary["log"])
     assert json.loads((out / "run.json").read_text())["config"]["kl_coef"] == 0.5
 
 

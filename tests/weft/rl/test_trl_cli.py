@@ -1,4 +1,4 @@
-"""``treadle weft train`` (default ``--engine trl``): atomic-turn GRPO on trl.GRPOTrainer from the CLI, under the
+"""``treadle weft train``: atomic-turn and trajectory GRPO on trl.GRPOTrainer from the CLI, under the
 run-folder rule (run.json; a finished run is shown, not re-run; another config refused, nothing touched;
 --overwrite runs again)."""
 import json
@@ -51,15 +51,28 @@ def test_trl_engine_is_the_default_and_follows_the_run_folder_rule(tmp_path, sta
     assert json.loads((out / "run.json").read_text())["status"] == "finished"
 
 
-@pytest.mark.parametrize("extra,flag", [(["trl", "--grouping", "trajectory"], "--grouping"),
-                                        (["trl", "--parallel", "ddp"], "--parallel"),
-                                        (["trl", "--jobs", "1"], "--jobs"),
-                                        (["ray"], "--engine"), (["loop", "--vllm"], "--vllm")])
-def test_loop_only_flags_with_engine_trl_are_refused_before_any_work(tmp_path, monkeypatch, extra, flag):
+def test_both_groupings_on_trl(tmp_path, start_policy):
+    require_module("trl")
+    out = tmp_path / "run"
+    r = CliRunner().invoke(app, _args(out, start_policy, "--grouping", "both"), env={"COLUMNS": "300"})
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "run.json").read_text())["config"]["groupings"] == ["atomic", "trajectory"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["groupings"]) == {"atomic", "trajectory"}
+    traj = json.loads((out / "trajectory-seed0" / "summary.json").read_text())
+    assert traj["config"]["grouping"] == "trajectory" and traj["global_step"] == traj["config"]["num_iterations"]
+    assert (out / "start-policy" / "config.json").exists()
+
+
+@pytest.mark.parametrize("extra,flag", [(["--parallel", "ddp"], "--parallel"), (["--jobs", "1"], "--jobs"),
+                                        (["--resume"], "--resume"), (["--engine", "loop"], "--engine"),
+                                        (["--engine", "ray"], "--engine")])
+def test_flags_of_the_removed_loop_are_one_usage_error_before_any_work(tmp_path, monkeypatch, extra, flag):
     monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out"
-    r = CliRunner().invoke(app, ["weft", "train", "--out", str(out), "--engine", *extra])
-    assert r.exit_code == 2 and flag in r.output, r.output
+    r = CliRunner().invoke(app, ["weft", "train", "--out", str(out), *extra])
+    text = " ".join(r.output.split())
+    assert r.exit_code == 2 and flag in text and "loop was removed" in text and "Traceback" not in text, r.output
     assert not out.exists() and not (tmp_path / "cache").exists()
 
 
@@ -68,7 +81,7 @@ def test_an_interrupted_seed_continues_from_trls_checkpoint(tmp_path, tiny_polic
     from transformers import TrainerCallback
 
     from treadle.weft.rl.sft import gold_episodes
-    from treadle.weft.rl.train import WeftTrainConfig
+    from treadle.weft.rl.config import WeftTrainConfig
     from treadle.weft.rl.trl_run import train_seed
 
     class Stop(TrainerCallback):

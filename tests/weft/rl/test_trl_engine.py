@@ -92,7 +92,7 @@ def _trainer(tmp_path, backend, **overrides):
               max_steps=2, report_to=[], use_cpu=True, save_strategy="no", remove_unused_columns=False,
               max_tool_calling_iterations=2, learning_rate=1e-3, logging_steps=1)
     kw.update(overrides)
-    return WeftGRPOTrainer(model=model, args=GRPOConfig(**kw), processing_class=tok,
+    return WeftGRPOTrainer(model=model, args=GRPOConfig(**kw), processing_class=tok, skip_zero_advantage=True,
                            train_dataset=weft_turn_dataset(2, "train", backend=backend),
                            environment_factory=weft_environment(backend))
 
@@ -158,3 +158,49 @@ def test_a_tokenizer_without_a_response_parser_is_refused(tmp_path, backend):
                       remove_unused_columns=False, report_to=[])
     with pytest.raises(ValueError, match="response_template"):
         check_weft_trl_config(args, tok, None)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dapo"])
+def test_skipping_zero_advantage_rows_gives_the_same_loss_and_gradient(tmp_path, backend, loss_type):
+    """``skip_zero_advantage``: the rows of all-equal groups (advantage 0) and the padding no other row uses are
+    left out of the update's forward and backward; loss and gradient equal the whole micro-batch's."""
+    trainer = _trainer(tmp_path, backend, loss_type=loss_type, max_completion_length=16)
+    model = trainer.model.train().double()
+    trainer.current_gradient_accumulation_steps = 1
+    g = torch.Generator().manual_seed(0)
+    B, P, C = 6, 9, 7
+    plen, clen = [9, 4, 6, 2, 8, 3], [7, 2, 5, 1, 3, 6]
+    prompt_mask = torch.tensor([[0] * (P - n) + [1] * n for n in plen])
+    completion_mask = torch.tensor([[1] * n + [0] * (C - n) for n in clen])
+    inputs = {"prompt_ids": torch.randint(5, 90, (B, P), generator=g) * prompt_mask,
+              "prompt_mask": prompt_mask,
+              "completion_ids": torch.randint(5, 90, (B, C), generator=g) * completion_mask,
+              "completion_mask": completion_mask,
+              "tool_mask": torch.ones(B, C, dtype=torch.long),
+              "advantages": torch.tensor([0.0, 1.5, 0.0, -0.7, 0.0, 0.0], dtype=torch.float64),
+              "old_per_token_logps": -torch.rand(B, C, generator=g, dtype=torch.float64) * 3,
+              "num_items_in_batch": completion_mask.sum().double()}
+    inputs["tool_mask"][1, 3:5] = 0
+
+    def run(skip):
+        trainer.skip_zero_advantage = skip
+        model.zero_grad(set_to_none=True)
+        loss = trainer._compute_loss(model, inputs)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    full, gf = run(False)
+    part, gp = run(True)
+    # float64 model; the RoPE tables are float32 (transformers), and dropping left padding shifts the positions:
+    # ~3e-8 relative
+    assert torch.allclose(part, full, rtol=1e-6, atol=1e-12), (part, full)
+    assert len(gf) == len(gp) and all(torch.allclose(a, b, rtol=1e-5, atol=1e-8) for a, b in zip(gf, gp))
+    assert any(a.abs().sum() > 0 for a in gf)
+    inputs["advantages"] = torch.zeros(B, dtype=torch.float64)  # all-equal groups only: no forward, zero loss
+    loss, grads = run(True)
+    assert loss.item() == 0.0 and all(gr.abs().sum() == 0 for gr in grads)
+
+
+def test_skip_zero_advantage_is_off_where_zero_rows_add_to_the_loss(tmp_path, backend):
+    trainer = _trainer(tmp_path, backend, top_entropy_quantile=0.5)  # (it ranks every row's tokens)
+    assert not trainer._zero_rows_add_nothing()

@@ -26,8 +26,11 @@ advantages:
 ``use_vllm=True`` in the ``GRPOConfig`` is TRL's own switch (generation in vLLM, colocated or on a server);
 nothing here depends on the generation backend. On CPU the tests run transformers generation.
 
-Whole-task rewards (``R = mean_k r_k``) need the user's next request between atomic turns, which TRL's tool
-loop (assistant and tool turns only) does not write; rows here are atomic turns.
+Trajectory grouping (the ablation baseline, whole-task reward ``R = mean_k r_k``): :class:`WeftTrajectory`
+(``weft_environment(grouping="trajectory")``) with :func:`weft_turn_dataset` ``(whole_tasks=True)``: one row
+per task start; TRL's tool loop plays each turn, and the trainer appends the user's next request after a
+turn's reply and runs the tool loop again (:meth:`~treadle.weft.rl.trl_trainer.WeftGRPOTrainer._tool_call_loop`),
+all in the one forked session; the G generations of a row are G whole trajectories of that task.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ import threading
 import typing
 from typing import Any
 
-__all__ = ["WeftBackend", "WeftRollout", "WeftRowError", "ROW_COLUMNS", "weft_environment", "weft_turn_dataset",
+__all__ = ["WeftBackend", "WeftRollout", "WeftTrajectory", "GROUPINGS", "WeftRowError", "ROW_COLUMNS", "weft_environment", "weft_turn_dataset",
            "default_backend", "tool_method", "check_weft_trl_config"]
 
 ROW_COLUMNS = ("weft_split", "weft_episode", "weft_turn")
@@ -309,23 +312,115 @@ class WeftRollout:
         return float(v.r)
 
 
-def weft_environment(backend: WeftBackend | None = None) -> type:
+class WeftTrajectory(WeftRollout):
+    """One whole-task rollout (trajectory grouping, the WEFT 4.1 ablation baseline): the row's start state is
+    forked once, and every atomic turn from the row's turn to the episode's last is played in that session,
+    each from the policy's own history and state.
+
+    The trainer ends a turn with :meth:`_end_turn` (a private method: TRL never offers it as a tool); it
+    verifies the turn against its checkpoint (from the state at the turn's start, which is the state the
+    policy's earlier turns left) and returns the next turn's user request, or None when the task is over.
+    ``get_reward()`` is the whole-task reward ``R = mean_k r_k`` over the episode's turns from the row's start
+    (turns never reached score 0), or None for an environment failure. A checkpoint that cannot be judged
+    because an earlier turn of the trajectory failed (its gold calls assume the gold state) is the policy's
+    failure (``r = 0``), not the environment's."""
+
+    def reset(self, **row) -> None:
+        """Fork the row's start state and play from its turn (:meth:`WeftRollout.reset`).
+
+        Raises:
+            WeftRowError: the row names no turn start, or one that does not exist.
+        """
+        super().reset(**row)
+        order = self._start.episode.task.ordered()
+        self._order, self._turn, self._turn_snapshot = order, self._start.turn, self._start.snapshot
+        self._open, self.turn_rewards = True, []
+        return None
+
+    def _verdict(self, truncated: bool) -> int | None:
+        """The current turn's verdict (0 or 1), or None for an environment failure (recorded)."""
+        if self.env_failure is not None:
+            return None
+        try:
+            v = self.backend.run(functools.partial(self.backend.rt.verify_turn, self._sid, self._turn_snapshot,
+                                                   self._order[self._turn].checkpoint, self.outcomes,
+                                                   replay_check=False))
+        except Exception as err:  # noqa: BLE001
+            self.env_failure = f"verify: {type(err).__name__}: {err}"[:500]
+            return None
+        if v.r == 0 and not v.policy_failure and not any(r == 0 for r in self.turn_rewards):
+            self.env_failure = "checkpoint: " + "; ".join(v.details)[:500]
+            return None
+        return 0 if truncated else int(v.r)
+
+    def _end_turn(self, truncated: bool = False) -> str | None:
+        """End the current turn (``truncated``: its last generation ran out of tokens: ``r = 0``); the next
+        turn's user request, or None (the task is over, or the environment failed)."""
+        if self._sid is None or not self._open:
+            return None
+        r = self._verdict(truncated)
+        if r is None:
+            self._open = False
+            return None
+        self.turn_rewards.append(r)
+        if self._turn + 1 >= len(self._order):
+            self._open = False
+            return None
+        try:
+            self._turn_snapshot = self.backend.run(self.backend.rt.snapshot, self._sid)
+        except Exception as err:  # noqa: BLE001  (a crashed session has no state to continue from)
+            self.env_failure, self._open = f"snapshot: {type(err).__name__}: {err}"[:500], False
+            return None
+        self._turn += 1
+        self.outcomes, self._seen = [], set()
+        return self._order[self._turn].request
+
+    def get_reward(self) -> float | None:
+        """``R = mean_k r_k`` over the episode's turns from the row's start; None for an environment failure.
+        A turn still open is ended first (untruncated); the turns never reached count 0."""
+        if self._sid is None:
+            return None
+        if self._open:
+            self._open = False
+            r = self._verdict(False)
+            if r is not None:
+                self.turn_rewards.append(r)
+        if self.env_failure is not None:
+            return None
+        return sum(self.turn_rewards) / (len(self._order) - self._start.turn)
+
+
+GROUPINGS = {"atomic": WeftRollout, "trajectory": WeftTrajectory}
+"""The environment base class of each grouping."""
+
+
+def weft_environment(backend: WeftBackend | None = None, grouping: str = "atomic") -> type:
     """The environment class for ``GRPOTrainer(environment_factory=...)``: ``reset(**row)``, ``get_reward()``
     and one method per tool of the shop server (:func:`tool_method`), bound to ``backend`` (default: the
-    process's :func:`default_backend`)."""
+    process's :func:`default_backend`). ``grouping``: ``atomic`` (one atomic turn per rollout, its verdict;
+    :class:`WeftRollout`) or ``trajectory`` (the whole task from the row's turn, ``R = mean_k r_k``;
+    :class:`WeftTrajectory`, whose turns :class:`~treadle.weft.rl.trl_trainer.WeftGRPOTrainer` chains).
+
+    Raises:
+        ValueError: an unknown grouping.
+    """
+    if grouping not in GROUPINGS:
+        raise ValueError(f"grouping must be one of {sorted(GROUPINGS)}, got {grouping!r}")
     be = backend if backend is not None else default_backend()
     members: dict[str, Any] = {"backend": be, "__doc__": "A WEFT shop rollout: a forked session, its tools as methods."}
     for spec in be.tools():
         if spec["name"].isidentifier() and not spec["name"].startswith("_") and spec["name"] not in ("reset",
                                                                                                    "get_reward"):
             members[spec["name"]] = tool_method(spec)
-    return type("WeftEnvironment", (WeftRollout,), members)
+    return type("WeftEnvironment" if grouping == "atomic" else "WeftTaskEnvironment", (GROUPINGS[grouping],), members)
 
 
-def weft_turn_dataset(episodes: int, split: str = "train", *, start: int = 0, backend: WeftBackend | None = None):
+def weft_turn_dataset(episodes: int, split: str = "train", *, start: int = 0, backend: WeftBackend | None = None,
+                      whole_tasks: bool = False):
     """A ``datasets.Dataset`` with one row per atomic-turn start of ``episodes`` shop episodes (seeds
     ``start ..``): ``prompt`` (the messages before the turn's reply: gold history + the turn's request) and
-    the state reference (:data:`ROW_COLUMNS`).
+    the state reference (:data:`ROW_COLUMNS`). ``whole_tasks``: one row per episode, its first turn's start
+    (trajectory grouping: the rollout plays the whole task from there).
 
     Raises:
         ValueError: ``episodes < 1`` or a bad split.
@@ -341,7 +436,8 @@ def weft_turn_dataset(episodes: int, split: str = "train", *, start: int = 0, ba
     be = backend if backend is not None else default_backend()
     rows: dict[str, list] = {"prompt": [], **{c: [] for c in ROW_COLUMNS}}
     for seed in range(start, start + episodes):
-        for ts in be.gold(split, seed).starts:
+        starts = be.gold(split, seed).starts
+        for ts in starts[:1] if whole_tasks else starts:
             rows["prompt"].append([dict(m) for m in ts.messages])
             rows["weft_split"].append(split)
             rows["weft_episode"].append(seed)
