@@ -112,7 +112,8 @@ async def further_checks(rt: Any, server_hash: str, start: Any, spec: Any, evide
         if derived.missing or derived.undecided:  # what the environment holds may give them (derivable.World)
             from treadle.weft.evolve.derivable import known_world
 
-            world = await known_world(rt, healthy if healthy in rt.registry else server_hash, start, tools, con)
+            world = await known_world(rt, healthy if healthy in rt.registry else server_hash, start, tools, con,
+                                     request=request)
             derived = task_checks.derive_values(request, gold, evidence.results, tools, history, world=world,
                                                 policy=policy_calls)
         if derived.missing:

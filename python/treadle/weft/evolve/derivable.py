@@ -10,10 +10,19 @@ A gold value the request does not spell out is still derivable when it is:
   state or to the keys of one of its mappings, where the request quantifies over it (``all of my car doors`` ->
   the four door names);
 - **a canonical form** of the request's words: a date the request states in words (``the 6th day of October in
-  2026`` -> ``2026-10-06``), a number written as a string, an identifier with ``_`` or ``-`` for a space;
+  2026`` -> ``2026-10-06``), a number written as a string, an identifier with ``_`` or ``-`` for a space, request
+  tokens joined (``P followed by 12345678`` -> ``P12345678``);
+- **an earlier result's field the documentation names**: the argument's description names the field that gives it
+  (``cityA``: "The zipcode of the first city." <- ``{"zipcode": "94016"}``), an integer rounded from it
+  (``fuelAmount``: "... in gallons" <- ``{"gallon": 10.04}``);
 - **known to the environment and abbreviated by a request word**: an identifier-like code (``NVDA``, ``RMS``)
   whose letters are a request word's (``Nvidia``, ``Rivermist``) and that the start state or an argument-free tool
   (``list_all_airports``) holds (:class:`World`);
+- **looked up**: a lookup tool (one required argument with documented options) returns it for an option the request
+  names (``get_nearest_airport_by_city("Los Angeles")`` -> ``LAX``);
+- **a documented limit's complement**: it brings a state quantity of the argument's kind to a number the tool's
+  documentation states, where the request asks for the limit (``a full tank``: ``50 - fuelLevel``; undecided
+  where the request does not say ``full``, ``fill``, ``max`` or ``capacity``);
 - **given by the policy itself**: the policy's call of the same tool carries it for the same argument.
 
 What only world knowledge could give is **undecided** (an LLM decides it where one is configured): such a code
@@ -51,6 +60,10 @@ class World:
 
     values: set[str] = field(default_factory=set)
     collections: list[tuple[str, list[Any]]] = field(default_factory=list)
+    numbers: list[tuple[str, float]] = field(default_factory=list)
+    looked_up: set[str] = field(default_factory=set)
+    """Strings a lookup tool returns for an option the request names (``get_nearest_airport_by_city("Los
+    Angeles")`` -> ``LAX``): given outright."""
 
 
 @dataclass
@@ -88,6 +101,8 @@ def walk(x: Any, path: str, world: World, budget: list[int] | None = None, depth
     if isinstance(x, str):
         if len(x) <= 64:
             world.values.add(x)
+    elif isinstance(x, (int, float)) and not isinstance(x, bool):
+        world.numbers.append((path, float(x)))
     elif isinstance(x, dict):
         keys = [k for k in x if isinstance(k, (str, int)) and not isinstance(k, bool)]
         world.collections.append((path, keys))
@@ -111,12 +126,14 @@ def documented(prop: dict) -> list[str]:
     """The documented options of an argument (see the module docstring); ``[]`` when it has none."""
     out: list[Any] = list(prop.get("enum") or []) + list(((prop.get("items") or {}).get("enum")) or [])
     desc = str(prop.get("description") or "")[:4000]
-    m = re.search(r"\[Enum\]:\s*(\[[^\]]*\])", desc)
-    if m:
+    m = re.search(r"\[Enum\]:\s*(\[[^\]]*\]|[^\[\n]+)", desc)
+    if m and m.group(1).startswith("["):
         try:
             out += list(json.loads(m.group(1)))
         except ValueError:
             pass
+    elif m:  # "[Enum]: Rivermist, Stonebrook, Sunset Valley"
+        out += [w.strip(" '\"`.") for w in m.group(1).split(",") if w.strip(" '\"`.")]
     m = re.search(r"(?:Options are|One of|Possible values(?: are)?|Allowed values(?: are)?)\s*:?\s*([^.\n]+)", desc,
                   re.I)
     if m:
@@ -195,7 +212,9 @@ def whole_collection(request: str, arg: str, value: list[Any], prop: dict, world
     if len(value) < 2 or not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value):
         return False
     words = _words(request)
-    nouns = {_stem(w) for i, w in enumerate(words) if i and QUANTIFIERS & set(words[max(0, i - 5):i])}
+    nouns = {_stem(w) for i, w in enumerate(words)
+             if QUANTIFIERS & set(words[max(0, i - 5):i]) or QUANTIFIERS & set(words[i + 1:i + 9])}
+    nouns -= QUANTIFIERS
     nouns = {n for n in nouns if len(n) >= 3}
     if not nouns:
         return False
@@ -205,14 +224,57 @@ def whole_collection(request: str, arg: str, value: list[Any], prop: dict, world
                for path, elems in pools)
 
 
-def judge(v: Any, arg: str, request: str, prop: dict, world: World, nums: set[float]) -> str:
+def documented_source(v: Any, prop: dict, seen: Sequence[tuple[str, Any]]) -> bool:
+    """An earlier result's field gives ``v`` and the argument's description names that field (``cityA``: "The
+    zipcode of the first city." <- ``{"zipcode": "94016"}``)."""
+    desc = {_stem(w) for w in _words(str(prop.get("description") or "")[:2000])}
+    return any(_same_number(s, v) if isinstance(v, (int, float)) else s == v and type(s) is type(v)
+               for k, s in seen if len(k) >= 3 and _stem(k) in desc)
+
+
+def _same_number(s: Any, v: Any) -> bool:
+    """``v`` is the number ``s``, or ``s`` rounded to an integer (``10`` <- ``10.0385`` gallons)."""
+    if isinstance(s, bool) or isinstance(v, bool) or not isinstance(s, (int, float)):
+        return False
+    return s == v or (float(v).is_integer() and round(s) == v)
+
+
+def _complement(v: float, arg: str, tool: dict, world: World) -> bool:
+    """``v`` brings a state quantity of the argument's kind to a number the tool's documentation states (``fill the
+    tank``: ``fuelAmount = 50 - fuelLevel`` where the description says "can hold up to 50 gallons")."""
+    docs = " ".join([str(tool.get("description") or "")] + [str(p.get("description") or "") for p in (
+        (tool.get("input_schema") or {}).get("properties") or {}).values() if isinstance(p, dict)])[:4000]
+    limits = {float(d) for d in re.findall(r"(?<![\w.])(\d+(?:\.\d+)?)(?![\w.])", docs)}
+    parts = [_stem(p) for p in re.split(r"[_\-]+|(?<=[a-z])(?=[A-Z])", arg) if len(p) >= 4]
+    related = [x for path, x in world.numbers if any(p in path.lower() for p in parts)]
+    return any(abs(v + x - d) <= 1e-9 * max(1.0, abs(d)) for d in limits for x in related)
+
+
+def _assembled(s: str, request: str) -> bool:
+    """``s`` is request tokens joined (``P12345678`` <- "P followed by 12345678"): its letter and digit runs are
+    whole request tokens, in order."""
+    runs = re.findall(r"[A-Za-z]+|\d+", s)
+    if len(runs) < 2:
+        return False
+    tokens = re.findall(r"[A-Za-z]+|\d+", request.lower())
+    it = iter(tokens)
+    return all(r.lower() in it for r in runs)
+
+
+def judge(v: Any, arg: str, request: str, prop: dict, world: World, nums: set[float], tool: dict | None = None
+          ) -> str:
     """``"given"``, ``"undecided"`` or ``"missing"`` for a gold value the request, history and earlier results do
     not give literally (see the module docstring)."""
     if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return "missing"  # a number is the request's (or a result's) or nobody's
+        if _complement(float(v), arg, tool or {}, world):  # to the documented limit: given where the request asks
+            return "given" if {"full", "fill", "max", "maximum", "capacity", "top"} & set(_words(request)) \
+                else "undecided"
+        return "missing"  # otherwise a number is the request's (or a result's) or nobody's
     if not isinstance(v, str):
         return "given"
     s = v.strip()
+    if s in world.looked_up:
+        return "given"
     spaced = re.sub(r"[_\-]+", " ", s.lower())
     if spaced != s.lower() and re.search(r"(?<![\w-])" + re.escape(spaced) + r"(?![\w-])", request.lower()):
         return "given"
@@ -221,6 +283,8 @@ def judge(v: Any, arg: str, request: str, prop: dict, world: World, nums: set[fl
             return "given"
     except ValueError:
         pass
+    if _assembled(s, request):
+        return "given"
     iso = _ISO.fullmatch(s)
     if iso:
         dates, months, relative = request_dates(request)
@@ -240,10 +304,11 @@ def judge(v: Any, arg: str, request: str, prop: dict, world: World, nums: set[fl
 
 
 async def known_world(rt: Any, server_hash: str, start: Any, tools: dict[str, dict], con: Any = None,
-                      max_tools: int = 16) -> World:
+                      request: str = "", max_tools: int = 16, max_lookups: int = 16) -> World:
     """The :class:`World` of ``start`` on ``server_hash``: an object state's public attributes, a SQLite state's
-    values (``con``: a copy of it), and the results of each tool that takes no required argument (each in its own
-    session from ``start``; a failing one adds nothing)."""
+    values (``con``: a copy of it), the results of each tool that takes no required argument, and those of each
+    lookup tool (one required argument with documented options) called with an option ``request`` names (each
+    call in its own session from ``start``; a failing one adds nothing)."""
     from treadle.weft.evolve.probes import run_calls
 
     world = World()
@@ -273,4 +338,21 @@ async def known_world(rt: Any, server_hash: str, start: Any, tools: dict[str, di
             continue
         if outs and outs[0].ok:
             walk(outs[0].result, name, world, budget)
+    lookups = []
+    for name, t in sorted(tools.items()):
+        required = list((t.get("input_schema") or {}).get("required") or ())
+        if len(required) != 1:
+            continue
+        prop = ((t.get("input_schema") or {}).get("properties") or {}).get(required[0]) or {}
+        lookups += [(name, required[0], o) for o in documented(prop)
+                    if len(o) >= 3 and re.search(r"(?<![\w-])" + re.escape(o.lower()) + r"(?![\w-])", request.lower())]
+    for name, arg, option in lookups[:max_lookups]:
+        try:
+            outs, _ = await run_calls(rt, server_hash, start, [ToolCall(name=name, arguments={arg: option})])
+        except Exception:  # noqa: BLE001  (a lookup that fails tells nothing)
+            continue
+        if outs and outs[0].ok:
+            found = walk(outs[0].result, name, World(), [MAX_NODES])
+            world.looked_up |= found.values
+            world.values |= found.values
     return world

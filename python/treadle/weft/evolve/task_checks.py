@@ -129,9 +129,11 @@ def derive_values(request: str, gold: Sequence[ToolCall], results: Sequence[Any]
             for item in items:
                 parts = item.items() if isinstance(item, dict) else [(arg, item)]
                 for k, v in parts:
-                    if _given(v, k, request, nums, seen) or (c.name, k, derivable.hashable(v)) in produced:
+                    if _given(v, k, request, nums, seen) or (c.name, k, derivable.hashable(v)) in produced \
+                            or derivable.documented_source(v, prop if k == arg else {}, seen):
                         continue
-                    verdict = derivable.judge(v, k, request, prop if k == arg else {}, world, nums)
+                    verdict = derivable.judge(v, k, request, prop if k == arg else {}, world, nums,
+                                              tools.get(c.name) or {})
                     if verdict != "given":
                         getattr(out, verdict).append(f"{c.name}.{arg}{'[].' + k if k != arg else ''}={v!r}")
         if i < len(results):
