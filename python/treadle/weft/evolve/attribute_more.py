@@ -13,7 +13,9 @@ the reference plan has executed and passed as certified (seed: WEFT 5.1):
    ``off_path_probe``: an input the schema allows near a reference call (:func:`~.probes.input_variants`)
    is treated otherwise by the current server than by the certified one;
 4. **task** ``inconsistent_request`` (two actions that exclude each other, or a quantity restated with another
-   value), ``other_party``, ``underivable_gold`` (:mod:`~.task_checks`);
+   value), ``other_party``, ``underivable_gold`` (:mod:`~.task_checks`: a gold value nothing a competent policy
+   knows gives; one only world knowledge may give is **undecided**, ``underivable_undecided``, once the checks
+   below find nothing);
 5. **evaluator** ``free_text_strict``: the policy's state differs from the reference's only in free text, each
    a faithful paraphrase of the reference's (text the request quotes must match exactly); a text that says
    something else is the policy's (``free_text_differs``); one the offline comparison cannot place is
@@ -78,6 +80,7 @@ async def further_checks(rt: Any, server_hash: str, start: Any, spec: Any, evide
         if broken:
             return "environment", "contract", "; ".join(broken[:3])
     con = None
+    pending: tuple[str, str, str] | None = None
     if sqlite:
         from treadle.weft.evolve.grounding import open_copy
 
@@ -105,10 +108,20 @@ async def further_checks(rt: Any, server_hash: str, start: Any, spec: Any, evide
             if other:
                 return "task", "other_party", "the gold acts for another party than the request's: " + \
                     "; ".join(other)
-        missing = task_checks.underivable_values(request, gold, evidence.results, tools, history)
-        if missing:
-            return "task", "underivable_gold", ("gold values the request, history and tool results do not give: "
-                                                + task_checks.describe(missing))
+        derived = task_checks.derive_values(request, gold, evidence.results, tools, history, policy=policy_calls)
+        if derived.missing or derived.undecided:  # what the environment holds may give them (derivable.World)
+            from treadle.weft.evolve.derivable import known_world
+
+            world = await known_world(rt, healthy if healthy in rt.registry else server_hash, start, tools, con,
+                                     request=request)
+            derived = task_checks.derive_values(request, gold, evidence.results, tools, history, world=world,
+                                                policy=policy_calls)
+        if derived.missing:
+            return "task", "underivable_gold", ("gold values the request, history, tool results, documentation "
+                                                "and start state do not give: " + task_checks.describe(derived.missing))
+        if derived.undecided:
+            pending = ("undecided", "underivable_undecided", "gold values only world knowledge may give (an LLM "
+                       "decides whether the request implies them): " + task_checks.describe(derived.undecided))
     finally:
         if con is not None:
             con.close()
@@ -130,7 +143,7 @@ async def further_checks(rt: Any, server_hash: str, start: Any, spec: Any, evide
             if "different" not in verdicts:
                 return "undecided", "free_text_undecided", ("free text the offline comparison cannot place "
                                                             "(an LLM judge decides it): " + shown)
-    return None
+    return pending
 
 
 async def audit_slot(rt: Any, server_hash: str, start: Any, spec: Any, evidence: Any, *, request: str = "",

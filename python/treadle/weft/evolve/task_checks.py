@@ -8,7 +8,10 @@ composed task with its upstream results as history):
   Identifiers, numbers and enumerated values are checked; free text (a value with spaces, or a field the
   schema lets hold 100 characters or more) is a paraphrase
   matter, left to :mod:`~treadle.weft.evolve.text_checks`; a value equal to the schema default, and the
-  quantity one (``a``, ``an``, ``one``), count as given;
+  quantity one (``a``, ``an``, ``one``), count as given. :func:`derive_values` also weighs what a competent
+  policy knows besides the request (:mod:`~treadle.weft.evolve.derivable`: the tool documentation, the start
+  state and what the argument-free tools return, canonical dates, world knowledge) and says which values it
+  cannot decide offline;
 - :func:`other_party`: the request names one party by e-mail, and the gold changes rows that belong to
   another (a row of the party's table with another key, or a row whose foreign key to that table names
   another party);
@@ -90,24 +93,49 @@ def _defaults(tool: dict) -> dict[str, Any]:
 def underivable_values(request: str, gold: Sequence[ToolCall], results: Sequence[Any], tools: dict[str, dict],
                        history: Sequence[Any] = ()) -> list[str]:
     """``tool.arg=value`` of each gold value not given by ``request``, ``history`` or the results of the gold
-    calls before it (see the module docstring)."""
+    calls before it, nor by the tool documentation (see the module docstring); the values only world knowledge
+    could give are left out (:func:`derive_values` reports them apart)."""
+    return derive_values(request, gold, results, tools, history).missing
+
+
+def derive_values(request: str, gold: Sequence[ToolCall], results: Sequence[Any], tools: dict[str, dict],
+                  history: Sequence[Any] = (), *, world: Any = None,
+                  policy: Sequence[ToolCall] = ()) -> Any:
+    """A :class:`~treadle.weft.evolve.derivable.Derivation` of ``gold``'s values: ``missing`` (nothing a policy
+    could know gives them: the task's) and ``undecided`` (world knowledge may give them: an abbreviation of a
+    request word, a date of a month the request names, a documented option the request names only by its
+    meaning). ``world``: a :class:`~treadle.weft.evolve.derivable.World` (the start state and what the
+    argument-free tools return); ``policy``: the policy's calls (a gold value the policy itself gave for the
+    same tool argument was derivable)."""
+    from treadle.weft.evolve import derivable
+
     nums = _numbers(request)
     seen = [s for h in history for s in _scalars(h)]
-    out = []
+    world = world if world is not None else derivable.World()
+    produced = derivable.produced(policy)
+    out = derivable.Derivation()
     for i, c in enumerate(gold):
         defaults = _defaults(tools.get(c.name) or {})
         props = (((tools.get(c.name) or {}).get("input_schema") or {}).get("properties") or {})
         for arg, value in c.arguments.items():
             if arg in defaults and defaults[arg] == value:
                 continue
-            if (props.get(arg) or {}).get("maxLength", 0) >= 100:  # a free-text field (a reason, a note)
+            prop = props.get(arg) or {}
+            if prop.get("maxLength", 0) >= 100:  # a free-text field (a reason, a note)
                 continue
             items = value if isinstance(value, list) else [value]
+            if isinstance(value, list) and derivable.whole_collection(request, arg, value, prop, world):
+                continue  # "all doors": every documented door, every key of the state's door mapping
             for item in items:
                 parts = item.items() if isinstance(item, dict) else [(arg, item)]
                 for k, v in parts:
-                    if not _given(v, k, request, nums, seen):
-                        out.append(f"{c.name}.{arg}{'[].' + k if k != arg else ''}={v!r}")
+                    if _given(v, k, request, nums, seen) or (c.name, k, derivable.hashable(v)) in produced \
+                            or derivable.documented_source(v, prop if k == arg else {}, seen):
+                        continue
+                    verdict = derivable.judge(v, k, request, prop if k == arg else {}, world, nums,
+                                              tools.get(c.name) or {})
+                    if verdict != "given":
+                        getattr(out, verdict).append(f"{c.name}.{arg}{'[].' + k if k != arg else ''}={v!r}")
         if i < len(results):
             seen += _scalars(results[i])
     return out
