@@ -109,8 +109,8 @@ def test_quick_runs_default_to_their_own_folder(tmp_path, cmd, default):
 
 
 @pytest.mark.parametrize("args,parts", [
-    (["train", "--jobs", "99999"], ("--jobs", "CPUs")),
-    (["train", "--jobs", "1", "--parallel", "ddp"], ("--jobs", "--parallel")),
+    (["train", "--jobs", "99999"], ("--jobs", "trl.GRPOTrainer")),
+    (["train", "--jobs", "1", "--parallel", "ddp"], ("--parallel", "trl.GRPOTrainer")),
     (["groups", "--quick", "--model", "m"], ("--quick", "--model")),
     (["sample", "--role", "judge"], ("--role", "--policy llm")),
     (["sample", "--user-role", "judge"], ("--user-role", "simuser-llm")),

@@ -77,10 +77,10 @@ def test_train_refuses_a_folder_that_is_not_a_run_folder(tmp_path, monkeypatch):
     assert not (tmp_path / "cache").exists() and sorted(p.name for p in out.iterdir()) == ["summary.json"]
 
 
-def test_train_refuses_overwrite_with_resume(tmp_path, monkeypatch):
+def test_train_refuses_the_removed_resume_flag(tmp_path, monkeypatch):
     monkeypatch.setenv("TREADLE_CACHE", str(tmp_path / "cache"))
     r = runner.invoke(app, ["train", "--out", str(tmp_path / "out"), "--overwrite", "--resume"])
-    assert r.exit_code == 2 and "--overwrite and --resume" in r.output
+    assert r.exit_code == 2 and "--resume" in r.output and "resumes by itself" in r.output
     assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
 
 

@@ -196,8 +196,8 @@ def train_cmd(
     --grouping both compares atomic-turn and trajectory groups."""
     if engine not in (None, "trl"):
         raise usage_error(f"--engine {engine}: {_LOOP_GONE}; drop --engine")
-    for flag, given in (("--parallel", parallel), ("--jobs", jobs), ("--resume", resume)):
-        if given:
+    for flag, given in (("--parallel", parallel is not None), ("--jobs", jobs is not None), ("--resume", resume)):
+        if given:  # any use, --jobs 0 included
             raise usage_error(f"{flag}: {_LOOP_GONE}; drop {flag} (a run folder resumes by itself)")
     if grouping not in ("atomic", "trajectory", "both"):
         raise usage_error(f"--grouping must be atomic, trajectory or both, got {grouping!r}")
