@@ -6,7 +6,9 @@ target=GPUTarget("cuda", 90, 32))``: no GPU and no driver are needed, the ptxas 
 does the final step. From the ptxas log (``TRITON_DUMP_PTXAS_LOG=1``), the PTX and the TTGIR it
 reads registers, spill bytes, shared memory, ptxas warning codes, and whether the kernel uses wgmma
 (``wgmma.mma_async``), TMA (``cp.async.bulk.tensor``) and warp specialisation
-(``ttg.warp_specialize``). A config fails on any spill, a C7511/C7515 warning (wgmma serialised),
+(``ttg.warp_specialize``), and from the wheel's ``nvdisasm`` the static SASS instruction count and how
+many of those are float64 (``D*`` opcodes and 64-bit ``MUFU``): the instruction budget of a memory-bound
+kernel, where float64 division and square root are long software sequences. A config fails on any spill, a C7511/C7515 warning (wgmma serialised),
 shared memory over the sm_90 limit (232,448 B) or an ``expect_*`` of its spec that is not met.
 
 Each kernel module compiles in its own subprocesses (a crash in the compiler is that module's
@@ -83,6 +85,30 @@ def parse_ptxas(log: str) -> dict:
             "wgmma_serialized": serial}
 
 
+_SASS_OP = re.compile(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)")
+_F64_OPS = ("DADD", "DMUL", "DFMA", "DSETP", "DMNMX", "MUFU.RCP64H", "MUFU.RSQ64H")
+
+
+def sass_counts(sass: str) -> dict:
+    """Static instruction count of a kernel's SASS (``nvdisasm`` text) and how many are float64."""
+    ops = [m.group(1) for m in map(_SASS_OP.match, sass.splitlines()) if m]
+    return {"sass_instructions": len(ops), "sass_f64": sum(o.startswith(_F64_OPS) for o in ops)}
+
+
+def _disassemble(cubin: bytes) -> dict:
+    """:func:`sass_counts` of a cubin, through the Triton wheel's ``nvdisasm`` (empty if it has none)."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    if not tool.exists() or not cubin:
+        return {}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        proc = subprocess.run([str(tool), "-hex", f.name], capture_output=True, text=True, timeout=120)
+    return sass_counts(proc.stdout) if proc.returncode == 0 else {}
+
+
 def structure(ptx: str, ttgir: str) -> dict:
     """What the PTX and TTGIR show about the kernel's use of Hopper features."""
     return {"wgmma": "wgmma.mma_async" in ptx, "tma": "cp.async.bulk.tensor" in ptx,
@@ -139,6 +165,7 @@ def compile_spec(spec) -> dict:
     row["shared_bytes"] = int(k.metadata.shared)
     row["global_scratch_bytes"] = int(getattr(k.metadata, "global_scratch_size", 0) or 0)
     row.update(structure(k.asm.get("ptx", ""), k.asm.get("ttgir", "")))
+    row.update(_disassemble(k.asm.get("cubin", b"")))
     row["compile_s"] = round(time.perf_counter() - t0, 2)
     row["fail"] = failures(row, expect)
     return row
@@ -218,13 +245,13 @@ def check(modules: list[str] | None = None, jobs: int = 2, timeout: float = 600,
 
 
 def table(rows: list[dict]) -> str:
-    head = "| kernel | config | regs | spills B | smem B | wgmma | tma | ws | warnings | result |"
-    lines = [head, "|" + "---|" * 10]
+    head = "| kernel | config | regs | spills B | smem B | SASS (f64) | wgmma | tma | ws | warnings | result |"
+    lines = [head, "|" + "---|" * 11]
     yn = {True: "yes", False: "-", None: "?"}
     for r in rows:
         res = "ok" if not r["fail"] else "FAIL: " + "; ".join(r["fail"])
         lines.append(f"| {r['kernel']} | {r['config']} | {r['registers']} | {r['spill_bytes']} | {r['shared_bytes']} | "
-                     f"{yn[r['wgmma']]} | {yn[r['tma']]} | {yn[r['warp_specialized']]} | "
+                     f"{r.get('sass_instructions', '?')} ({r.get('sass_f64', '?')}) | {yn[r['wgmma']]} | {yn[r['tma']]} | {yn[r['warp_specialized']]} | "
                      f"{','.join(r['warnings'] or []) or '-'} | {res[:300]} |")
     return "\n".join(lines)
 

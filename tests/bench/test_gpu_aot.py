@@ -39,6 +39,18 @@ def test_structure_markers():
     assert not any(aot.structure("ld.global.v4.f32", "tt.load")[k] for k in ("wgmma", "tma", "warp_specialized"))
 
 
+def test_sass_counts_instructions_and_float64():
+    sass = """
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                   /* 0x00000a00ff017b82 */
+        /*0010*/              @!P0 DFMA R2, R4, R6, R2 ;                    /* 0x000000060402722b */
+        /*0020*/                   MUFU.RCP64H R9, R5 ;                     /* 0x0000000500097308 */
+        /*0030*/                   FADD R3, R3, R4 ;                        /* 0x0000000403037221 */
+                                                                             /* 0x000fe20000000000 */
+        .L_x_1:
+"""
+    assert aot.sass_counts(sass) == {"sass_instructions": 4, "sass_f64": 2}
+
+
 def _row(**kw):
     row = dict(registers=128, spill_bytes=0, spill_store_bytes=0, spill_load_bytes=0, shared_bytes=1024,
                wgmma=False, tma=False, warp_specialized=False, warnings=[])

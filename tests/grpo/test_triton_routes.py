@@ -138,3 +138,54 @@ def test_no_zero_filled_buffer_of_the_batch_size(small_chunks, monkeypatch):
     grpo_advantages(torch.rand(n, dtype=torch.float64), torch.randperm(n) // 16, backend="triton",
                     estimator="reinforce_baseline")
     assert sizes and max(sizes) <= 8, sizes
+
+
+@pytest.mark.parametrize("layout, opts", [("shuffled", {}), ("sparse", dict(estimator="rloo")),
+                                          ("sorted", dict(estimator="reinforce_baseline")),
+                                          ("extremes", dict(scale_rewards="batch"))])
+def test_general_route_grid_stride(small_chunks, monkeypatch, layout, opts):
+    """Two programs loop over every block of the general route's passes (the capped grid of a large batch)."""
+    monkeypatch.setattr(tk, "MAX_PROGRAMS", 2)
+    gen = torch.Generator().manual_seed(3)
+    n = 157
+    ids = _ids(layout, n, gen)
+    r = torch.rand(n, generator=gen, dtype=torch.float64)
+    valid = torch.rand(n, generator=gen) > 0.2
+    out = grpo_advantages(r, ids, valid=valid, backend="triton", **opts)
+    assert_close_verbose(out, _reference(r, ids, valid, None, opts), atol=1e-12, rtol=1e-12, name=layout)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_sorted_route_narrow_dtypes_equal_runs_and_offset(small_chunks, dtype):
+    """Narrow rewards: equal runs (inside a chunk and across chunk edges) give exactly 0; a large
+    reward offset keeps the digits of ``r - mean`` (float64 sums and mean)."""
+    gen = torch.Generator().manual_seed(4)
+    n = 203
+    ids = torch.arange(n) // 11  # runs of 11 cross the 16-row chunks
+    base = torch.randint(0, 3, (n,), generator=gen).to(torch.float64)
+    base[:33] = 2.0  # three equal runs, two of them cut by a chunk edge
+    off = 1024.0 if dtype != torch.float32 else 2.0 ** 20
+    r = (base + off).to(dtype)
+    out = grpo_advantages(r, ids, backend="triton")
+    ref = _reference(r.double(), ids, None, None, {})
+    assert out.dtype == torch.float32
+    assert torch.equal(out[:33], torch.zeros(33))
+    assert_close_verbose(out.double(), ref, atol=4e-6, rtol=4e-6)
+
+
+def test_sorted_route_nan_makes_the_run_differ(small_chunks):
+    """A NaN reward that reaches the kernel (``check_finite=False``, as on CUDA) makes its run's max
+    and min NaN, so the run is not "all equal": its rows are NaN as in the reference, other runs are
+    untouched, also when the run crosses a chunk edge."""
+    n = 77
+    ids = torch.arange(n) // 6
+    r = torch.rand(n, dtype=torch.float64)
+    r[15] = float("nan")  # run 2 (rows 12..17) crosses the first chunk edge
+    r[38] = float("nan")  # run 6 (rows 36..41) inside the third chunk
+    r[48:54] = 2.0  # an equal run crossing an edge
+    out = grpo_advantages(r, ids, backend="triton", check_finite=False)
+    ref = _reference(r, ids, None, None, {})
+    assert torch.isnan(out[12:18]).all() and torch.isnan(out[36:42]).all() and torch.equal(out[48:54], torch.zeros(6))
+    assert torch.equal(torch.isnan(out), torch.isnan(ref))
+    keep = ~torch.isnan(ref)
+    assert_close_verbose(out[keep], ref[keep], atol=1e-12, rtol=1e-12)

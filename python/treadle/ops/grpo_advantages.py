@@ -165,8 +165,12 @@ def grpo_advantages(
 
     Contract (every backend; tests/contracts):
         dtypes: rewards of any float dtype and group ids of any integer dtype are read as given;
-            every statistic is two-pass in float64 (mean, then squared deviations from it: no
-            ``E[x^2] - E[x]^2`` cancellation), one cast to the output dtype at the end.
+            sums, means and deviations are two-pass in float64 (mean, then squared deviations from
+            it: no ``E[x^2] - E[x]^2`` cancellation). The last step (variance, square root,
+            division) runs in float64 for a float64 output; for a float32 output the Triton backend
+            runs it in float32 (float64 division and square root are software sequences on the GPU),
+            the other backends in float64 with one cast at the end. Either way the result is within
+            a few float32 ulps of the float64 reference.
         autocast: no effect: the inputs are used as given and the op runs with autocast off.
         masking: rows with ``valid=False`` (and, with ``nonfinite="skip"``, non-finite rewards)
             never reach any statistic or other row's result, whatever they hold; they get 0.
