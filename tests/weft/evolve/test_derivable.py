@@ -129,3 +129,71 @@ def test_hostile_sizes_stay_bounded():
     assert months == {10} and dates == set()
     # only the first 4,000 characters of a description are read: at most ~1,300 options of "a, "
     assert 0 < len(derivable.documented({"description": "Options are: " + "a, " * 500_000})) <= 4000 // 3
+
+
+def test_a_held_identifier_abbreviating_any_request_word_is_given():
+    tools = {"cd": _tool({"folder": {"type": "string"}}), "quote": _tool({"symbol": {"type": "string"}})}
+    # lower case, from an uncapitalised word; the state holds the folder
+    assert _verdict("go to the temporary directory", "cd", {"folder": "tmp"}, tools,
+                    world=derivable.World(values={"tmp"})) == ([], [])
+    assert _verdict("go to the temporary directory", "cd", {"folder": "tmp"}, tools)[0] == ["cd.folder='tmp'"]
+    # a doubled letter of a ticker read once: AAPL <- Apple
+    assert _verdict("buy 100 Apple shares", "quote", {"symbol": "AAPL"}, tools,
+                    world=derivable.World(values={"AAPL"})) == ([], [])
+    assert _verdict("buy 100 Apple shares", "quote", {"symbol": "AAPL"}, tools) == ([], ["quote.symbol='AAPL'"])
+    # a held value no request word abbreviates stays the task's
+    assert _verdict("go to the documents", "cd", {"folder": "tmp"}, tools,
+                    world=derivable.World(values={"tmp"}))[0] == ["cd.folder='tmp'"]
+
+
+def test_a_member_of_a_collection_the_request_quantifies_over_is_given():
+    tools = {"wc": _tool({"file_name": {"type": "string"}})}
+    world = derivable.World(values={"temp", "dev_summary.txt"},
+                            collections=[("state.root.contents.temp.contents", ["dev_summary.txt"])])
+    assert _verdict("go to temp, and for each file in there, count the lines", "wc",
+                    {"file_name": "dev_summary.txt"}, tools, world=world) == ([], [])
+    # without the quantifier the request names no file: the task's
+    assert _verdict("go to temp and count the lines", "wc", {"file_name": "dev_summary.txt"}, tools,
+                    world=world)[0] == ["wc.file_name='dev_summary.txt'"]
+
+
+def test_a_symbol_of_the_tools_domain_is_undecided():
+    tools = {"cd": _tool({"folder": {"type": "string"}})}
+    assert _verdict("remove the file and then the directory", "cd", {"folder": ".."}, tools) == \
+        ([], ["cd.folder='..'"])
+
+
+def test_an_earlier_result_rounded_to_the_values_decimals_is_given():
+    tools = {"conv": _tool({"liter": {"type": "number"}}),
+             "fill": _tool({"fuelAmount": {"type": "number", "description": "Fuel to add, in gallons."}})}
+    gold = [ToolCall(name="conv", arguments={"liter": 30}), ToolCall(name="fill", arguments={"fuelAmount": 7.93})]
+    request = "fill 30 liters, use 2 decimal digits of the gallon amount"
+    assert derive_values(request, gold, [{"gallon": 7.92516}, {}], tools).missing == []
+    # a number the result does not round to stays the task's
+    gold[1] = ToolCall(name="fill", arguments={"fuelAmount": 7.8})
+    assert derive_values(request, gold, [{"gallon": 7.92516}, {}], tools).missing == ["fill.fuelAmount=7.8"]
+
+
+def test_documented_options_of_the_tools_name_and_of_required_arguments():
+    start = _tool({"ignitionMode": {"type": "string", "description": 'The ignition mode. [Enum]: ["START", "STOP"]'}},
+                  required=("ignitionMode",))
+    order = {"order_type": {"type": "string", "description": "Type of the order (Buy/Sell)."}}
+    # the tool's name names the option: startEngine(ignitionMode="START")
+    assert _verdict("bring the engine to life", "startEngine", {"ignitionMode": "START"},
+                    {"startEngine": start}) == ([], [])
+    # a required argument's option the request names only by its meaning ("purchase": Buy): an LLM decides
+    assert derivable.documented(order["order_type"]) == ["Buy", "Sell"]
+    assert _verdict("purchase 100 shares", "place_order", {"order_type": "Buy"},
+                    {"place_order": _tool(order, required=("order_type",))}) == ([], ["place_order.order_type='Buy'"])
+    # an optional one the request does not ask for is the task's (its default applies otherwise)
+    assert _verdict("purchase 100 shares", "place_order", {"order_type": "Buy"},
+                    {"place_order": _tool(order)}) == (["place_order.order_type='Buy'"], [])
+
+
+def test_the_first_or_last_day_of_a_month_and_year_is_given():
+    tools = {"book": _tool({"date": {"type": "string"}})}
+    assert _verdict("on the last day of October 2026", "book", {"date": "2026-10-31"}, tools) == ([], [])
+    assert _verdict("the first day of February in 2027", "book", {"date": "2027-02-01"}, tools) == ([], [])
+    assert _verdict("on the last day of February 2028", "book", {"date": "2028-02-29"}, tools) == ([], [])
+    assert _verdict("on the last day of October 2026", "book", {"date": "2026-10-30"}, tools)[1] == \
+        ["book.date='2026-10-30'"]

@@ -16,7 +16,9 @@ leaves :attr:`Blame.undecided`):
    other than the certified one, "differs" compares the change the reference makes (start -> final)
    with the certified change, not the final states;
 3. **evaluator**: the reference plan executes as certified but the verifier fails it (the check was
-   not tested on the reference evidence);
+   not tested on the reference evidence) -- unless the start state is not the certified one and the verifier
+   passes the reference played from the certified start: a check of the final state then fails only because the
+   start lost something (an entity the reference names but does not need to act), **task** (``precondition_state``);
 4. the checks off the reference's path, when the caller gives the task's request, the harness or the
    forbidden tools (the evolution loop always does; :mod:`~treadle.weft.evolve.attribute_more`): a
    forbidden tool called (**policy**), a harness that cannot carry the reference calls (**harness**), a
@@ -318,6 +320,16 @@ async def _start_state_at_fault(rt: Any, server_hash: str, start: Snapshot, spec
                               "-> this start)", **base)
 
 
+async def _passes_certified(rt: Any, spec: CheckpointSpec, evidence: ReferenceEvidence) -> bool:
+    """The verifier passes the reference played from the certified start on the certified server."""
+    sid = await rt.create_session(evidence.server_hash, evidence.start)
+    try:
+        ref, fails = await _replay_reference(rt, sid, evidence.calls)
+        return fails is None and (await rt.verify_turn(sid, evidence.start, spec, ref)).r == 1
+    finally:
+        await rt.close(sid)
+
+
 async def attribute(rt: Any, server_hash: str, start: Snapshot, spec: CheckpointSpec, evidence: ReferenceEvidence,
                     outcomes: Sequence[ToolOutcome], verdict: CheckpointResult, *, turn: int = 0,
                     rubric_pass: bool | None = None, harness_verdicts: dict[str, int] | None = None,
@@ -382,6 +394,11 @@ async def attribute(rt: Any, server_hash: str, start: Snapshot, spec: Checkpoint
     finally:
         await rt.close(sid)
     if ref_verdict.r == 0:
+        if change is not None and await _passes_certified(rt, spec, evidence):
+            return Attribution(blame=Blame.task, rule="precondition_state", detail=(
+                "the reference makes the certified change from this start state and the verifier passes it from the "
+                "certified start, not from this one: the start state is not the one the task was certified from"),
+                **base)
         return Attribution(blame=Blame.evaluator, rule="reference_rejected",
                            detail="the verifier fails the reference plan: " + "; ".join(ref_verdict.details)[:300],
                            **base)

@@ -4,20 +4,23 @@
 A gold value the request does not spell out is still derivable when it is:
 
 - **documented**: one of the argument's documented options (a JSON-schema ``enum``, ``items.enum``, an
-  ``[Enum]: [...]`` list or ``Options are: a, b, c`` in its description) that a request word names
-  (``rear left`` for ``rear_left``, ``unlock`` for ``unlocked``);
+  ``[Enum]: [...]`` list, ``Options are: a, b, c`` or ``(Buy/Sell)`` in its description) that a request word names
+  (``rear left`` for ``rear_left``, ``unlock`` for ``unlocked``) or the tool's own name names
+  (``startEngine(ignitionMode="START")``);
 - **a whole collection**: a list argument equal to a documented option list, to a list-valued part of the start
   state or to the keys of one of its mappings, where the request quantifies over it (``all of my car doors`` ->
-  the four door names);
+  the four door names), and any one member of such a collection of the start state (``for each file in there``
+  -> a key of the folder's contents, for the argument ``file_name``);
 - **a canonical form** of the request's words: a date the request states in words (``the 6th day of October in
-  2026`` -> ``2026-10-06``), a number written as a string, an identifier with ``_`` or ``-`` for a space, request
-  tokens joined (``P followed by 12345678`` -> ``P12345678``);
+  2026`` -> ``2026-10-06``, ``the last day of October 2026`` -> ``2026-10-31``), a number written as a string, an
+  identifier with ``_`` or ``-`` for a space, request tokens joined (``P followed by 12345678`` -> ``P12345678``);
 - **an earlier result's field the documentation names**: the argument's description names the field that gives it
-  (``cityA``: "The zipcode of the first city." <- ``{"zipcode": "94016"}``), an integer rounded from it
-  (``fuelAmount``: "... in gallons" <- ``{"gallon": 10.04}``);
-- **known to the environment and abbreviated by a request word**: an identifier-like code (``NVDA``, ``RMS``)
-  whose letters are a request word's (``Nvidia``, ``Rivermist``) and that the start state or an argument-free tool
-  (``list_all_airports``) holds (:class:`World`);
+  (``cityA``: "The zipcode of the first city." <- ``{"zipcode": "94016"}``), or it rounded to the decimals the value
+  has (``fuelAmount``: "... in gallons" <- ``{"gallon": 10.04}``: ``10``; <- ``{"gallon": 7.925}``: ``7.93``);
+- **known to the environment and abbreviated by a request word**: an identifier-like code (``NVDA``, ``RMS``,
+  ``AAPL``) whose letters are a capitalised request word's, in order, a doubled letter read once (``Nvidia``,
+  ``Rivermist``, ``Apple``), or a short identifier of any case abbreviating any request word (``tmp`` <-
+  ``temporary``), that the start state or an argument-free tool (``list_all_airports``) holds (:class:`World`);
 - **looked up**: a lookup tool (one required argument with documented options) returns it for an option the request
   names (``get_nearest_airport_by_city("Los Angeles")`` -> ``LAX``);
 - **a documented limit's complement**: it brings a state quantity of the argument's kind to a number the tool's
@@ -28,12 +31,15 @@ A gold value the request does not spell out is still derivable when it is:
 What only world knowledge could give is **undecided** (an LLM decides it where one is configured): such a code
 that nothing the environment holds confirms, a date of a month the request names (or of ``tomorrow``) whose day
 or year the request leaves out, a documented option the request names only by its meaning (its argument named,
-the option not). Everything else is **missing**: the task's.
+or required by the tool, the option not: ``purchase`` for ``order_type="Buy"``), a value of no letter or digit (a
+convention of the tool's domain: ``cd("..")``). Everything else is **missing**: the task's (an optional argument's
+option the request does not name among them: without it the tool's default applies).
 """
 from __future__ import annotations
 
 import json
 import re
+from calendar import monthrange
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +56,7 @@ QUANTIFIERS = {"all", "every", "each", "both", "entire", "whole"}
 MAX_NODES = 20000
 """Nodes of the start state and argument-free results :func:`walk` visits (bounded time on any state)."""
 _CODE = re.compile(r"[A-Z][A-Z0-9]{1,5}")
+_HELD_CODE = re.compile(r"[A-Za-z][A-Za-z0-9]{1,5}")
 _ISO = re.compile(r"(\d{4})-(\d{2})-(\d{2})")
 
 
@@ -138,6 +145,9 @@ def documented(prop: dict) -> list[str]:
                   re.I)
     if m:
         out += [w.strip(" '\"`") for w in re.split(r",|\bor\b|\band\b", m.group(1)) if w.strip(" '\"`")]
+    m = re.search(r"\(\s*(\w+(?:\s*/\s*\w+){1,7})\s*\)", desc)  # "Type of the order (Buy/Sell)."
+    if m:
+        out += [w.strip() for w in m.group(1).split("/")]
     return [str(o) for o in out]
 
 
@@ -168,25 +178,27 @@ def _concept_named(arg: str, request: str) -> bool:
     return any(p in stems for p in parts)
 
 
-def _abbreviates(code: str, request: str) -> bool:
-    """``code`` abbreviates a capitalised request word (its first letter, the rest in order: ``NVDA`` <- ``Nvidia``)
-    or is the initials of two or three consecutive capitalised words (``NY`` <- ``New York``)."""
-    words = re.findall(r"[A-Z][a-zA-Z]+", request)
-    c = code.lower()
+def _abbreviates(code: str, request: str, every_word: bool = False) -> bool:
+    """``code`` abbreviates a capitalised request word (its first letter, the rest in order, a doubled letter read
+    once: ``NVDA`` <- ``Nvidia``, ``AAPL`` <- ``Apple``) or is the initials of two or three consecutive capitalised
+    words (``NY`` <- ``New York``); ``every_word``: any request word, capitalised or not (``tmp`` <- ``temporary``)."""
+    words = re.findall(r"[A-Za-z]+" if every_word else r"[A-Z][a-zA-Z]+", request[:20000])
+    c = re.sub(r"(.)\1+", r"\1", code.lower())
     for w in words:
         lw = w.lower()
         if len(lw) > len(c) and lw[0] == c[0]:
             it = iter(lw)
             if all(ch in it for ch in c):
                 return True
-    initials = [w[0].lower() for w in words]
-    return any("".join(initials[i:i + n]) == c for n in (2, 3) for i in range(len(initials)))
+    caps = re.findall(r"[A-Z][a-zA-Z]+", request[:20000])
+    initials = [w[0].lower() for w in caps]
+    return any("".join(initials[i:i + n]) == code.lower() for n in (2, 3) for i in range(len(initials)))
 
 
 def request_dates(request: str) -> tuple[set[str], set[int], bool]:
     """``(ISO dates the request states, months it names, whether it names a relative day)``: a month name with a
-    day and a year near it (``the 6th day of October in 2026``, ``Oct 6, 2026``), or a numeric date (``2026-10-06``,
-    ``10/06/2026`` read both ways)."""
+    day and a year near it (``the 6th day of October in 2026``, ``Oct 6, 2026``) or its first or last day with a year
+    (``the last day of October 2026``), or a numeric date (``2026-10-06``, ``10/06/2026`` read both ways)."""
     text = request.lower()[:20000]
     dates: set[str] = set()
     months: set[int] = set()
@@ -200,6 +212,11 @@ def request_dates(request: str) -> tuple[set[str], set[int], bool]:
         years = {int(y) for y in re.findall(r"(?<!\d)((?:19|20|21)\d\d)(?!\d)", text[max(0, m.start() - 40):
                                                                                       m.end() + 40])}
         dates |= {f"{y:04d}-{month:02d}-{d:02d}" for y in years for d in days}
+        edge = re.search(r"\b(first|last|final)\s+day\s+(?:of|in)\s+(?:the\s+month\s+of\s+)?$",
+                         text[max(0, m.start() - 40):m.start()])
+        if edge:  # "the last day of October 2026"
+            dates |= {f"{y:04d}-{month:02d}-{1 if edge.group(1) == 'first' else monthrange(y, month)[1]:02d}"
+                      for y in years}
     for y, a, b in re.findall(r"(?<!\d)(\d{4})[-/.](\d{1,2})[-/.](\d{1,2})(?!\d)", text):
         dates.add(f"{int(y):04d}-{int(a):02d}-{int(b):02d}")
     for a, b, y in re.findall(r"(?<!\d)(\d{1,2})[-/.](\d{1,2})[-/.](\d{4})(?!\d)", text):
@@ -211,17 +228,30 @@ def whole_collection(request: str, arg: str, value: list[Any], prop: dict, world
     """``value`` (a list argument) is a whole collection the request quantifies over (see the module docstring)."""
     if len(value) < 2 or not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value):
         return False
-    words = _words(request)
-    nouns = {_stem(w) for i, w in enumerate(words)
-             if QUANTIFIERS & set(words[max(0, i - 5):i]) or QUANTIFIERS & set(words[i + 1:i + 9])}
-    nouns -= QUANTIFIERS
-    nouns = {n for n in nouns if len(n) >= 3}
+    nouns = _quantified(request)
     if not nouns:
         return False
     want = {str(v) for v in value}
     pools = [(arg, documented(prop)), *world.collections]
     return any(want == {str(e) for e in elems} and any(n in f"{arg} {path}".lower() for n in nouns)
                for path, elems in pools)
+
+
+def _quantified(request: str) -> set[str]:
+    """Stems of the request words a quantifier stands near (``all of my car doors``, ``for each file``)."""
+    words = _words(request[:20000])
+    nouns = {_stem(w) for i, w in enumerate(words)
+             if QUANTIFIERS & set(words[max(0, i - 5):i]) or QUANTIFIERS & set(words[i + 1:i + 9])}
+    return {n for n in nouns - QUANTIFIERS if len(n) >= 3}
+
+
+def quantified_member(v: Any, arg: str, request: str, world: World) -> bool:
+    """``v`` is an element of a collection the start state holds (a list, a mapping's keys) that the request
+    quantifies over (``for each file in there`` -> ``dev_summary.txt``, a key of the folder's contents, where the
+    argument is ``file_name``): the gold acts on each member, and the state lists them."""
+    nouns = _quantified(request)
+    return bool(nouns) and any(
+        v in elems and any(n in f"{arg} {path}".lower() for n in nouns) for path, elems in world.collections)
 
 
 def documented_source(v: Any, prop: dict, seen: Sequence[tuple[str, Any]]) -> bool:
@@ -233,10 +263,23 @@ def documented_source(v: Any, prop: dict, seen: Sequence[tuple[str, Any]]) -> bo
 
 
 def _same_number(s: Any, v: Any) -> bool:
-    """``v`` is the number ``s``, or ``s`` rounded to an integer (``10`` <- ``10.0385`` gallons)."""
+    """``v`` is the number ``s``, or ``s`` rounded to the decimals ``v`` has (``10`` <- ``10.0385`` gallons, ``7.93``
+    <- ``7.9252`` where the request asks for two decimals), either way of rounding a half."""
     if isinstance(s, bool) or isinstance(v, bool) or not isinstance(s, (int, float)):
         return False
-    return s == v or (float(v).is_integer() and round(s) == v)
+    if s == v:
+        return True
+    digits = _decimals(v)
+    return digits < _decimals(s) and abs(s - v) <= 0.5 * 10.0 ** -digits + 1e-9
+
+
+def _decimals(x: float) -> int:
+    """Decimals of ``x`` as written (``7.93``: 2, ``10.0``: 0); 16 past what a float spells."""
+    text = repr(float(x))
+    if "e" in text or "n" in text:
+        return 16
+    frac = text.split(".")[1].rstrip("0")
+    return len(frac)
 
 
 def _complement(v: float, arg: str, tool: dict, world: World) -> bool:
@@ -261,10 +304,10 @@ def _assembled(s: str, request: str) -> bool:
     return all(r.lower() in it for r in runs)
 
 
-def judge(v: Any, arg: str, request: str, prop: dict, world: World, nums: set[float], tool: dict | None = None
-          ) -> str:
+def judge(v: Any, arg: str, request: str, prop: dict, world: World, nums: set[float], tool: dict | None = None,
+          name: str = "") -> str:
     """``"given"``, ``"undecided"`` or ``"missing"`` for a gold value the request, history and earlier results do
-    not give literally (see the module docstring)."""
+    not give literally (see the module docstring); ``tool``: the tool's documentation, ``name``: its name."""
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         if _complement(float(v), arg, tool or {}, world):  # to the documented limit: given where the request asks
             return "given" if {"full", "fill", "max", "maximum", "capacity", "top"} & set(_words(request)) \
@@ -293,14 +336,26 @@ def judge(v: Any, arg: str, request: str, prop: dict, world: World, nums: set[fl
         if int(iso.group(2)) in months or relative:
             return "undecided"
         return "missing"
+    if s and not re.search(r"[^\W_]", s):  # "..", "/", "*": a convention of the tool's domain
+        return "undecided"
+    if quantified_member(s, arg, request, world):
+        return "given"
     options = documented(prop)
     if s.lower() in {o.lower() for o in options}:
-        if _named(s, request):
+        if _named(s, request) or _named(s, _split_name(name)):  # startEngine(ignitionMode="START")
             return "given"
-        return "undecided" if _concept_named(arg, request) else "missing"
+        required = ((tool or {}).get("input_schema") or {}).get("required") or ()
+        return "undecided" if _concept_named(arg, request) or arg in required else "missing"
     if _CODE.fullmatch(s) and _abbreviates(s, request):
         return "given" if s in world.values else "undecided"
+    if s in world.values and _HELD_CODE.fullmatch(s) and _abbreviates(s, request, every_word=True):
+        return "given"  # cd(folder="tmp") for "the temporary directory", where the state holds "tmp"
     return "missing"
+
+
+def _split_name(name: str) -> str:
+    """A tool name as words (``startEngine`` -> ``start Engine``, ``place_order`` -> ``place order``)."""
+    return " ".join(p for p in re.split(r"[_\-\s]+|(?<=[a-z])(?=[A-Z])", name) if p)
 
 
 async def known_world(rt: Any, server_hash: str, start: Any, tools: dict[str, dict], con: Any = None,

@@ -10,7 +10,8 @@ corrupt training, on two held-apart fault sets and on the fault catalogue, repor
 - **catalogue** (:func:`~treadle.weft.evolve.faults.native_suite` over the certified shop and CRM, attributed
   as the loop does, and :func:`~treadle.weft.evolve.faults_composed.composed_suite` over one composed task);
 - **bfcl** (:func:`~treadle.weft.evolve.faults_bfcl.bfcl_suite`: the first turn of one ``base`` entry per BFCL
-  class, :data:`BFCL_ENTRIES` in all, with the BFCL fault kinds, attributed as the loop does): its own table,
+  class, :data:`BFCL_ENTRIES` in all, or of every eligible entry with ``bfcl_all``, with the BFCL fault kinds,
+  attributed as the loop does): its own table,
   since BFCL object state has no entity map or contracts and its requests are BFCL's own; without
   ``bfcl-eval`` installed it is reported as skipped, with the reason.
 
@@ -31,22 +32,24 @@ BFCL_ENTRIES = 6
 """BFCL ``base`` entries the drill injects faults into (one per class): the run stays a few seconds."""
 
 
-async def bfcl_cases(rt: Any, limit: int = BFCL_ENTRIES) -> tuple[list[Any], str]:
-    """``(cases, "")`` of :func:`~treadle.weft.evolve.faults_bfcl.bfcl_suite` (one entry per class, attributed as the
-    loop does), or ``([], why)`` when BFCL is not installed here."""
+async def bfcl_cases(rt: Any, limit: int | None = BFCL_ENTRIES, per_class: int | None = 1) -> tuple[list[Any], str]:
+    """``(cases, "")`` of :func:`~treadle.weft.evolve.faults_bfcl.bfcl_suite` (one entry per class by default;
+    ``limit=None, per_class=None``: every eligible ``base`` entry; attributed as the loop does), or ``([], why)``
+    when BFCL is not installed here."""
     try:
         import bfcl_eval  # noqa: F401
     except ImportError as err:
         return [], f"bfcl-eval is not installed ({err}); pip install --no-deps bfcl-eval"
     from treadle.weft.evolve.faults_bfcl import bfcl_suite
 
-    return await bfcl_suite(rt, limit=limit, per_class=1, as_loop=True), ""
+    return await bfcl_suite(rt, limit=limit, per_class=per_class, as_loop=True), ""
 
 
-async def attribution_drill(rt: Any, *, bfcl: bool = True) -> dict[str, Any]:
+async def attribution_drill(rt: Any, *, bfcl: bool = True, bfcl_all: bool = False) -> dict[str, Any]:
     """``{"held_apart": summary, "fresh": summary, "catalogue": summary, "bfcl": summary}`` (see
     :func:`~treadle.weft.evolve.faults_heldout.summary`); ``bfcl`` is ``{"skipped": why}`` when BFCL is not
-    installed, and left out with ``bfcl=False``."""
+    installed, and left out with ``bfcl=False``; ``bfcl_all``: over every eligible BFCL ``base`` entry instead of
+    one per class (about a minute on two CPU cores; ``bench/bfcl_attribution_wide.py`` reports it)."""
     from treadle.weft.envs import crm, crm_tasks, shop, shop_atomic
     from treadle.weft.evolve.certify import certify_server
     from treadle.weft.evolve.compose import ServerBundle, certify_composed, compose, propose_groups
@@ -74,7 +77,7 @@ async def attribution_drill(rt: Any, *, bfcl: bool = True) -> dict[str, Any]:
     out = {"held_apart": summary(held), "fresh": summary(fresh), "catalogue": summary(catalogue)}
     cases = {"held_apart": held, "fresh": fresh, "catalogue": catalogue}
     if bfcl:
-        found, why = await bfcl_cases(rt)
+        found, why = await (bfcl_cases(rt, None, None) if bfcl_all else bfcl_cases(rt))
         out["bfcl"] = summary(found) if not why else {"skipped": why}
         cases["bfcl"] = found
     for key, s in out.items():

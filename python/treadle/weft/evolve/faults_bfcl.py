@@ -134,13 +134,23 @@ def delete_referenced(rt: Any, server_hash: str, config: dict[str, Any], gold: S
         release_module(module)
 
 
-def bfcl_tasks(rt: Any, limit: int = 6, per_class: int = 2) -> list[tuple[str, dict[str, Any], AtomicTask]]:
+def bfcl_tasks(rt: Any, limit: int | None = 6, per_class: int | None = 2
+               ) -> list[tuple[str, dict[str, Any], AtomicTask]]:
     """``(class name, initial config, atomic task)`` for the first turn of single-class ``base`` entries, at most
-    ``per_class`` per class and ``limit`` in all (audited-bad entries skipped). Classes are registered in ``rt``
-    (their tools give positional arguments their names)."""
+    ``per_class`` per class and ``limit`` in all (None: no bound; both None: every eligible entry), audited-bad
+    entries skipped. Classes are registered in ``rt`` (their tools give positional arguments their names).
+
+    Raises:
+        ValueError: a bound below 1.
+    """
     from treadle.weft.envs import bfcl
 
+    for name, bound in (("limit", limit), ("per_class", per_class)):
+        if bound is not None and bound < 1:
+            raise ValueError(f"{name} must be >= 1 or None (no bound), got {bound}")
     entries, gold = bfcl.load_entries("base")
+    limit = limit if limit is not None else len(entries)
+    per_class = per_class if per_class is not None else len(entries)
     bad = bfcl.KNOWN_BAD_GOLD
     out: list[tuple[str, dict[str, Any], AtomicTask]] = []
     seen: dict[str, int] = {}
@@ -162,11 +172,12 @@ def bfcl_tasks(rt: Any, limit: int = 6, per_class: int = 2) -> list[tuple[str, d
     return out
 
 
-async def bfcl_suite(rt: Any, *, limit: int = 6, per_class: int = 2, seeds: tuple[int, ...] = (0,),
+async def bfcl_suite(rt: Any, *, limit: int | None = 6, per_class: int | None = 2, seeds: tuple[int, ...] = (0,),
                      as_loop: bool = False) -> list[CaseResult]:
-    """Environment, task, evaluator and policy faults over :func:`bfcl_tasks` (a task whose reference does not execute
-    on the healthy class is skipped: it would not be certified); ``as_loop``: attributed with the task's request and
-    harness, as the evolution loop does (:func:`~treadle.weft.evolve.faults.run_case`)."""
+    """Environment, task, evaluator and policy faults over :func:`bfcl_tasks` (``limit=None, per_class=None``: every
+    eligible entry; a task whose reference does not execute on the healthy class is skipped: it would not be
+    certified); ``as_loop``: attributed with the task's request and harness, as the evolution loop does
+    (:func:`~treadle.weft.evolve.faults.run_case`)."""
     from treadle.weft.envs import bfcl
 
     cases: list[CaseResult] = []

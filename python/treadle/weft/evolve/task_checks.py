@@ -104,9 +104,9 @@ def derive_values(request: str, gold: Sequence[ToolCall], results: Sequence[Any]
     """A :class:`~treadle.weft.evolve.derivable.Derivation` of ``gold``'s values: ``missing`` (nothing a policy
     could know gives them: the task's) and ``undecided`` (world knowledge may give them: an abbreviation of a
     request word, a date of a month the request names, a documented option the request names only by its
-    meaning). ``world``: a :class:`~treadle.weft.evolve.derivable.World` (the start state and what the
-    argument-free tools return); ``policy``: the policy's calls (a gold value the policy itself gave for the
-    same tool argument was derivable)."""
+    meaning, a symbol of the tool's domain such as ``..``). ``world``: a
+    :class:`~treadle.weft.evolve.derivable.World` (the start state and what the argument-free tools return);
+    ``policy``: the policy's calls (a gold value the policy itself gave for the same tool argument was derivable)."""
     from treadle.weft.evolve import derivable
 
     nums = _numbers(request)
@@ -133,7 +133,7 @@ def derive_values(request: str, gold: Sequence[ToolCall], results: Sequence[Any]
                             or derivable.documented_source(v, prop if k == arg else {}, seen):
                         continue
                     verdict = derivable.judge(v, k, request, prop if k == arg else {}, world, nums,
-                                              tools.get(c.name) or {})
+                                              tools.get(c.name) or {}, c.name)
                     if verdict != "given":
                         getattr(out, verdict).append(f"{c.name}.{arg}{'[].' + k if k != arg else ''}={v!r}")
         if i < len(results):
