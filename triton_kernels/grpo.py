@@ -27,7 +27,9 @@ graph can capture the op):
   ``_idrange_kernel`` reduces the chunks' id ranges, then a group table indexed by
   ``id - min(id)`` when the id range is smaller than the table, else an open-addressing hash table
   of the ids (linear probing with ``atomic_cas``); tables are ``torch.empty`` and the kernels zero
-  only the part they use (for dense ids: about the number of groups, which stays in L2). Then per
+  only the part they use (for dense ids: about the number of groups, which stays in L2). Indexed
+  directly, each pass computes a row's slot from its id (no slot pass: 16 bytes a row less);
+  hashed, ``_slot_kernel`` stores the probed slots. Then per
   group float64 count and sum, a representative reward ("all equal" test), the squared deviations
   from the group mean, and the per-row advantage; ``reinforce_baseline`` whitens over the batch in
   two more passes (two-pass statistics everywhere). Every general-route kernel returns at once when
@@ -374,39 +376,49 @@ def _table_init_kernel(state_ptr, cnt_ptr, sum_ptr, m2_ptr, diff_ptr, key_ptr, C
 
 @triton.jit
 def _slot_kernel(g_ptr, slot_ptr, key_ptr, state_ptr, n, CAP, BLOCK: tl.constexpr):
-    """Row -> table slot: ``id - min`` (direct) or the key's place in the hash table (the key
-    ``id - min = -1``, only possible for ids spanning all of int64, has the spare slot ``CAP``)."""
-    if tl.load(state_ptr + 0) != 0:
-        direct, hashed, size = _table_size(state_ptr, CAP)
+    """Row -> hash-table slot, the key's place in the table (the key ``id - min = -1``, only possible
+    for ids spanning all of int64, has the spare slot ``CAP``). Direct indexing needs no slot array:
+    the passes read ``id - min`` from the ids themselves (see :func:`_row_slot`)."""
+    direct, hashed, size = _table_size(state_ptr, CAP)
+    if (tl.load(state_ptr + 0) != 0) & hashed:
         for b in range(tl.program_id(0).to(tl.int64), tl.cdiv(n, BLOCK), tl.num_programs(0)):  # grid-stride
             offs = tl.arange(0, BLOCK).to(tl.int64) + b * BLOCK
             inb = offs < n
             key = tl.load(g_ptr + offs, mask=inb, other=0) - tl.load(state_ptr + 1)  # wraps like the span
-            if direct:
-                slot = key
-            else:
-                mask = (CAP - 1).to(tl.int64)
-                slot = (_hash(key) & mask.to(tl.uint64)).to(tl.int64)
-                pending = inb & (key != -1)
-                while tl.max(pending.to(tl.int32), axis=0) > 0:
-                    addr = tl.where(pending, slot, CAP + 1)  # settled lanes hit the unused spare slot
-                    old = tl.atomic_cas(key_ptr + addr, tl.full([BLOCK], -1, tl.int64), tl.where(pending, key, -2))
-                    found = pending & ((old == -1) | (old == key))
-                    slot = tl.where(pending & (found == 0), (slot + 1) & mask, slot)
-                    pending = pending & (found == 0)
-                slot = tl.where(key == -1, CAP, slot)
+            mask = (CAP - 1).to(tl.int64)
+            slot = (_hash(key) & mask.to(tl.uint64)).to(tl.int64)
+            pending = inb & (key != -1)
+            while tl.max(pending.to(tl.int32), axis=0) > 0:
+                addr = tl.where(pending, slot, CAP + 1)  # settled lanes hit the unused spare slot
+                old = tl.atomic_cas(key_ptr + addr, tl.full([BLOCK], -1, tl.int64), tl.where(pending, key, -2))
+                found = pending & ((old == -1) | (old == key))
+                slot = tl.where(pending & (found == 0), (slot + 1) & mask, slot)
+                pending = pending & (found == 0)
+            slot = tl.where(key == -1, CAP, slot)
             tl.store(slot_ptr + offs, slot, mask=inb)
 
 
 @triton.jit
-def _stats_kernel(r_ptr, s_ptr, ok_ptr, state_ptr, cnt_ptr, sum_ptr, rep_ptr, bsum_ptr, n,
+def _row_slot(g_ptr, s_ptr, state_ptr, offs, inb, CAP):
+    """The rows' table slots: ``id - min`` read from the ids when the table is indexed directly (no
+    slot array written or read), else the hash slots ``_slot_kernel`` stored."""
+    direct, hashed, size = _table_size(state_ptr, CAP)
+    if direct:
+        g = tl.load(g_ptr + offs, mask=inb, other=0) - tl.load(state_ptr + 1)
+    else:
+        g = tl.load(s_ptr + offs, mask=inb, other=0)
+    return g
+
+
+@triton.jit
+def _stats_kernel(r_ptr, g_ptr, s_ptr, ok_ptr, state_ptr, cnt_ptr, sum_ptr, rep_ptr, bsum_ptr, n, CAP,
                   HAS_OK: tl.constexpr, SKIP_NONFINITE: tl.constexpr, BLOCK: tl.constexpr):
     if tl.load(state_ptr + 0) != 0:
         for b in range(tl.program_id(0).to(tl.int64), tl.cdiv(n, BLOCK), tl.num_programs(0)):  # grid-stride
             offs = tl.arange(0, BLOCK).to(tl.int64) + b * BLOCK
             inb = offs < n
             ok, r = _load_rows(r_ptr, ok_ptr, offs, inb, HAS_OK, SKIP_NONFINITE)
-            g = tl.load(s_ptr + offs, mask=inb, other=0)
+            g = _row_slot(g_ptr, s_ptr, state_ptr, offs, inb, CAP)
             tl.atomic_add(cnt_ptr + g, tl.where(ok, 1.0, 0.0).to(tl.float64), mask=ok)
             tl.atomic_add(sum_ptr + g, r, mask=ok)
             tl.store(rep_ptr + g, r, mask=ok)  # any member will do: a benign race
@@ -415,16 +427,24 @@ def _stats_kernel(r_ptr, s_ptr, ok_ptr, state_ptr, cnt_ptr, sum_ptr, rep_ptr, bs
 
 
 @triton.jit
-def _dev_kernel(r_ptr, s_ptr, ok_ptr, state_ptr, cnt_ptr, sum_ptr, rep_ptr, m2_ptr, diff_ptr, bsum_ptr, n,
-                HAS_OK: tl.constexpr, SKIP_NONFINITE: tl.constexpr, BLOCK: tl.constexpr):
+def _row_group(r_ptr, g_ptr, s_ptr, ok_ptr, state_ptr, cnt_ptr, sum_ptr, offs, inb, CAP, HAS_OK: tl.constexpr,
+               SKIP_NONFINITE: tl.constexpr):
+    """A block of rows with their group's count and mean: (ok, reward, slot, count, mean)."""
+    ok, r = _load_rows(r_ptr, ok_ptr, offs, inb, HAS_OK, SKIP_NONFINITE)
+    g = _row_slot(g_ptr, s_ptr, state_ptr, offs, inb, CAP)
+    c = tl.load(cnt_ptr + g, mask=ok, other=1.0)
+    return ok, r, g, c, tl.load(sum_ptr + g, mask=ok, other=0.0) / c
+
+
+@triton.jit
+def _dev_kernel(r_ptr, g_ptr, s_ptr, ok_ptr, state_ptr, cnt_ptr, sum_ptr, rep_ptr, m2_ptr, diff_ptr, bsum_ptr, n,
+                CAP, HAS_OK: tl.constexpr, SKIP_NONFINITE: tl.constexpr, BLOCK: tl.constexpr):
     if tl.load(state_ptr + 0) != 0:
         for b in range(tl.program_id(0).to(tl.int64), tl.cdiv(n, BLOCK), tl.num_programs(0)):  # grid-stride
             offs = tl.arange(0, BLOCK).to(tl.int64) + b * BLOCK
             inb = offs < n
-            ok, r = _load_rows(r_ptr, ok_ptr, offs, inb, HAS_OK, SKIP_NONFINITE)
-            g = tl.load(s_ptr + offs, mask=inb, other=0)
-            c = tl.load(cnt_ptr + g, mask=ok, other=1.0)
-            mean = tl.load(sum_ptr + g, mask=ok, other=0.0) / c
+            ok, r, g, c, mean = _row_group(r_ptr, g_ptr, s_ptr, ok_ptr, state_ptr, cnt_ptr, sum_ptr, offs, inb, CAP,
+                                           HAS_OK, SKIP_NONFINITE)
             d = r - mean
             tl.atomic_add(m2_ptr + g, d * d, mask=ok)
             rep = tl.load(rep_ptr + g, mask=ok, other=0.0)
@@ -436,18 +456,16 @@ def _dev_kernel(r_ptr, s_ptr, ok_ptr, state_ptr, cnt_ptr, sum_ptr, rep_ptr, m2_p
 
 
 @triton.jit
-def _advantage_kernel(r_ptr, s_ptr, ok_ptr, flag_ptr, state_ptr, cnt_ptr, sum_ptr, m2_ptr, diff_ptr, bsum_ptr, out_ptr,
-                      a_ptr, n, eps, ESTIMATOR: tl.constexpr, UNBIASED: tl.constexpr, EPS_IN_SQRT: tl.constexpr,
-                      SINGLETON_RAW: tl.constexpr, SCALE: tl.constexpr, HAS_OK: tl.constexpr,
+def _advantage_kernel(r_ptr, g_ptr, s_ptr, ok_ptr, flag_ptr, state_ptr, cnt_ptr, sum_ptr, m2_ptr, diff_ptr, bsum_ptr,
+                      out_ptr, a_ptr, n, CAP, eps, ESTIMATOR: tl.constexpr, UNBIASED: tl.constexpr,
+                      EPS_IN_SQRT: tl.constexpr, SINGLETON_RAW: tl.constexpr, SCALE: tl.constexpr, HAS_OK: tl.constexpr,
                       HAS_FLAGS: tl.constexpr, SKIP_NONFINITE: tl.constexpr, BLOCK: tl.constexpr):
     if tl.load(state_ptr + 0) != 0:
         for b in range(tl.program_id(0).to(tl.int64), tl.cdiv(n, BLOCK), tl.num_programs(0)):  # grid-stride
             offs = tl.arange(0, BLOCK).to(tl.int64) + b * BLOCK
             inb = offs < n
-            ok, r = _load_rows(r_ptr, ok_ptr, offs, inb, HAS_OK, SKIP_NONFINITE)
-            g = tl.load(s_ptr + offs, mask=inb, other=0)
-            c = tl.load(cnt_ptr + g, mask=ok, other=1.0)
-            mean = tl.load(sum_ptr + g, mask=ok, other=0.0) / c
+            ok, r, g, c, mean = _row_group(r_ptr, g_ptr, s_ptr, ok_ptr, state_ptr, cnt_ptr, sum_ptr, offs, inb, CAP,
+                                           HAS_OK, SKIP_NONFINITE)
             m2 = tl.load(m2_ptr + g, mask=ok, other=0.0)
             differs = tl.load(diff_ptr + g, mask=ok, other=0) != 0
             adv = _adv_math(r, r - mean, c, m2, differs, ok, tl.load(bsum_ptr + 1), tl.load(bsum_ptr + 2), eps,
@@ -465,6 +483,14 @@ def _advantage_kernel(r_ptr, s_ptr, ok_ptr, flag_ptr, state_ptr, cnt_ptr, sum_pt
 
 
 @triton.jit
+def _row_whiten(a_ptr, r_ptr, ok_ptr, bsum_ptr, offs, inb, HAS_OK: tl.constexpr, SKIP_NONFINITE: tl.constexpr):
+    """A block of rows' pre-whitening advantages with the batch count and their mean: (ok, a, count, mean)."""
+    ok, _ = _load_rows(r_ptr, ok_ptr, offs, inb, HAS_OK, SKIP_NONFINITE)
+    bcnt = tl.load(bsum_ptr + 1)
+    return ok, tl.load(a_ptr + offs, mask=inb, other=0.0), bcnt, tl.load(bsum_ptr + 3) / tl.maximum(bcnt, 1.0)
+
+
+@triton.jit
 def _whiten_dev_kernel(a_ptr, r_ptr, ok_ptr, state_ptr, bsum_ptr, adiff_ptr, n, HAS_OK: tl.constexpr,
                        SKIP_NONFINITE: tl.constexpr, BLOCK: tl.constexpr):
     # second pass over the pre-whitening advantages: sum (a - mean(a))^2 (no E[a^2] - E[a]^2
@@ -473,10 +499,7 @@ def _whiten_dev_kernel(a_ptr, r_ptr, ok_ptr, state_ptr, bsum_ptr, adiff_ptr, n, 
         for b in range(tl.program_id(0).to(tl.int64), tl.cdiv(n, BLOCK), tl.num_programs(0)):  # grid-stride
             offs = tl.arange(0, BLOCK).to(tl.int64) + b * BLOCK
             inb = offs < n
-            ok, _ = _load_rows(r_ptr, ok_ptr, offs, inb, HAS_OK, SKIP_NONFINITE)
-            a = tl.load(a_ptr + offs, mask=inb, other=0.0)
-            bcnt = tl.load(bsum_ptr + 1)
-            amean = tl.load(bsum_ptr + 3) / tl.maximum(bcnt, 1.0)
+            ok, a, bcnt, amean = _row_whiten(a_ptr, r_ptr, ok_ptr, bsum_ptr, offs, inb, HAS_OK, SKIP_NONFINITE)
             d = tl.where(ok, a - amean, 0.0)
             tl.atomic_add(bsum_ptr + 4, tl.sum(d * d, axis=0))
             rep = tl.load(bsum_ptr + 5)
@@ -491,10 +514,7 @@ def _whiten_kernel(a_ptr, r_ptr, ok_ptr, flag_ptr, state_ptr, bsum_ptr, adiff_pt
         for b in range(tl.program_id(0).to(tl.int64), tl.cdiv(n, BLOCK), tl.num_programs(0)):  # grid-stride
             offs = tl.arange(0, BLOCK).to(tl.int64) + b * BLOCK
             inb = offs < n
-            ok, _ = _load_rows(r_ptr, ok_ptr, offs, inb, HAS_OK, SKIP_NONFINITE)
-            a = tl.load(a_ptr + offs, mask=inb, other=0.0)
-            bcnt = tl.load(bsum_ptr + 1)
-            amean = tl.load(bsum_ptr + 3) / tl.maximum(bcnt, 1.0)
+            ok, a, bcnt, amean = _row_whiten(a_ptr, r_ptr, ok_ptr, bsum_ptr, offs, inb, HAS_OK, SKIP_NONFINITE)
             am2 = tl.load(bsum_ptr + 4)
             differs = tl.load(adiff_ptr) != 0
             if UNBIASED:
@@ -559,9 +579,10 @@ def grpo_advantages_triton(rewards, group_ids, valid, flags, estimator, unbiased
     _table_init_kernel[grid](state, cnt, total, m2, diff, keys, cap, BLOCK=BLOCK)
     _slot_kernel[grid](group_ids, slot, keys, state, n, cap, BLOCK=BLOCK)
     sk = dict(HAS_OK=has_ok, SKIP_NONFINITE=skip_nonfinite, BLOCK=BLOCK)
-    _stats_kernel[grid](rewards, slot, ok8, state, cnt, total, rep, bsum, n, **sk)
-    _dev_kernel[grid](rewards, slot, ok8, state, cnt, total, rep, m2, diff, bsum, n, **sk)
-    _advantage_kernel[grid](rewards, slot, ok8, fl, state, cnt, total, m2, diff, bsum, out, a, n, float(eps),
+    _stats_kernel[grid](rewards, group_ids, slot, ok8, state, cnt, total, rep, bsum, n, cap, **sk)
+    _dev_kernel[grid](rewards, group_ids, slot, ok8, state, cnt, total, rep, m2, diff, bsum, n, cap, **sk)
+    _advantage_kernel[grid](rewards, group_ids, slot, ok8, fl, state, cnt, total, m2, diff, bsum, out, a, n, cap,
+                            float(eps),
                             ESTIMATOR=estimator, UNBIASED=unbiased, EPS_IN_SQRT=eps_in_sqrt,
                             SINGLETON_RAW=singleton_raw, SCALE=scale, HAS_OK=has_ok, HAS_FLAGS=flags is not None,
                             SKIP_NONFINITE=skip_nonfinite, BLOCK=BLOCK)
@@ -607,26 +628,28 @@ def aot_specs() -> list[AotSpec]:
                           "CAP": "i32", "BLOCK": "constexpr"}, b,
                          divisible_by_16=("g_ptr", "slot_ptr", "key_ptr", "state_ptr", "n", "CAP"), num_warps=4))
     sk = dict(HAS_OK=True, SKIP_NONFINITE=True, BLOCK=BLOCK)
-    row = {"r_ptr": "*fp32", "s_ptr": "*i64", "ok_ptr": "*i8", "state_ptr": "*i64"}
+    row = {"r_ptr": "*fp32", "g_ptr": "*i64", "s_ptr": "*i64", "ok_ptr": "*i8", "state_ptr": "*i64"}
     f64 = {k: "*fp64" for k in ("cnt_ptr", "sum_ptr", "rep_ptr", "m2_ptr", "bsum_ptr")}
     const = {k: "constexpr" for k in sk}
     specs.append(AotSpec("grpo_stats", f"BLOCK{BLOCK}-w4", _stats_kernel,
                          {**row, **{k: f64[k] for k in ("cnt_ptr", "sum_ptr", "rep_ptr", "bsum_ptr")}, "n": "i32",
-                          **const}, sk, divisible_by_16=tuple(row) + ("cnt_ptr", "sum_ptr", "rep_ptr", "bsum_ptr", "n"),
+                          "CAP": "i32", **const}, sk,
+                         divisible_by_16=tuple(row) + ("cnt_ptr", "sum_ptr", "rep_ptr", "bsum_ptr", "n", "CAP"),
                          num_warps=4))
     specs.append(AotSpec("grpo_dev", f"BLOCK{BLOCK}-w4", _dev_kernel,
                          {**row, "cnt_ptr": "*fp64", "sum_ptr": "*fp64", "rep_ptr": "*fp64", "m2_ptr": "*fp64",
-                          "diff_ptr": "*i32", "bsum_ptr": "*fp64", "n": "i32", **const}, sk,
+                          "diff_ptr": "*i32", "bsum_ptr": "*fp64", "n": "i32", "CAP": "i32", **const}, sk,
                          divisible_by_16=tuple(row) + ("cnt_ptr", "sum_ptr", "rep_ptr", "m2_ptr", "diff_ptr",
-                                                       "bsum_ptr", "n"), num_warps=4))
+                                                       "bsum_ptr", "n", "CAP"), num_warps=4))
     for e in (0, 3):
         ca = dict(est, ESTIMATOR=e, HAS_OK=True, HAS_FLAGS=True, SKIP_NONFINITE=True, BLOCK=BLOCK)
         specs.append(AotSpec("grpo_advantage", f"est{e}-BLOCK{BLOCK}-w4", _advantage_kernel,
                              {**row, "flag_ptr": "*i8", "cnt_ptr": "*fp64", "sum_ptr": "*fp64", "m2_ptr": "*fp64",
                               "diff_ptr": "*i32", "bsum_ptr": "*fp64", "out_ptr": "*fp32", "a_ptr": "*fp64", "n": "i32",
-                              "eps": "fp32", **{k: "constexpr" for k in ca}}, ca,
+                              "CAP": "i32", "eps": "fp32", **{k: "constexpr" for k in ca}}, ca,
                              divisible_by_16=tuple(row) + ("flag_ptr", "cnt_ptr", "sum_ptr", "m2_ptr", "diff_ptr",
-                                                           "bsum_ptr", "out_ptr", "a_ptr", "n"), num_warps=4))
+                                                           "bsum_ptr", "out_ptr", "a_ptr", "n", "CAP"),
+                             num_warps=4))
     wsig = {"a_ptr": "*fp64", "r_ptr": "*fp32", "ok_ptr": "*i8", "state_ptr": "*i64", "bsum_ptr": "*fp64",
             "adiff_ptr": "*i32", "n": "i32"}
     specs.append(AotSpec("grpo_whiten_dev", f"BLOCK{BLOCK}-w4", _whiten_dev_kernel, {**wsig, **const}, sk,

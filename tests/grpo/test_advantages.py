@@ -121,7 +121,7 @@ class TestExactCases:
 ragged = st.lists(st.tuples(st.integers(1, 9), st.integers(-(2**62), 2**62)), min_size=1, max_size=40)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(groups=ragged, seed=st.integers(0, 2**31 - 1),
        estimator=st.sampled_from(["grpo", "dr_grpo", "rloo", "reinforce_baseline"]),
        singleton=st.sampled_from(["zero", "raw"]), masks=st.booleans())

@@ -120,6 +120,10 @@ def test_documented_options_forms():
         ["Rivermist", "Stonebrook"]
     assert derivable.documented({"description": "Options are: low, medium or high."}) == ["low", "medium", "high"]
     assert derivable.documented({"description": "free text"}) == []
+    assert derivable.documented({"description": "Type of the order (Buy/Sell)."}) == ["Buy", "Sell"]
+    # a unit in parentheses is not a list of options; the options after it still are
+    assert derivable.documented({"description": "Speed (km/h)."}) == []
+    assert derivable.documented({"description": "Rate (m/s), mode (Fast/Slow)."}) == ["Fast", "Slow"]
 
 
 def test_hostile_sizes_stay_bounded():

@@ -4,7 +4,8 @@
 A gold value the request does not spell out is still derivable when it is:
 
 - **documented**: one of the argument's documented options (a JSON-schema ``enum``, ``items.enum``, an
-  ``[Enum]: [...]`` list, ``Options are: a, b, c`` or ``(Buy/Sell)`` in its description) that a request word names
+  ``[Enum]: [...]`` list, ``Options are: a, b, c`` or ``(Buy/Sell)`` in its description, a unit such as
+  ``(km/h)`` not) that a request word names
   (``rear left`` for ``rear_left``, ``unlock`` for ``unlocked``) or the tool's own name names
   (``startEngine(ignitionMode="START")``);
 - **a whole collection**: a list argument equal to a documented option list, to a list-valued part of the start
@@ -145,9 +146,11 @@ def documented(prop: dict) -> list[str]:
                   re.I)
     if m:
         out += [w.strip(" '\"`") for w in re.split(r",|\bor\b|\band\b", m.group(1)) if w.strip(" '\"`")]
-    m = re.search(r"\(\s*(\w+(?:\s*/\s*\w+){1,7})\s*\)", desc)  # "Type of the order (Buy/Sell)."
-    if m:
-        out += [w.strip() for w in m.group(1).split("/")]
+    for m in re.finditer(r"\(\s*(\w+(?:\s*/\s*\w+){1,7})\s*\)", desc):  # "Type of the order (Buy/Sell)."
+        parts = [w.strip() for w in m.group(1).split("/")]
+        if not all(p.islower() and len(p) <= 3 for p in parts):  # a unit ("km/h", "m/s", "mi/hr"), not options
+            out += parts
+            break
     return [str(o) for o in out]
 
 
