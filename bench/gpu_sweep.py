@@ -148,6 +148,7 @@ def scale() -> None:
     for cfg in ((sf.DX_CONFIG, dataclasses.replace(sf.DX_CONFIG, NT=8)) if not SMOKE else (sf.INTERP_CONFIG,)):
         measure("scale_dx", f"fused_dx {cfg.label}",
                 lambda: sf.linear_dx(dy, x, W, A, Bm, z, v_, 2.0, -0.5, 2.0, 1.0, True, config=cfg))
+        measure("scale_dx", f"triton_gemm_lora_off {cfg.label}", lambda: sf.base_dx(dy, W, config=cfg))
     measure("scale_dx", "cublas_dy_W", lambda: dy @ W)
     for progs in (sms, 2 * sms, None):  # None: the op's default grid
         measure("scale_fwd", f"fused_lora_on programs={progs}",

@@ -225,6 +225,7 @@ def aot_specs():
     dx_cases += [(sf.DX_CONFIG, "bf16", r) for r in sf.RANK_CHECKS] + [(c, "bf16", 16) for c in sf.ALT_CONFIGS if c.flat]
     for cfg, dt, rank in dx_cases:
         specs.append(_dx_spec(cfg, dt, rank, AotSpec, sf, sg, desc))
+    specs.append(_dx_spec(sf.DX_CONFIG, "bf16", 16, AotSpec, sf, sg, desc, lora=False))  # scale_fused.base_dx
     unique = {}
     for spec in specs:  # ranks that pad alike compile alike: keep one of each
         unique.setdefault((spec.kernel, spec.config), spec)
@@ -274,8 +275,8 @@ def aot_specs():
     return specs
 
 
-def _dx_spec(cfg, dt, rank, AotSpec, sf, sg, desc):
-    """The backward dx GEMM at ``cfg`` (``dt`` inputs, rank ``rank``)."""
+def _dx_spec(cfg, dt, rank, AotSpec, sf, sg, desc, lora=True):
+    """The backward dx GEMM at ``cfg`` (``dt`` inputs, rank ``rank``; ``lora=False``: the GEMM alone)."""
     fp, i32 = "fp32", "i32"
     rp = sf.rank_pad(rank, gate=False)
     sig = {"dy_desc": desc((cfg.BM, cfg.BK), dt), "w_desc": desc((cfg.BK, cfg.BN), dt),
@@ -283,11 +284,13 @@ def _dx_spec(cfg, dt, rank, AotSpec, sf, sg, desc):
            "dx_desc": desc((cfg.BM, cfg.BN // 2 if cfg.epi_split else cfg.BN), dt), "z_ptr": f"*{dt}", "v_ptr": "*fp32", "dg_ptr": "*fp32",
            "scaling": fp, "L": fp, "U": fp, "inv_tau": fp, "M": i32, "N": i32, "K": i32, "R": i32,
            "num_progs": i32}
-    const = dict(BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, RP=rp, NT=cfg.NT, LORA=True,
+    const = dict(BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, RP=rp, NT=cfg.NT, LORA=lora,
                  EPI_SPLIT=cfg.epi_split, PERSISTENT=True, FLAT=cfg.flat, IEEE=False, UPCAST=False)
     sig.update({k: "constexpr" for k in const})
+    label = cfg.label + ("" if dt == "bf16" else f"-{dt}") + ("" if rp == sf.rank_pad(16, gate=False) else f"-RP{rp}")
     return AotSpec(
-        kernel="scale_gemm_dx", config=cfg.label + ("" if dt == "bf16" else f"-{dt}") + ("" if rp == sf.rank_pad(16, gate=False) else f"-RP{rp}"), fn=sg.gated_lora_gemm_dx_kernel, signature=sig, constexprs=const,
+        kernel="scale_gemm_dx" if lora else "scale_base_gemm_dx", config=label, fn=sg.gated_lora_gemm_dx_kernel,
+        signature=sig, constexprs=const,
         divisible_by_16=("z_ptr", "v_ptr", "dg_ptr"),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, expect_wgmma=True, expect_tma=True)
 

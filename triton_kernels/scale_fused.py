@@ -216,24 +216,11 @@ def linear_dx(grad_y, x, weight, lora_A, lora_B, z, v, scaling, L, U, tau, need_
     d_in = x.shape[-1]
     n = x.numel() // d_in
     d_out, r = lora_B.shape
-    cfg = config or (INTERP_CONFIG if _interp(x) else DX_CONFIG)
     rp = rank_pad(r, gate=False)
-    dy2 = grad_y.reshape(n, d_out)
-    dx = torch.empty((n, d_in), dtype=_out_dtype(x), device=x.device)
     dg = torch.empty((n,), dtype=torch.float32, device=x.device)
-    bt_pack = _pack(lora_B.t(), r, rp, d_out, x.dtype)
-    a_pack = _pack(lora_A, r, rp, d_in, x.dtype)
-    runs = triton.cdiv(triton.cdiv(d_in, cfg.BN), cfg.NT)
-    n_items = triton.cdiv(n, cfg.BM) * runs
-    persistent, progs = _grid(x, n_items, programs)
-    gated_lora_gemm_dx_kernel[(progs,)](
-        _desc(dy2, (cfg.BM, cfg.BK)), _desc(weight, (cfg.BK, cfg.BN)), _desc(bt_pack, (rp, cfg.BK)),
-        _desc(a_pack, (rp, cfg.BN)), _desc(dx, (cfg.BM, cfg.BN // 2 if cfg.epi_split else cfg.BN)), z, v, dg,
-        float(scaling), float(L), float(U), float(1.0 / tau),
-        n, d_in, d_out, r, progs,
-        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, RP=rp, NT=cfg.NT, LORA=True,
-        EPI_SPLIT=cfg.epi_split, PERSISTENT=persistent, FLAT=cfg.flat, **_flags(x),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    dx = _launch_dx(grad_y.reshape(n, d_out), weight, _pack(lora_B.t(), r, rp, d_out, x.dtype),
+                    _pack(lora_A, r, rp, d_in, x.dtype), z, v, dg, scaling, L, U, tau, r, rp, True, x, config,
+                    programs)
     dx = dx.reshape(x.shape).to(x.dtype)
     if need_dgate:
         dw, db = dw_from_dg(x.reshape(n, d_in), dg)
@@ -241,3 +228,35 @@ def linear_dx(grad_y, x, weight, lora_A, lora_B, z, v, scaling, L, U, tau, need_
         dw = torch.zeros(d_in, dtype=torch.float32, device=x.device)
         db = torch.zeros(1, dtype=torch.float32, device=x.device)
     return dx, dw, db
+
+
+def base_dx(grad_y, weight, *, config: GemmConfig | None = None, programs: int | None = None):
+    """``dy W`` by the backward's fused dx kernel with the LoRA off (no autograd): the Triton GEMM the
+    fused backward stands on, for timing against ``dy @ W`` (cuBLAS)."""
+    n, (d_out, d_in) = grad_y.numel() // weight.shape[0], weight.shape
+    rp = rank_pad(16, gate=False)
+    dev, dt = weight.device, weight.dtype
+    unused = torch.zeros(1, dtype=torch.float32, device=dev)  # z, v and dg are read only with the LoRA on
+    return _launch_dx(grad_y.reshape(n, d_out), weight, torch.zeros((rp, d_out), dtype=dt, device=dev),
+                      torch.zeros((rp, d_in), dtype=dt, device=dev), unused.to(dt), unused, unused,
+                      1.0, -1.0, 2.0, 1.0, 16, rp, False, weight, config, programs)
+
+
+def _launch_dx(dy2, weight, bt_pack, a_pack, z, v, dg, scaling, L, U, tau, r, rp, lora, x, config, programs):
+    """One launch of the fused dx GEMM over ``dy2 (n, d_out)``: ``dx (n, d_in)``; ``x``'s dtype and
+    device choose the output dtype, the MMA flags and the config (as in the forward)."""
+    n, d_out = dy2.shape
+    d_in = weight.shape[1]
+    cfg = config or (INTERP_CONFIG if _interp(x) else DX_CONFIG)
+    dx = torch.empty((n, d_in), dtype=_out_dtype(x), device=x.device)
+    runs = triton.cdiv(triton.cdiv(d_in, cfg.BN), cfg.NT)
+    persistent, progs = _grid(x, triton.cdiv(n, cfg.BM) * runs, programs)
+    gated_lora_gemm_dx_kernel[(progs,)](
+        _desc(dy2, (cfg.BM, cfg.BK)), _desc(weight, (cfg.BK, cfg.BN)), _desc(bt_pack, (rp, cfg.BK)),
+        _desc(a_pack, (rp, cfg.BN)), _desc(dx, (cfg.BM, cfg.BN // 2 if cfg.epi_split else cfg.BN)), z, v, dg,
+        float(scaling), float(L), float(U), float(1.0 / tau),
+        n, d_in, d_out, r, progs,
+        BM=cfg.BM, BN=cfg.BN, BK=cfg.BK, RP=rp, NT=cfg.NT, LORA=lora,
+        EPI_SPLIT=cfg.epi_split, PERSISTENT=persistent, FLAT=cfg.flat, **_flags(x),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return dx

@@ -120,6 +120,17 @@ def test_base_gemm_with_the_lora_off(dtype, with_bias):
     assert_within_rule(got, plain, ref, factor=2, floor=1e-6 * float(ref.abs().max()), name="base gemm")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backward_gemm_with_the_lora_off(dtype):
+    """The dx kernel with the LoRA off is ``dy W``: the yardstick of the fused backward's GEMM."""
+    x, W, *_, dy = _inputs((37,), 72, 104, 4)
+    got = sf.base_dx(dy.to(dtype), W.to(dtype))
+    ref = dy.double() @ W.double()
+    plain = dy.to(dtype) @ W.to(dtype)
+    assert got.shape == (37, 72)
+    assert_within_rule(got.to(dtype), plain, ref, factor=2, floor=1e-6 * float(ref.abs().max()), name="base dx")
+
+
 def test_base_gemm_refuses_what_it_cannot_take():
     x, W = torch.randn(4, 60), torch.randn(16, 60)
     with pytest.raises(ValueError, match="cannot take"):
