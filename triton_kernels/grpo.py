@@ -29,9 +29,11 @@ graph can capture the op):
   of the ids (linear probing with ``atomic_cas``); tables are ``torch.empty`` and the kernels zero
   only the part they use (for dense ids: about the number of groups, which stays in L2). Indexed
   directly, each pass computes a row's slot from its id (no slot pass: 16 bytes a row less);
-  hashed, ``_slot_kernel`` stores the probed slots. Then per
-  group float64 count and sum, a representative reward ("all equal" test), the squared deviations
-  from the group mean, and the per-row advantage; ``reinforce_baseline`` whitens over the batch in
+  hashed, ``_slot_kernel`` stores the probed slots. A group's record is 32 bytes, one memory
+  sector (float64 sum, M2 and a representative reward, int32 count and "differs"), so each pass
+  reads what it needs of a row's group in one transaction. Three passes: count, sum and the
+  representative reward ("all equal" test); the squared deviations from the group mean; the
+  per-row advantage; ``reinforce_baseline`` whitens over the batch in
   two more passes (two-pass statistics everywhere). Every general-route kernel returns at once when
   the flag is down, so both routes are always launched; they loop grid-stride over at most
   ``MAX_PROGRAMS`` programs, so the skipped route costs a few thousand empty programs, not one per
@@ -359,19 +361,26 @@ def _table_size(state_ptr, CAP):
     return direct, hashed, size
 
 
+# A group's record in the table: 32 bytes, one memory sector, so the fields a row reads in one pass
+# come in one transaction: float64 words [sum, M2, representative reward, (count int32, differs int32)]
+_REC: tl.constexpr = tl.constexpr(4)  # float64 words a record
+_SUM: tl.constexpr = tl.constexpr(0)
+_M2: tl.constexpr = tl.constexpr(1)
+_REP: tl.constexpr = tl.constexpr(2)
+_CNT32: tl.constexpr = tl.constexpr(6)  # int32 words from the record's start (the view tab32 of the same buffer)
+_DIFF32: tl.constexpr = tl.constexpr(7)
+
+
 @triton.jit
-def _table_init_kernel(state_ptr, cnt_ptr, sum_ptr, m2_ptr, diff_ptr, key_ptr, CAP, BLOCK: tl.constexpr):
+def _table_init_kernel(state_ptr, tab_ptr, key_ptr, CAP, BLOCK: tl.constexpr):
     """Zero the part of the group table the general route uses (keys to the empty mark -1)."""
     if tl.load(state_ptr + 0) != 0:
         direct, hashed, size = _table_size(state_ptr, CAP)
-        for b in range(tl.program_id(0).to(tl.int64), tl.cdiv(size + 2, BLOCK), tl.num_programs(0)):  # grid-stride
+        words = (size + 2) * _REC  # two spare slots: the key -1 and the masked lanes of the probe
+        for b in range(tl.program_id(0).to(tl.int64), tl.cdiv(words, BLOCK), tl.num_programs(0)):  # grid-stride
             offs = tl.arange(0, BLOCK).to(tl.int64) + b * BLOCK
-            m = offs < size + 2  # two spare slots: the key -1 and the masked lanes of the probe
-            tl.store(cnt_ptr + offs, tl.zeros([BLOCK], tl.float64), mask=m)
-            tl.store(sum_ptr + offs, tl.zeros([BLOCK], tl.float64), mask=m)
-            tl.store(m2_ptr + offs, tl.zeros([BLOCK], tl.float64), mask=m)
-            tl.store(diff_ptr + offs, tl.zeros([BLOCK], tl.int32), mask=m)
-            tl.store(key_ptr + offs, tl.full([BLOCK], -1, tl.int64), mask=tl.where(m, hashed, False))
+            tl.store(tab_ptr + offs, tl.zeros([BLOCK], tl.float64), mask=offs < words)
+            tl.store(key_ptr + offs, tl.full([BLOCK], -1, tl.int64), mask=tl.where(offs < size + 2, hashed, False))
 
 
 @triton.jit
@@ -411,7 +420,7 @@ def _row_slot(g_ptr, s_ptr, state_ptr, offs, inb, CAP):
 
 
 @triton.jit
-def _stats_kernel(r_ptr, g_ptr, s_ptr, ok_ptr, state_ptr, cnt_ptr, sum_ptr, rep_ptr, bsum_ptr, n, CAP,
+def _stats_kernel(r_ptr, g_ptr, s_ptr, ok_ptr, state_ptr, tab_ptr, tab32_ptr, bsum_ptr, n, CAP,
                   HAS_OK: tl.constexpr, SKIP_NONFINITE: tl.constexpr, BLOCK: tl.constexpr):
     if tl.load(state_ptr + 0) != 0:
         for b in range(tl.program_id(0).to(tl.int64), tl.cdiv(n, BLOCK), tl.num_programs(0)):  # grid-stride
@@ -419,36 +428,36 @@ def _stats_kernel(r_ptr, g_ptr, s_ptr, ok_ptr, state_ptr, cnt_ptr, sum_ptr, rep_
             inb = offs < n
             ok, r = _load_rows(r_ptr, ok_ptr, offs, inb, HAS_OK, SKIP_NONFINITE)
             g = _row_slot(g_ptr, s_ptr, state_ptr, offs, inb, CAP)
-            tl.atomic_add(cnt_ptr + g, tl.where(ok, 1.0, 0.0).to(tl.float64), mask=ok)
-            tl.atomic_add(sum_ptr + g, r, mask=ok)
-            tl.store(rep_ptr + g, r, mask=ok)  # any member will do: a benign race
+            tl.atomic_add(tab32_ptr + g * (2 * _REC) + _CNT32, tl.full([BLOCK], 1, tl.int32), mask=ok)
+            tl.atomic_add(tab_ptr + g * _REC + _SUM, r, mask=ok)
+            tl.store(tab_ptr + g * _REC + _REP, r, mask=ok)  # any member will do: a benign race
             tl.atomic_add(bsum_ptr + 0, tl.sum(tl.where(ok, r, 0.0), axis=0))
             tl.atomic_add(bsum_ptr + 1, tl.sum(tl.where(ok, 1.0, 0.0).to(tl.float64), axis=0))
 
 
 @triton.jit
-def _row_group(r_ptr, g_ptr, s_ptr, ok_ptr, state_ptr, cnt_ptr, sum_ptr, offs, inb, CAP, HAS_OK: tl.constexpr,
+def _row_group(r_ptr, g_ptr, s_ptr, ok_ptr, state_ptr, tab_ptr, tab32_ptr, offs, inb, CAP, HAS_OK: tl.constexpr,
                SKIP_NONFINITE: tl.constexpr):
     """A block of rows with their group's count and mean: (ok, reward, slot, count, mean)."""
     ok, r = _load_rows(r_ptr, ok_ptr, offs, inb, HAS_OK, SKIP_NONFINITE)
     g = _row_slot(g_ptr, s_ptr, state_ptr, offs, inb, CAP)
-    c = tl.load(cnt_ptr + g, mask=ok, other=1.0)
-    return ok, r, g, c, tl.load(sum_ptr + g, mask=ok, other=0.0) / c
+    c = tl.load(tab32_ptr + g * (2 * _REC) + _CNT32, mask=ok, other=1).to(tl.float64)
+    return ok, r, g, c, tl.load(tab_ptr + g * _REC + _SUM, mask=ok, other=0.0) / c
 
 
 @triton.jit
-def _dev_kernel(r_ptr, g_ptr, s_ptr, ok_ptr, state_ptr, cnt_ptr, sum_ptr, rep_ptr, m2_ptr, diff_ptr, bsum_ptr, n,
-                CAP, HAS_OK: tl.constexpr, SKIP_NONFINITE: tl.constexpr, BLOCK: tl.constexpr):
+def _dev_kernel(r_ptr, g_ptr, s_ptr, ok_ptr, state_ptr, tab_ptr, tab32_ptr, bsum_ptr, n, CAP, HAS_OK: tl.constexpr,
+                SKIP_NONFINITE: tl.constexpr, BLOCK: tl.constexpr):
     if tl.load(state_ptr + 0) != 0:
         for b in range(tl.program_id(0).to(tl.int64), tl.cdiv(n, BLOCK), tl.num_programs(0)):  # grid-stride
             offs = tl.arange(0, BLOCK).to(tl.int64) + b * BLOCK
             inb = offs < n
-            ok, r, g, c, mean = _row_group(r_ptr, g_ptr, s_ptr, ok_ptr, state_ptr, cnt_ptr, sum_ptr, offs, inb, CAP,
+            ok, r, g, c, mean = _row_group(r_ptr, g_ptr, s_ptr, ok_ptr, state_ptr, tab_ptr, tab32_ptr, offs, inb, CAP,
                                            HAS_OK, SKIP_NONFINITE)
             d = r - mean
-            tl.atomic_add(m2_ptr + g, d * d, mask=ok)
-            rep = tl.load(rep_ptr + g, mask=ok, other=0.0)
-            tl.atomic_max(diff_ptr + g, (r != rep).to(tl.int32), mask=ok)
+            rep = tl.load(tab_ptr + g * _REC + _REP, mask=ok, other=0.0)
+            tl.atomic_add(tab_ptr + g * _REC + _M2, d * d, mask=ok)
+            tl.atomic_max(tab32_ptr + g * (2 * _REC) + _DIFF32, (r != rep).to(tl.int32), mask=ok)
             bcnt = tl.load(bsum_ptr + 1)
             bmean = tl.load(bsum_ptr + 0) / tl.maximum(bcnt, 1.0)
             bd = tl.where(ok, r - bmean, 0.0)
@@ -456,18 +465,18 @@ def _dev_kernel(r_ptr, g_ptr, s_ptr, ok_ptr, state_ptr, cnt_ptr, sum_ptr, rep_pt
 
 
 @triton.jit
-def _advantage_kernel(r_ptr, g_ptr, s_ptr, ok_ptr, flag_ptr, state_ptr, cnt_ptr, sum_ptr, m2_ptr, diff_ptr, bsum_ptr,
-                      out_ptr, a_ptr, n, CAP, eps, ESTIMATOR: tl.constexpr, UNBIASED: tl.constexpr,
-                      EPS_IN_SQRT: tl.constexpr, SINGLETON_RAW: tl.constexpr, SCALE: tl.constexpr, HAS_OK: tl.constexpr,
-                      HAS_FLAGS: tl.constexpr, SKIP_NONFINITE: tl.constexpr, BLOCK: tl.constexpr):
+def _advantage_kernel(r_ptr, g_ptr, s_ptr, ok_ptr, flag_ptr, state_ptr, tab_ptr, tab32_ptr, bsum_ptr, out_ptr, a_ptr,
+                      n, CAP, eps, ESTIMATOR: tl.constexpr, UNBIASED: tl.constexpr, EPS_IN_SQRT: tl.constexpr,
+                      SINGLETON_RAW: tl.constexpr, SCALE: tl.constexpr, HAS_OK: tl.constexpr, HAS_FLAGS: tl.constexpr,
+                      SKIP_NONFINITE: tl.constexpr, BLOCK: tl.constexpr):
     if tl.load(state_ptr + 0) != 0:
         for b in range(tl.program_id(0).to(tl.int64), tl.cdiv(n, BLOCK), tl.num_programs(0)):  # grid-stride
             offs = tl.arange(0, BLOCK).to(tl.int64) + b * BLOCK
             inb = offs < n
-            ok, r, g, c, mean = _row_group(r_ptr, g_ptr, s_ptr, ok_ptr, state_ptr, cnt_ptr, sum_ptr, offs, inb, CAP,
+            ok, r, g, c, mean = _row_group(r_ptr, g_ptr, s_ptr, ok_ptr, state_ptr, tab_ptr, tab32_ptr, offs, inb, CAP,
                                            HAS_OK, SKIP_NONFINITE)
-            m2 = tl.load(m2_ptr + g, mask=ok, other=0.0)
-            differs = tl.load(diff_ptr + g, mask=ok, other=0) != 0
+            m2 = tl.load(tab_ptr + g * _REC + _M2, mask=ok, other=0.0)
+            differs = tl.load(tab32_ptr + g * (2 * _REC) + _DIFF32, mask=ok, other=0) != 0
             adv = _adv_math(r, r - mean, c, m2, differs, ok, tl.load(bsum_ptr + 1), tl.load(bsum_ptr + 2), eps,
                             ESTIMATOR, UNBIASED, EPS_IN_SQRT, SINGLETON_RAW, SCALE,
                             tl.float64 if ESTIMATOR == 3 else out_ptr.dtype.element_ty)
@@ -569,19 +578,19 @@ def grpo_advantages_triton(rewards, group_ids, valid, flags, estimator, unbiased
     # general route: always launched, returns at once unless the flag is up
     cap = table_capacity(n)
     f64 = dict(dtype=torch.float64, device=dev)
-    cnt, total, rep, m2 = (torch.empty(cap + 2, **f64) for _ in range(4))
-    diff = torch.empty(cap + 2, dtype=torch.int32, device=dev)
+    tab = torch.empty((cap + 2) * 4, **f64)  # 32-byte group records (see _REC)
+    tab32 = tab.view(torch.int32)
     keys = torch.empty(cap + 2, dtype=torch.int64, device=dev)
     slot = torch.empty(n, dtype=torch.int64, device=dev)
     bsum = torch.zeros(8, **f64)  # [sum r, count, sum (r - mean)^2, sum a, sum (a - mean a)^2, representative a]
     a = torch.empty(n if estimator == 3 else 1, **f64)
     grid = (min(triton.cdiv(n, BLOCK), MAX_PROGRAMS),)
-    _table_init_kernel[grid](state, cnt, total, m2, diff, keys, cap, BLOCK=BLOCK)
+    _table_init_kernel[grid](state, tab, keys, cap, BLOCK=BLOCK)
     _slot_kernel[grid](group_ids, slot, keys, state, n, cap, BLOCK=BLOCK)
     sk = dict(HAS_OK=has_ok, SKIP_NONFINITE=skip_nonfinite, BLOCK=BLOCK)
-    _stats_kernel[grid](rewards, group_ids, slot, ok8, state, cnt, total, rep, bsum, n, cap, **sk)
-    _dev_kernel[grid](rewards, group_ids, slot, ok8, state, cnt, total, rep, m2, diff, bsum, n, cap, **sk)
-    _advantage_kernel[grid](rewards, group_ids, slot, ok8, fl, state, cnt, total, m2, diff, bsum, out, a, n, cap,
+    _stats_kernel[grid](rewards, group_ids, slot, ok8, state, tab, tab32, bsum, n, cap, **sk)
+    _dev_kernel[grid](rewards, group_ids, slot, ok8, state, tab, tab32, bsum, n, cap, **sk)
+    _advantage_kernel[grid](rewards, group_ids, slot, ok8, fl, state, tab, tab32, bsum, out, a, n, cap,
                             float(eps),
                             ESTIMATOR=estimator, UNBIASED=unbiased, EPS_IN_SQRT=eps_in_sqrt,
                             SINGLETON_RAW=singleton_raw, SCALE=scale, HAS_OK=has_ok, HAS_FLAGS=flags is not None,
@@ -619,9 +628,8 @@ def aot_specs() -> list[AotSpec]:
                          {"bnd_ptr": "*i64", "state_ptr": "*i64", "nchunks": "i32", "BLOCK": "constexpr"}, b,
                          divisible_by_16=("bnd_ptr", "state_ptr"), num_warps=4))
     specs.append(AotSpec("grpo_table_init", f"BLOCK{BLOCK}-w4", _table_init_kernel,
-                         {"state_ptr": "*i64", "cnt_ptr": "*fp64", "sum_ptr": "*fp64", "m2_ptr": "*fp64",
-                          "diff_ptr": "*i32", "key_ptr": "*i64", "CAP": "i32", "BLOCK": "constexpr"}, b,
-                         divisible_by_16=("state_ptr", "cnt_ptr", "sum_ptr", "m2_ptr", "diff_ptr", "key_ptr", "CAP"),
+                         {"state_ptr": "*i64", "tab_ptr": "*fp64", "key_ptr": "*i64", "CAP": "i32",
+                          "BLOCK": "constexpr"}, b, divisible_by_16=("state_ptr", "tab_ptr", "key_ptr", "CAP"),
                          num_warps=4))
     specs.append(AotSpec("grpo_slot", f"BLOCK{BLOCK}-w4", _slot_kernel,
                          {"g_ptr": "*i64", "slot_ptr": "*i64", "key_ptr": "*i64", "state_ptr": "*i64", "n": "i32",
@@ -629,26 +637,20 @@ def aot_specs() -> list[AotSpec]:
                          divisible_by_16=("g_ptr", "slot_ptr", "key_ptr", "state_ptr", "n", "CAP"), num_warps=4))
     sk = dict(HAS_OK=True, SKIP_NONFINITE=True, BLOCK=BLOCK)
     row = {"r_ptr": "*fp32", "g_ptr": "*i64", "s_ptr": "*i64", "ok_ptr": "*i8", "state_ptr": "*i64"}
-    f64 = {k: "*fp64" for k in ("cnt_ptr", "sum_ptr", "rep_ptr", "m2_ptr", "bsum_ptr")}
+    table = {"tab_ptr": "*fp64", "tab32_ptr": "*i32"}
     const = {k: "constexpr" for k in sk}
-    specs.append(AotSpec("grpo_stats", f"BLOCK{BLOCK}-w4", _stats_kernel,
-                         {**row, **{k: f64[k] for k in ("cnt_ptr", "sum_ptr", "rep_ptr", "bsum_ptr")}, "n": "i32",
-                          "CAP": "i32", **const}, sk,
-                         divisible_by_16=tuple(row) + ("cnt_ptr", "sum_ptr", "rep_ptr", "bsum_ptr", "n", "CAP"),
-                         num_warps=4))
-    specs.append(AotSpec("grpo_dev", f"BLOCK{BLOCK}-w4", _dev_kernel,
-                         {**row, "cnt_ptr": "*fp64", "sum_ptr": "*fp64", "rep_ptr": "*fp64", "m2_ptr": "*fp64",
-                          "diff_ptr": "*i32", "bsum_ptr": "*fp64", "n": "i32", "CAP": "i32", **const}, sk,
-                         divisible_by_16=tuple(row) + ("cnt_ptr", "sum_ptr", "rep_ptr", "m2_ptr", "diff_ptr",
-                                                       "bsum_ptr", "n", "CAP"), num_warps=4))
+    for name, fn in (("grpo_stats", _stats_kernel), ("grpo_dev", _dev_kernel)):
+        specs.append(AotSpec(name, f"BLOCK{BLOCK}-w4", fn,
+                             {**row, **table, "bsum_ptr": "*fp64", "n": "i32", "CAP": "i32", **const}, sk,
+                             divisible_by_16=tuple(row) + tuple(table) + ("bsum_ptr", "n", "CAP"), num_warps=4))
     for e in (0, 3):
         ca = dict(est, ESTIMATOR=e, HAS_OK=True, HAS_FLAGS=True, SKIP_NONFINITE=True, BLOCK=BLOCK)
         specs.append(AotSpec("grpo_advantage", f"est{e}-BLOCK{BLOCK}-w4", _advantage_kernel,
-                             {**row, "flag_ptr": "*i8", "cnt_ptr": "*fp64", "sum_ptr": "*fp64", "m2_ptr": "*fp64",
-                              "diff_ptr": "*i32", "bsum_ptr": "*fp64", "out_ptr": "*fp32", "a_ptr": "*fp64", "n": "i32",
-                              "CAP": "i32", "eps": "fp32", **{k: "constexpr" for k in ca}}, ca,
-                             divisible_by_16=tuple(row) + ("flag_ptr", "cnt_ptr", "sum_ptr", "m2_ptr", "diff_ptr",
-                                                           "bsum_ptr", "out_ptr", "a_ptr", "n", "CAP"),
+                             {**row, "flag_ptr": "*i8", **table, "bsum_ptr": "*fp64", "out_ptr": "*fp32",
+                              "a_ptr": "*fp64", "n": "i32", "CAP": "i32", "eps": "fp32",
+                              **{k: "constexpr" for k in ca}}, ca,
+                             divisible_by_16=tuple(row) + ("flag_ptr",) + tuple(table) + ("bsum_ptr", "out_ptr",
+                                                                                           "a_ptr", "n", "CAP"),
                              num_warps=4))
     wsig = {"a_ptr": "*fp64", "r_ptr": "*fp32", "ok_ptr": "*i8", "state_ptr": "*i64", "bsum_ptr": "*fp64",
             "adiff_ptr": "*i32", "n": "i32"}
