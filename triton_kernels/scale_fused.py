@@ -232,7 +232,11 @@ def linear_dx(grad_y, x, weight, lora_A, lora_B, z, v, scaling, L, U, tau, need_
 
 def base_dx(grad_y, weight, *, config: GemmConfig | None = None, programs: int | None = None):
     """``dy W`` by the backward's fused dx kernel with the LoRA off (no autograd): the Triton GEMM the
-    fused backward stands on, for timing against ``dy @ W`` (cuBLAS)."""
+    fused backward stands on, for timing against ``dy @ W`` (cuBLAS).
+
+    ``grad_y (..., d_out)`` contiguous, ``weight (d_out, d_in)`` float16/bfloat16 (float32 under the
+    interpreter), with what :func:`applies` requires of the fused path; returns ``(n, d_in)`` with
+    ``n`` the rows of ``grad_y``, in ``weight``'s dtype (float32 under the interpreter)."""
     n, (d_out, d_in) = grad_y.numel() // weight.shape[0], weight.shape
     rp = rank_pad(16, gate=False)
     dev, dt = weight.device, weight.dtype
